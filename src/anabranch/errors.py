@@ -1,0 +1,210 @@
+"""One error tree for anabranch, mapped to wire codes and HTTP statuses in one place.
+
+    AnabranchError                      retriable, wire_code, http_status
+    ├── InvalidArgument                 bad name, path, option, value  (400)
+    │   └── ValueTooLarge               a value or message over its limit
+    ├── NotAllowed                      valid request, wrong state     (405)
+    ├── Closed                          the object was closed by its owner
+    ├── MetadataError
+    │   ├── BadVersion                  CAS condition failed           (409)
+    │   ├── NotFound                                                   (404)
+    │   ├── AlreadyExists                                              (409)
+    │   ├── SessionExpired              the session's TTL ran out
+    │   ├── Compacted                   watch history is gone: re-list
+    │   └── MetadataUnavailable         backend unreachable (retriable) (503)
+    ├── StorageError
+    │   ├── LedgerSealed                append after terminate()
+    │   ├── LedgerFenced                another writer took the ledger over
+    │   ├── CorruptRecord               a record failed its checksum/length check
+    │   └── StorageIOError              the disk failed (EIO, ENOSPC, fsync)
+    └── ProtocolError                   malformed frame or command: close the connection
+
+Callers branch on the class or on ``err.retriable``, never on the message.
+Error classes carry their facts as attributes, e.g. ``BadVersion(path, expected, actual)``.
+``WIRE_CODES`` and ``HTTP_STATUS`` below are the single registry consulted by the broker
+and the admin service.
+
+Example:
+    >>> try:
+    ...     raise BadVersion("/topics/a", expected=3, actual=4)
+    ... except MetadataError as err:
+    ...     (err.retriable, err.http_status)
+    (False, 409)
+"""
+
+from __future__ import annotations
+
+
+class AnabranchError(Exception):
+    """Base of every error anabranch raises on purpose."""
+
+    retriable: bool = False
+    wire_code: str = "UnknownError"
+    http_status: int = 500
+
+
+class InvalidArgument(AnabranchError):
+    """A name, path, option or value that can never be valid."""
+
+    wire_code = "InvalidTopicName"
+    http_status = 400
+
+
+class ValueTooLarge(InvalidArgument):
+    """A value, frame or message larger than the configured limit."""
+
+    wire_code = "MessageTooBig"
+    http_status = 413
+
+    def __init__(self, what: str, size: int, max_size: int) -> None:
+        super().__init__(f"{what} is {size} bytes, over the limit of {max_size}")
+        self.what = what
+        self.size = size
+        self.max_size = max_size
+
+
+class NotAllowed(AnabranchError):
+    """A well-formed request that the current state does not permit."""
+
+    wire_code = "NotAllowedError"
+    http_status = 405
+
+
+class Closed(AnabranchError):
+    """The object (store, ledger, client, connection) was closed by its owner."""
+
+    wire_code = "ServiceNotReady"
+    http_status = 503
+
+
+# --- metadata -----------------------------------------------------------------------------
+
+
+class MetadataError(AnabranchError):
+    """Errors of the metadata store."""
+
+    wire_code = "MetadataError"
+
+
+class BadVersion(MetadataError):
+    """A compare-and-set condition failed; the store is unchanged."""
+
+    http_status = 409
+
+    def __init__(self, path: str, expected: int | None, actual: int) -> None:
+        super().__init__(f"{path}: expected version {expected}, found {actual}")
+        self.path = path
+        self.expected = expected
+        self.actual = actual
+
+
+class NotFound(MetadataError):
+    """The path (or topic, subscription, ...) does not exist."""
+
+    wire_code = "TopicNotFound"
+    http_status = 404
+
+    def __init__(self, path: str) -> None:
+        super().__init__(f"{path} not found")
+        self.path = path
+
+
+class AlreadyExists(MetadataError):
+    """Creation of something that exists already."""
+
+    http_status = 409
+
+    def __init__(self, path: str) -> None:
+        super().__init__(f"{path} already exists")
+        self.path = path
+
+
+class SessionExpired(MetadataError):
+    """The session's TTL ran out (or it was closed); its ephemeral keys are gone."""
+
+    def __init__(self, session_id: int) -> None:
+        super().__init__(f"session {session_id:#x} expired")
+        self.session_id = session_id
+
+
+class Compacted(MetadataError):
+    """A watch asked for history the store no longer has: re-list, then watch again."""
+
+    def __init__(self, requested_revision: int, compact_revision: int) -> None:
+        super().__init__(
+            f"revision {requested_revision} is compacted (history starts at {compact_revision})"
+        )
+        self.requested_revision = requested_revision
+        self.compact_revision = compact_revision
+
+
+class MetadataUnavailable(MetadataError):
+    """The backend could not be reached; the operation may or may not have happened."""
+
+    retriable = True
+    wire_code = "ServiceNotReady"
+    http_status = 503
+
+
+# --- storage ------------------------------------------------------------------------------
+
+
+class StorageError(AnabranchError):
+    """Errors of the managed ledger."""
+
+    wire_code = "PersistenceError"
+
+
+class LedgerSealed(StorageError):
+    """Append to a terminated (sealed) ledger or topic."""
+
+    wire_code = "TopicTerminatedError"
+    http_status = 409
+
+
+class LedgerFenced(StorageError):
+    """Another writer opened the ledger for recovery; this writer may not append."""
+
+    wire_code = "ProducerFenced"
+    http_status = 409
+
+
+class CorruptRecord(StorageError):
+    """A stored record failed its length or checksum check."""
+
+    def __init__(self, where: str, offset: int, reason: str) -> None:
+        super().__init__(f"corrupt record in {where} at offset {offset}: {reason}")
+        self.where = where
+        self.offset = offset
+        self.reason = reason
+
+
+class StorageIOError(StorageError):
+    """The disk failed under us (EIO, ENOSPC, failed fsync)."""
+
+    retriable = True
+
+
+# --- protocol -----------------------------------------------------------------------------
+
+
+class ProtocolError(AnabranchError):
+    """Malformed frame or command; the connection that sent it is closed."""
+
+    wire_code = "InvalidMessage"
+    http_status = 400
+
+
+def all_error_classes() -> list[type[AnabranchError]]:
+    """Every error class, depth first (used by the registry tests and docs)."""
+    out: list[type[AnabranchError]] = []
+    stack: list[type[AnabranchError]] = [AnabranchError]
+    while stack:
+        cls = stack.pop()
+        out.append(cls)
+        stack.extend(reversed(cls.__subclasses__()))
+    return out
+
+
+WIRE_CODES: dict[type[AnabranchError], str] = {c: c.wire_code for c in all_error_classes()}
+HTTP_STATUS: dict[type[AnabranchError], int] = {c: c.http_status for c in all_error_classes()}
