@@ -1,0 +1,61 @@
+"""Broker configuration: defaults < config file (TOML) < ``ANABRANCH_*`` env vars < CLI flags.
+
+Example:
+    >>> cfg = BrokerConfig(data_dir=Path("/tmp/ab"))
+    >>> (cfg.port, cfg.http_port, cfg.metadata_url)
+    (6650, 8080, 'sqlite:////tmp/ab/metadata.db')
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from anabranch.errors import InvalidArgument
+
+
+class BrokerConfig(BaseSettings):
+    """Everything a broker process needs to start."""
+
+    model_config = SettingsConfigDict(env_prefix="ANABRANCH_", extra="forbid")
+
+    cluster_name: str = "standalone"
+    data_dir: Path = Path("data")
+    metadata_url: str = ""
+    """``sqlite:///abs/path``, ``memory://`` or ``etcd://host:port[,host:port]``;
+    default: SQLite under ``data_dir``."""
+    bind_address: str = "127.0.0.1"
+    port: int = Field(6650, ge=0, le=65535)
+    http_port: int = Field(8080, ge=0, le=65535)
+    advertised_address: str = ""
+    """Host clients are redirected to; default: ``bind_address``."""
+    fsync: Literal["always", "never"] = "always"
+    max_message_size: int = Field(5 * 1024 * 1024, gt=0, le=64 * 1024 * 1024)
+    session_ttl_s: float = Field(10.0, gt=0)
+    consumer_grace_period_s: float = Field(60.0, ge=0)
+    allow_auto_topic_creation: bool = True
+    use_uvloop: bool = True
+
+    @model_validator(mode="after")
+    def _fill_defaults(self) -> BrokerConfig:
+        if not self.metadata_url:
+            self.metadata_url = f"sqlite:///{self.data_dir.resolve() / 'metadata.db'}"
+        if not self.advertised_address:
+            self.advertised_address = self.bind_address
+        return self
+
+    @classmethod
+    def load(cls, path: Path | None = None, **overrides: Any) -> BrokerConfig:
+        """Read ``path`` (TOML) if given, then env vars, then ``overrides`` (CLI flags)."""
+        values: dict[str, Any] = {}
+        if path is not None:
+            try:
+                values = tomllib.loads(path.read_text())
+            except (OSError, tomllib.TOMLDecodeError) as err:
+                raise InvalidArgument(f"cannot read config {path}: {err}") from err
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)
