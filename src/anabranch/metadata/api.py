@@ -238,6 +238,12 @@ class MetadataStore(Protocol):
         """The store's latest committed revision."""
         ...
 
+    async def compact(self, revision: int) -> None:
+        """Discard history before ``revision``; a later watch from an older revision
+        raises Compacted (etcd's compaction; the embedded stores also compact on their own
+        past ``limits.METADATA_CHANGELOG_REVISIONS_MAX`` revisions)."""
+        ...
+
     async def close(self) -> None:
         """Release resources; later calls raise Closed. Idempotent."""
         ...
