@@ -40,3 +40,89 @@ METADATA_SESSION_TTL_MAX_S = 3600.0
 
 SEQUENTIAL_KEY_DIGITS = 20
 """Zero-padding of sequential keys: 2^64 has 20 decimal digits, so order is lexicographic."""
+
+# --- storage (managed ledger) -------------------------------------------------------------
+
+STORAGE_RECORD_BYTES_MAX = 8 * 1024 * 1024
+"""Largest record payload; a length field over this is reported as CorruptRecord (never
+allocated). Pulsar's default maxMessageSize is 5 MiB; 8 MiB leaves room for batch headers."""
+
+STORAGE_APPEND_QUEUE_ENTRIES_MAX = 16_384
+"""Appends queued for one ledger's writer thread; further appends wait (backpressure).
+64 group commits of 256 entries: enough to keep the disk busy, small enough to bound memory."""
+
+STORAGE_APPEND_QUEUE_BYTES_MAX = 64 * 1024 * 1024
+"""Bytes queued for one ledger's writer thread; further appends wait (backpressure)."""
+
+STORAGE_GROUP_COMMIT_BYTES_MAX = 4 * 1024 * 1024
+"""Bytes written per write+fdatasync; bounds commit latency to a few ms at ~1 GB/s."""
+
+STORAGE_READ_ENTRIES_MAX = 10_000
+"""Entries one ``read`` returns at most; larger requests are clipped (the dispatcher pages)."""
+
+STORAGE_READ_BYTES_MAX = 16 * 1024 * 1024
+"""Bytes one ``read`` returns at most (one oversized entry is still returned whole)."""
+
+STORAGE_TAIL_CACHE_BYTES_MAX = 32 * 1024 * 1024
+"""Recently appended entries kept in memory per managed ledger so tailing readers never
+touch the disk; the oldest are evicted past this."""
+
+CURSOR_ACK_RANGES_PERSIST_MAX = 10_000
+"""Individually-acked ranges persisted per cursor (Pulsar's
+managedLedgerMaxUnackedRangesToPersist); ranges past it are redelivered after a restart."""
+
+CURSOR_BATCH_ACKS_PERSIST_MAX = 10_000
+"""Partially acked batch entries persisted per cursor; past it, batch-index acks of the
+newest entries are lost on restart (redelivery, never loss)."""
+
+# --- etcd backend ---------------------------------------------------------------------------
+
+ETCD_REQUEST_TIMEOUT_S = 10.0
+"""Deadline of one etcd RPC; past it the call fails with MetadataUnavailable (the write may
+or may not have happened). Covers an etcd leader election (about 1 s) with room to spare."""
+
+ETCD_REQUEST_BYTES_MAX = 1536 * 1024
+"""A commit whose encoded request is larger fails with ValueTooLarge before it is sent.
+etcd's --max-request-bytes default (1.5 MiB); the server would reject it anyway."""
+
+ETCD_RESPONSE_BYTES_MAX = 256 * 1024 * 1024
+"""Largest gRPC message the client accepts (a listing page of big values); gRPC's 4 MiB
+default would fail a page of a few 1 MiB values. Pages are bounded by METADATA_LIST_LIMIT_MAX."""
+
+ETCD_RECONNECT_WINDOW_S = 30.0
+"""How long a watch keeps re-opening its stream after the connection drops before raising
+MetadataUnavailable (retriable; iterating again retries). Covers an etcd restart."""
+
+ETCD_RECONNECT_BACKOFF_MIN_S = 0.05
+ETCD_RECONNECT_BACKOFF_MAX_S = 1.0
+"""Backoff between watch re-open attempts (doubles from min to max); also gRPC's own
+reconnect backoff, whose default of up to 120 s would hold a restarted etcd unreachable."""
+
+ETCD_SEQUENTIAL_ATTEMPTS_MAX = 1000
+"""CAS attempts of create_sequential on one counter before MetadataUnavailable; each failed
+attempt means another creator succeeded, so this only trips under extreme contention."""
+
+# --- wire protocol ------------------------------------------------------------------------
+
+MESSAGE_SIZE_MAX_BYTES = 5 * 1024 * 1024
+"""Largest message (metadata + payload) a broker accepts; larger sends get MessageTooBig.
+Upstream's ``maxMessageSize`` default (5242880), advertised in CONNECTED."""
+
+FRAME_PADDING_BYTES = 10 * 1024
+"""Room for the command and headers around a maximal message (upstream's frame padding)."""
+
+FRAME_SIZE_MAX_BYTES = MESSAGE_SIZE_MAX_BYTES + FRAME_PADDING_BYTES
+"""Largest whole frame on the wire, length prefix included. A longer length prefix closes
+the connection before anything is allocated for it (upstream: maxMessageSize + 10 KiB)."""
+
+BATCH_MESSAGES_MAX = 100_000
+"""Messages a batch payload may declare; more is InvalidMessage. Every entry costs a Python
+object, and 5 MiB of minimal entries (~50 bytes each) stays below this."""
+
+KEEPALIVE_INTERVAL_S = 30.0
+"""Silence after which a PING is due, and then how long a PONG may take before the
+connection is idle-timed-out (upstream keepAliveIntervalSeconds default on both sides)."""
+
+HANDSHAKE_TIMEOUT_S = 30.0
+"""A connection without a completed CONNECT/CONNECTED exchange after this is closed
+(upstream closes at the first keepalive tick without a handshake)."""
