@@ -222,8 +222,11 @@ class EtcdMetadataStore:
 
     async def list_range(self, start: str, end: str, *, limit: int | None = None) -> Page:
         """Keys in ``[start, end)`` in byte order; page on with ``last key + "\\x00"``."""
-        _validate_bound(start)
-        _validate_bound(end)
+        if not isinstance(start, str) or not isinstance(end, str):
+            raise InvalidArgument(f"range bounds must be strings: {start!r}, {end!r}")
+        # Every user path starts with "/", so clipping to ["/", "0") loses nothing and keeps
+        # the range inside this namespace (away from the sequence counters).
+        start, end = max(start, "/"), min(end, prefix_end("/"))
         return await self._page(start, end, validate_limit(limit))
 
     async def list_prefix(
@@ -233,7 +236,8 @@ class EtcdMetadataStore:
         validate_prefix(prefix)
         start = prefix
         if start_after is not None:
-            _validate_bound(start_after)
+            if not isinstance(start_after, str):
+                raise InvalidArgument(f"start_after must be a string: {start_after!r}")
             start = max(prefix, start_after + "\x00")
         return await self._page(start, prefix_end(prefix), validate_limit(limit))
 
@@ -251,17 +255,16 @@ class EtcdMetadataStore:
         base = "/" if path == "/" else path + "/"
         end = self._key(prefix_end(base))
         cursor = self._key(base)
-        names: list[str] = []
+        # A set: "b!" sorts between "b" and "b/...", so a child's name can recur after a
+        # sibling's.
+        names: set[str] = set()
         while cursor < end:
             response = await self._range(
                 cursor, end, limit=limits.METADATA_LIST_LIMIT_MAX, keys_only=True
             )
-            if not response.kvs:
-                break
             for kv in response.kvs:
                 name, slash, _ = self._path(kv.key)[len(base) :].partition("/")
-                if not names or names[-1] != name:
-                    names.append(name)
+                names.add(name)
                 if slash:
                     # A deeper key: skip the rest of this child's subtree in one seek.
                     cursor = self._key(base + name + "0")
@@ -270,7 +273,7 @@ class EtcdMetadataStore:
                 if not response.more:
                     break
                 cursor = response.kvs[-1].key + b"\x00"
-        return names
+        return sorted(names)
 
     # --- writes --------------------------------------------------------------------------
 
@@ -381,7 +384,7 @@ class EtcdMetadataStore:
             response = await self._txn(
                 [_compare_version(counter_key, counter_version), _compare_version(key, 0)],
                 [_put_op(counter_key, str(number + 1).encode(), 0), _put_op(key, value, lease)],
-                [_range_op(counter_key), _range_op(key)],
+                [_range_op(counter_key, keys_only=False), _range_op(key)],
             )
             if response.succeeded:
                 return name
@@ -592,7 +595,9 @@ class EtcdSession:
                 else:
                     await asyncio.sleep(max(interval, self._deadline - self._loop.time()))
                     with contextlib.suppress(MetadataUnavailable):
-                        if await self._store._lease_ttl(self._id) <= 0:
+                        # TimeToLive truncates to whole seconds: 0 is "under 1 s left",
+                        # only -1 means gone.
+                        if await self._store._lease_ttl(self._id) < 0:
                             self._mark_gone()
                 if self._auto and self._loop.time() >= self._deadline:
                     # No refresh for a whole TTL: etcd has (or soon will have) dropped it.
@@ -766,13 +771,5 @@ def _put_op(key: bytes, value: bytes, lease: int) -> Any:
     )
 
 
-def _range_op(key: bytes) -> Any:
-    return rpc.RequestOp(request_range=rpc.RangeRequest(key=key, keys_only=True))
-
-
-def _validate_bound(bound: str) -> None:
-    """A range bound: like a prefix, but may hold "\\x00" (paging seeks past a key)."""
-    if not isinstance(bound, str) or not bound.startswith("/"):
-        raise InvalidArgument(f"range bound must start with '/': {bound!r}")
-    if len(bound.encode("utf-8")) > limits.METADATA_PATH_BYTES_MAX + 1:
-        raise InvalidArgument(f"range bound over {limits.METADATA_PATH_BYTES_MAX} bytes")
+def _range_op(key: bytes, *, keys_only: bool = True) -> Any:
+    return rpc.RequestOp(request_range=rpc.RangeRequest(key=key, keys_only=keys_only))
