@@ -2,8 +2,12 @@
 
     AnabranchError                      retriable, wire_code, http_status
     ├── InvalidArgument                 bad name, path, option, value  (400)
-    │   └── ValueTooLarge               a value or message over its limit
+    │   ├── ValueTooLarge               a value or message over its limit
+    │   ├── UnknownSegment              no such segment id in the layout
+    │   └── SegmentsNotAdjacent         merge of two ranges that do not touch
     ├── NotAllowed                      valid request, wrong state     (405)
+    │   ├── SegmentSealed               split/merge of a sealed segment
+    │   └── SegmentTooSmall             split of a segment one hash wide
     ├── Closed                          the object was closed by its owner
     ├── MetadataError
     │   ├── BadVersion                  CAS condition failed           (409)
@@ -193,6 +197,49 @@ class ProtocolError(AnabranchError):
 
     wire_code = "InvalidMessage"
     http_status = 400
+
+
+# --- scalable topics (core) ---------------------------------------------------------------
+
+
+class UnknownSegment(InvalidArgument):
+    """A segment id that the layout does not contain."""
+
+    def __init__(self, segment_id: int, epoch: int) -> None:
+        super().__init__(f"segment {segment_id} does not exist in layout epoch {epoch}")
+        self.segment_id = segment_id
+        self.epoch = epoch
+
+
+class SegmentsNotAdjacent(InvalidArgument):
+    """A merge of two segments whose hash ranges do not touch (or are the same segment)."""
+
+    def __init__(self, first_id: int, second_id: int, first_range: str, second_range: str) -> None:
+        super().__init__(
+            f"segments {first_id} {first_range} and {second_id} {second_range} are not adjacent"
+        )
+        self.first_id = first_id
+        self.second_id = second_id
+        self.first_range = first_range
+        self.second_range = second_range
+
+
+class SegmentSealed(NotAllowed):
+    """A split or merge of a segment that is already sealed."""
+
+    def __init__(self, segment_id: int, sealed_at_epoch: int) -> None:
+        super().__init__(f"segment {segment_id} was sealed at epoch {sealed_at_epoch}")
+        self.segment_id = segment_id
+        self.sealed_at_epoch = sealed_at_epoch
+
+
+class SegmentTooSmall(NotAllowed):
+    """A split of a segment whose hash range is a single value."""
+
+    def __init__(self, segment_id: int, hash_range: str) -> None:
+        super().__init__(f"segment {segment_id} {hash_range} is one hash wide and cannot split")
+        self.segment_id = segment_id
+        self.hash_range = hash_range
 
 
 def all_error_classes() -> list[type[AnabranchError]]:
