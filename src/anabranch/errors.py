@@ -22,6 +22,11 @@
     │   ├── CorruptRecord               a record failed its checksum/length check
     │   └── StorageIOError              the disk failed (EIO, ENOSPC, fsync)
     └── ProtocolError                   malformed frame or command: close the connection
+        ├── FrameTooLarge               length prefix over the max frame size
+        ├── BadFrameLength              negative or under the header size
+        ├── MalformedFrame              bad sizes/magic, unparsable or incomplete protobuf
+        ├── UnexpectedCommand           wrong direction, before CONNECT, unknown
+        └── InvalidMessage              bad compression, batch or size inside a message
 
 Callers branch on the class or on ``err.retriable``, never on the message.
 Error classes carry their facts as attributes, e.g. ``BadVersion(path, expected, actual)``.
@@ -240,6 +245,49 @@ class SegmentTooSmall(NotAllowed):
         super().__init__(f"segment {segment_id} {hash_range} is one hash wide and cannot split")
         self.segment_id = segment_id
         self.hash_range = hash_range
+
+
+class FrameTooLarge(ProtocolError):
+    """A frame's length prefix is over the maximum frame size; nothing was allocated for it."""
+
+    def __init__(self, size: int, max_size: int) -> None:
+        super().__init__(f"frame of {size} bytes is over the limit of {max_size}")
+        self.size = size
+        self.max_size = max_size
+
+
+class BadFrameLength(ProtocolError):
+    """A frame's length prefix is negative or smaller than the frame header."""
+
+    def __init__(self, size: int, min_size: int) -> None:
+        super().__init__(f"frame length {size} is under the minimum of {min_size}")
+        self.size = size
+        self.min_size = min_size
+
+
+class MalformedFrame(ProtocolError):
+    """A frame whose inner sizes, magic numbers or protobuf bodies are invalid."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"malformed frame: {reason}")
+        self.reason = reason
+
+
+class UnexpectedCommand(ProtocolError):
+    """A well-formed command that is not allowed here (direction, handshake state, unknown)."""
+
+    def __init__(self, command: str, reason: str) -> None:
+        super().__init__(f"unexpected {command}: {reason}")
+        self.command = command
+        self.reason = reason
+
+
+class InvalidMessage(ProtocolError):
+    """A message whose compression, batch layout or declared sizes are invalid."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"invalid message: {reason}")
+        self.reason = reason
 
 
 def all_error_classes() -> list[type[AnabranchError]]:

@@ -1,0 +1,71 @@
+"""Batch payloads: ``[singleMetaSize:4][SingleMessageMetadata][payload]`` repeated.
+
+A batch is the (decompressed) payload of a message whose MessageMetadata says
+``num_messages_in_batch``. Decoding is bounded by that count, by ``BATCH_MESSAGES_MAX``
+and by the payload's own length; any mismatch is ``InvalidMessage``.
+
+Example:
+    >>> entries = [(pb.SingleMessageMetadata(payload_size=0), b"a"), (None, b"bc")]
+    >>> [p for _, p in decode_batch(encode_batch(entries), 2)]
+    [b'a', b'bc']
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterable
+
+from google.protobuf.message import DecodeError  # type: ignore[import-untyped]
+
+from anabranch.errors import InvalidMessage
+from anabranch.limits import BATCH_MESSAGES_MAX
+from anabranch.protocol._generated import pulsar_api_pb2 as pb
+
+_U32 = struct.Struct(">I")
+_I32 = struct.Struct(">i")
+
+
+def encode_batch(entries: Iterable[tuple[pb.SingleMessageMetadata | None, bytes]]) -> bytes:
+    """Encode (metadata, payload) pairs; ``payload_size`` is set from the payload."""
+    parts: list[bytes] = []
+    for metadata, payload in entries:
+        single = pb.SingleMessageMetadata()
+        if metadata is not None:
+            single.CopyFrom(metadata)
+        single.payload_size = len(payload)
+        encoded = single.SerializeToString()
+        parts += [_U32.pack(len(encoded)), encoded, payload]
+    return b"".join(parts)
+
+
+def decode_batch(
+    data: bytes, num_messages: int, max_messages: int = BATCH_MESSAGES_MAX
+) -> list[tuple[pb.SingleMessageMetadata, bytes]]:
+    """Split a batch payload into exactly ``num_messages`` (metadata, payload) pairs."""
+    if num_messages < 0 or num_messages > max_messages:
+        raise InvalidMessage(f"batch declares {num_messages} messages (limit {max_messages})")
+    out: list[tuple[pb.SingleMessageMetadata, bytes]] = []
+    offset = 0
+    for index in range(num_messages):
+        if len(data) - offset < 4:
+            raise InvalidMessage(f"batch truncated before message {index}")
+        (meta_size,) = _I32.unpack_from(data, offset)
+        offset += 4
+        if meta_size < 0 or meta_size > len(data) - offset:
+            raise InvalidMessage(f"message {index}: metadata size {meta_size} does not fit")
+        single = pb.SingleMessageMetadata()
+        try:
+            single.ParseFromString(data[offset : offset + meta_size])
+        except DecodeError as err:
+            raise InvalidMessage(f"message {index}: unparsable metadata: {err}") from err
+        if not single.IsInitialized():
+            raise InvalidMessage(f"message {index}: metadata lacks payload_size")
+        offset += meta_size
+        size = single.payload_size
+        if size < 0 or size > len(data) - offset:
+            raise InvalidMessage(f"message {index}: payload size {size} does not fit")
+        out.append((single, data[offset : offset + size]))
+        offset += size
+    if offset != len(data):
+        raise InvalidMessage(f"{len(data) - offset} bytes after the last batch message")
+    return out
