@@ -628,6 +628,9 @@ class EtcdWatch:
         self._error: AnabranchError | None = None
         self._done = False
         self._unavailable_since: float | None = None
+        self._backoff_s = limits.ETCD_RECONNECT_BACKOFF_MIN_S
+        self.reconnects = 0
+        """Times the stream broke and was re-opened from ``next_revision`` (observability)."""
 
     def __aiter__(self) -> AsyncIterator[WatchEvent]:
         return self
@@ -723,6 +726,7 @@ class EtcdWatch:
         if now - self._unavailable_since >= limits.ETCD_RECONNECT_WINDOW_S:
             self._unavailable_since = None
             raise error
+        self.reconnects += 1
         await asyncio.sleep(self._backoff_s)
         self._backoff_s = min(self._backoff_s * 2, limits.ETCD_RECONNECT_BACKOFF_MAX_S)
 
