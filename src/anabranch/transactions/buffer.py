@@ -1,0 +1,62 @@
+"""The seam between a topic's dispatcher and transactions (DESIGN.md §5).
+
+The dispatcher never reads past ``max_read_position()`` and skips entries for which
+``is_aborted`` is true; producers append through ``append``. Until transactions land,
+:class:`NoTransactionBuffer` makes every durable entry readable and nothing aborted, so
+the dispatcher does not change when the metadata-driven buffer (PIP-473) replaces it.
+
+Example:
+    >>> from anabranch.storage.memory import MemoryManagedLedgerFactory
+    >>> async def demo() -> None:
+    ...     ml = await MemoryManagedLedgerFactory().open("t")
+    ...     buf = NoTransactionBuffer(ml)
+    ...     pos = await buf.append(None, b"x")
+    ...     assert buf.max_read_position() == pos and not buf.is_aborted(pos)
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from anabranch.errors import NotAllowed
+from anabranch.storage.api import ManagedLedger, Position
+from anabranch.transactions.ids import TxnId
+
+
+class TransactionBuffer(Protocol):
+    """What a topic's readers and writers ask about transactional entries."""
+
+    def max_read_position(self) -> Position:
+        """The last position a dispatcher may deliver (before the oldest open txn)."""
+        ...
+
+    def is_aborted(self, position: Position) -> bool:
+        """True when the entry at ``position`` belongs to an aborted transaction."""
+        ...
+
+    async def append(self, txn_id: TxnId | None, data: bytes) -> Position:
+        """Append an entry, transactional when ``txn_id`` is given."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+class NoTransactionBuffer:
+    """Every durable entry is readable; transactional appends are refused."""
+
+    def __init__(self, ledger: ManagedLedger) -> None:
+        self._ledger = ledger
+
+    def max_read_position(self) -> Position:
+        return self._ledger.last_confirmed
+
+    def is_aborted(self, position: Position) -> bool:
+        return False
+
+    async def append(self, txn_id: TxnId | None, data: bytes) -> Position:
+        if txn_id is not None:
+            raise NotAllowed("transactions are not enabled on this broker")
+        return await self._ledger.append(data)
+
+    async def close(self) -> None:
+        return None

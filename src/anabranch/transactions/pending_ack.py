@@ -1,0 +1,63 @@
+"""The seam between a subscription's acks and transactions (DESIGN.md §5).
+
+Every ack goes through a ``PendingAckStore``. A transactional ack is held pending until
+its transaction commits (then applied to the cursor) or aborts (then dropped, and the
+messages become redeliverable). :class:`NoPendingAckStore` applies plain acks to the
+cursor directly and refuses transactional ones, so subscriptions do not change when the
+metadata-driven store (PIP-473) replaces it.
+
+Example:
+    >>> async def demo(cursor: Cursor, pos: Position) -> None:
+    ...     store = NoPendingAckStore(cursor)
+    ...     await store.acknowledge(None, [pos], cumulative=False)
+    ...     assert not store.is_pending(pos)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from anabranch.errors import NotAllowed
+from anabranch.storage.api import Cursor, Position
+from anabranch.transactions.ids import TxnId
+
+
+class PendingAckStore(Protocol):
+    """Where a subscription's acknowledgements go."""
+
+    async def acknowledge(
+        self, txn_id: TxnId | None, positions: Sequence[Position], *, cumulative: bool
+    ) -> None:
+        """Ack now (``txn_id`` None) or hold the ack pending until ``txn_id`` ends."""
+        ...
+
+    def is_pending(self, position: Position) -> bool:
+        """True when a transaction holds an ack of ``position`` (not redelivered)."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+class NoPendingAckStore:
+    """Acks go straight to the cursor; transactional acks are refused."""
+
+    def __init__(self, cursor: Cursor) -> None:
+        self._cursor = cursor
+
+    async def acknowledge(
+        self, txn_id: TxnId | None, positions: Sequence[Position], *, cumulative: bool
+    ) -> None:
+        if txn_id is not None:
+            raise NotAllowed("transactions are not enabled on this broker")
+        if cumulative:
+            if positions:
+                await self._cursor.acknowledge_cumulative(max(positions))
+        else:
+            await self._cursor.acknowledge(positions)
+
+    def is_pending(self, position: Position) -> bool:
+        return False
+
+    async def close(self) -> None:
+        return None
