@@ -21,6 +21,7 @@ import pytest
 from anabranch import limits
 from anabranch.errors import (
     BadVersion,
+    Closed,
     Compacted,
     InvalidArgument,
     MetadataUnavailable,
@@ -407,3 +408,21 @@ def test_missing_binary_is_an_error_not_a_skip(
 async def _take(watch: EtcdWatch, count: int) -> AsyncIterator[WatchEvent]:
     for _ in range(count):
         yield await watch.__anext__()
+
+
+async def test_closing_during_a_pending_read_ends_the_watch_cleanly(
+    etcd_server: EtcdServer, namespace: str
+) -> None:
+    store = await EtcdMetadataStore.open(etcd_server.endpoint, namespace=namespace)
+    by_watch = store.watch("/idle")
+    by_store = store.watch("/idle")
+    read_by_watch = asyncio.ensure_future(by_watch.__anext__())
+    read_by_store = asyncio.ensure_future(by_store.__anext__())
+    await store.put("/elsewhere", b"")  # a round trip: both reads are now waiting on etcd
+    await asyncio.sleep(0.1)
+    await by_watch.close()
+    with pytest.raises(StopAsyncIteration):
+        await read_by_watch
+    await store.close()
+    with pytest.raises(Closed):
+        await read_by_store

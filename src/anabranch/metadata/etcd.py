@@ -505,10 +505,11 @@ class EtcdMetadataStore:
         """Revoke open sessions (best effort), end watches, close the channel. Idempotent."""
         if self._closed:
             return
-        for session in list(self._sessions.values()):
-            # Best effort: an unreachable etcd expires the lease by TTL instead.
-            with contextlib.suppress(MetadataError):
-                await session.close()
+        # Best effort and concurrent: an unreachable etcd expires the leases by TTL instead.
+        await asyncio.gather(
+            *(session.close() for session in list(self._sessions.values())),
+            return_exceptions=True,
+        )
         self._closed = True
         for watch in list(self._watches):
             await watch._shutdown(Closed("etcd metadata store is closed"))
@@ -684,6 +685,13 @@ class EtcdWatch:
             self._open_stream()
         try:
             response = await self._call.read()
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if self._done and task is not None and not task.cancelling():
+                # Our own close() cancelled the call under this read: end iteration (or
+                # raise Closed) instead of leaking a CancelledError nobody asked for.
+                return
+            raise
         except _RPC_ERRORS as err:
             if self._done:
                 return
