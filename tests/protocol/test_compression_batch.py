@@ -1,0 +1,124 @@
+"""Compression codecs (byte formats Pulsar uses), bombs and lying sizes; batch payloads."""
+
+from __future__ import annotations
+
+import os
+import zlib
+
+import pytest
+
+from anabranch.errors import InvalidMessage, ProtocolError
+from anabranch.protocol._generated import pulsar_api_pb2 as pb
+from anabranch.protocol.batch import decode_batch, encode_batch
+from anabranch.protocol.compression import CompressionType, compress, decompress
+
+DATA = os.urandom(300) + b"pulsar " * 2000
+
+
+@pytest.mark.parametrize("codec", list(CompressionType))
+def test_round_trip(codec: CompressionType) -> None:
+    packed = compress(codec, DATA)
+    assert decompress(codec, packed, len(DATA), max_size=1 << 20) == DATA
+    assert decompress(codec, compress(codec, b""), 0, max_size=10) == b""
+
+
+def test_enum_matches_proto() -> None:
+    for codec in CompressionType:
+        assert pb.CompressionType.Value(codec.name) == codec.value
+
+
+# Known byte strings in the formats Pulsar clients produce (checked against the codec specs).
+KNOWN = {
+    CompressionType.LZ4: b"\x50hello",  # raw LZ4 block: token 5 literals, no size prefix
+    CompressionType.SNAPPY: b"\x05\x10hello",  # raw snappy: varint 5, literal tag len-1=4
+    CompressionType.ZLIB: zlib.compress(b"hello"),  # zlib header 0x78, not raw deflate
+}
+
+
+@pytest.mark.parametrize("codec", sorted(KNOWN))
+def test_known_vectors_decode(codec: CompressionType) -> None:
+    assert decompress(codec, KNOWN[codec], 5, max_size=5) == b"hello"
+
+
+def test_formats_are_raw_not_framed() -> None:
+    assert compress(CompressionType.LZ4, b"hello") == b"\x50hello"
+    assert compress(CompressionType.SNAPPY, b"hello") == b"\x05\x10hello"
+    assert compress(CompressionType.ZSTD, b"hello")[:4] == b"\x28\xb5\x2f\xfd"  # zstd frame
+    assert compress(CompressionType.ZLIB, b"hello")[0] == 0x78
+
+
+@pytest.mark.parametrize("codec", [c for c in CompressionType if c != CompressionType.NONE])
+def test_lying_size_is_invalid_message(codec: CompressionType) -> None:
+    packed = compress(codec, DATA)
+    for wrong in (len(DATA) - 1, len(DATA) + 1, 0):
+        with pytest.raises(InvalidMessage):
+            decompress(codec, packed, wrong, max_size=1 << 20)
+
+
+@pytest.mark.parametrize("codec", [c for c in CompressionType if c != CompressionType.NONE])
+def test_bomb_is_invalid_message(codec: CompressionType) -> None:
+    bomb = compress(codec, b"\x00" * (64 << 20))  # 64 MiB of zeros, a few KiB packed
+    with pytest.raises(InvalidMessage):
+        decompress(codec, bomb, 1024, max_size=5 << 20)  # lies about the size
+    with pytest.raises(InvalidMessage):
+        decompress(codec, bomb, 64 << 20, max_size=5 << 20)  # honest but over the limit
+
+
+@pytest.mark.parametrize("codec", [c for c in CompressionType if c != CompressionType.NONE])
+def test_garbage_is_invalid_message(codec: CompressionType) -> None:
+    with pytest.raises(InvalidMessage):
+        decompress(codec, b"\xff\xfe garbage \x00\x01", 100, max_size=1000)
+
+
+def test_unknown_codec() -> None:
+    with pytest.raises(InvalidMessage):
+        decompress(9, b"x", 1, max_size=10)
+    with pytest.raises(InvalidMessage):
+        compress(9, b"x")
+    assert issubclass(InvalidMessage, ProtocolError)
+
+
+def test_uncompressed_over_limit() -> None:
+    with pytest.raises(InvalidMessage):
+        decompress(CompressionType.NONE, b"x" * 11, 0, max_size=10)
+
+
+# --- batches -------------------------------------------------------------------------------
+
+
+def test_batch_round_trip_keeps_metadata() -> None:
+    entries = [
+        (pb.SingleMessageMetadata(payload_size=0, partition_key="k", sequence_id=0), b"a"),
+        (None, b""),
+        (pb.SingleMessageMetadata(payload_size=0, null_value=True), b"ccc"),
+    ]
+    decoded = decode_batch(encode_batch(entries), 3)
+    assert [p for _, p in decoded] == [b"a", b"", b"ccc"]
+    assert decoded[0][0].partition_key == "k" and decoded[0][0].HasField("sequence_id")
+    assert decoded[2][0].null_value and decoded[2][0].payload_size == 3
+
+
+def test_batch_count_mismatch() -> None:
+    data = encode_batch([(None, b"a"), (None, b"b")])
+    with pytest.raises(InvalidMessage, match="after the last"):
+        decode_batch(data, 1)
+    with pytest.raises(InvalidMessage, match="truncated"):
+        decode_batch(data, 3)
+
+
+@pytest.mark.parametrize("num", [-1, 100_001])
+def test_batch_declared_count_bounded(num: int) -> None:
+    with pytest.raises(InvalidMessage):
+        decode_batch(b"", num)
+
+
+def test_batch_bad_sizes() -> None:
+    data = encode_batch([(None, b"abc")])
+    with pytest.raises(InvalidMessage):
+        decode_batch(data[:-1], 1)  # payload shorter than payload_size
+    with pytest.raises(InvalidMessage):
+        decode_batch(b"\x00\x00\x10\x00" + data[4:], 1)  # metadata size over the data
+    with pytest.raises(InvalidMessage):
+        decode_batch(b"\x00\x00\x00\x02\xff\xff", 1)  # unparsable metadata
+    with pytest.raises(InvalidMessage):
+        decode_batch(b"\x00\x00\x00\x00", 1)  # metadata without payload_size
