@@ -1,0 +1,709 @@
+"""The file-backed managed ledger: one file per ledger, metadata in the metadata store.
+
+Theory of operation.
+
+* **Layout.** ``<data_dir>/<quoted name>/<ledger id:020d>.log`` per ledger (see
+  :mod:`~anabranch.storage.segment_file`). Metadata keys (all JSON unless noted):
+
+  - ``/ledger-id-counter`` → the next ledger id (decimal), advanced by CAS: ids are unique
+    across every broker sharing the store;
+  - ``/ledgers/<id:020d>`` → ``{state: OPEN|CLOSED, lastEntryId, size, managedLedger}``;
+  - ``/managed-ledgers/<quoted name>`` → ``{ledgers: [{id, entries, size, closedMs}],
+    terminatedAt: [l, e] | null, owner}``;
+  - ``/managed-ledgers/<quoted name>/cursors/<quoted cursor>`` → AckState bytes.
+
+* **Appends** are numbered on the event loop, queued for the ledger's writer thread, which
+  takes everything queued (up to ``STORAGE_GROUP_COMMIT_BYTES_MAX``), writes it with one
+  ``write``, one ``fdatasync`` (fsync policy ``always``) and hands the whole batch back with
+  one ``call_soon_threadsafe``. A future resolves only after that batch is durable.
+
+* **Failures.** A write or fsync error fails the batch and every later append with
+  StorageIOError until the ledger is reopened: after a failed fsync the page cache may
+  have dropped the data, so the file is no longer trusted (recovery re-scans it).
+
+* **Open = recovery + fencing.** Opening reads the managed ledger's record; the last
+  ledger, if still OPEN, is fenced (marker file, see segment_file), scanned (torn tail
+  truncated, corruption raised), and CLOSED by CAS on its key. A new ledger is created and
+  the record rewritten by CAS with a fresh ``owner``. The previous owner's next metadata
+  change (rollover, trim, terminate, cursor persist) fails its version check and its next
+  append fails the fence check: both raise LedgerFenced.
+
+* **Rollover** by entries, bytes and age: new appends wait (FIFO) while the writer drains,
+  then one metadata commit closes the old ledger, opens the new one and updates the list.
+
+Example:
+    >>> async def demo(store: MetadataStore) -> None:
+    ...     factory = FileManagedLedgerFactory(Path("/tmp/data"), store)
+    ...     ml = await factory.open("public/default/persistent/t")
+    ...     await ml.append(b"x")
+    ...     await ml.close()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import threading
+import uuid
+from collections import deque
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote, unquote
+
+from anabranch import limits
+from anabranch.clock import Clock, SystemClock
+from anabranch.errors import (
+    BadVersion,
+    Closed,
+    CorruptRecord,
+    LedgerFenced,
+    LedgerSealed,
+    NotFound,
+    StorageError,
+    StorageIOError,
+    ValueTooLarge,
+)
+from anabranch.metadata.api import Check, Delete, MetadataStore, Put, Stat
+from anabranch.storage.api import ManagedLedgerConfig, Position
+from anabranch.storage.base import LedgerInfo, ManagedLedgerBase
+from anabranch.storage.files import FileOpener, open_os_file
+from anabranch.storage.segment_file import SegmentFile, delete_ledger_files
+
+LEDGER_ID_COUNTER = "/ledger-id-counter"
+LEDGERS_PREFIX = "/ledgers/"
+MANAGED_LEDGERS_PREFIX = "/managed-ledgers/"
+
+
+def _q(name: str) -> str:
+    return quote(name, safe="")
+
+
+def ledger_path(ledger_id: int) -> str:
+    return f"{LEDGERS_PREFIX}{ledger_id:020d}"
+
+
+def _dumps(obj: Any) -> bytes:
+    return json.dumps(obj, separators=(",", ":"), sort_keys=True).encode()
+
+
+class _Batch:
+    """Appends queued together: one write + one fdatasync, one loop callback."""
+
+    __slots__ = ("first_entry", "futures", "payloads", "size")
+
+    def __init__(self, first_entry: int) -> None:
+        self.first_entry = first_entry
+        self.payloads: list[bytes] = []
+        self.futures: list[asyncio.Future[Position]] = []
+        self.size = 0
+
+
+class _Writer(threading.Thread):
+    """The dedicated writer thread of one managed ledger (group commit)."""
+
+    def __init__(self, ml: FileManagedLedger, sync: bool) -> None:
+        super().__init__(name=f"ledger-writer:{ml.name}", daemon=True)
+        self._ml = ml
+        self._loop = asyncio.get_running_loop()
+        self._sync = sync
+        self._cond = threading.Condition()
+        self._queue: deque[tuple[SegmentFile, _Batch]] = deque()
+        self._stopping = False
+        self._broken: BaseException | None = None
+
+    def submit(self, segment: SegmentFile, batch: _Batch) -> None:
+        with self._cond:
+            self._queue.append((segment, batch))
+            self._cond.notify()
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+
+    def run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self._stopping:
+                    self._cond.wait()
+                if not self._queue:
+                    return
+                segment, batch = self._queue.popleft()
+                # Merge queued batches of the same file into one write + one fdatasync.
+                while (
+                    self._queue
+                    and self._queue[0][0] is segment
+                    and batch.size + self._queue[0][1].size <= limits.STORAGE_GROUP_COMMIT_BYTES_MAX
+                ):
+                    more = self._queue.popleft()[1]
+                    batch.payloads += more.payloads
+                    batch.futures += more.futures
+                    batch.size += more.size
+            error: BaseException | None = self._broken
+            if error is None:
+                try:
+                    segment.append_batch(batch.payloads, sync=self._sync)
+                except LedgerFenced as err:
+                    error = self._broken = err
+                except OSError as err:
+                    error = self._broken = StorageIOError(
+                        f"{segment.where}: {err.strerror or err} (errno {err.errno}); "
+                        "the ledger must be reopened"
+                    )
+                except BaseException as err:  # never leave futures hanging
+                    error = self._broken = StorageIOError(f"{segment.where}: {err!r}")
+            try:
+                self._loop.call_soon_threadsafe(self._ml._batch_done, segment, batch, error)
+            except RuntimeError:
+                return  # the loop is closed: nobody is waiting any more
+
+
+class FileManagedLedger(ManagedLedgerBase):
+    """A managed ledger on local files; see the module docstring."""
+
+    def __init__(
+        self,
+        factory: FileManagedLedgerFactory,
+        name: str,
+        config: ManagedLedgerConfig,
+    ) -> None:
+        super().__init__(name, config, factory.clock)
+        self._factory = factory
+        self._store = factory.store
+        self._dir = factory.data_dir / _q(name)
+        self._path = MANAGED_LEDGERS_PREFIX + _q(name)
+        self._owner = uuid.uuid4().hex
+        self._ml_version = 0
+        self._ledger_version = 0  # version of the current ledger's /ledgers key
+        self._segment: SegmentFile | None = None
+        self._ledger_created = self.clock.monotonic()
+        self._segments: dict[int, SegmentFile] = {}
+        self._writer: _Writer | None = None
+        self._batch: _Batch | None = None
+        self._next_entry = 0
+        self._inflight = 0
+        self._inflight_bytes = 0
+        self._drained = asyncio.Event()
+        self._drained.set()
+        self._append_waiters: deque[asyncio.Future[None]] = deque()
+        self._rolling = False
+        self._terminating = False
+        self._tail: deque[tuple[int, int, list[bytes]]] = deque()
+        self._tail_bytes = 0
+        self._rollover_task: asyncio.Task[None] | None = None
+
+    # --- open / recovery ----------------------------------------------------------------------
+
+    async def _recover(self) -> None:
+        record = await self._store.get(self._path)
+        info: dict[str, Any] = (
+            json.loads(record.value) if record else {"ledgers": [], "terminatedAt": None}
+        )
+        expected = record.stat.version if record else 0
+        ledgers = [LedgerInfo.from_json(obj) for obj in info["ledgers"]]
+        ops: list[Put | Delete | Check] = []
+        if ledgers and ledgers[-1].closed_ms is None:
+            last = ledgers[-1]
+            await self._recover_open_ledger(last)
+            if last.entries == 0:
+                ledgers.pop()
+                ops.append(Delete(ledger_path(last.ledger_id)))
+        terminated = info.get("terminatedAt")
+        self._terminated_at = Position(*terminated) if terminated else None
+        if self._terminated_at is None:
+            ledgers.append(await self._create_ledger(ops))
+        info = {
+            "ledgers": [i.to_json() for i in ledgers],
+            "terminatedAt": terminated,
+            "owner": self._owner,
+        }
+        ops.append(Put(self._path, _dumps(info), expected_version=expected))
+        results = await self._commit(ops)
+        self._ml_version = results[-1]
+        if self._terminated_at is None:
+            self._ledger_version = 1
+        self._set_ledgers(ledgers)
+        await self._load_cursors()
+        if self._terminated_at is None:
+            self._writer = _Writer(self, self.config.fsync == "always")
+            self._writer.start()
+
+    async def _recover_open_ledger(self, last: LedgerInfo) -> None:
+        """Fence, scan and close the previous owner's last ledger (CAS on its key)."""
+        record = await self._store.get(ledger_path(last.ledger_id))
+        if record is None:
+            raise NotFound(ledger_path(last.ledger_id))
+        meta = json.loads(record.value)
+        if meta["state"] == "OPEN":
+            segment = await asyncio.to_thread(
+                SegmentFile.open_existing, self._dir, last.ledger_id, self._factory.opener
+            )
+            try:
+                await asyncio.to_thread(segment.fence)
+                entries, size = await asyncio.to_thread(segment.recover)
+            finally:
+                await asyncio.to_thread(segment.close)
+            meta = {
+                "state": "CLOSED",
+                "lastEntryId": entries - 1,
+                "size": size,
+                "managedLedger": self.name,
+            }
+            try:
+                await self._store.put(
+                    ledger_path(last.ledger_id), _dumps(meta), expected_version=record.stat.version
+                )
+            except BadVersion as err:
+                raise LedgerFenced(
+                    f"{self.name}: ledger {last.ledger_id} recovered by another owner"
+                ) from err
+        last.entries = int(meta["lastEntryId"]) + 1
+        last.size = int(meta["size"])
+        last.closed_ms = self.clock.wall_ms()
+        if last.entries == 0:
+            await asyncio.to_thread(self._delete_segment_files, last.ledger_id)
+
+    async def _create_ledger(self, ops: list[Put | Delete | Check]) -> LedgerInfo:
+        """Allocate an id, create its file durably, add its key to ``ops``."""
+        ledger_id = await self._factory.allocate_ledger_id()
+        segment = await asyncio.to_thread(
+            SegmentFile.create, self._dir, ledger_id, self._factory.opener
+        )
+        self._segment = segment
+        self._segments[ledger_id] = segment
+        self._next_entry = 0
+        self._ledger_created = self.clock.monotonic()
+        meta = {"state": "OPEN", "lastEntryId": -1, "size": 0, "managedLedger": self.name}
+        ops.append(Put(ledger_path(ledger_id), _dumps(meta), expected_version=0))
+        return LedgerInfo(ledger_id)
+
+    async def _commit(self, ops: Sequence[Put | Delete | Check]) -> list[int]:
+        """Commit; a version conflict means another owner took over: LedgerFenced."""
+        try:
+            result = await self._store.commit(ops)
+        except BadVersion as err:
+            self._failure = LedgerFenced(f"{self.name}: fenced by another owner ({err})")
+            raise self._failure from err
+        return [r.version if isinstance(r, Stat) else 0 for r in result.results]
+
+    async def _load_cursors(self) -> None:
+        prefix = f"{self._path}/cursors/"
+        start_after: str | None = None
+        while True:
+            page = await self._store.list_prefix(prefix, start_after=start_after)
+            for rec in page.records:
+                self._restore_cursor(unquote(rec.path[len(prefix) :]), rec.value)
+            if not page.more:
+                return
+            start_after = page.records[-1].path
+
+    def _ml_info(self, ledgers: list[LedgerInfo] | None = None) -> bytes:
+        end = self._terminated_at
+        ledgers = self._ledgers if ledgers is None else ledgers
+        return _dumps(
+            {
+                "ledgers": [i.to_json() for i in ledgers],
+                "terminatedAt": list(end) if end else None,
+                "owner": self._owner,
+            }
+        )
+
+    # --- appends ------------------------------------------------------------------------------
+
+    def _check_appendable(self) -> None:
+        self.check_open()
+        if self._terminating or self._terminated_at is not None:
+            raise LedgerSealed(f"managed ledger {self.name} is terminated")
+
+    def _has_room(self, size: int) -> bool:
+        return (
+            self._inflight < limits.STORAGE_APPEND_QUEUE_ENTRIES_MAX
+            and self._inflight_bytes + size <= limits.STORAGE_APPEND_QUEUE_BYTES_MAX
+        ) or self._inflight == 0
+
+    async def _wait_turn(self, size: int) -> None:
+        # FIFO: while anyone waits, newcomers queue behind them so entry order follows
+        # call order for a producer that pipelines appends.
+        while self._rolling or self._append_waiters or not self._has_room(size):
+            fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._append_waiters.append(fut)
+            try:
+                await fut
+            finally:
+                if self._append_waiters and self._append_waiters[0] is fut:
+                    self._append_waiters.popleft()
+                elif fut in self._append_waiters:
+                    self._append_waiters.remove(fut)
+            self._check_appendable()
+            if not self._rolling and self._has_room(size):
+                return
+
+    def _release_waiters(self) -> None:
+        if self._append_waiters and not self._rolling:
+            fut = self._append_waiters[0]
+            if not fut.done():
+                fut.set_result(None)
+
+    def _enqueue(self, data: bytes) -> asyncio.Future[Position]:
+        if len(data) > limits.STORAGE_RECORD_BYTES_MAX:
+            raise ValueTooLarge("entry", len(data), limits.STORAGE_RECORD_BYTES_MAX)
+        fut: asyncio.Future[Position] = asyncio.get_running_loop().create_future()
+        batch = self._batch
+        if batch is None:
+            batch = self._batch = _Batch(self._next_entry)
+            # Submitted at the end of this loop iteration so appends made in the same
+            # iteration share one hand-off to the writer.
+            asyncio.get_running_loop().call_soon(self._submit)
+        batch.payloads.append(data)
+        batch.futures.append(fut)
+        batch.size += len(data)
+        self._next_entry += 1
+        self._inflight += 1
+        self._inflight_bytes += len(data)
+        self._drained.clear()
+        return fut
+
+    def _submit(self) -> None:
+        batch, self._batch = self._batch, None
+        if batch is not None:
+            assert self._writer is not None and self._segment is not None
+            self._writer.submit(self._segment, batch)
+
+    async def append(self, data: bytes) -> Position:
+        self._check_appendable()
+        if self._rolling or self._append_waiters or not self._has_room(len(data)):
+            await self._wait_turn(len(data))
+        return await self._enqueue(data)
+
+    async def append_many(self, entries: Sequence[bytes]) -> list[Position]:
+        self._check_appendable()
+        size = sum(len(d) for d in entries)
+        if self._rolling or self._append_waiters or not self._has_room(size):
+            await self._wait_turn(size)
+        futures = [self._enqueue(d) for d in entries]
+        return list(await asyncio.gather(*futures))
+
+    def _batch_done(self, segment: SegmentFile, batch: _Batch, error: BaseException | None) -> None:
+        """On the loop: resolve one committed (or failed) batch, in commit order."""
+        n = len(batch.futures)
+        self._inflight -= n
+        self._inflight_bytes -= batch.size
+        if error is not None:
+            if self._failure is None:
+                self._failure = (
+                    error if isinstance(error, StorageError) else StorageIOError(str(error))
+                )
+            for fut in batch.futures:
+                if not fut.done():
+                    fut.set_exception(self._failure)
+            self._wake()
+        else:
+            info = self._ledgers[-1]
+            assert info.ledger_id == segment.ledger_id
+            first = info.entries
+            self._entries_confirmed(info, n, batch.size)
+            self._cache(info.ledger_id, first, batch.payloads, batch.size)
+            ledger_id = info.ledger_id
+            for k, fut in enumerate(batch.futures):
+                if not fut.done():
+                    fut.set_result(Position(ledger_id, first + k))
+            self._maybe_rollover(info)
+        if self._inflight == 0:
+            self._drained.set()
+        self._release_waiters()
+
+    def _maybe_rollover(self, info: LedgerInfo) -> None:
+        if self._rolling or self._terminating or self._failure is not None:
+            return
+        age_ms = (self.clock.monotonic() - self._ledger_created) * 1000
+        if (
+            info.entries >= self.config.ledger_entries_max
+            or info.size >= self.config.ledger_bytes_max
+            or age_ms >= self.config.ledger_age_ms
+        ):
+            self._rolling = True
+            self._rollover_task = asyncio.get_running_loop().create_task(self._rollover())
+
+    async def _rollover(self) -> None:
+        try:
+            await self._drained.wait()
+            if self._failure is not None or self._closed:
+                return
+            async with self._meta_lock:
+                old = self._ledgers[-1]
+                old_version = self._ledger_version
+                ops: list[Put | Delete | Check] = []
+                new = await self._create_ledger(ops)
+                old.closed_ms = self.clock.wall_ms()
+                meta = {
+                    "state": "CLOSED",
+                    "lastEntryId": old.entries - 1,
+                    "size": old.size,
+                    "managedLedger": self.name,
+                }
+                ops.append(Put(ledger_path(old.ledger_id), _dumps(meta), old_version))
+                self._ledgers.append(new)
+                self._ids.append(new.ledger_id)
+                ops.append(Put(self._path, self._ml_info(), self._ml_version))
+                versions = await self._commit(ops)
+                self._ledger_version = versions[0]
+                self._ml_version = versions[-1]
+        except Exception as err:
+            if self._failure is None:
+                self._failure = err if isinstance(err, StorageError) else StorageIOError(repr(err))
+        finally:
+            self._rolling = False
+            self._release_waiters()
+
+    # --- reads ----------------------------------------------------------------------------------
+
+    def _cache(self, ledger_id: int, first: int, payloads: list[bytes], size: int) -> None:
+        self._tail.append((ledger_id, first, payloads))
+        self._tail_bytes += size
+        while self._tail_bytes > limits.STORAGE_TAIL_CACHE_BYTES_MAX and len(self._tail) > 1:
+            _, _, dropped = self._tail.popleft()
+            self._tail_bytes -= sum(len(d) for d in dropped)
+
+    def _from_cache(self, ledger_id: int, first: int, count: int) -> list[bytes] | None:
+        out: list[bytes] = []
+        want = first
+        for lid, start, payloads in self._tail:
+            if lid != ledger_id or start + len(payloads) <= want:
+                continue
+            if start > want:
+                break
+            take = payloads[want - start : want - start + count - len(out)]
+            out += take
+            want += len(take)
+            if len(out) == count:
+                break
+        return out or None
+
+    async def _read_ledger(
+        self, info: LedgerInfo, first: int, count: int, max_bytes: int, at_least_one: bool
+    ) -> list[bytes]:
+        cached = self._from_cache(info.ledger_id, first, count)
+        if cached is None:
+            segment = await self._segment_for(info)
+            count = self._fit(segment, first, count, max_bytes, at_least_one)
+            return await asyncio.to_thread(segment.read_entries, first, count)
+        out: list[bytes] = []
+        used = 0
+        for data in cached:
+            if (out or not at_least_one) and used + len(data) > max_bytes:
+                break
+            out.append(data)
+            used += len(data)
+        return out
+
+    @staticmethod
+    def _fit(segment: SegmentFile, first: int, count: int, max_bytes: int, one: bool) -> int:
+        used = 0
+        for k in range(count):
+            used += segment.entry_size(first + k)
+            if used > max_bytes and (k > 0 or not one):
+                return k
+        return count
+
+    async def _segment_for(self, info: LedgerInfo) -> SegmentFile:
+        segment = self._segments.get(info.ledger_id)
+        if segment is None:
+            segment = await asyncio.to_thread(
+                SegmentFile.open_existing, self._dir, info.ledger_id, self._factory.opener
+            )
+            try:
+                await asyncio.to_thread(segment.load_index, info.entries)
+            except CorruptRecord:
+                await asyncio.to_thread(segment.close)
+                raise
+            self._segments[info.ledger_id] = segment
+        return segment
+
+    # --- cursors, trim, terminate, delete, close --------------------------------------------------
+
+    def _cursor_path(self, name: str) -> str:
+        return f"{self._path}/cursors/{_q(name)}"
+
+    async def persist_cursor(self, name: str, data: bytes) -> None:
+        if self._failure is not None and isinstance(self._failure, LedgerFenced):
+            raise self._failure
+        if name not in self._cursors:
+            return
+        async with self._meta_lock:
+            await self._commit(
+                [
+                    Check(self._path, expected_version=self._ml_version),
+                    Put(self._cursor_path(name), data),
+                ]
+            )
+
+    async def _remove_cursor(self, name: str) -> None:
+        async with self._meta_lock:
+            await self._commit(
+                [
+                    Check(self._path, expected_version=self._ml_version),
+                    Delete(self._cursor_path(name)),
+                ]
+            )
+
+    async def _commit_trim(self, doomed: list[LedgerInfo], remaining: list[LedgerInfo]) -> None:
+        ops: list[Put | Delete | Check] = [
+            Put(self._path, self._ml_info(remaining), self._ml_version)
+        ]
+        ops += [Delete(ledger_path(i.ledger_id)) for i in doomed]
+        versions = await self._commit(ops)
+        self._ml_version = versions[0]
+        for i in doomed:
+            segment = self._segments.pop(i.ledger_id, None)
+            if segment is not None:
+                await asyncio.to_thread(segment.close)
+            await asyncio.to_thread(self._delete_segment_files, i.ledger_id)
+
+    def _delete_segment_files(self, ledger_id: int) -> None:
+        delete_ledger_files(self._dir, ledger_id)
+
+    async def terminate(self) -> Position:
+        if self._terminated_at is not None:
+            return self._terminated_at
+        self.check_open()
+        self._terminating = True
+        while self._rolling or not self._drained.is_set():
+            await self._drained.wait()
+            if self._rolling:
+                await asyncio.sleep(0)
+        self.check_open()
+        async with self._meta_lock:
+            current = self._ledgers[-1]
+            end = self._last_confirmed
+            current.closed_ms = self.clock.wall_ms()
+            self._terminated_at = end
+            meta = {
+                "state": "CLOSED",
+                "lastEntryId": current.entries - 1,
+                "size": current.size,
+                "managedLedger": self.name,
+            }
+            ops: list[Put | Delete | Check] = [
+                Put(ledger_path(current.ledger_id), _dumps(meta), self._ledger_version),
+                Put(self._path, self._ml_info(), self._ml_version),
+            ]
+            try:
+                versions = await self._commit(ops)
+            except BaseException:
+                self._terminated_at = None
+                current.closed_ms = None
+                raise
+            self._ml_version = versions[-1]
+        await self._stop_writer()
+        self._wake()
+        for fut in list(self._append_waiters):
+            if not fut.done():
+                fut.set_result(None)
+        return end
+
+    async def _stop_writer(self) -> None:
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            self._submit()
+            writer.stop()
+            await asyncio.to_thread(writer.join)
+
+    async def delete(self) -> None:
+        self.check_readable()
+        await self._drain_quietly()
+        async with self._meta_lock:
+            ops: list[Put | Delete | Check] = [Delete(self._path, self._ml_version)]
+            ops += [Delete(ledger_path(i.ledger_id)) for i in self._ledgers]
+            ops += [Delete(self._cursor_path(name)) for name in self._cursors]
+            for start in range(0, len(ops), limits.METADATA_TXN_OPS_MAX):
+                # The first chunk holds the CAS on the record: a fenced owner deletes nothing.
+                await self._commit(ops[start : start + limits.METADATA_TXN_OPS_MAX])
+        self._mark_closed()
+        await self._release_files()
+        await asyncio.to_thread(shutil.rmtree, self._dir, True)
+
+    async def _drain_quietly(self) -> None:
+        if not self._drained.is_set():
+            self._submit()
+            await self._drained.wait()
+
+    async def _release_files(self) -> None:
+        await self._stop_writer()
+        segments = list(self._segments.values())
+        self._segments.clear()
+        for segment in segments:
+            await asyncio.to_thread(segment.close)
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        try:
+            await self._drain_quietly()
+            if self._rollover_task is not None:
+                await asyncio.gather(self._rollover_task, return_exceptions=True)
+            if self._failure is None:
+                await self._flush_cursors()
+        finally:
+            self._mark_closed()
+            for fut in list(self._append_waiters):
+                if not fut.done():
+                    fut.set_result(None)
+            await self._release_files()
+
+
+class FileManagedLedgerFactory:
+    """Opens :class:`FileManagedLedger` instances under ``data_dir``.
+
+    ``opener`` lets tests inject disk faults (``anabranch.testing.faulty_file``).
+    """
+
+    def __init__(
+        self,
+        data_dir: Path,
+        store: MetadataStore,
+        *,
+        clock: Clock | None = None,
+        opener: FileOpener = open_os_file,
+    ) -> None:
+        self.data_dir = Path(data_dir)
+        self.store = store
+        self.clock: Clock = clock or SystemClock()
+        self.opener = opener
+        self._open: list[FileManagedLedger] = []
+        self._closed = False
+
+    async def allocate_ledger_id(self) -> int:
+        """The next cluster-wide ledger id (CAS on ``/ledger-id-counter``)."""
+        while True:
+            record = await self.store.get(LEDGER_ID_COUNTER)
+            current = int(record.value) if record else 1
+            try:
+                await self.store.put(
+                    LEDGER_ID_COUNTER,
+                    str(current + 1).encode(),
+                    expected_version=record.stat.version if record else 0,
+                )
+            except BadVersion:
+                continue  # another allocator won this round
+            return current
+
+    async def open(self, name: str, config: ManagedLedgerConfig | None = None) -> FileManagedLedger:
+        if self._closed:
+            raise Closed("managed ledger factory is closed")
+        ml = FileManagedLedger(self, name, config or ManagedLedgerConfig())
+        try:
+            await ml._recover()
+        except BaseException:
+            await ml._release_files()
+            raise
+        self._open = [m for m in self._open if not m._closed]
+        self._open.append(ml)
+        return ml
+
+    async def close(self) -> None:
+        self._closed = True
+        for ml in self._open:
+            await ml.close()
+        self._open.clear()
