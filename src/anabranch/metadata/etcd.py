@@ -402,6 +402,10 @@ class EtcdMetadataStore:
         Compacting to a revision at or below an earlier compaction is a no-op.
         """
         self._check_open()
+        if not isinstance(revision, int) or revision < 0:
+            raise InvalidArgument(f"compact revision must be >= 0: {revision!r}")
+        if revision == 0:
+            return  # nothing precedes revision 0 (and etcd rejects it)
         request = rpc.CompactionRequest(revision=revision, physical=True)
         try:
             await self._client.kvstub.Compact(
@@ -485,8 +489,10 @@ class EtcdMetadataStore:
             key, range_end = self._key(path), b""
         if start_revision is None:
             start_revision = self._revision_seen + 1
-        elif not isinstance(start_revision, int) or start_revision < 1:
-            raise InvalidArgument(f"start_revision must be a positive int: {start_revision!r}")
+        elif not isinstance(start_revision, int) or start_revision < 0:
+            raise InvalidArgument(f"start_revision must be None or >= 0: {start_revision!r}")
+        # Revision 0 is "all history" here (as in the memory store) but "now" to etcd.
+        start_revision = max(start_revision, 1)
         watch = EtcdWatch(self, key, range_end, start_revision)
         self._watches.add(watch)
         return watch
@@ -658,7 +664,12 @@ class EtcdWatch:
     def _open_stream(self) -> None:
         stop = asyncio.Event()
         create = rpc.WatchCreateRequest(
-            key=self._key, range_end=self._range_end, start_revision=self.next_revision
+            key=self._key,
+            range_end=self._range_end,
+            start_revision=self.next_revision,
+            # Progress notices move the resume point past quiet stretches, so a reconnect
+            # after a long silence does not ask for history that compaction removed.
+            progress_notify=True,
         )
 
         async def requests() -> AsyncIterator[Any]:
@@ -708,6 +719,10 @@ class EtcdWatch:
             return
         if response.canceled:
             await self._shutdown(MetadataError(f"etcd cancelled a watch: {response.cancel_reason}"))
+            return
+        if not response.events and not response.created:
+            # A progress notice: etcd has sent this watcher everything up to the header.
+            self.next_revision = max(self.next_revision, response.header.revision + 1)
             return
         newest = 0
         for event in response.events:
