@@ -435,10 +435,13 @@ class EtcdMetadataStore:
         least its minimum TTL); its ephemeral keys go when it expires or closes."""
         ttl_s = validate_ttl(ttl_s)
         request = rpc.LeaseGrantRequest(TTL=max(1, math.ceil(ttl_s)), ID=0)
+        # The lease's clock starts somewhere during the call: count from before it.
+        sent = asyncio.get_running_loop().time()
         response = await self._rpc("leasestub", "LeaseGrant", request)
         if response.error:
             raise MetadataUnavailable(f"etcd refused a lease: {response.error}")
         session = EtcdSession(self, response.ID, ttl_s, float(response.TTL), auto_keepalive)
+        session._deadline = sent + session.granted_ttl_s
         self._sessions[response.ID] = session
         return session
 
