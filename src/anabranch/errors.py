@@ -303,3 +303,45 @@ def all_error_classes() -> list[type[AnabranchError]]:
 
 WIRE_CODES: dict[type[AnabranchError], str] = {c: c.wire_code for c in all_error_classes()}
 HTTP_STATUS: dict[type[AnabranchError], int] = {c: c.http_status for c in all_error_classes()}
+
+
+# --- broker (produce path) ----------------------------------------------------------------
+
+
+class ProducerBusy(NotAllowed):
+    """A producer id, name or exclusive access already taken on this topic/connection."""
+
+    wire_code = "ProducerBusy"
+    http_status = 409
+
+
+class ProducerFenced(NotAllowed):
+    """An exclusive producer was fenced by a newer one (ExclusiveWithFencing)."""
+
+    wire_code = "ProducerFenced"
+    http_status = 409
+
+
+class TopicTerminated(NotAllowed):
+    """A send to a topic that was terminated (sealed) or is closing."""
+
+    wire_code = "TopicTerminatedError"
+    http_status = 409
+
+
+class ChecksumMismatch(AnabranchError):
+    """A SEND whose payload checksum did not match; it is not stored."""
+
+    wire_code = "ChecksumError"
+    http_status = 400
+
+
+class IncompatibleSchema(InvalidArgument):
+    """A schema the topic's registry refuses."""
+
+    wire_code = "IncompatibleSchema"
+    http_status = 409
+
+
+WIRE_CODES.update({c: c.wire_code for c in all_error_classes()})
+HTTP_STATUS.update({c: c.http_status for c in all_error_classes()})

@@ -126,3 +126,26 @@ connection is idle-timed-out (upstream keepAliveIntervalSeconds default on both 
 HANDSHAKE_TIMEOUT_S = 30.0
 """A connection without a completed CONNECT/CONNECTED exchange after this is closed
 (upstream closes at the first keepalive tick without a handshake)."""
+
+# --- broker connections -------------------------------------------------------------------
+
+SESSION_PENDING_APPENDS_MAX = 10_000
+"""SENDs of one connection being appended; past it the broker stops reading that socket
+until half of them complete (backpressure on a producer outrunning the disk). Upstream's
+maxPendingPublishRequestsPerConnection is 1000 messages; ours counts entries (batches)."""
+
+SESSION_OUTPUT_BYTES_MAX = 4 * 1024 * 1024
+"""Unsent bytes queued on one connection's socket (transport high-water mark); past it the
+broker stops reading from that client until the buffer drains below a quarter of this.
+A client that never reads thus stops costing memory instead of growing the buffer."""
+
+SESSION_COMMAND_QUEUE_MAX = 1_000
+"""Decoded commands waiting for one connection's handler; past it reading pauses."""
+
+SESSION_TIMER_INTERVAL_S = 1.0
+"""How often the server checks handshake and keepalive deadlines of its connections."""
+
+DEDUP_SNAPSHOT_INTERVAL_ENTRIES = 1_000
+"""Appends between persisted dedup snapshots of a topic; a restart replays at most about
+this many entries' metadata to rebuild the state (upstream's
+brokerDeduplicationEntriesInterval default)."""
