@@ -140,3 +140,19 @@ async def test_corrupt_closed_ledger_never_served(
     with pytest.raises(CorruptRecord):
         await reader.read(EARLIEST, 100)
     await reader.close()
+
+
+async def test_append_backpressure_keeps_call_order(
+    tmp_path: Path, store: MemoryMetadataStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from anabranch import limits
+
+    monkeypatch.setattr(limits, "STORAGE_APPEND_QUEUE_ENTRIES_MAX", 4)
+    factory = FileManagedLedgerFactory(tmp_path, store)
+    ml = await factory.open("t", ManagedLedgerConfig(ledger_entries_max=7))
+    import asyncio
+
+    positions = await asyncio.gather(*(ml.append(str(i).encode()) for i in range(300)))
+    assert positions == sorted(positions) and len(set(positions)) == 300
+    assert [e.data for e in await ml.read(EARLIEST, 1000)] == [str(i).encode() for i in range(300)]
+    await factory.close()

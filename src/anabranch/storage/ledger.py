@@ -187,7 +187,9 @@ class FileManagedLedger(ManagedLedgerBase):
         self._inflight_bytes = 0
         self._drained = asyncio.Event()
         self._drained.set()
-        self._append_waiters: deque[asyncio.Future[None]] = deque()
+        self._append_waiters: deque[tuple[asyncio.Future[None], int]] = deque()
+        self._reserved = 0
+        self._reserved_bytes = 0
         self._rolling = False
         self._terminating = False
         self._tail: deque[tuple[int, int, list[bytes]]] = deque()
@@ -318,33 +320,47 @@ class FileManagedLedger(ManagedLedgerBase):
             raise LedgerSealed(f"managed ledger {self.name} is terminated")
 
     def _has_room(self, size: int) -> bool:
-        return (
-            self._inflight < limits.STORAGE_APPEND_QUEUE_ENTRIES_MAX
-            and self._inflight_bytes + size <= limits.STORAGE_APPEND_QUEUE_BYTES_MAX
-        ) or self._inflight == 0
+        entries = self._inflight + self._reserved
+        return entries == 0 or (
+            entries < limits.STORAGE_APPEND_QUEUE_ENTRIES_MAX
+            and self._inflight_bytes + self._reserved_bytes + size
+            <= limits.STORAGE_APPEND_QUEUE_BYTES_MAX
+        )
 
     async def _wait_turn(self, size: int) -> None:
-        # FIFO: while anyone waits, newcomers queue behind them so entry order follows
-        # call order for a producer that pipelines appends.
-        while self._rolling or self._append_waiters or not self._has_room(size):
-            fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            self._append_waiters.append(fut)
-            try:
-                await fut
-            finally:
-                if self._append_waiters and self._append_waiters[0] is fut:
-                    self._append_waiters.popleft()
-                elif fut in self._append_waiters:
-                    self._append_waiters.remove(fut)
-            self._check_appendable()
-            if not self._rolling and self._has_room(size):
-                return
+        """Wait in FIFO order for room (or the end of a rollover); returns holding a
+        reservation of one entry of ``size`` bytes that the caller must give back.
 
-    def _release_waiters(self) -> None:
-        if self._append_waiters and not self._rolling:
-            fut = self._append_waiters[0]
-            if not fut.done():
-                fut.set_result(None)
+        While anyone waits, newcomers queue behind them, so entry order follows call
+        order for a producer that pipelines appends.
+        """
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._append_waiters.append((fut, size))
+        try:
+            await fut
+        except asyncio.CancelledError:
+            if fut.done() and not fut.cancelled():  # released, then cancelled: pass it on
+                self._unreserve(size)
+                self._release_waiters()
+            raise
+
+    def _unreserve(self, size: int) -> None:
+        self._reserved -= 1
+        self._reserved_bytes -= size
+
+    def _release_waiters(self, everyone: bool = False) -> None:
+        waiters = self._append_waiters
+        while waiters and (everyone or not self._rolling):
+            fut, size = waiters[0]
+            if fut.done():
+                waiters.popleft()
+                continue
+            if not everyone and not self._has_room(size):
+                return
+            waiters.popleft()
+            self._reserved += 1
+            self._reserved_bytes += size
+            fut.set_result(None)
 
     def _enqueue(self, data: bytes) -> asyncio.Future[Position]:
         if len(data) > limits.STORAGE_RECORD_BYTES_MAX:
@@ -373,8 +389,11 @@ class FileManagedLedger(ManagedLedgerBase):
 
     async def append(self, data: bytes) -> Position:
         self._check_appendable()
-        if self._rolling or self._append_waiters or not self._has_room(len(data)):
-            await self._wait_turn(len(data))
+        size = len(data)
+        if self._rolling or self._append_waiters or not self._has_room(size):
+            await self._wait_turn(size)
+            self._unreserve(size)
+            self._check_appendable()
         return await self._enqueue(data)
 
     async def append_many(self, entries: Sequence[bytes]) -> list[Position]:
@@ -382,6 +401,8 @@ class FileManagedLedger(ManagedLedgerBase):
         size = sum(len(d) for d in entries)
         if self._rolling or self._append_waiters or not self._has_room(size):
             await self._wait_turn(size)
+            self._unreserve(size)
+            self._check_appendable()
         futures = [self._enqueue(d) for d in entries]
         return list(await asyncio.gather(*futures))
 
@@ -598,9 +619,7 @@ class FileManagedLedger(ManagedLedgerBase):
             self._ml_version = versions[-1]
         await self._stop_writer()
         self._wake()
-        for fut in list(self._append_waiters):
-            if not fut.done():
-                fut.set_result(None)
+        self._release_waiters(everyone=True)
         return end
 
     async def _stop_writer(self) -> None:
@@ -647,9 +666,7 @@ class FileManagedLedger(ManagedLedgerBase):
                 await self._flush_cursors()
         finally:
             self._mark_closed()
-            for fut in list(self._append_waiters):
-                if not fut.done():
-                    fut.set_result(None)
+            self._release_waiters(everyone=True)
             await self._release_files()
 
 
