@@ -6,6 +6,7 @@
     │   ├── UnknownSegment              no such segment id in the layout
     │   └── SegmentsNotAdjacent         merge of two ranges that do not touch
     ├── NotAllowed                      valid request, wrong state     (405)
+    │   ├── NotEmpty                    delete of a tenant/namespace in use (409)
     │   ├── SegmentSealed               split/merge of a sealed segment
     │   └── SegmentTooSmall             split of a segment one hash wide
     ├── Closed                          the object was closed by its owner
@@ -287,6 +288,17 @@ class InvalidMessage(ProtocolError):
 
     def __init__(self, reason: str) -> None:
         super().__init__(f"invalid message: {reason}")
+        self.reason = reason
+
+
+class NotEmpty(NotAllowed):
+    """Delete of a cluster, tenant or namespace that still has children (Pulsar: 409)."""
+
+    http_status = 409
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(f"{path} is not empty: {reason}")
+        self.path = path
         self.reason = reason
 
 

@@ -149,3 +149,18 @@ DEDUP_SNAPSHOT_INTERVAL_ENTRIES = 1_000
 """Appends between persisted dedup snapshots of a topic; a restart replays at most about
 this many entries' metadata to rebuild the state (upstream's
 brokerDeduplicationEntriesInterval default)."""
+
+# --- admin: policies, HTTP ----------------------------------------------------------------
+
+POLICIES_CAS_RETRIES_MAX = 16
+"""Read-modify-CAS attempts of one admin update before it gives up with BadVersion (409):
+enough for a handful of concurrent admins, small enough that a hot record cannot spin."""
+
+PARTITIONS_PER_TOPIC_MAX = 10_000
+"""Largest partition count; more is InvalidArgument (400). Every partition is a topic with
+its own ledger, so this bounds one admin call's load (upstream's
+maxNumPartitionsPerPartitionedTopic is unbounded by default)."""
+
+ADMIN_REQUEST_BODY_BYTES_MAX = 1024 * 1024
+"""Largest admin HTTP request body; aiohttp answers 413 past it. Policies and tenant
+records are a few hundred bytes; this matches METADATA_VALUE_BYTES_MAX."""
