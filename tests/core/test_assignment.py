@@ -246,6 +246,18 @@ def test_expired_session_is_evicted_after_grace_period() -> None:
     assert "c1" not in state.sessions
 
 
+def test_reconnect_after_deadline_without_tick_is_a_new_session() -> None:
+    state = register(start(), "c1", "c2")
+    state, _ = feed(state, ConsumerDisconnected("c1", now_ms=1000))
+    state, out = feed(state, ConsumerRegistered("c1", 1000 + GRACE_MS, consumer_id=9))
+    assert out == [
+        DeleteSession("sub", "c1"),
+        PersistSession("sub", "c1"),
+        PushAssignment("c1", 9, (0, 2), 0),  # c2's share is unchanged: c2 is not told
+    ]
+    assert state.sessions["c1"].connected and state.next_deadline_ms() is None
+
+
 def test_no_assignment_pushed_while_disconnected() -> None:
     state = register(start(2), "c1", "c2")
     state, _ = feed(state, ConsumerDisconnected("c1", now_ms=0))
@@ -335,17 +347,21 @@ class AssignmentMachine(RuleBasedStateMachine):
 
     @rule(name=st.sampled_from(NAMES))
     def register(self, name: str) -> None:
-        known = name in self.state.sessions
+        expired = {n for n, d in self.deadlines.items() if d <= self.now}
+        for gone in expired:
+            del self.deadlines[gone]
+        known = name in self.state.sessions and name not in expired
         consumer_id = next(self.ids)
         before = dict(self.state.assignment)
         self.connected[name] = consumer_id
         self.deadlines.pop(name, None)
         out = self.apply(ConsumerRegistered(name, self.now, consumer_id))
-        if known:  # a reconnect (within grace): no rebalance, same share
+        assert {i.consumer for i in out if isinstance(i, DeleteSession)} == expired
+        if known and not expired:  # a reconnect within grace: no rebalance, same share
             assert dict(self.state.assignment) == before
             assert out == [PushAssignment(name, consumer_id, before[name], self.state.layout.epoch)]
-        else:
-            assert out[0] == PersistSession("sub", name)
+        assert (PersistSession("sub", name) in out) == (not known)
+        assert pushes(out)[name] == self.state.assignment[name]  # a new connection is told
 
     @rule(name=st.sampled_from(NAMES))
     def disconnect(self, name: str) -> None:
@@ -364,6 +380,10 @@ class AssignmentMachine(RuleBasedStateMachine):
         self.views.pop(name, None)
         out = self.apply(ConsumerUnregistered(name))
         assert (DeleteSession("sub", name) in out) == existed
+
+    @rule(ms=st.integers(0, 2 * GRACE_MS))
+    def time_passes(self, ms: int) -> None:
+        self.now += ms  # no Tick delivered yet: the shell's timer is late
 
     @rule(ms=st.integers(0, 2 * GRACE_MS))
     def tick(self, ms: int) -> None:

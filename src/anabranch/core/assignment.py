@@ -40,7 +40,8 @@ Session transitions (anything not listed changes nothing; see also layout events
     |--------------|-----------------------------------------|--------------|-------------------------------------|
     | none         | ConsumerRegistered                      | CONNECTED    | PersistSession, rebalance, Push all |
     | CONNECTED    | ConsumerRegistered (reconnect/new id)   | CONNECTED    | Push its current assignment         |
-    | DISCONNECTED | ConsumerRegistered                      | CONNECTED    | Push its current assignment         |
+    | DISCONNECTED | ConsumerRegistered, now < deadline      | CONNECTED    | Push its current assignment         |
+    | DISCONNECTED | ConsumerRegistered, now >= deadline     | CONNECTED    | DeleteSession, PersistSession, rebal.|
     | CONNECTED    | ConsumerDisconnected (its id or None)   | DISCONNECTED | ScheduleTick(now + grace)           |
     | CONNECTED    | ConsumerDisconnected (stale id)         | CONNECTED    | none: an old connection's close     |
     | DISCONNECTED | ConsumerDisconnected                    | DISCONNECTED | none: the first deadline stands     |
@@ -357,17 +358,22 @@ class SubscriptionAssignment:
         self, event: ConsumerRegistered
     ) -> tuple[SubscriptionAssignment, list[Instruction]]:
         validate_component("consumer", event.name)
+        # Deadlines due by now are applied first, even if their Tick has not arrived yet:
+        # a consumer that comes back after its deadline is a newcomer, not a reconnect.
+        expired = self._expired(event.now_ms)
         session = ConsumerSession(event.name, event.consumer_id)
-        sessions = {**self.sessions, event.name: session}
-        if event.name in self.sessions:
+        if event.name in self.sessions and not expired:
             # A reconnect: same share, no rebalance; only this consumer hears about it.
-            state = dataclasses.replace(self, sessions=sessions)
+            state = dataclasses.replace(self, sessions={**self.sessions, event.name: session})
             return state, [self._push(session, state.assignment[event.name])]
-        out: list[Instruction] = [PersistSession(self.subscription, event.name)]
-        state, pushes = self._rebalanced(sessions=sessions)
+        remaining = {k: v for k, v in self.sessions.items() if k not in expired}
+        out: list[Instruction] = [DeleteSession(self.subscription, n) for n in expired]
+        if event.name not in remaining:
+            out.append(PersistSession(self.subscription, event.name))
+        state, pushes = self._rebalanced(sessions={**remaining, event.name: session})
         if not any(isinstance(p, PushAssignment) and p.consumer == event.name for p in pushes):
-            # A newcomer with an empty share still needs an answer to its subscribe.
-            pushes.append(state._push(session, ()))
+            # A new connection always needs an answer, even with an unchanged or empty share.
+            pushes.append(state._push(session, state.assignment[event.name]))
         return state, out + pushes
 
     def _on_disconnected(
@@ -390,12 +396,15 @@ class SubscriptionAssignment:
         state, pushes = self._rebalanced(sessions=sessions)
         return state, [DeleteSession(self.subscription, event.name), *pushes]
 
-    def _on_tick(self, event: Tick) -> tuple[SubscriptionAssignment, list[Instruction]]:
-        expired = sorted(
+    def _expired(self, now_ms: int) -> list[str]:
+        return sorted(
             name
             for name, s in self.sessions.items()
-            if s.deadline_ms is not None and s.deadline_ms <= event.now_ms
+            if s.deadline_ms is not None and s.deadline_ms <= now_ms
         )
+
+    def _on_tick(self, event: Tick) -> tuple[SubscriptionAssignment, list[Instruction]]:
+        expired = self._expired(event.now_ms)
         if not expired:
             return self, []
         sessions = {k: v for k, v in self.sessions.items() if k not in expired}
