@@ -590,10 +590,10 @@ class FileManagedLedger(ManagedLedgerBase):
             return self._terminated_at
         self.check_open()
         self._terminating = True
-        while self._rolling or not self._drained.is_set():
-            await self._drained.wait()
-            if self._rolling:
-                await asyncio.sleep(0)
+        self._submit()
+        await self._drained.wait()
+        if self._rollover_task is not None:  # a rollover that started before us finishes first
+            await asyncio.gather(self._rollover_task, return_exceptions=True)
         self.check_open()
         async with self._meta_lock:
             current = self._ledgers[-1]
