@@ -41,7 +41,7 @@ Session transitions (anything not listed changes nothing; see also layout events
     | none         | ConsumerRegistered                      | CONNECTED    | PersistSession, rebalance, Push all |
     | CONNECTED    | ConsumerRegistered (reconnect/new id)   | CONNECTED    | Push its current assignment         |
     | DISCONNECTED | ConsumerRegistered, now < deadline      | CONNECTED    | Push its current assignment         |
-    | DISCONNECTED | ConsumerRegistered, now >= deadline     | CONNECTED    | evict, PersistSession, rebalance   |
+    | DISCONNECTED | ConsumerRegistered, now >= deadline     | CONNECTED    | evict, PersistSession, rebalance    |
     | CONNECTED    | ConsumerDisconnected (its id or None)   | DISCONNECTED | ScheduleTick(now + grace)           |
     | CONNECTED    | ConsumerDisconnected (stale id)         | CONNECTED    | none: an old connection's close     |
     | DISCONNECTED | ConsumerDisconnected                    | DISCONNECTED | none: the first deadline stands     |
