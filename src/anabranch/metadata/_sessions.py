@@ -139,21 +139,29 @@ class SessionTable:
     # --- internals --------------------------------------------------------------------------
 
     async def _expire_now(self, session_ids: list[int]) -> None:
-        # Marked gone before the hook runs so nothing can refresh or re-expire them meanwhile.
-        for session_id in session_ids:
-            self._mark_gone(session_id)
-        if not self._closed:
-            await self._expire(session_ids)
+        # Untracked before the hook runs so nothing can refresh or re-expire them meanwhile;
+        # handles are told only after the hook, so wait_expired() means "keys are gone".
+        handles = [self._untrack(session_id) for session_id in session_ids]
+        try:
+            if not self._closed:
+                await self._expire(session_ids)
+        finally:
+            for handle in handles:
+                if handle is not None:
+                    handle._mark_gone()
 
     def _mark_gone(self, session_id: int) -> None:
-        self._deadline_s.pop(session_id, None)
-        self._ttl_s.pop(session_id, None)
-        handle = self._handles.pop(session_id, None)
+        handle = self._untrack(session_id)
         if handle is not None:
             handle._mark_gone()
+
+    def _untrack(self, session_id: int) -> StoreSession | None:
+        self._deadline_s.pop(session_id, None)
+        self._ttl_s.pop(session_id, None)
         task = self._keepalive_tasks.pop(session_id, None)
         if task is not None and task is not asyncio.current_task():
             task.cancel()
+        return self._handles.pop(session_id, None)
 
     async def _keep_alive(self, session_id: int, ttl_s: float) -> None:
         with contextlib.suppress(SessionExpired, Closed):

@@ -117,16 +117,19 @@ class MemoryMetadataStore:
     async def list_children(self, path: str) -> list[str]:
         await self._enter()
         below = children_prefix(path)
-        names: list[str] = []
+        names: set[str] = set()
         index = bisect.bisect_left(self._keys, below)
         while index < len(self._keys) and self._keys[index].startswith(below):
-            name = self._keys[index][len(below) :].split("/", 1)[0]
-            names.append(name)
-            # Skip the whole subtree of this child, but not siblings sorting before its '/'.
-            index = bisect.bisect_right(self._keys, below + name)
-            if index < len(self._keys) and self._keys[index].startswith(below + name + "/"):
+            key = self._keys[index]
+            name = key[len(below) :].split("/", 1)[0]
+            names.add(name)
+            # A child's own key is one step; its subtree is skipped in one jump. Siblings
+            # like "b!" sort between "b" and "b/", so a name can come up twice: a set.
+            if key == below + name:
+                index += 1
+            else:
                 index = bisect.bisect_left(self._keys, prefix_end(below + name + "/"))
-        return names
+        return sorted(names)
 
     async def current_revision(self) -> int:
         await self._enter()
