@@ -126,7 +126,7 @@ async def test_update_with_stale_version_fails_and_changes_nothing(policies: Pol
             NamespacePolicies(deduplication_enabled=False),
             expected_version=version,
         )
-    assert old.deduplication_enabled is None
+    assert old.deduplication_enabled is False
     assert (await policies.namespace_policies("public/default")).deduplication_enabled is True
 
 

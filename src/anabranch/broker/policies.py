@@ -33,7 +33,7 @@ Example:
     ...     await policies.create_partitioned_topic("persistent://public/default/orders", 4)
     ...     assert await policies.get_partitions("persistent://public/default/orders") == 4
     ...     ns = await policies.namespace_policies("public/default")
-    ...     assert ns.deduplication_enabled is None       # the broker default applies
+    ...     assert ns.deduplication_enabled is False      # off unless the namespace enables it
 """
 
 from __future__ import annotations
@@ -100,18 +100,19 @@ class AutoTopicCreationOverride(msgspec.Struct, rename="camel", kw_only=True):
 
 
 class NamespacePolicies(msgspec.Struct, kw_only=True):
-    """Per-namespace policies. ``None`` fields mean "the broker's configured default".
+    """Per-namespace policies. ``None`` fields mean "the broker's configured default";
+    deduplication is off unless enabled here (the broker has no global switch yet).
 
     Field names in JSON follow Pulsar's ``Policies`` class (a mix of snake and camel case).
 
     Example:
         >>> p = NamespacePolicies(deduplication_enabled=True)
         >>> (p.deduplication_enabled, p.allow_auto_topic_creation)
-        (True, None)
+        (True, True)
     """
 
     replication_clusters: list[str] = msgspec.field(default_factory=list)
-    deduplication_enabled: bool | None = msgspec.field(default=None, name="deduplicationEnabled")
+    deduplication_enabled: bool = msgspec.field(default=False, name="deduplicationEnabled")
     auto_topic_creation_override: AutoTopicCreationOverride | None = msgspec.field(
         default=None, name="autoTopicCreationOverride"
     )
@@ -125,10 +126,11 @@ class NamespacePolicies(msgspec.Struct, kw_only=True):
     """Set while a namespace delete is in progress (Pulsar's flag); topics cannot register."""
 
     @property
-    def allow_auto_topic_creation(self) -> bool | None:
-        """The namespace override, or None when the broker's setting applies."""
+    def allow_auto_topic_creation(self) -> bool:
+        """False only when the namespace overrides auto-creation off; the broker ANDs it with
+        its own ``allow_auto_topic_creation`` setting."""
         override = self.auto_topic_creation_override
-        return None if override is None else override.allow_auto_topic_creation
+        return True if override is None else override.allow_auto_topic_creation
 
 
 class PartitionedTopicMetadata(msgspec.Struct, kw_only=True):
