@@ -1,3 +1,32 @@
-"""anabranch: elastic, key-ordered, transactional streams for Python."""
+"""anabranch: elastic, key-ordered, transactional streams for Python.
+
+The blocking client is exported here; ``anabranch.aio`` has the asyncio twins.
+
+Example::
+
+    from anabranch import Client
+
+    with Client("pulsar://localhost:6650") as client:
+        client.create_producer("persistent://public/default/orders").send(b"x", key="k")
+"""
 
 __version__ = "0.1.0"
+
+from anabranch.client.consumer import InitialPosition, SubscriptionType
+from anabranch.client.message import Message
+from anabranch.client.message_id import MessageId
+from anabranch.client.sync import Client, Consumer, Producer, Reader
+from anabranch.protocol.compression import CompressionType
+
+__all__ = [
+    "Client",
+    "CompressionType",
+    "Consumer",
+    "InitialPosition",
+    "Message",
+    "MessageId",
+    "Producer",
+    "Reader",
+    "SubscriptionType",
+    "__version__",
+]

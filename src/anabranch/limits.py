@@ -150,6 +150,54 @@ DEDUP_SNAPSHOT_INTERVAL_ENTRIES = 1_000
 this many entries' metadata to rebuild the state (upstream's
 brokerDeduplicationEntriesInterval default)."""
 
+# --- client -------------------------------------------------------------------------------
+
+CLIENT_RECONNECT_BACKOFF_MIN_S = 0.1
+CLIENT_RECONNECT_BACKOFF_MAX_S = 30.0
+"""Reconnect delays of producers/consumers double from min to max (jittered down by up to
+10%), so a restarting broker is retried quickly and a dead one costs one try per 30 s
+(upstream's initial 100 ms and max 30 s)."""
+
+CLIENT_OPERATION_TIMEOUT_S = 30.0
+"""A request (lookup, subscribe, seek...) without an answer after this fails with
+OperationTimeout (upstream operationTimeoutSeconds default)."""
+
+CLIENT_LOOKUP_REDIRECTS_MAX = 20
+"""Lookup redirects followed before LookupFailed (upstream maxLookupRedirects default)."""
+
+PRODUCER_PENDING_MESSAGES_MAX = 1000
+"""Messages sent but not yet acknowledged by the broker, per producer; further sends wait
+for room (or fail with ProducerQueueFull). Upstream maxPendingMessages default."""
+
+PRODUCER_BATCH_MESSAGES_MAX = 1000
+PRODUCER_BATCH_BYTES_MAX = 128 * 1024
+PRODUCER_BATCH_DELAY_S = 0.01
+"""A batch is sent when it holds this many messages or bytes, or this long after its first
+message (upstream batchingMaxMessages / batchingMaxBytes / batchingMaxPublishDelay)."""
+
+CONSUMER_RECEIVER_QUEUE_MESSAGES = 1000
+"""Messages a consumer may hold undelivered; it grants the broker this many FLOW permits
+and refills them when half are consumed (upstream receiverQueueSize default)."""
+
+# --- broker dispatch (subscriptions) --------------------------------------------------------
+
+DISPATCH_READ_ENTRIES_MAX = 100
+"""Entries one dispatcher read asks the ledger for; more permits just mean more reads.
+Upstream's dispatcherMaxReadBatchSize default."""
+
+DISPATCH_REPLAY_ENTRIES_MAX = 10_000
+"""Positions a Shared/Key_Shared subscription holds for redelivery (nacked, from closed
+consumers, or Key_Shared entries whose key is busy elsewhere); while over this, no new
+entries are read, so a stuck key cannot make the broker buffer the whole backlog."""
+
+DISPATCH_DELAYED_ENTRIES_MAX = 100_000
+"""Delayed-delivery positions a Shared subscription holds in memory until due; past it
+reading pauses until some come due (upstream keeps them in an in-memory tracker too)."""
+
+CONSUMER_UNACKED_MESSAGES_MAX = 50_000
+"""Unacknowledged messages one Shared/Key_Shared consumer may hold; past it the
+dispatcher skips that consumer until it acks (upstream maxUnackedMessagesPerConsumer)."""
+
 # --- admin: policies, HTTP ----------------------------------------------------------------
 
 POLICIES_CAS_RETRIES_MAX = 16
@@ -164,3 +212,22 @@ maxNumPartitionsPerPartitionedTopic is unbounded by default)."""
 ADMIN_REQUEST_BODY_BYTES_MAX = 1024 * 1024
 """Largest admin HTTP request body; aiohttp answers 413 past it. Policies and tenant
 records are a few hundred bytes; this matches METADATA_VALUE_BYTES_MAX."""
+
+# --- scalable topics (controller) ---------------------------------------------------------
+
+SCALABLE_CONSUMER_GRACE_PERIOD_MS = 60_000
+"""How long a disconnected stream consumer keeps its segments before they are dealt to the
+others (PIP-468's default grace period): long enough for a client restart or a broker
+failover, short enough that a dead consumer's segments do not stall for minutes."""
+
+SCALABLE_DRAIN_POLL_INTERVAL_S = 1.0
+"""How often the controller re-reads the backlog of sealed, undrained segments; children of
+a split wait for it, so a drained parent hands over within about this long."""
+
+SCALABLE_WATCH_RETRY_S = 0.5
+"""Pause before a layout watch or election loop retries after an unexpected store error,
+so a failing store is not hammered in a tight loop."""
+
+SCALABLE_SESSION_TTL_S = 10.0
+"""TTL of the metadata session that holds a broker's controller leaderships when the
+service opens its own: a dead broker's topics get a new leader within about this long."""

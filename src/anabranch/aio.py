@@ -1,0 +1,39 @@
+"""The asyncio client API (the sync one in ``anabranch`` mirrors these names).
+
+Example::
+
+    from anabranch.aio import Client, MessageId
+
+    async with Client("pulsar://127.0.0.1:6650") as client:
+        reader = await client.create_reader("persistent://public/default/t", MessageId.earliest())
+"""
+
+from anabranch.client.client import Client
+from anabranch.client.consumer import (
+    Consumer,
+    ConsumerOptions,
+    InitialPosition,
+    PartitionedConsumer,
+    SubscriptionType,
+)
+from anabranch.client.message import Message
+from anabranch.client.message_id import MessageId
+from anabranch.client.producer import PartitionedProducer, Producer, ProducerOptions
+from anabranch.client.reader import Reader
+from anabranch.protocol.compression import CompressionType
+
+__all__ = [
+    "Client",
+    "CompressionType",
+    "Consumer",
+    "ConsumerOptions",
+    "InitialPosition",
+    "Message",
+    "MessageId",
+    "PartitionedConsumer",
+    "PartitionedProducer",
+    "Producer",
+    "ProducerOptions",
+    "Reader",
+    "SubscriptionType",
+]

@@ -1,0 +1,140 @@
+"""The async client: one connection pool, and factories for producers, consumers, readers.
+
+Example::
+
+    from anabranch.aio import Client
+
+    async with Client("pulsar://127.0.0.1:6650") as client:
+        producer = await client.create_producer("persistent://public/default/t")
+        consumer = await client.subscribe("persistent://public/default/t", "sub",
+                                          initial_position="earliest")
+        await producer.send(b"hi", key="k")
+        msg = await consumer.receive(timeout=5)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random as _random
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any
+
+from anabranch.client.connection import ConnectionPool
+from anabranch.client.consumer import Consumer, ConsumerOptions, PartitionedConsumer, subscribe
+from anabranch.client.message_id import MessageId
+from anabranch.client.producer import (
+    PartitionedProducer,
+    Producer,
+    ProducerOptions,
+    create_producer,
+)
+from anabranch.client.reader import Reader, start_position
+from anabranch.core.names import TopicDomain, TopicName
+from anabranch.errors import InvalidArgument
+from anabranch.limits import CLIENT_OPERATION_TIMEOUT_S, KEEPALIVE_INTERVAL_S
+
+
+def _persistent_topic(topic: str) -> str:
+    name = TopicName.parse(topic)
+    if name.domain is not TopicDomain.PERSISTENT:
+        raise InvalidArgument(f"{topic!r}: this client handles persistent:// topics only")
+    return str(name)
+
+
+class Client:
+    """An async Pulsar client (see the module docstring).
+
+    Options: ``operation_timeout_s`` (requests), ``keepalive_interval_s`` (PING period),
+    ``random`` (the reconnect jitter source, injectable for tests).
+    """
+
+    def __init__(
+        self,
+        service_url: str,
+        *,
+        operation_timeout_s: float = CLIENT_OPERATION_TIMEOUT_S,
+        keepalive_interval_s: float = KEEPALIVE_INTERVAL_S,
+        random: Callable[[], float] = _random.random,
+    ) -> None:
+        self.service_url = service_url
+        self._pool = ConnectionPool(
+            service_url,
+            operation_timeout_s=operation_timeout_s,
+            keepalive_interval_s=keepalive_interval_s,
+            random=random,
+        )
+        self._handlers: list[
+            Producer | PartitionedProducer | Consumer | PartitionedConsumer | Reader
+        ] = []
+
+    async def __aenter__(self) -> Client:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def create_producer(self, topic: str, **options: Any) -> Producer | PartitionedProducer:
+        """A connected producer; options are the fields of ``ProducerOptions``.
+
+        Example::
+
+            producer = await client.create_producer(topic, compression="lz4", batching=False)
+        """
+        opts = ProducerOptions.from_kwargs(options)
+        producer = await create_producer(self._pool, _persistent_topic(topic), opts)
+        self._handlers.append(producer)
+        return producer
+
+    async def subscribe(
+        self, topic: str, subscription: str, **options: Any
+    ) -> Consumer | PartitionedConsumer:
+        """A subscribed consumer; options are the fields of ``ConsumerOptions``.
+
+        Example::
+
+            consumer = await client.subscribe(topic, "jobs", subscription_type="shared",
+                                              ack_timeout_s=30)
+        """
+        opts = ConsumerOptions.from_kwargs(options)
+        consumer = await subscribe(self._pool, _persistent_topic(topic), subscription, opts)
+        self._handlers.append(consumer)
+        return consumer
+
+    async def create_reader(
+        self,
+        topic: str,
+        start: MessageId | str = "earliest",
+        *,
+        start_inclusive: bool = False,
+        reader_name: str | None = None,
+        receiver_queue_size: int | None = None,
+    ) -> Reader:
+        """A reader from ``start``: a MessageId, ``"earliest"`` or ``"latest"``.
+
+        Example::
+
+            reader = await client.create_reader(topic, "earliest")
+        """
+        reader = Reader(
+            self._pool,
+            _persistent_topic(topic),
+            start_position(start),
+            start_inclusive=start_inclusive,
+            reader_name=reader_name,
+            receiver_queue_size=receiver_queue_size,
+        )
+        await reader._start()
+        self._handlers.append(reader)
+        return reader
+
+    async def close(self) -> None:
+        """Close every producer, consumer and reader, then the connections. Idempotent."""
+        handlers, self._handlers = self._handlers, []
+        await asyncio.gather(*(h.close() for h in handlers), return_exceptions=True)
+        await self._pool.close()

@@ -1,0 +1,473 @@
+"""Asyncio connections to brokers: handshake, request correlation, keepalive, lookups.
+
+Theory of operation: a :class:`ClientConnection` owns one socket and one sans-IO
+``ProtocolConnection``. A reader task feeds received bytes to the protocol object and
+dispatches each frame: responses that carry a ``request_id`` resolve the future of the
+matching request; SEND_RECEIPT/SEND_ERROR go to the producer and MESSAGE and friends to the
+consumer registered under the id; PING is answered with PONG. A keepalive task sends PING
+after a silent interval and closes the connection when no PONG comes back. When the
+connection closes for any reason every pending request fails with ``ConnectionClosed``
+and every registered producer/consumer is told, so it can reconnect with backoff.
+
+:class:`ConnectionPool` keeps one connection per broker address and performs LOOKUP and
+PARTITIONED_METADATA, following redirects up to ``CLIENT_LOOKUP_REDIRECTS_MAX`` hops.
+
+Example (against a running broker)::
+
+    pool = ConnectionPool("pulsar://127.0.0.1:6650")
+    address = await pool.lookup("persistent://public/default/t")
+    conn = await pool.get(address)
+    await pool.close()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import random as _random
+import time
+from collections.abc import Callable
+from typing import Protocol
+from urllib.parse import urlsplit
+
+from anabranch import __version__
+from anabranch.client.errors import (
+    ConnectionClosed,
+    LookupFailed,
+    OperationTimeout,
+    from_server_error,
+)
+from anabranch.errors import AnabranchError, Closed, InvalidArgument
+from anabranch.limits import (
+    CLIENT_LOOKUP_REDIRECTS_MAX,
+    CLIENT_OPERATION_TIMEOUT_S,
+    KEEPALIVE_INTERVAL_S,
+)
+from anabranch.protocol import commands
+from anabranch.protocol._generated import pulsar_api_pb2 as pb
+from anabranch.protocol.connection import PROTOCOL_VERSION_MAX, ProtocolConnection, Role, State
+from anabranch.protocol.frames import Frame
+
+log = logging.getLogger(__name__)
+T = pb.BaseCommand
+CLIENT_VERSION = f"anabranch-python-{__version__}"
+READ_CHUNK_BYTES = 256 * 1024
+DEFAULT_PORT = 6650
+
+Address = tuple[str, int]
+
+# Responses matched to a request by their body's request_id.
+_RESPONSE_BODIES: dict[int, str] = {
+    T.SUCCESS: "success",
+    T.ERROR: "error",
+    T.PRODUCER_SUCCESS: "producer_success",
+    T.LOOKUP_RESPONSE: "lookupTopicResponse",
+    T.PARTITIONED_METADATA_RESPONSE: "partitionMetadataResponse",
+    T.GET_LAST_MESSAGE_ID_RESPONSE: "getLastMessageIdResponse",
+    T.ACK_RESPONSE: "ackResponse",
+}
+_PRODUCER_BODIES: dict[int, str] = {
+    T.SEND_RECEIPT: "send_receipt",
+    T.SEND_ERROR: "send_error",
+    T.CLOSE_PRODUCER: "close_producer",
+}
+_CONSUMER_BODIES: dict[int, str] = {
+    T.MESSAGE: "message",
+    T.CLOSE_CONSUMER: "close_consumer",
+    T.REACHED_END_OF_TOPIC: "reachedEndOfTopic",
+    T.ACTIVE_CONSUMER_CHANGE: "active_consumer_change",
+}
+
+
+class Handler(Protocol):
+    """What a producer or consumer implements to receive its frames."""
+
+    def on_frame(self, frame: Frame) -> None:
+        """A frame addressed to this producer/consumer id."""
+
+    def on_connection_closed(self, conn: ClientConnection) -> None:
+        """The connection went away (or the broker closed us): reconnect."""
+
+
+def parse_service_url(url: str) -> Address:
+    """``pulsar://host:port`` to an address (port 6650 by default).
+
+    Example:
+        >>> parse_service_url("pulsar://localhost:6651"), parse_service_url("pulsar://h")
+        (('localhost', 6651), ('h', 6650))
+    """
+    parts = urlsplit(url)
+    if parts.scheme != "pulsar" or not parts.hostname:
+        raise InvalidArgument(f"service URL {url!r} is not pulsar://host[:port]")
+    return parts.hostname, parts.port or DEFAULT_PORT
+
+
+def _request_id_of(frame: Frame) -> int | None:
+    field = _RESPONSE_BODIES.get(frame.type)
+    if field is None:
+        return None
+    return int(getattr(frame.command, field).request_id)
+
+
+class ClientConnection:
+    """One connection to one broker (see the module docstring)."""
+
+    def __init__(
+        self,
+        address: Address,
+        *,
+        keepalive_interval_s: float = KEEPALIVE_INTERVAL_S,
+        operation_timeout_s: float = CLIENT_OPERATION_TIMEOUT_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.address = address
+        self.operation_timeout_s = operation_timeout_s
+        self._clock = clock
+        self._proto = ProtocolConnection(
+            Role.CLIENT, now=clock(), keepalive_interval_s=keepalive_interval_s
+        )
+        self._writer: asyncio.StreamWriter | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._pending: dict[int, asyncio.Future[Frame]] = {}
+        self._producers: dict[int, Handler] = {}
+        self._consumers: dict[int, Handler] = {}
+        self._request_ids = itertools.count(1)
+        self._closed = asyncio.Event()
+        self._connected: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    # --- lifecycle -------------------------------------------------------------------------
+
+    @property
+    def is_open(self) -> bool:
+        """True until the connection is closed."""
+        return not self._closed.is_set()
+
+    @property
+    def max_message_size(self) -> int:
+        """The broker's advertised max message size (CONNECTED)."""
+        return self._proto.max_message_size
+
+    @property
+    def protocol_version(self) -> int:
+        """The negotiated protocol version."""
+        return self._proto.protocol_version
+
+    async def open(self) -> None:
+        """Connect the socket and complete the CONNECT/CONNECTED handshake."""
+        host, port = self.address
+        try:
+            reader, self._writer = await asyncio.wait_for(
+                asyncio.open_connection(host, port), self.operation_timeout_s
+            )
+        except (OSError, TimeoutError) as err:
+            self._closed.set()
+            raise ConnectionClosed(f"cannot connect to {host}:{port}: {err}") from err
+        self._tasks = [
+            asyncio.create_task(self._read_loop(reader)),
+            asyncio.create_task(self._keepalive_loop()),
+        ]
+        flags = pb.FeatureFlags(supports_auth_refresh=True, supports_broker_entry_metadata=True)
+        self._write(self._proto.send(commands.connect(CLIENT_VERSION, PROTOCOL_VERSION_MAX, flags)))
+        try:
+            await asyncio.wait_for(asyncio.shield(self._connected), self.operation_timeout_s)
+        except TimeoutError as err:
+            await self.close()
+            raise OperationTimeout(f"no CONNECTED from {host}:{port}") from err
+        except BaseException:
+            await self.close()
+            raise
+
+    async def close(self) -> None:
+        """Close the socket; pending requests fail and handlers are told. Idempotent."""
+        self._shutdown(ConnectionClosed(f"connection to {self._peer()} closed"))
+        current = asyncio.current_task()
+        for task in self._tasks:
+            if task is not current:
+                task.cancel()
+        for task in self._tasks:
+            if task is not current:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+        if self._writer is not None:
+            with contextlib.suppress(Exception):
+                await self._writer.wait_closed()
+
+    def _shutdown(self, error: AnabranchError) -> None:
+        if self._closed.is_set():
+            return
+        self._closed.set()
+        self._proto.close()
+        if self._writer is not None:
+            self._writer.close()
+        if not self._connected.done():
+            self._connected.set_exception(error)
+            self._connected.exception()  # retrieved here: open() may already be gone
+        pending, self._pending = self._pending, {}
+        for fut in pending.values():
+            if not fut.done():
+                fut.set_exception(error)
+        handlers = [*self._producers.values(), *self._consumers.values()]
+        self._producers.clear()
+        self._consumers.clear()
+        for handler in handlers:
+            handler.on_connection_closed(self)
+
+    def _peer(self) -> str:
+        return f"{self.address[0]}:{self.address[1]}"
+
+    # --- sending ---------------------------------------------------------------------------
+
+    def new_request_id(self) -> int:
+        """A request id unique on this connection."""
+        return next(self._request_ids)
+
+    def _write(self, data: bytes) -> None:
+        if self._writer is None or self._closed.is_set():
+            raise ConnectionClosed(f"connection to {self._peer()} is closed")
+        self._writer.write(data)
+
+    def send_command(
+        self,
+        command: pb.BaseCommand,
+        metadata: pb.MessageMetadata | None = None,
+        payload: bytes | None = None,
+    ) -> None:
+        """Write a command that expects no response (FLOW, ACK, SEND, ...)."""
+        if self._closed.is_set():
+            raise ConnectionClosed(f"connection to {self._peer()} is closed")
+        self._write(self._proto.send(command, metadata, payload))
+
+    async def request(self, command: pb.BaseCommand, request_id: int) -> Frame:
+        """Send ``command`` (whose body carries ``request_id``) and await its response.
+
+        An ERROR response (or a failed lookup) raises the mapped typed exception.
+        """
+        fut: asyncio.Future[Frame] = asyncio.get_running_loop().create_future()
+        self._pending[request_id] = fut
+        try:
+            self.send_command(command)
+            frame = await asyncio.wait_for(fut, self.operation_timeout_s)
+        except TimeoutError as err:
+            raise OperationTimeout(
+                f"no answer to request {request_id} from {self._peer()}"
+            ) from err
+        finally:
+            self._pending.pop(request_id, None)
+        if frame.type == T.ERROR:
+            body = frame.command.error
+            raise from_server_error(int(body.error), body.message)
+        return frame
+
+    async def drain(self) -> None:
+        """Wait until the socket's write buffer is below its high-water mark."""
+        if self._writer is not None and not self._closed.is_set():
+            with contextlib.suppress(ConnectionError):
+                await self._writer.drain()
+
+    # --- handlers --------------------------------------------------------------------------
+
+    def register_producer(self, producer_id: int, handler: Handler) -> None:
+        """Route this producer id's frames to ``handler``."""
+        self._check_open()
+        self._producers[producer_id] = handler
+
+    def register_consumer(self, consumer_id: int, handler: Handler) -> None:
+        """Route this consumer id's frames to ``handler``."""
+        self._check_open()
+        self._consumers[consumer_id] = handler
+
+    def unregister_producer(self, producer_id: int) -> None:
+        """Stop routing frames to this producer id."""
+        self._producers.pop(producer_id, None)
+
+    def unregister_consumer(self, consumer_id: int) -> None:
+        """Stop routing frames to this consumer id."""
+        self._consumers.pop(consumer_id, None)
+
+    def _check_open(self) -> None:
+        if self._closed.is_set():
+            raise ConnectionClosed(f"connection to {self._peer()} is closed")
+
+    # --- receiving -------------------------------------------------------------------------
+
+    async def _read_loop(self, reader: asyncio.StreamReader) -> None:
+        error: AnabranchError = ConnectionClosed(f"{self._peer()} closed the connection")
+        try:
+            while data := await reader.read(READ_CHUNK_BYTES):
+                for frame in self._proto.receive_data(data, now=self._clock()):
+                    self._dispatch(frame)
+        except AnabranchError as err:
+            log.warning("closing connection to %s: %s", self._peer(), err)
+            error = ConnectionClosed(f"protocol error from {self._peer()}: {err}")
+        except OSError as err:
+            error = ConnectionClosed(f"connection to {self._peer()} failed: {err}")
+        self._shutdown(error)
+
+    def _dispatch(self, frame: Frame) -> None:
+        kind = frame.type
+        if kind == T.CONNECTED:
+            if not self._connected.done():
+                self._connected.set_result(None)
+            return
+        if kind == T.PING:
+            self.send_command(commands.pong())
+            return
+        if kind == T.PONG:
+            return
+        if kind == T.ERROR and self._proto.state is not State.CONNECTED:
+            body = frame.command.error
+            if not self._connected.done():
+                self._connected.set_exception(from_server_error(int(body.error), body.message))
+            return
+        request_id = _request_id_of(frame)
+        if request_id is not None:
+            fut = self._pending.get(request_id)
+            if fut is not None and not fut.done():
+                fut.set_result(frame)
+            return
+        if kind in _PRODUCER_BODIES:
+            pid = int(getattr(frame.command, _PRODUCER_BODIES[kind]).producer_id)
+            handler = self._producers.get(pid)
+            if kind == T.CLOSE_PRODUCER:
+                self._producers.pop(pid, None)
+        elif kind in _CONSUMER_BODIES:
+            cid = int(getattr(frame.command, _CONSUMER_BODIES[kind]).consumer_id)
+            handler = self._consumers.get(cid)
+            if kind == T.CLOSE_CONSUMER:
+                self._consumers.pop(cid, None)
+        else:
+            log.debug("ignoring %s from %s", frame.type_name, self._peer())
+            return
+        if handler is None:
+            return
+        if kind in (T.CLOSE_PRODUCER, T.CLOSE_CONSUMER):
+            # The broker closed us (unload, seek, failover): reconnect like after a drop.
+            handler.on_connection_closed(self)
+        else:
+            handler.on_frame(frame)
+
+    async def _keepalive_loop(self) -> None:
+        # Tick a few times per interval so a missing PONG is noticed within ~1/4 interval.
+        tick = self._proto.keepalive_interval_s / 4
+        while not self._closed.is_set():
+            await asyncio.sleep(tick)
+            now = self._clock()
+            if self._proto.idle_timed_out(now):
+                log.warning("connection to %s timed out (no PONG/handshake)", self._peer())
+                self._shutdown(OperationTimeout(f"{self._peer()} stopped answering PING"))
+                return
+            if self._proto.ping_due(now):
+                self._write(self._proto.ping(now))
+
+
+class ConnectionPool:
+    """One open connection per broker address, plus topic lookups.
+
+    Example::
+
+        pool = ConnectionPool("pulsar://127.0.0.1:6650")
+        partitions = await pool.partitioned_metadata("persistent://public/default/t")
+    """
+
+    def __init__(
+        self,
+        service_url: str,
+        *,
+        keepalive_interval_s: float = KEEPALIVE_INTERVAL_S,
+        operation_timeout_s: float = CLIENT_OPERATION_TIMEOUT_S,
+        lookup_redirects_max: int = CLIENT_LOOKUP_REDIRECTS_MAX,
+        random: Callable[[], float] = _random.random,
+    ) -> None:
+        self.random = random
+        self.service_url = service_url
+        self.service_address = parse_service_url(service_url)
+        self.keepalive_interval_s = keepalive_interval_s
+        self.operation_timeout_s = operation_timeout_s
+        self.lookup_redirects_max = lookup_redirects_max
+        self._connections: dict[Address, asyncio.Future[ClientConnection]] = {}
+        self._handler_ids = itertools.count(1)
+        self._closed = False
+
+    def new_handler_id(self) -> int:
+        """A producer/consumer id unique within this client (so, on every connection)."""
+        return next(self._handler_ids)
+
+    @property
+    def closed(self) -> bool:
+        """True once ``close`` was called."""
+        return self._closed
+
+    async def get(self, address: Address | None = None) -> ClientConnection:
+        """An open connection to ``address`` (the service URL's by default)."""
+        if self._closed:
+            raise Closed("the client is closed")
+        address = address or self.service_address
+        fut = self._connections.get(address)
+        if fut is not None:
+            if not fut.done():
+                return await asyncio.shield(fut)
+            if fut.exception() is None and fut.result().is_open:
+                return fut.result()
+        fut = asyncio.get_running_loop().create_future()
+        self._connections[address] = fut
+        conn = ClientConnection(
+            address,
+            keepalive_interval_s=self.keepalive_interval_s,
+            operation_timeout_s=self.operation_timeout_s,
+        )
+        try:
+            await conn.open()
+        except BaseException as err:
+            if self._connections.get(address) is fut:
+                del self._connections[address]
+            fut.set_exception(err)
+            fut.exception()  # consumed: waiters (if any) got it through shield
+            raise
+        fut.set_result(conn)
+        return conn
+
+    async def lookup(self, topic: str) -> Address:
+        """The address of the broker that owns ``topic``, following redirects."""
+        conn = await self.get()
+        authoritative = False
+        for _ in range(self.lookup_redirects_max + 1):
+            request_id = conn.new_request_id()
+            body = pb.CommandLookupTopic(
+                topic=topic, request_id=request_id, authoritative=authoritative
+            )
+            frame = await conn.request(pb.BaseCommand(type=T.LOOKUP, lookupTopic=body), request_id)
+            resp = frame.command.lookupTopicResponse
+            if resp.response == pb.CommandLookupTopicResponse.Failed:
+                raise from_server_error(int(resp.error), resp.message)
+            if resp.proxy_through_service_url:
+                address = self.service_address
+            else:
+                address = parse_service_url(resp.brokerServiceUrl)
+            if resp.response == pb.CommandLookupTopicResponse.Connect:
+                return address
+            authoritative = bool(resp.authoritative)
+            conn = await self.get(address)
+        raise LookupFailed(f"lookup of {topic} exceeded {self.lookup_redirects_max} redirects")
+
+    async def partitioned_metadata(self, topic: str) -> int:
+        """The number of partitions of ``topic`` (0: not partitioned)."""
+        conn = await self.get()
+        request_id = conn.new_request_id()
+        body = pb.CommandPartitionedTopicMetadata(topic=topic, request_id=request_id)
+        frame = await conn.request(
+            pb.BaseCommand(type=T.PARTITIONED_METADATA, partitionMetadata=body), request_id
+        )
+        resp = frame.command.partitionMetadataResponse
+        if resp.response == pb.CommandPartitionedTopicMetadataResponse.Failed:
+            raise from_server_error(int(resp.error), resp.message)
+        return int(resp.partitions)
+
+    async def close(self) -> None:
+        """Close every connection; later ``get`` calls raise ``Closed``."""
+        self._closed = True
+        futures, self._connections = list(self._connections.values()), {}
+        for fut in futures:
+            if fut.done() and fut.exception() is None:
+                await fut.result().close()

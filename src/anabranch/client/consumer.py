@@ -1,0 +1,661 @@
+"""Async consumers: receiver queue with FLOW permits, acks, nacks, ack timeout, seek.
+
+Theory of operation: after SUBSCRIBE the consumer grants ``receiver_queue_size`` FLOW
+permits; each MESSAGE (a batch is unpacked into its messages) lands in the inbox, and every
+message the application takes out (or that is filtered away) counts as consumed; at half
+the queue size the consumed count is granted back in one FLOW. Acks are fire-and-forget
+like upstream's default: an ack lost with a connection only causes a redelivery.
+
+- Batch entries are acked when every delivered message of the batch is acked (upstream's
+  default with batch-index acks off); the broker's ``ack_set`` in MESSAGE skips messages
+  it already has acks for.
+- ``negative_acknowledge`` and the ack timeout both end in REDELIVER_UNACKNOWLEDGED_MESSAGES:
+  per entry for Shared/Key_Shared; for Exclusive/Failover (where the broker redelivers in
+  order only) the whole unacked set is redelivered and the local queue is cleared.
+- A reconnect resubscribes, clears the local queue (the broker redelivers everything
+  unacked) and grants fresh permits; a reader resubscribes from its last received id.
+
+Example (with a client)::
+
+    consumer = await client.subscribe(topic, "sub", subscription_type="shared")
+    msg = await consumer.receive(timeout=1.0)
+    if msg is not None:
+        await consumer.acknowledge(msg)
+    await consumer.close()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import Any
+
+from anabranch.client._reconnect import ReconnectingHandler
+from anabranch.client.connection import ConnectionPool
+from anabranch.client.errors import ConnectionClosed
+from anabranch.client.message import Message
+from anabranch.client.message_id import MessageId
+from anabranch.errors import AnabranchError, Closed, InvalidArgument, NotAllowed
+from anabranch.limits import CONSUMER_RECEIVER_QUEUE_MESSAGES
+from anabranch.protocol import commands
+from anabranch.protocol._generated import pulsar_api_pb2 as pb
+from anabranch.protocol.batch import decode_batch
+from anabranch.protocol.compression import decompress
+from anabranch.protocol.frames import Frame
+
+log = logging.getLogger(__name__)
+T = pb.BaseCommand
+
+UNCOMPRESSED_BYTES_MAX = 64 * 1024 * 1024
+"""Largest payload a compressed message may expand to; larger is dropped as corrupt (a
+decompression bomb). Well above any batch a producer builds under the 5 MiB message cap."""
+
+NACK_REDELIVERY_DELAY_S = 60.0
+"""Default delay before a negatively acknowledged message is redelivered (upstream 1 min)."""
+
+TIMER_TICK_MAX_S = 1.0
+"""Longest sleep of the ack-timeout/nack timer: redeliveries are at most this late."""
+
+
+class SubscriptionType(IntEnum):
+    """``CommandSubscribe.SubType``."""
+
+    EXCLUSIVE = 0
+    SHARED = 1
+    FAILOVER = 2
+    KEY_SHARED = 3
+
+
+class InitialPosition(IntEnum):
+    """Where a new subscription starts."""
+
+    LATEST = 0
+    EARLIEST = 1
+
+
+def _enum(cls: Any, value: Any) -> Any:
+    if isinstance(value, str):
+        try:
+            return cls[value.upper()]
+        except KeyError:
+            raise InvalidArgument(f"unknown {cls.__name__} {value!r}") from None
+    return cls(value)
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerOptions:
+    """Consumer settings (the keyword arguments of ``subscribe``).
+
+    Example:
+        >>> ConsumerOptions(subscription_type="key_shared").subscription_type
+        <SubscriptionType.KEY_SHARED: 3>
+    """
+
+    subscription_type: SubscriptionType = SubscriptionType.EXCLUSIVE
+    consumer_name: str | None = None
+    initial_position: InitialPosition = InitialPosition.LATEST
+    receiver_queue_size: int = CONSUMER_RECEIVER_QUEUE_MESSAGES
+    ack_timeout_s: float = 0.0
+    nack_redelivery_delay_s: float = NACK_REDELIVERY_DELAY_S
+    priority_level: int | None = None
+    properties: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(
+            self, "subscription_type", _enum(SubscriptionType, self.subscription_type)
+        )
+        object.__setattr__(self, "initial_position", _enum(InitialPosition, self.initial_position))
+        if self.receiver_queue_size < 1:
+            raise InvalidArgument("receiver_queue_size must be >= 1")
+        if self.ack_timeout_s < 0 or self.nack_redelivery_delay_s < 0:
+            raise InvalidArgument("ack_timeout_s and nack_redelivery_delay_s must be >= 0")
+
+    @staticmethod
+    def from_kwargs(kwargs: Mapping[str, Any]) -> ConsumerOptions:
+        """Build from ``subscribe`` keyword arguments (unknown names raise)."""
+        try:
+            return ConsumerOptions(**kwargs)
+        except TypeError as err:
+            raise InvalidArgument(f"bad consumer option: {err}") from err
+
+
+class Inbox:
+    """Received messages waiting for ``receive``; shared by a partitioned consumer's parts."""
+
+    def __init__(self) -> None:
+        self._items: deque[Message] = deque()
+        self._event = asyncio.Event()
+        self._closed = False
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def put(self, messages: list[Message]) -> None:
+        """Append messages and wake receivers."""
+        if messages:
+            self._items.extend(messages)
+            self._event.set()
+
+    async def get(self, timeout: float | None) -> Message | None:  # noqa: ASYNC109
+        """The next message, or None after ``timeout`` seconds (None: wait forever)."""
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        while not self._items:
+            if self._closed:
+                raise Closed("the consumer is closed")
+            self._event.clear()
+            remaining = None if deadline is None else deadline - loop.time()
+            if remaining is not None and remaining <= 0:
+                return None
+            try:
+                await asyncio.wait_for(self._event.wait(), remaining)
+            except TimeoutError:
+                if not self._items:
+                    return None
+        return self._items.popleft()
+
+    def remove_where(self, predicate: Callable[[Message], bool]) -> int:
+        """Drop queued messages matching ``predicate``; returns how many."""
+        kept = deque(m for m in self._items if not predicate(m))
+        removed = len(self._items) - len(kept)
+        self._items = kept
+        return removed
+
+    def close(self) -> None:
+        """Wake every receiver with ``Closed``."""
+        self._closed = True
+        self._event.set()
+
+
+def _now() -> float:
+    return time.monotonic()
+
+
+def _position(mid: MessageId) -> tuple[int, int, int]:
+    return (mid.ledger_id, mid.entry_id, mid.batch_index)
+
+
+class Consumer(ReconnectingHandler):
+    """An async consumer of one subscription on one topic or partition."""
+
+    def __init__(
+        self,
+        pool: ConnectionPool,
+        topic: str,
+        subscription: str,
+        options: ConsumerOptions,
+        *,
+        partition: int = -1,
+        inbox: Inbox | None = None,
+        durable: bool = True,
+        start_message_id: MessageId | None = None,
+        start_inclusive: bool = False,
+    ) -> None:
+        super().__init__(pool, topic)
+        self.subscription = subscription
+        self.options = options
+        self.partition = partition
+        self.consumer_name = options.consumer_name or ""
+        self.is_active: bool | None = None
+        self.reached_end_of_topic = False
+        self._id = pool.new_handler_id()
+        self._inbox = inbox or Inbox()
+        self._durable = durable
+        self._start_message_id = start_message_id
+        self._filter_up_to: MessageId | None = None
+        sentinels = (MessageId.earliest(), MessageId.latest())
+        if (
+            start_message_id is not None
+            and not start_inclusive
+            and start_message_id not in sentinels
+        ):
+            self._filter_up_to = start_message_id
+        self._last_dequeued: MessageId | None = None
+        self._consumed = 0
+        self._epoch = 0
+        self._batches: dict[MessageId, set[int]] = {}
+        self._unacked: dict[MessageId, float] = {}
+        self._nacked: dict[MessageId, float] = {}
+        self._timer: asyncio.Task[None] | None = None
+        self._wake_timer = asyncio.Event()
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"Consumer({self.topic!r}, {self.subscription!r})"
+
+    # --- connection ------------------------------------------------------------------------
+
+    def _subscribe_command(self, request_id: int) -> pb.BaseCommand:
+        opts = self.options
+        cmd = commands.subscribe(
+            self.topic,
+            self.subscription,
+            int(opts.subscription_type),
+            self._id,
+            request_id,
+            initial_position=int(opts.initial_position),
+        )
+        body = cmd.subscribe
+        if self.consumer_name:
+            body.consumer_name = self.consumer_name
+        if opts.priority_level is not None:
+            body.priority_level = opts.priority_level
+        for k, v in opts.properties.items():
+            body.metadata.add(key=k, value=v)
+        if opts.subscription_type == SubscriptionType.KEY_SHARED:
+            body.keySharedMeta.keySharedMode = pb.AUTO_SPLIT
+        body.consumer_epoch = self._epoch
+        if not self._durable:
+            body.durable = False
+            start = self._last_dequeued or self._start_message_id
+            if start is not None:
+                body.start_message_id.CopyFrom(start.entry.to_proto())
+        return cmd
+
+    async def _connect_once(self) -> None:
+        address = await self._pool.lookup(self.topic)
+        conn = await self._pool.get(address)
+        request_id = conn.new_request_id()
+        conn.register_consumer(self._id, self)
+        try:
+            await conn.request(self._subscribe_command(request_id), request_id)
+        except BaseException:
+            conn.unregister_consumer(self._id)
+            raise
+        if self._closing:
+            conn.unregister_consumer(self._id)
+            raise Closed(f"{self} was closed while subscribing")
+        # The broker redelivers everything unacked, so what is queued here would repeat.
+        self._inbox.remove_where(self._owns)
+        self._batches.clear()
+        if self._last_dequeued is not None and not self._durable:
+            self._filter_up_to = self._last_dequeued
+        self._conn = conn
+        self._consumed = 0
+        conn.send_command(commands.flow(self._id, self.options.receiver_queue_size))
+        if self._timer is None and (self.options.ack_timeout_s or self._nacked):
+            self._ensure_timer()
+
+    def _on_terminal_error(self, error: AnabranchError) -> None:
+        self._closing = True
+        self._inbox.close()
+
+    def _owns(self, msg: Message) -> bool:
+        return msg._consumer_id == self._id
+
+    # --- receiving -------------------------------------------------------------------------
+
+    def on_frame(self, frame: Frame) -> None:
+        """MESSAGE, ACTIVE_CONSUMER_CHANGE, REACHED_END_OF_TOPIC from the broker."""
+        if frame.type == T.MESSAGE:
+            self._on_message(frame)
+        elif frame.type == T.ACTIVE_CONSUMER_CHANGE:
+            self.is_active = bool(frame.command.active_consumer_change.is_active)
+        elif frame.type == T.REACHED_END_OF_TOPIC:
+            self.reached_end_of_topic = True
+
+    def _on_message(self, frame: Frame) -> None:
+        body = frame.command.message
+        if body.HasField("consumer_epoch") and body.consumer_epoch < self._epoch:
+            return  # sent before a redeliver-all; it comes again under the new epoch
+        md = frame.metadata
+        if md is None or frame.checksum_ok is False:
+            log.warning("%s: dropping a corrupt message %s", self, body.message_id)
+            self._count_consumed(1)
+            return
+        try:
+            messages = self._unpack(body, md, frame.payload)
+        except AnabranchError as err:
+            log.warning("%s: dropping an undecodable message: %s", self, err)
+            self._count_consumed(max(1, int(md.num_messages_in_batch)))
+            return
+        self._inbox.put(messages)
+
+    def _unpack(
+        self, body: pb.CommandMessage, md: pb.MessageMetadata, payload: bytes
+    ) -> list[Message]:
+        payload = decompress(
+            int(md.compression), payload, int(md.uncompressed_size), UNCOMPRESSED_BYTES_MAX
+        )
+        entry = MessageId.from_proto(body.message_id, partition=self.partition).entry
+        redeliveries = int(body.redelivery_count)
+        if not md.HasField("num_messages_in_batch"):
+            mid = entry
+            if self._filtered(mid):
+                self._count_consumed(1)
+                return []
+            key = md.partition_key if md.HasField("partition_key") else None
+            return [self._message(payload, key, md.properties, mid, md, md, redeliveries)]
+        count = int(md.num_messages_in_batch)
+        ack_set = list(body.ack_set)
+        out: list[Message] = []
+        for index, (single, value) in enumerate(decode_batch(payload, count)):
+            mid = MessageId(
+                entry.ledger_id, entry.entry_id, index, self.partition, batch_size=count
+            )
+            still_unacked = not ack_set or (ack_set[index // 64] >> (index % 64)) & 1
+            if not still_unacked or single.compacted_out or self._filtered(mid):
+                self._count_consumed(1)
+                continue
+            key = single.partition_key if single.HasField("partition_key") else None
+            out.append(self._message(value, key, single.properties, mid, md, single, redeliveries))
+        if out:
+            self._batches[entry] = {m.message_id.batch_index for m in out}
+        return out
+
+    def _message(  # noqa: PLR0917 (private; one call site per message kind)
+        self,
+        value: bytes,
+        key: str | None,
+        properties: Any,
+        mid: MessageId,
+        md: pb.MessageMetadata,
+        own: pb.MessageMetadata | pb.SingleMessageMetadata,
+        redeliveries: int,
+    ) -> Message:
+        return Message(
+            value=value,
+            key=key,
+            properties={p.key: p.value for p in properties},
+            message_id=mid,
+            topic=self.topic,
+            publish_time=int(md.publish_time),
+            event_time=int(own.event_time) or None,
+            redelivery_count=redeliveries,
+            producer_name=md.producer_name,
+            sequence_id=int(own.sequence_id) if own.HasField("sequence_id") else 0,
+            _consumer_id=self._id,
+        )
+
+    def _filtered(self, mid: MessageId) -> bool:
+        bound = self._filter_up_to
+        if bound is None:
+            return False
+        if bound.batch_index < 0:
+            return (mid.ledger_id, mid.entry_id) <= (bound.ledger_id, bound.entry_id)
+        return _position(mid) <= _position(bound)
+
+    def _count_consumed(self, count: int) -> None:
+        self._consumed += count
+        if self._consumed >= max(1, self.options.receiver_queue_size // 2):
+            self._grant(self._consumed)
+            self._consumed = 0
+
+    def _grant(self, permits: int) -> None:
+        if self._conn is not None and permits > 0:
+            with contextlib.suppress(AnabranchError):
+                self._conn.send_command(commands.flow(self._id, permits))
+
+    async def receive(self, timeout: float | None = None) -> Message | None:  # noqa: ASYNC109 (fixed API)
+        """The next message, or None if none arrives within ``timeout`` seconds.
+
+        Raises ``Closed`` once the consumer is closed.
+        """
+        if self._closing:
+            raise Closed(f"{self} is closed")
+        msg = await self._inbox.get(timeout)
+        if msg is not None:
+            self._on_dequeued(msg)
+        return msg
+
+    def _on_dequeued(self, msg: Message) -> None:
+        self._last_dequeued = msg.message_id
+        if self.options.ack_timeout_s:
+            self._unacked.setdefault(msg.message_id.entry, _now() + self.options.ack_timeout_s)
+        self._count_consumed(1)
+
+    # --- acknowledging ---------------------------------------------------------------------
+
+    async def acknowledge(self, message: Message | MessageId) -> None:
+        """Acknowledge one message (a batch entry is acked once all its messages are)."""
+        mid = message.message_id if isinstance(message, Message) else message
+        entry = mid.entry
+        pending = self._batches.get(entry)
+        if mid.batch_index >= 0 and pending is not None:
+            pending.discard(mid.batch_index)
+            if pending:
+                return
+            del self._batches[entry]
+        self._unacked.pop(entry, None)
+        self._nacked.pop(entry, None)
+        self._send_ack([entry], cumulative=False)
+
+    async def acknowledge_cumulative(self, message: Message | MessageId) -> None:
+        """Acknowledge this message and every earlier one (not on Shared/Key_Shared)."""
+        if self.options.subscription_type in (SubscriptionType.SHARED, SubscriptionType.KEY_SHARED):
+            raise NotAllowed("cumulative acks are not allowed on Shared/Key_Shared subscriptions")
+        mid = message.message_id if isinstance(message, Message) else message
+        entry = mid.entry
+        whole = mid.batch_index < 0 or mid.batch_index >= mid.batch_size - 1
+        # Inside a batch, ack up to the previous entry: the rest of this batch stays unacked.
+        target = entry if whole else MessageId(mid.ledger_id, mid.entry_id - 1, -1, mid.partition)
+        for tracked in (self._unacked, self._nacked, self._batches):
+            for key in [k for k in tracked if k <= target]:
+                del tracked[key]
+        self._send_ack([target], cumulative=True)
+
+    def _send_ack(self, ids: list[MessageId], cumulative: bool) -> None:
+        if self._conn is None:
+            return  # lost with the connection: the broker redelivers
+        with contextlib.suppress(AnabranchError):
+            self._conn.send_command(
+                commands.ack(self._id, [i.to_proto() for i in ids], cumulative=cumulative)
+            )
+
+    async def negative_acknowledge(self, message: Message | MessageId) -> None:
+        """Ask for redelivery of this message after ``nack_redelivery_delay_s``."""
+        mid = message.message_id if isinstance(message, Message) else message
+        self._unacked.pop(mid.entry, None)
+        self._nacked[mid.entry] = _now() + self.options.nack_redelivery_delay_s
+        self._ensure_timer()
+
+    # --- redelivery timer ------------------------------------------------------------------
+
+    def _ensure_timer(self) -> None:
+        if self._timer is None or self._timer.done():
+            self._timer = asyncio.get_running_loop().create_task(self._timer_loop())
+        self._wake_timer.set()
+
+    async def _timer_loop(self) -> None:
+        while not self._closing:
+            deadlines = [*self._unacked.values(), *self._nacked.values()]
+            now = _now()
+            wait = TIMER_TICK_MAX_S if not deadlines else min(deadlines) - now
+            if wait > 0:
+                self._wake_timer.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake_timer.wait(), min(wait, TIMER_TICK_MAX_S))
+                continue
+            due = [k for k, t in self._unacked.items() if t <= now]
+            due += [k for k, t in self._nacked.items() if t <= now]
+            for key in due:
+                self._unacked.pop(key, None)
+                self._nacked.pop(key, None)
+            self._redeliver(sorted(set(due)))
+
+    def _redeliver(self, entries: list[MessageId]) -> None:
+        if not entries or self._conn is None:
+            return
+        body = pb.CommandRedeliverUnacknowledgedMessages(consumer_id=self._id)
+        if self.options.subscription_type in (SubscriptionType.SHARED, SubscriptionType.KEY_SHARED):
+            body.message_ids.extend(e.to_proto() for e in entries)
+        else:
+            # Exclusive/Failover keep order: everything unacked comes again, so drop the
+            # local queue and give its permits back (upstream redeliverUnacknowledgedMessages).
+            self._epoch += 1
+            body.consumer_epoch = self._epoch
+            cleared = self._inbox.remove_where(self._owns)
+            self._unacked.clear()
+            self._batches.clear()
+            self._grant(cleared)
+        cmd = pb.BaseCommand(type=T.REDELIVER_UNACKNOWLEDGED_MESSAGES)
+        cmd.redeliverUnacknowledgedMessages.CopyFrom(body)
+        with contextlib.suppress(AnabranchError):
+            self._conn.send_command(cmd)
+
+    # --- requests --------------------------------------------------------------------------
+
+    async def _request(self, build: Callable[[int], pb.BaseCommand]) -> Frame:
+        if self._closing:
+            raise Closed(f"{self} is closed")
+        conn = self._conn
+        if conn is None:
+            raise ConnectionClosed(f"{self} is reconnecting")
+        request_id = conn.new_request_id()
+        return await conn.request(build(request_id), request_id)
+
+    async def seek(self, target: MessageId | int) -> None:
+        """Move the subscription to a message id (inclusive) or a publish time (ms)."""
+
+        def build(request_id: int) -> pb.BaseCommand:
+            body = pb.CommandSeek(consumer_id=self._id, request_id=request_id)
+            if isinstance(target, MessageId):
+                body.message_id.CopyFrom(target.entry.to_proto())
+            else:
+                body.message_publish_time = int(target)
+            return pb.BaseCommand(type=T.SEEK, seek=body)
+
+        await self._request(build)
+        # What is queued predates the seek. A reader resumes from the target itself.
+        self._epoch += 1
+        cleared = self._inbox.remove_where(self._owns)
+        self._batches.clear()
+        self._unacked.clear()
+        self._nacked.clear()
+        self._last_dequeued = None
+        self._filter_up_to = None
+        if isinstance(target, MessageId):
+            self._start_message_id = target
+        self._grant(cleared)
+
+    async def get_last_message_id(self) -> MessageId:
+        """The id of the last message stored in the topic (GET_LAST_MESSAGE_ID)."""
+
+        def build(request_id: int) -> pb.BaseCommand:
+            body = pb.CommandGetLastMessageId(consumer_id=self._id, request_id=request_id)
+            return pb.BaseCommand(type=T.GET_LAST_MESSAGE_ID, getLastMessageId=body)
+
+        frame = await self._request(build)
+        last = frame.command.getLastMessageIdResponse.last_message_id
+        return MessageId.from_proto(last, partition=self.partition)
+
+    def has_queued_messages(self) -> bool:
+        """True if received messages are waiting in the local queue."""
+        return len(self._inbox) > 0
+
+    async def unsubscribe(self) -> None:
+        """Delete the subscription on the broker, then close this consumer."""
+
+        def build(request_id: int) -> pb.BaseCommand:
+            body = pb.CommandUnsubscribe(consumer_id=self._id, request_id=request_id)
+            return pb.BaseCommand(type=T.UNSUBSCRIBE, unsubscribe=body)
+
+        await self._request(build)
+        await self._close(send_close=False)
+
+    async def close(self) -> None:
+        """Close the consumer; unacked messages go back to the subscription. Idempotent."""
+        await self._close(send_close=True)
+
+    async def _close(self, send_close: bool) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._closing = True
+        self._inbox.close()
+        await self._stop_reconnecting()
+        timer, self._timer = self._timer, None
+        if timer is not None:
+            timer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await timer
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.unregister_consumer(self._id)
+            if send_close:
+                request_id = conn.new_request_id()
+                with contextlib.suppress(AnabranchError):
+                    await conn.request(commands.close_consumer(self._id, request_id), request_id)
+
+
+class PartitionedConsumer:
+    """One subscription over every partition of a partitioned topic.
+
+    The partitions' consumers share one inbox; acks go to the partition named in the
+    message id. Seeking by publish time seeks every partition; by id, the id's partition.
+    """
+
+    def __init__(self, topic: str, consumers: list[Consumer], inbox: Inbox) -> None:
+        self.topic = topic
+        self.consumers = consumers
+        self.subscription = consumers[0].subscription
+        self._inbox = inbox
+        self._by_id = {c._id: c for c in consumers}
+
+    def _part(self, message: Message | MessageId) -> Consumer:
+        mid = message.message_id if isinstance(message, Message) else message
+        if not 0 <= mid.partition < len(self.consumers):
+            raise InvalidArgument(f"{mid} names no partition of {self.topic}")
+        return self.consumers[mid.partition]
+
+    async def receive(self, timeout: float | None = None) -> Message | None:  # noqa: ASYNC109 (fixed API)
+        """The next message from any partition, or None after ``timeout`` seconds."""
+        msg = await self._inbox.get(timeout)
+        if msg is not None:
+            self._by_id[msg._consumer_id]._on_dequeued(msg)
+        return msg
+
+    async def acknowledge(self, message: Message | MessageId) -> None:
+        """Acknowledge on the message's partition."""
+        await self._part(message).acknowledge(message)
+
+    async def acknowledge_cumulative(self, message: Message | MessageId) -> None:
+        """Cumulative ack on the message's partition (partitions are ordered separately)."""
+        await self._part(message).acknowledge_cumulative(message)
+
+    async def negative_acknowledge(self, message: Message | MessageId) -> None:
+        """Negative ack on the message's partition."""
+        await self._part(message).negative_acknowledge(message)
+
+    async def seek(self, target: MessageId | int) -> None:
+        """Seek every partition to a publish time, or the id's partition to the id."""
+        if isinstance(target, MessageId):
+            await self._part(target).seek(target)
+        else:
+            await asyncio.gather(*(c.seek(target) for c in self.consumers))
+
+    async def unsubscribe(self) -> None:
+        """Unsubscribe every partition."""
+        await asyncio.gather(*(c.unsubscribe() for c in self.consumers))
+
+    async def close(self) -> None:
+        """Close every partition's consumer."""
+        await asyncio.gather(*(c.close() for c in self.consumers))
+
+
+async def subscribe(
+    pool: ConnectionPool, topic: str, subscription: str, options: ConsumerOptions
+) -> Consumer | PartitionedConsumer:
+    """Subscribe (partitioned if the topic has partitions); returns once subscribed."""
+    partitions = await pool.partitioned_metadata(topic)
+    if partitions == 0:
+        consumer = Consumer(pool, topic, subscription, options)
+        await consumer._start()
+        return consumer
+    inbox = Inbox()
+    consumers = [
+        Consumer(pool, f"{topic}-partition-{i}", subscription, options, partition=i, inbox=inbox)
+        for i in range(partitions)
+    ]
+    try:
+        await asyncio.gather(*(c._start() for c in consumers))
+    except BaseException:
+        await asyncio.gather(*(c.close() for c in consumers), return_exceptions=True)
+        raise
+    return PartitionedConsumer(topic, consumers, inbox)

@@ -1,0 +1,186 @@
+"""Client-side errors: the broker's ``ServerError`` codes mapped to typed exceptions.
+
+Every class is an :class:`anabranch.errors.AnabranchError`, so callers branch on the class
+or on ``err.retriable`` exactly as they do for server-side errors. ``SERVER_ERRORS`` is the
+one table from wire code to class; ``from_server_error`` builds the exception.
+
+    AnabranchError
+    ├── ClientError                       base of the errors only the client raises
+    │   ├── ConnectionClosed              retriable: the connection went away mid-request
+    │   ├── OperationTimeout              retriable: no answer within the operation timeout
+    │   ├── ServiceNotReady               retriable: broker not ready / topic moving
+    │   ├── TooManyRequests               retriable: broker throttling lookups
+    │   ├── LookupFailed                  lookup redirect loop or broker failure
+    │   ├── ConsumerBusy                  exclusive subscription already has a consumer
+    │   ├── SubscriptionNotFound
+    │   ├── AuthenticationFailed / AuthorizationFailed
+    │   └── BrokerError                   any other code (``code`` attribute)
+    ├── MessageTooBig (ValueTooLarge)     per-send: over the broker's max message size
+    ├── ProducerQueueFull (NotAllowed)    block_if_queue_full=False and the queue is full
+    └── (reused) NotFound, NotAllowed, ProducerBusy, ProducerFenced, TopicTerminated,
+        ChecksumMismatch, IncompatibleSchema, InvalidArgument, MetadataError, StorageError
+
+Example:
+    >>> err = from_server_error(pb.ServiceNotReady, "topic is being unloaded")
+    >>> (type(err).__name__, err.retriable)
+    ('ServiceNotReady', True)
+    >>> isinstance(from_server_error(pb.TopicNotFound, "x"), NotFound)
+    True
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from anabranch.errors import (
+    AnabranchError,
+    ChecksumMismatch,
+    IncompatibleSchema,
+    InvalidArgument,
+    MetadataError,
+    NotAllowed,
+    NotFound,
+    ProducerBusy,
+    ProducerFenced,
+    StorageError,
+    TopicTerminated,
+    ValueTooLarge,
+)
+from anabranch.protocol._generated import pulsar_api_pb2 as pb
+
+
+class ClientError(AnabranchError):
+    """Errors raised by the client itself or mapped from broker codes without a server twin."""
+
+
+class ConnectionClosed(ClientError):
+    """The connection closed before the request was answered; retrying may succeed."""
+
+    retriable = True
+
+
+class OperationTimeout(ClientError):
+    """No answer within the operation timeout; the request may or may not have happened."""
+
+    retriable = True
+
+
+class ServiceNotReady(ClientError):
+    """The broker is not ready for the topic (starting, unloading, fenced); retry."""
+
+    retriable = True
+    wire_code = "ServiceNotReady"
+
+
+class TooManyRequests(ClientError):
+    """The broker throttled the request (too many concurrent lookups); retry later."""
+
+    retriable = True
+    wire_code = "TooManyRequests"
+
+
+class LookupFailed(ClientError):
+    """A topic lookup failed or exceeded the redirect bound."""
+
+
+class ConsumerBusy(ClientError):
+    """An Exclusive subscription already has a consumer (or the consumer id is taken)."""
+
+    wire_code = "ConsumerBusy"
+
+
+class SubscriptionNotFound(ClientError):
+    """The subscription does not exist."""
+
+    wire_code = "SubscriptionNotFound"
+
+
+class AuthenticationFailed(ClientError):
+    """The broker rejected our credentials."""
+
+    wire_code = "AuthenticationError"
+
+
+class AuthorizationFailed(ClientError):
+    """The credentials are valid but not allowed to do this."""
+
+    wire_code = "AuthorizationError"
+
+
+class BrokerError(ClientError):
+    """A broker error code without a more specific class; ``code`` holds the ServerError."""
+
+    def __init__(self, message: str, code: int = int(pb.UnknownError)) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class MessageTooBig(ValueTooLarge):
+    """A message (metadata + payload) over the broker's advertised max message size."""
+
+
+class ProducerQueueFull(NotAllowed):
+    """``block_if_queue_full=False`` and the producer's pending queue is at its bound."""
+
+
+class _Retriable(BrokerError):
+    retriable = True
+
+
+SERVER_ERRORS: Final[dict[int, tuple[type[AnabranchError], bool]]] = {
+    # code: (class, retriable). Retriable codes make producers/consumers reconnect and
+    # resend instead of failing the caller (upstream ClientCnx.getPulsarClientException).
+    pb.UnknownError: (BrokerError, False),
+    pb.MetadataError: (MetadataError, True),
+    pb.PersistenceError: (StorageError, True),
+    pb.AuthenticationError: (AuthenticationFailed, False),
+    pb.AuthorizationError: (AuthorizationFailed, False),
+    pb.ConsumerBusy: (ConsumerBusy, False),
+    pb.ServiceNotReady: (ServiceNotReady, True),
+    pb.ProducerBlockedQuotaExceededError: (NotAllowed, False),
+    pb.ProducerBlockedQuotaExceededException: (NotAllowed, False),
+    pb.ChecksumError: (ChecksumMismatch, True),
+    pb.UnsupportedVersionError: (BrokerError, False),
+    pb.TopicNotFound: (NotFound, False),
+    pb.SubscriptionNotFound: (SubscriptionNotFound, False),
+    pb.ConsumerNotFound: (BrokerError, False),
+    pb.TooManyRequests: (TooManyRequests, True),
+    pb.TopicTerminatedError: (TopicTerminated, False),
+    pb.ProducerBusy: (ProducerBusy, False),
+    pb.InvalidTopicName: (InvalidArgument, False),
+    pb.IncompatibleSchema: (IncompatibleSchema, False),
+    pb.ConsumerAssignError: (BrokerError, False),
+    pb.NotAllowedError: (NotAllowed, False),
+    pb.ProducerFenced: (ProducerFenced, False),
+}
+"""ServerError code -> (exception class, retriable). Codes not listed map to BrokerError."""
+
+
+def from_server_error(code: int, message: str) -> AnabranchError:
+    """The typed exception for a broker ``ServerError`` code and its message.
+
+    Example:
+        >>> e = from_server_error(pb.ProducerBusy, "producer p is connected")
+        >>> (isinstance(e, ProducerBusy), e.retriable, str(e))
+        (True, False, 'ProducerBusy: producer p is connected')
+    """
+    cls, retriable = SERVER_ERRORS.get(code, (BrokerError, False))
+    name = _code_name(code)
+    text = f"{name}: {message}" if message else name
+    err: AnabranchError
+    if cls is BrokerError:
+        err = BrokerError(text, code)
+    elif cls is NotFound:
+        err = NotFound(message or name)
+    else:
+        err = cls(text)
+    if err.retriable != retriable:
+        err.retriable = retriable
+    return err
+
+
+def _code_name(code: int) -> str:
+    try:
+        return str(pb.ServerError.Name(code))
+    except ValueError:
+        return f"ServerError({code})"

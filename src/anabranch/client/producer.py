@@ -1,0 +1,511 @@
+"""Async producers: batching, compression, sequence ids, bounded pending queue, resend.
+
+Theory of operation: ``send_async`` waits for room in the pending queue (one slot per
+message, ``pending_messages_max``), assigns a sequence id and either appends the message
+to the open batch or wraps it in its own SEND. A SEND ("op") is kept in ``_pending``, in
+sequence order, until the broker's SEND_RECEIPT for its first sequence id resolves the
+futures of its messages. After a reconnect every pending op is written again, in order;
+the broker's dedup (producer name, sequence id) drops what it already stored. A receipt
+for an id ahead of the head of the queue means a SEND was lost, so the connection is
+closed and everything is resent (upstream's rule). SEND_ERROR with a retriable code
+(checksum, not ready) does the same; any other code fails that op's futures with the
+typed error. Sequence ids continue from the broker's ``last_sequence_id`` on the first
+connect, unless ``initial_sequence_id`` is given.
+
+Example (with a client)::
+
+    producer = await client.create_producer("persistent://public/default/t")
+    message_id = await producer.send(b"hello", key="k", properties={"a": "1"})
+    future = await producer.send_async(b"more")   # waits only for room in the queue
+    await producer.flush()
+    await producer.close()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from anabranch.client._reconnect import ReconnectingHandler
+from anabranch.client.connection import ConnectionPool
+from anabranch.client.errors import MessageTooBig, ProducerQueueFull, from_server_error
+from anabranch.client.message_id import MessageId
+from anabranch.client.routing import Hashing, Router
+from anabranch.errors import AnabranchError, Closed, InvalidArgument
+from anabranch.limits import (
+    MESSAGE_SIZE_MAX_BYTES,
+    PRODUCER_BATCH_BYTES_MAX,
+    PRODUCER_BATCH_DELAY_S,
+    PRODUCER_BATCH_MESSAGES_MAX,
+    PRODUCER_PENDING_MESSAGES_MAX,
+)
+from anabranch.protocol import commands
+from anabranch.protocol._generated import pulsar_api_pb2 as pb
+from anabranch.protocol.batch import encode_batch
+from anabranch.protocol.compression import CompressionType, compress
+from anabranch.protocol.frames import Frame
+
+T = pb.BaseCommand
+
+BATCH_ENTRY_OVERHEAD_BYTES = 16
+"""Rough size of one SingleMessageMetadata and its length prefix (batch-bytes accounting)."""
+
+
+def _compression(value: str | int | CompressionType) -> CompressionType:
+    if isinstance(value, str):
+        try:
+            return CompressionType[value.upper()]
+        except KeyError:
+            raise InvalidArgument(f"unknown compression {value!r}") from None
+    return CompressionType(value)
+
+
+@dataclass(frozen=True, slots=True)
+class ProducerOptions:
+    """Producer settings (the keyword arguments of ``create_producer``).
+
+    Example:
+        >>> ProducerOptions(compression="zstd").compression
+        <CompressionType.ZSTD: 3>
+    """
+
+    producer_name: str | None = None
+    batching: bool = True
+    batch_messages_max: int = PRODUCER_BATCH_MESSAGES_MAX
+    batch_bytes_max: int = PRODUCER_BATCH_BYTES_MAX
+    batch_delay_s: float = PRODUCER_BATCH_DELAY_S
+    compression: CompressionType = CompressionType.NONE
+    pending_messages_max: int = PRODUCER_PENDING_MESSAGES_MAX
+    block_if_queue_full: bool = True
+    initial_sequence_id: int | None = None
+    properties: Mapping[str, str] = field(default_factory=dict)
+    hashing: Hashing = "java"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "compression", _compression(self.compression))
+        if self.pending_messages_max < 1 or self.batch_messages_max < 1:
+            raise InvalidArgument("pending_messages_max and batch_messages_max must be >= 1")
+
+    @staticmethod
+    def from_kwargs(kwargs: Mapping[str, Any]) -> ProducerOptions:
+        """Build from ``create_producer`` keyword arguments (unknown names raise)."""
+        try:
+            return ProducerOptions(**kwargs)
+        except TypeError as err:
+            raise InvalidArgument(f"bad producer option: {err}") from err
+
+
+@dataclass(slots=True)
+class _Op:
+    """One SEND: a message or a batch, with a future per message."""
+
+    sequence_id: int
+    highest_sequence_id: int
+    metadata: pb.MessageMetadata
+    payload: bytes
+    futures: list[asyncio.Future[MessageId]]
+    batched: bool
+
+
+@dataclass(slots=True)
+class _Pending:
+    single: pb.SingleMessageMetadata
+    value: bytes
+    future: asyncio.Future[MessageId]
+    sequence_id: int
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class Producer(ReconnectingHandler):
+    """An async producer on one (non-partitioned) topic or one partition."""
+
+    def __init__(
+        self,
+        pool: ConnectionPool,
+        topic: str,
+        options: ProducerOptions,
+        partition: int = -1,
+    ) -> None:
+        super().__init__(pool, topic)
+        self.options = options
+        self.partition = partition
+        self.producer_name = options.producer_name or ""
+        self._id = pool.new_handler_id()
+        self._epoch = 0
+        self._next_sequence_id = options.initial_sequence_id or 0
+        self._sequence_known = options.initial_sequence_id is not None
+        self.last_sequence_id = self._next_sequence_id - 1
+        self._pending: deque[_Op] = deque()
+        self._room = asyncio.Semaphore(options.pending_messages_max)
+        self._batch: list[_Pending] = []
+        self._batch_bytes = 0
+        self._batch_timer: asyncio.TimerHandle | None = None
+        self._closed_error: AnabranchError | None = None
+
+    def __repr__(self) -> str:
+        return f"Producer({self.topic!r}, name={self.producer_name!r})"
+
+    # --- connection ------------------------------------------------------------------------
+
+    async def _connect_once(self) -> None:
+        address = await self._pool.lookup(self.topic)
+        conn = await self._pool.get(address)
+        request_id = conn.new_request_id()
+        cmd = commands.producer(self.topic, self._id, request_id, self.producer_name or None)
+        cmd.producer.user_provided_producer_name = self.options.producer_name is not None
+        cmd.producer.epoch = self._epoch
+        for k, v in self.options.properties.items():
+            cmd.producer.metadata.add(key=k, value=v)
+        self._epoch += 1
+        conn.register_producer(self._id, self)
+        try:
+            frame = await conn.request(cmd, request_id)
+        except BaseException:
+            conn.unregister_producer(self._id)
+            raise
+        if self._closing:
+            conn.unregister_producer(self._id)
+            raise Closed(f"{self} was closed while connecting")
+        resp = frame.command.producer_success
+        self.producer_name = resp.producer_name
+        if not self._sequence_known:
+            # Continue where the broker's dedup state says this producer name stopped.
+            self._next_sequence_id = max(self._next_sequence_id, int(resp.last_sequence_id) + 1)
+            self.last_sequence_id = self._next_sequence_id - 1
+            self._sequence_known = True
+        self._conn = conn
+        for op in list(self._pending):
+            self._write(op)
+
+    def _on_terminal_error(self, error: AnabranchError) -> None:
+        self._closing = True
+        self._closed_error = error
+        self._fail_all(error)
+
+    # --- sending ---------------------------------------------------------------------------
+
+    async def send(
+        self,
+        value: bytes,
+        *,
+        key: str | None = None,
+        properties: Mapping[str, str] | None = None,
+        event_time: int | None = None,
+        sequence_id: int | None = None,
+    ) -> MessageId:
+        """Send one message and wait until the broker stored it; returns its id.
+
+        ``event_time`` is milliseconds since the epoch. Errors are typed exceptions, e.g.
+        ``MessageTooBig``, ``TopicTerminated``, ``Closed``.
+        """
+        fut = await self.send_async(
+            value, key=key, properties=properties, event_time=event_time, sequence_id=sequence_id
+        )
+        return await fut
+
+    async def send_async(
+        self,
+        value: bytes,
+        *,
+        key: str | None = None,
+        properties: Mapping[str, str] | None = None,
+        event_time: int | None = None,
+        sequence_id: int | None = None,
+    ) -> asyncio.Future[MessageId]:
+        """Queue one message; returns a future of its id once there is room in the queue.
+
+        Waits while ``pending_messages_max`` messages are unacknowledged (or raises
+        ``ProducerQueueFull`` with ``block_if_queue_full=False``).
+        """
+        self._check_open()
+        if not isinstance(value, bytes | bytearray | memoryview):
+            raise InvalidArgument(f"message value must be bytes, not {type(value).__name__}")
+        if self._room.locked() and not self.options.block_if_queue_full:
+            raise ProducerQueueFull(f"{self} has {self.options.pending_messages_max} pending")
+        await self._room.acquire()
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[MessageId] = loop.create_future()
+        fut.add_done_callback(lambda _: self._room.release())
+        try:
+            self._check_open()
+        except Closed as err:
+            fut.set_exception(err)
+            return fut
+        value = bytes(value)
+        if sequence_id is None:
+            sequence_id = self._next_sequence_id
+        self._next_sequence_id = max(self._next_sequence_id, sequence_id + 1)
+        if len(value) > self._max_message_size():
+            fut.set_exception(MessageTooBig("message", len(value), self._max_message_size()))
+            return fut
+        single = pb.SingleMessageMetadata(payload_size=len(value), sequence_id=sequence_id)
+        if key is not None:
+            single.partition_key = key
+        if event_time is not None:
+            single.event_time = event_time
+        for k, v in (properties or {}).items():
+            single.properties.add(key=k, value=v)
+        item = _Pending(single, value, fut, sequence_id)
+        if self.options.batching:
+            self._add_to_batch(item)
+        else:
+            self._enqueue(self._single_op(item))
+        return fut
+
+    def _max_message_size(self) -> int:
+        return self._conn.max_message_size if self._conn is not None else MESSAGE_SIZE_MAX_BYTES
+
+    def _check_open(self) -> None:
+        if self._closing:
+            raise self._closed_error or Closed(f"{self} is closed")
+
+    def _metadata(self, sequence_id: int) -> pb.MessageMetadata:
+        return pb.MessageMetadata(
+            producer_name=self.producer_name, sequence_id=sequence_id, publish_time=_now_ms()
+        )
+
+    def _single_op(self, item: _Pending) -> _Op:
+        md = self._metadata(item.sequence_id)
+        s = item.single
+        if s.HasField("partition_key"):
+            md.partition_key = s.partition_key
+        if s.event_time:
+            md.event_time = s.event_time
+        md.properties.extend(s.properties)
+        return _Op(item.sequence_id, item.sequence_id, md, item.value, [item.future], False)
+
+    def _add_to_batch(self, item: _Pending) -> None:
+        size = len(item.value) + BATCH_ENTRY_OVERHEAD_BYTES
+        if self._batch and self._batch_bytes + size > self.options.batch_bytes_max:
+            self._flush_batch()
+        self._batch.append(item)
+        self._batch_bytes += size
+        if (
+            len(self._batch) >= self.options.batch_messages_max
+            or self._batch_bytes >= self.options.batch_bytes_max
+        ):
+            self._flush_batch()
+        elif self._batch_timer is None:
+            loop = asyncio.get_running_loop()
+            self._batch_timer = loop.call_later(self.options.batch_delay_s, self._flush_batch)
+
+    def _flush_batch(self) -> None:
+        if self._batch_timer is not None:
+            self._batch_timer.cancel()
+            self._batch_timer = None
+        batch, self._batch, self._batch_bytes = self._batch, [], 0
+        live = [item for item in batch if not item.future.done()]
+        if not live:
+            return
+        md = self._metadata(live[0].sequence_id)
+        md.num_messages_in_batch = len(live)
+        keys = {i.single.partition_key for i in live if i.single.HasField("partition_key")}
+        if len(keys) == 1 and all(i.single.HasField("partition_key") for i in live):
+            # A one-key batch carries its key, so key-based dispatch can route the entry.
+            md.partition_key = keys.pop()
+        payload = encode_batch((i.single, i.value) for i in live)
+        highest = max(i.sequence_id for i in live)
+        futures = [i.future for i in live]
+        self._enqueue(_Op(live[0].sequence_id, highest, md, payload, futures, True))
+
+    def _enqueue(self, op: _Op) -> None:
+        codec = self.options.compression
+        if codec != CompressionType.NONE:
+            op.metadata.compression = int(codec)  # type: ignore[assignment]
+            op.metadata.uncompressed_size = len(op.payload)
+            op.payload = compress(codec, op.payload)
+        size = len(op.payload) + op.metadata.ByteSize()
+        if size > self._max_message_size():
+            err = MessageTooBig("message", size, self._max_message_size())
+            for fut in op.futures:
+                if not fut.done():
+                    fut.set_exception(err)
+            return
+        self._pending.append(op)
+        self.last_sequence_id = max(self.last_sequence_id, op.highest_sequence_id)
+        if self._conn is not None:
+            self._write(op)
+
+    def _write(self, op: _Op) -> None:
+        conn = self._conn
+        if conn is None:
+            return
+        cmd = commands.send(self._id, op.sequence_id, len(op.futures))
+        if op.highest_sequence_id != op.sequence_id:
+            cmd.send.highest_sequence_id = op.highest_sequence_id
+        with contextlib.suppress(AnabranchError):
+            # A closed connection: the op stays pending and is resent after reconnecting.
+            conn.send_command(cmd, op.metadata, op.payload)
+
+    # --- receipts --------------------------------------------------------------------------
+
+    def on_frame(self, frame: Frame) -> None:
+        """SEND_RECEIPT / SEND_ERROR from the broker."""
+        if frame.type == T.SEND_RECEIPT:
+            self._on_receipt(frame.command.send_receipt)
+        elif frame.type == T.SEND_ERROR:
+            self._on_send_error(frame.command.send_error)
+
+    def _on_receipt(self, body: pb.CommandSendReceipt) -> None:
+        sequence_id = int(body.sequence_id)
+        if not self._pending or sequence_id < self._pending[0].sequence_id:
+            return  # a late duplicate receipt for something already completed
+        op = self._pending[0]
+        if sequence_id > op.sequence_id:
+            # The head's SEND was lost: resend everything from a fresh connection.
+            self._drop_connection()
+            return
+        self._pending.popleft()
+        wire = body.message_id
+        for index, fut in enumerate(op.futures):
+            if fut.done():
+                continue
+            fut.set_result(
+                MessageId(
+                    int(wire.ledgerId),
+                    int(wire.entryId),
+                    index if op.batched else -1,
+                    self.partition,
+                    batch_size=len(op.futures) if op.batched else 0,
+                )
+            )
+
+    def _on_send_error(self, body: pb.CommandSendError) -> None:
+        err = from_server_error(int(body.error), body.message)
+        if err.retriable:
+            self._drop_connection()
+            return
+        if self._pending and self._pending[0].sequence_id == int(body.sequence_id):
+            op = self._pending.popleft()
+            for fut in op.futures:
+                if not fut.done():
+                    fut.set_exception(err)
+
+    def _drop_connection(self) -> None:
+        conn = self._conn
+        if conn is not None:
+            asyncio.get_running_loop().create_task(conn.close())
+
+    def _fail_all(self, error: AnabranchError) -> None:
+        pending, self._pending = self._pending, deque()
+        batch, self._batch = self._batch, []
+        futures = [f for op in pending for f in op.futures] + [i.future for i in batch]
+        for fut in futures:
+            if not fut.done():
+                fut.set_exception(error)
+
+    # --- flush and close -------------------------------------------------------------------
+
+    async def flush(self) -> None:
+        """Send the open batch and wait until every message sent so far is acknowledged.
+
+        Failed sends are not raised here: their own futures carry the errors.
+        """
+        self._flush_batch()
+        futures = [f for op in self._pending for f in op.futures]
+        if futures:
+            await asyncio.wait(futures)
+
+    async def close(self) -> None:
+        """Flush (bounded by the operation timeout), then close; later sends raise Closed."""
+        if self._closing:
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.flush(), self._pool.operation_timeout_s)
+        self._closing = True
+        await self._stop_reconnecting()
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.unregister_producer(self._id)
+            request_id = conn.new_request_id()
+            with contextlib.suppress(AnabranchError):
+                await conn.request(commands.close_producer(self._id, request_id), request_id)
+        self._fail_all(Closed(f"{self} was closed"))
+
+
+class PartitionedProducer:
+    """A producer over every partition of a partitioned topic, routing by key.
+
+    Keyed messages go to ``java_string_hash(key) % n`` (see ``routing``), keyless ones
+    round-robin. The returned ``MessageId.partition`` names the partition.
+    """
+
+    def __init__(self, topic: str, producers: list[Producer], options: ProducerOptions) -> None:
+        self.topic = topic
+        self.producers = producers
+        self.options = options
+        self._router = Router(len(producers), options.hashing)
+
+    @property
+    def producer_name(self) -> str:
+        """The name of the first partition's producer."""
+        return self.producers[0].producer_name
+
+    async def send(
+        self,
+        value: bytes,
+        *,
+        key: str | None = None,
+        properties: Mapping[str, str] | None = None,
+        event_time: int | None = None,
+        sequence_id: int | None = None,
+    ) -> MessageId:
+        """Send to the partition the router picks; returns the stored message's id."""
+        fut = await self.send_async(
+            value, key=key, properties=properties, event_time=event_time, sequence_id=sequence_id
+        )
+        return await fut
+
+    async def send_async(
+        self,
+        value: bytes,
+        *,
+        key: str | None = None,
+        properties: Mapping[str, str] | None = None,
+        event_time: int | None = None,
+        sequence_id: int | None = None,
+    ) -> asyncio.Future[MessageId]:
+        """Queue on the routed partition's producer (see ``Producer.send_async``)."""
+        producer = self.producers[self._router.partition(key)]
+        return await producer.send_async(
+            value, key=key, properties=properties, event_time=event_time, sequence_id=sequence_id
+        )
+
+    async def flush(self) -> None:
+        """Flush every partition."""
+        await asyncio.gather(*(p.flush() for p in self.producers))
+
+    async def close(self) -> None:
+        """Close every partition's producer."""
+        await asyncio.gather(*(p.close() for p in self.producers))
+
+
+async def create_producer(
+    pool: ConnectionPool, topic: str, options: ProducerOptions
+) -> Producer | PartitionedProducer:
+    """Create (and connect) a producer, partitioned if the topic has partitions."""
+    partitions = await pool.partitioned_metadata(topic)
+    if partitions == 0:
+        producer = Producer(pool, topic, options)
+        await producer._start()
+        return producer
+    producers = [
+        Producer(pool, f"{topic}-partition-{i}", options, partition=i) for i in range(partitions)
+    ]
+    try:
+        await asyncio.gather(*(p._start() for p in producers))
+    except BaseException:
+        await asyncio.gather(*(p.close() for p in producers), return_exceptions=True)
+        raise
+    return PartitionedProducer(topic, producers, options)
+
+
+__all__ = ["PartitionedProducer", "Producer", "ProducerOptions"]

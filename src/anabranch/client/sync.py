@@ -1,0 +1,301 @@
+"""The blocking API: a thin facade over the async client, run on one event-loop thread.
+
+Each sync ``Client`` starts a :class:`Portal` (a daemon thread running an asyncio loop,
+modelled on anyio's blocking portal); every method submits the async twin's coroutine to
+that loop and waits for its result. Method names mirror ``anabranch.aio``.
+
+Example::
+
+    from anabranch import Client
+
+    with Client("pulsar://127.0.0.1:6650") as client:
+        producer = client.create_producer("persistent://public/default/t")
+        producer.send(b"hi", key="k")
+        consumer = client.subscribe("persistent://public/default/t", "sub",
+                                    initial_position="earliest")
+        msg = consumer.receive(timeout=1.0)          # None on timeout
+        if msg is not None:
+            consumer.acknowledge(msg)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+from collections.abc import Callable, Coroutine, Mapping
+from types import TracebackType
+from typing import Any, TypeVar
+
+from anabranch.client import client as aclient
+from anabranch.client.consumer import Consumer as AsyncConsumer
+from anabranch.client.consumer import PartitionedConsumer
+from anabranch.client.message import Message
+from anabranch.client.message_id import MessageId
+from anabranch.client.producer import PartitionedProducer
+from anabranch.client.producer import Producer as AsyncProducer
+from anabranch.client.reader import Reader as AsyncReader
+from anabranch.errors import Closed
+
+R = TypeVar("R")
+
+
+class Portal:
+    """An event loop on a daemon thread that runs coroutines for blocking callers.
+
+    Example:
+        >>> async def add(a: int, b: int) -> int:
+        ...     return a + b
+        >>> portal = Portal()
+        >>> portal.call(add, 1, 2)
+        3
+        >>> portal.stop()
+    """
+
+    def __init__(self) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run, name="anabranch-client", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        self._loop.run_forever()
+        self._loop.close()
+
+    def call(self, func: Callable[..., Coroutine[Any, Any, R]], *args: Any, **kwargs: Any) -> R:
+        """Run ``func(*args, **kwargs)`` on the loop and wait for its result."""
+        return self.start(func, *args, **kwargs).result()
+
+    def start(
+        self, func: Callable[..., Coroutine[Any, Any, R]], *args: Any, **kwargs: Any
+    ) -> concurrent.futures.Future[R]:
+        """Run ``func(*args, **kwargs)`` on the loop; returns a concurrent future."""
+        if not self._thread.is_alive() or self._loop.is_closed():
+            raise Closed("the client is closed")
+        return asyncio.run_coroutine_threadsafe(func(*args, **kwargs), self._loop)
+
+    def stop(self) -> None:
+        """Stop the loop (after cancelling what still runs) and join the thread."""
+        if not self._thread.is_alive():
+            return
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+
+
+def _chain(source: asyncio.Future[R], target: concurrent.futures.Future[R]) -> None:
+    def copy(fut: asyncio.Future[R]) -> None:
+        if fut.cancelled():
+            target.cancel()
+        elif (err := fut.exception()) is not None:
+            target.set_exception(err)
+        else:
+            target.set_result(fut.result())
+
+    source.add_done_callback(copy)
+
+
+class Producer:
+    """Blocking twin of :class:`anabranch.client.producer.Producer`."""
+
+    def __init__(self, portal: Portal, inner: AsyncProducer | PartitionedProducer) -> None:
+        self._portal = portal
+        self.inner = inner
+
+    @property
+    def topic(self) -> str:
+        """The topic this producer writes to."""
+        return self.inner.topic
+
+    @property
+    def producer_name(self) -> str:
+        """The producer name (assigned by the broker unless given)."""
+        return self.inner.producer_name
+
+    def send(
+        self,
+        value: bytes,
+        *,
+        key: str | None = None,
+        properties: Mapping[str, str] | None = None,
+        event_time: int | None = None,
+        sequence_id: int | None = None,
+    ) -> MessageId:
+        """Send and wait until stored; returns the message id."""
+        return self._portal.call(
+            self.inner.send,
+            value,
+            key=key,
+            properties=properties,
+            event_time=event_time,
+            sequence_id=sequence_id,
+        )
+
+    def send_async(
+        self,
+        value: bytes,
+        *,
+        key: str | None = None,
+        properties: Mapping[str, str] | None = None,
+        event_time: int | None = None,
+        sequence_id: int | None = None,
+    ) -> concurrent.futures.Future[MessageId]:
+        """Queue a message (blocking while the queue is full); returns a future of its id."""
+        result: concurrent.futures.Future[MessageId] = concurrent.futures.Future()
+
+        async def queue() -> None:
+            fut = await self.inner.send_async(
+                value, key=key, properties=properties, event_time=event_time,
+                sequence_id=sequence_id,
+            )  # fmt: skip
+            _chain(fut, result)
+
+        self._portal.call(queue)
+        return result
+
+    def flush(self) -> None:
+        """Wait until every message sent so far is acknowledged."""
+        self._portal.call(self.inner.flush)
+
+    def close(self) -> None:
+        """Flush and close."""
+        self._portal.call(self.inner.close)
+
+
+class Consumer:
+    """Blocking twin of the async Consumer (or PartitionedConsumer)."""
+
+    def __init__(self, portal: Portal, inner: AsyncConsumer | PartitionedConsumer) -> None:
+        self._portal = portal
+        self.inner = inner
+
+    @property
+    def topic(self) -> str:
+        """The subscribed topic."""
+        return self.inner.topic
+
+    @property
+    def subscription(self) -> str:
+        """The subscription name."""
+        return self.inner.subscription
+
+    def receive(self, timeout: float | None = 1.0) -> Message | None:
+        """The next message, or None after ``timeout`` seconds (None: wait forever)."""
+        return self._portal.call(self.inner.receive, timeout)
+
+    def acknowledge(self, message: Message | MessageId) -> None:
+        """Acknowledge one message."""
+        self._portal.call(self.inner.acknowledge, message)
+
+    def acknowledge_cumulative(self, message: Message | MessageId) -> None:
+        """Acknowledge this message and all before it."""
+        self._portal.call(self.inner.acknowledge_cumulative, message)
+
+    def negative_acknowledge(self, message: Message | MessageId) -> None:
+        """Ask for a later redelivery."""
+        self._portal.call(self.inner.negative_acknowledge, message)
+
+    def seek(self, target: MessageId | int) -> None:
+        """Move to a message id or a publish time (ms)."""
+        self._portal.call(self.inner.seek, target)
+
+    def unsubscribe(self) -> None:
+        """Delete the subscription and close."""
+        self._portal.call(self.inner.unsubscribe)
+
+    def close(self) -> None:
+        """Close the consumer."""
+        self._portal.call(self.inner.close)
+
+
+class Reader:
+    """Blocking twin of :class:`anabranch.client.reader.Reader`."""
+
+    def __init__(self, portal: Portal, inner: AsyncReader) -> None:
+        self._portal = portal
+        self.inner = inner
+
+    @property
+    def topic(self) -> str:
+        """The topic being read."""
+        return self.inner.topic
+
+    def read_next(self, timeout: float | None = 1.0) -> Message | None:
+        """The next message, or None after ``timeout`` seconds."""
+        return self._portal.call(self.inner.read_next, timeout)
+
+    def has_message_available(self) -> bool:
+        """True if a message after the last one read exists."""
+        return self._portal.call(self.inner.has_message_available)
+
+    def seek(self, target: MessageId | int) -> None:
+        """Move to a message id or a publish time (ms)."""
+        self._portal.call(self.inner.seek, target)
+
+    def close(self) -> None:
+        """Close the reader."""
+        self._portal.call(self.inner.close)
+
+
+class Client:
+    """The blocking client (see the module docstring); a context manager."""
+
+    def __init__(self, service_url: str, **options: Any) -> None:
+        self._portal = Portal()
+
+        async def make() -> aclient.Client:
+            return aclient.Client(service_url, **options)
+
+        try:
+            self._inner = self._portal.call(make)
+        except BaseException:
+            self._portal.stop()
+            raise
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def create_producer(self, topic: str, **options: Any) -> Producer:
+        """A connected producer (options as ``anabranch.aio.Client.create_producer``)."""
+        return Producer(
+            self._portal, self._portal.call(self._inner.create_producer, topic, **options)
+        )
+
+    def subscribe(self, topic: str, subscription: str, **options: Any) -> Consumer:
+        """A subscribed consumer (options as ``anabranch.aio.Client.subscribe``)."""
+        inner = self._portal.call(self._inner.subscribe, topic, subscription, **options)
+        return Consumer(self._portal, inner)
+
+    def create_reader(
+        self, topic: str, start: MessageId | str = "earliest", **options: Any
+    ) -> Reader:
+        """A reader from a MessageId, ``"earliest"`` or ``"latest"``."""
+        inner = self._portal.call(self._inner.create_reader, topic, start, **options)
+        return Reader(self._portal, inner)
+
+    def close(self) -> None:
+        """Close everything and stop the loop thread. Idempotent."""
+        try:
+            self._portal.call(self._shutdown)
+        except Closed:
+            return
+        self._portal.stop()
+
+    async def _shutdown(self) -> None:
+        await self._inner.close()
+        # Let the tasks that closing cancelled finish before the loop stops.
+        current = asyncio.current_task()
+        tasks = [t for t in asyncio.all_tasks() if t is not current]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+__all__ = ["Client", "Consumer", "Portal", "Producer", "Reader"]
