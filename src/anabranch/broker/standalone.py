@@ -1,39 +1,166 @@
-"""Standalone mode: one process, SQLite metadata, local-disk ledgers under ``data_dir``.
+"""Standalone mode: one process, SQLite metadata, local-disk ledgers under ``data_dir``,
+the binary protocol server and (when the admin package is there) the admin HTTP app.
+
+Shutdown order keeps every acknowledged message: stop accepting connections, stop
+reading from the open ones, let in-flight appends finish and their receipts go out
+(``BrokerService.close``), close the connections, then the ledgers (cursors flushed) and
+the metadata store.
 
 Example:
     >>> async def run(cfg: BrokerConfig) -> None:
     ...     node = await Standalone.start(cfg)
+    ...     print(node.describe())
     ...     await node.stop()
 """
 
 from __future__ import annotations
 
+import importlib
+import logging
 from dataclasses import dataclass
+from typing import Any, Literal
 
+from anabranch import limits
 from anabranch.broker.config import BrokerConfig
+from anabranch.broker.policies import Policies
+from anabranch.broker.server import BrokerServer
+from anabranch.broker.service import BrokerService
+from anabranch.clock import Clock, SystemClock
 from anabranch.metadata.api import MetadataStore
+from anabranch.storage.api import ManagedLedgerFactory
+
+log = logging.getLogger(__name__)
+
+
+async def open_store(url: str, clock: Clock | None = None) -> MetadataStore:
+    """The metadata store named by ``url`` (``memory://`` works without the factory)."""
+    try:
+        factory = importlib.import_module("anabranch.metadata.factory")
+    except ModuleNotFoundError:
+        # Until the metadata factory lands, only the in-memory store can be opened.
+        if url.startswith("memory:"):
+            from anabranch.metadata.memory import MemoryMetadataStore
+
+            return MemoryMetadataStore(clock)
+        raise
+    store: MetadataStore = await factory.open_metadata_store(url)
+    return store
 
 
 @dataclass
 class Standalone:
-    """What ``anabranch standalone`` runs: for now the metadata store only."""
+    """A running standalone broker."""
 
     config: BrokerConfig
     store: MetadataStore
+    ledgers: ManagedLedgerFactory
+    service: BrokerService
+    server: BrokerServer
+    http_runner: Any = None
+    http_port: int | None = None
 
     @classmethod
-    async def start(cls, config: BrokerConfig) -> Standalone:
-        from anabranch.metadata.factory import open_metadata_store
-
+    async def start(
+        cls,
+        config: BrokerConfig,
+        *,
+        clock: Clock | None = None,
+        ledger_backend: Literal["file", "memory"] = "file",
+        keepalive_interval_s: float = limits.KEEPALIVE_INTERVAL_S,
+        handshake_timeout_s: float = limits.HANDSHAKE_TIMEOUT_S,
+    ) -> Standalone:
+        """Open storage, create the standalone cluster/tenant/namespace, start serving."""
+        clock = clock or SystemClock()
         config.data_dir.mkdir(parents=True, exist_ok=True)
-        store = await open_metadata_store(config.metadata_url)
-        return cls(config, store)
+        store = await open_store(config.metadata_url, clock)
+        try:
+            ledgers = _ledger_factory(ledger_backend, config, store, clock)
+            policies = Policies(store)
+            await policies.ensure_standalone_defaults(
+                config.cluster_name,
+                service_url=f"http://{config.advertised_address}:{config.http_port}",
+                broker_service_url=f"pulsar://{config.advertised_address}:{config.port}",
+            )
+            service = BrokerService(config, store, ledgers, clock, policies)
+            await service.start()
+            server = BrokerServer(
+                service,
+                config.bind_address,
+                config.port,
+                keepalive_interval_s=keepalive_interval_s,
+                handshake_timeout_s=handshake_timeout_s,
+            )
+            port = await server.start()
+        except BaseException:
+            await store.close()
+            raise
+        service.advertised_url = f"pulsar://{config.advertised_address}:{port}"
+        node = cls(config, store, ledgers, service, server)
+        await node._start_http()
+        return node
+
+    async def _start_http(self) -> None:
+        try:
+            start_http = importlib.import_module("anabranch.admin.http").start_http
+        except (ModuleNotFoundError, AttributeError):
+            log.info("admin HTTP not available yet (anabranch.admin.http missing): skipped")
+            return
+        host = self.config.bind_address
+        self.http_runner = await start_http(self.service, host, self.config.http_port)
+        self.http_port = _bound_port(self.http_runner) or self.config.http_port
+
+    @property
+    def port(self) -> int:
+        """The bound binary-protocol port."""
+        return self.server.port
+
+    @property
+    def service_url(self) -> str:
+        return f"pulsar://{self.config.advertised_address}:{self.port}"
+
+    @property
+    def http_url(self) -> str | None:
+        if self.http_port is None:
+            return None
+        return f"http://{self.config.advertised_address}:{self.http_port}"
 
     def describe(self) -> str:
+        """One line for the operator."""
+        http = self.http_url or "admin HTTP not built"
         return (
-            f"metadata {self.config.metadata_url} (the broker on :{self.config.port} "
-            "is not built yet: only the metadata store runs)"
+            f"broker {self.service_url}, {http}, metadata {self.config.metadata_url}, "
+            f"data {self.config.data_dir}"
         )
 
     async def stop(self) -> None:
-        await self.store.close()
+        """Clean shutdown (see the module docstring)."""
+        self.server.stop_accepting()
+        self.server.pause_all()
+        try:
+            await self.service.close()
+            await self.server.stop()
+            if self.http_runner is not None:
+                await self.http_runner.cleanup()
+            await self.ledgers.close()
+        finally:
+            await self.store.close()
+
+
+def _ledger_factory(
+    backend: str, config: BrokerConfig, store: MetadataStore, clock: Clock
+) -> ManagedLedgerFactory:
+    if backend == "memory":
+        from anabranch.storage.memory import MemoryManagedLedgerFactory
+
+        return MemoryManagedLedgerFactory(clock=clock)
+    from anabranch.storage.ledger import FileManagedLedgerFactory
+
+    return FileManagedLedgerFactory(config.data_dir / "ledgers", store, clock=clock)
+
+
+def _bound_port(runner: Any) -> int | None:
+    # aiohttp's AppRunner lists (host, port) of its sites; other runners may not.
+    for address in getattr(runner, "addresses", None) or []:
+        if isinstance(address, tuple) and len(address) >= 2:
+            return int(address[1])
+    return None

@@ -29,7 +29,10 @@ def standalone(
 ) -> None:
     """Run one broker with embedded SQLite metadata and local-disk storage."""
     cfg = BrokerConfig.load(config, data_dir=data_dir, port=port, http_port=http_port)
-    asyncio.run(_run_standalone(cfg))
+    from anabranch.broker.server import event_loop_factory
+
+    with asyncio.Runner(loop_factory=event_loop_factory(cfg.use_uvloop)) as runner:
+        runner.run(_run_standalone(cfg))
 
 
 async def _run_standalone(cfg: BrokerConfig) -> None:
@@ -51,3 +54,7 @@ async def _run_standalone(cfg: BrokerConfig) -> None:
 def main() -> None:
     """Console-script entry point."""
     app()
+
+
+if __name__ == "__main__":
+    main()

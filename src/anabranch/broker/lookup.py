@@ -1,0 +1,114 @@
+"""Handlers of the lookup-style requests: PARTITIONED_METADATA, LOOKUP,
+GET_TOPICS_OF_NAMESPACE, GET_SCHEMA and GET_OR_CREATE_SCHEMA.
+
+Each answers with its own response type, failures included (the official clients expect
+``response=Failed`` / ``error_code`` in these responses rather than a bare ERROR). This
+broker owns every topic, so LOOKUP always answers Connect to itself, authoritatively.
+
+Example:
+    >>> # a LOOKUP for any valid topic -> LOOKUP_RESPONSE(Connect, "pulsar://host:port")
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from anabranch.broker.error_codes import server_error
+from anabranch.broker.service import canonical_topic
+from anabranch.core.names import NamespaceName, TopicName
+from anabranch.errors import AnabranchError, InvalidArgument
+from anabranch.protocol import commands
+from anabranch.protocol._generated import pulsar_api_pb2 as pb
+
+if TYPE_CHECKING:
+    from anabranch.broker.session import Session
+
+log = logging.getLogger(__name__)
+T = pb.BaseCommand
+
+
+def _log_unexpected(err: BaseException, what: str) -> None:
+    if not isinstance(err, AnabranchError):
+        log.error("%s failed unexpectedly", what, exc_info=err)
+
+
+async def handle_partitioned_metadata(
+    session: Session, cmd: pb.CommandPartitionedTopicMetadata
+) -> None:
+    try:
+        name = canonical_topic(cmd.topic)
+        if not isinstance(name, TopicName):
+            raise InvalidArgument(f"{cmd.topic} cannot be partitioned")
+        partitions = await session.service.policies.get_partitions(str(name.base))
+        session.write(commands.partitioned_metadata_response(cmd.request_id, partitions))
+    except Exception as err:
+        _log_unexpected(err, "PARTITIONED_METADATA")
+        body = pb.CommandPartitionedTopicMetadataResponse(
+            request_id=cmd.request_id,
+            response=pb.CommandPartitionedTopicMetadataResponse.Failed,
+            error=server_error(err),  # type: ignore[arg-type]
+            message=str(err),
+        )
+        session.write(
+            pb.BaseCommand(type=T.PARTITIONED_METADATA_RESPONSE, partitionMetadataResponse=body)
+        )
+
+
+async def handle_lookup(session: Session, cmd: pb.CommandLookupTopic) -> None:
+    try:
+        canonical_topic(cmd.topic)
+        session.write(commands.lookup_response(cmd.request_id, session.service.advertised_url))
+    except Exception as err:
+        _log_unexpected(err, "LOOKUP")
+        body = pb.CommandLookupTopicResponse(
+            request_id=cmd.request_id,
+            response=pb.CommandLookupTopicResponse.Failed,
+            error=server_error(err),  # type: ignore[arg-type]
+            message=str(err),
+        )
+        session.write(pb.BaseCommand(type=T.LOOKUP_RESPONSE, lookupTopicResponse=body))
+
+
+async def handle_get_topics_of_namespace(
+    session: Session, cmd: pb.CommandGetTopicsOfNamespace
+) -> None:
+    # Errors go through the session's generic ERROR path: upstream answers them so too.
+    ns = NamespaceName.parse(cmd.namespace)
+    await session.service.policies.namespace_policies(str(ns))
+    topics: list[str] = []
+    if cmd.mode != pb.CommandGetTopicsOfNamespace.NON_PERSISTENT:
+        topics = await session.service.policies.list_topics(str(ns))
+    body = pb.CommandGetTopicsOfNamespaceResponse(request_id=cmd.request_id, topics=topics)
+    session.write(
+        pb.BaseCommand(type=T.GET_TOPICS_OF_NAMESPACE_RESPONSE, getTopicsOfNamespaceResponse=body)
+    )
+
+
+async def handle_get_schema(session: Session, cmd: pb.CommandGetSchema) -> None:
+    body = pb.CommandGetSchemaResponse(request_id=cmd.request_id)
+    try:
+        name = str(canonical_topic(cmd.topic))
+        version = cmd.schema_version if cmd.HasField("schema_version") else None
+        schema, number = await session.service.schemas.get(name, version)
+        body.schema.CopyFrom(schema)
+        body.schema_version = number
+    except Exception as err:
+        _log_unexpected(err, "GET_SCHEMA")
+        body.error_code = server_error(err)  # type: ignore[assignment]
+        body.error_message = str(err)
+    session.write(pb.BaseCommand(type=T.GET_SCHEMA_RESPONSE, getSchemaResponse=body))
+
+
+async def handle_get_or_create_schema(session: Session, cmd: pb.CommandGetOrCreateSchema) -> None:
+    body = pb.CommandGetOrCreateSchemaResponse(request_id=cmd.request_id)
+    try:
+        name = str(canonical_topic(cmd.topic))
+        body.schema_version = await session.service.schemas.get_or_create(name, cmd.schema)
+    except Exception as err:
+        _log_unexpected(err, "GET_OR_CREATE_SCHEMA")
+        body.error_code = server_error(err)  # type: ignore[assignment]
+        body.error_message = str(err)
+    session.write(
+        pb.BaseCommand(type=T.GET_OR_CREATE_SCHEMA_RESPONSE, getOrCreateSchemaResponse=body)
+    )

@@ -1,0 +1,171 @@
+"""The broker's asyncio TCP server: one :class:`Session` per connection.
+
+Each connection is an ``asyncio.Protocol`` with TCP_NODELAY (receipts are small and
+latency-bound). The transport's write-buffer water marks feed the session's flow
+control: above ``SESSION_OUTPUT_BYTES_MAX`` unsent bytes the session stops reading that
+client until the buffer drains below a quarter of it. One timer task, on the injected
+clock, drives every session's handshake timeout and keepalive.
+
+Example:
+    >>> async def demo(service: BrokerService) -> None:
+    ...     server = BrokerServer(service, "127.0.0.1", 0)
+    ...     port = await server.start()
+    ...     await server.stop()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from anabranch import limits
+from anabranch.broker.session import Session
+
+if TYPE_CHECKING:
+    from anabranch.broker.service import BrokerService
+
+log = logging.getLogger(__name__)
+
+
+def event_loop_factory(use_uvloop: bool = True) -> Callable[[], asyncio.AbstractEventLoop]:
+    """A loop factory for ``asyncio.Runner``: uvloop's when wanted and installed.
+
+    Example:
+        >>> with asyncio.Runner(loop_factory=event_loop_factory(False)) as runner:
+        ...     runner.run(asyncio.sleep(0))
+    """
+    if use_uvloop:
+        try:
+            import uvloop
+
+            return uvloop.new_event_loop
+        except ImportError:
+            log.info("uvloop is not installed: using the default asyncio loop")
+    return asyncio.new_event_loop
+
+
+class _Connection(asyncio.Protocol):
+    """Glue between an asyncio transport and a Session."""
+
+    def __init__(self, server: BrokerServer) -> None:
+        self.server = server
+        self.session: Session | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        high = limits.SESSION_OUTPUT_BYTES_MAX
+        transport.set_write_buffer_limits(high=high, low=high // 4)
+        self.session = self.server._open_session(transport)
+
+    def data_received(self, data: bytes) -> None:
+        if self.session is not None:
+            self.session.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        return None  # close the transport
+
+    def pause_writing(self) -> None:
+        if self.session is not None:
+            self.session.set_write_paused(True)
+
+    def resume_writing(self) -> None:
+        if self.session is not None:
+            self.session.set_write_paused(False)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.session is not None:
+            self.session.close()
+
+
+class BrokerServer:
+    """Listens on ``host:port`` and runs a Session per connection."""
+
+    def __init__(
+        self,
+        service: BrokerService,
+        host: str,
+        port: int,
+        *,
+        keepalive_interval_s: float = limits.KEEPALIVE_INTERVAL_S,
+        handshake_timeout_s: float = limits.HANDSHAKE_TIMEOUT_S,
+    ) -> None:
+        self.service = service
+        self.host = host
+        self.port = port
+        self.keepalive_interval_s = keepalive_interval_s
+        self.handshake_timeout_s = handshake_timeout_s
+        self.sessions: set[Session] = set()
+        self._server: asyncio.Server | None = None
+        self._timer: asyncio.Task[None] | None = None
+
+    async def start(self) -> int:
+        """Start listening; returns the bound port (useful with port 0)."""
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            lambda: _Connection(self), self.host, self.port, reuse_address=True
+        )
+        self.port = int(self._server.sockets[0].getsockname()[1])
+        self._timer = asyncio.ensure_future(self._run_timer())
+        log.info("broker listening on %s:%d", self.host, self.port)
+        return self.port
+
+    def _open_session(self, transport: asyncio.Transport) -> Session:
+        session = Session(
+            self.service,
+            transport,
+            keepalive_interval_s=self.keepalive_interval_s,
+            handshake_timeout_s=self.handshake_timeout_s,
+        )
+        self.sessions.add(session)
+        session.add_close_callback(self.sessions.discard)
+        return session
+
+    async def _run_timer(self) -> None:
+        clock = self.service.clock
+        interval = min(
+            limits.SESSION_TIMER_INTERVAL_S,
+            self.keepalive_interval_s / 4,
+            self.handshake_timeout_s / 4,
+        )
+        while True:
+            await clock.sleep(interval)
+            now = clock.monotonic()
+            for session in list(self.sessions):
+                try:
+                    session.tick(now)
+                except Exception:
+                    log.exception("session timer failed for %s", session.remote_address)
+
+    def stop_accepting(self) -> None:
+        """Close the listening sockets; open connections keep going."""
+        if self._server is not None:
+            self._server.close()
+
+    def pause_all(self) -> None:
+        """Stop reading from every connection (shutdown: no new work is accepted)."""
+        for session in list(self.sessions):
+            if not session.closed and not session.reading_paused:
+                session.transport.pause_reading()
+
+    async def stop(self) -> None:
+        """Stop listening, close every connection and the timer."""
+        self.stop_accepting()
+        if self._timer is not None:
+            self._timer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._timer
+        sessions = list(self.sessions)
+        for session in sessions:
+            session.close()
+        for session in sessions:
+            await session.wait_closed()
+        if self._server is not None:
+            await self._server.wait_closed()

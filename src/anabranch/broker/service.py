@@ -1,0 +1,196 @@
+"""BrokerService: the broker's topics, their loading, and the shared services handlers use.
+
+A topic is loaded once (concurrent ``get_topic`` calls share one load) and stays loaded
+until deleted or the service closes. Loading checks the namespace exists, registers the
+topic when auto-creation is allowed (``config.allow_auto_topic_creation`` and the
+namespace's policy), opens its managed ledger (which fences any previous owner) and
+restores the dedup state and subscriptions. A partitioned topic is N independent topics
+``<name>-partition-<i>``; clients route between them.
+
+Example:
+    >>> async def demo(service: BrokerService) -> None:
+    ...     topic = await service.get_topic("persistent://public/default/t", create=True)
+    ...     assert topic in service.loaded_topics()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from urllib.parse import quote
+
+from anabranch.broker.config import BrokerConfig
+from anabranch.broker.policies import Policies
+from anabranch.broker.schema import SchemaRegistry
+from anabranch.broker.topic import PersistentTopic
+from anabranch.clock import Clock, SystemClock
+from anabranch.core.names import SegmentName, TopicDomain, TopicName, parse_name
+from anabranch.errors import Closed, NotAllowed, NotFound
+from anabranch.metadata.api import MetadataStore
+from anabranch.storage.api import ManagedLedgerConfig, ManagedLedgerFactory
+
+log = logging.getLogger(__name__)
+
+PRODUCER_NAME_COUNTER_PREFIX = "/counters/producer-name-"
+
+
+def canonical_topic(text: str) -> TopicName | SegmentName:
+    """Parse a client-supplied topic name (InvalidArgument if invalid).
+
+    Example:
+        >>> str(canonical_topic("my-topic"))
+        'persistent://public/default/my-topic'
+    """
+    return parse_name(text)
+
+
+def managed_ledger_name(name: TopicName | SegmentName) -> str:
+    """The managed ledger of a topic, partition or segment (upstream's layout).
+
+    Example:
+        >>> managed_ledger_name(TopicName.parse("persistent://t/ns/x-partition-1"))
+        't/ns/persistent/x-partition-1'
+    """
+    if isinstance(name, SegmentName):
+        t = name.topic
+        return f"{t.tenant}/{t.namespace}/segment/{t.local_name}/{name.descriptor}"
+    return f"{name.tenant}/{name.namespace}/{name.domain.value}/{name.full_local_name}"
+
+
+class BrokerService:
+    """Topics and the services shared by every connection of one broker."""
+
+    def __init__(
+        self,
+        config: BrokerConfig,
+        store: MetadataStore,
+        ledgers: ManagedLedgerFactory,
+        clock: Clock | None = None,
+        policies: Policies | None = None,
+    ) -> None:
+        self.config = config
+        self.store = store
+        self.ledgers = ledgers
+        self.clock: Clock = clock or SystemClock()
+        self.policies = policies or Policies(store)
+        self.schemas = SchemaRegistry(store)
+        self.advertised_url = f"pulsar://{config.advertised_address}:{config.port}"
+        self._topics: dict[str, PersistentTopic] = {}
+        self._loading: dict[str, asyncio.Task[PersistentTopic]] = {}
+        self._broker_index = 0
+        self._producer_counter = itertools.count()
+        self._closed = False
+        self.protocol_errors = 0
+        """Connections closed for a protocol error (bad frames, misplaced commands)."""
+
+    async def start(self) -> None:
+        """Take a cluster-unique number for generated producer names: dedup is keyed on
+        producer names, so a restarted broker must never hand out an old one."""
+        path = await self.store.create_sequential(PRODUCER_NAME_COUNTER_PREFIX, b"")
+        self._broker_index = int(path.rsplit("-", 1)[1])
+
+    def new_producer_name(self) -> str:
+        """``<cluster>-<broker index>-<n>``, unique across restarts.
+
+        Example:
+            >>> # service.new_producer_name() -> 'standalone-3-0'
+        """
+        return f"{self.config.cluster_name}-{self._broker_index}-{next(self._producer_counter)}"
+
+    # --- topics ---------------------------------------------------------------------------
+
+    async def get_topic(self, name: str, *, create: bool) -> PersistentTopic:
+        """The loaded topic ``name``; NotFound if absent and not ``create`` (or auto-creation
+        is off); InvalidArgument for an invalid name, before anything is written."""
+        parsed = canonical_topic(name)
+        if isinstance(parsed, TopicName) and parsed.domain is TopicDomain.TOPIC:
+            raise NotAllowed(f"{parsed} is a scalable topic: produce to its segments")
+        key = str(parsed)
+        topic = self._topics.get(key)
+        if topic is not None:
+            return topic
+        if self._closed:
+            raise Closed("the broker is shutting down")
+        task = self._loading.get(key)
+        if task is None:
+            task = asyncio.ensure_future(self._load(parsed, create))
+            self._loading[key] = task
+            task.add_done_callback(lambda _: self._loading.pop(key, None))
+        return await asyncio.shield(task)
+
+    async def _load(self, name: TopicName | SegmentName, create: bool) -> PersistentTopic:
+        key = str(name)
+        ns_text = (
+            f"{name.topic.tenant}/{name.topic.namespace}"
+            if isinstance(name, SegmentName)
+            else f"{name.tenant}/{name.namespace}"
+        )
+        try:
+            ns_policies = await self.policies.namespace_policies(ns_text)
+        except NotFound:
+            raise NotFound(f"namespace {ns_text} of topic {key}") from None
+        if not isinstance(name, SegmentName) and not await self.policies.topic_exists(key):
+            if not await self._implicitly_exists(name):
+                auto = (
+                    self.config.allow_auto_topic_creation and ns_policies.allow_auto_topic_creation
+                )
+                if not (create and auto):
+                    raise NotFound(f"topic {key}")
+            await self.policies.register_topic(key)
+        ml_config = ManagedLedgerConfig(fsync=self.config.fsync)
+        ledger = await self.ledgers.open(managed_ledger_name(name), ml_config)
+        topic = PersistentTopic(
+            key,
+            ledger,
+            store=self.store,
+            clock=self.clock,
+            dedup_enabled=ns_policies.deduplication_enabled,
+        )
+        try:
+            await topic.load()
+        except BaseException:
+            await ledger.close()
+            raise
+        if self._closed:
+            await topic.close()
+            raise Closed("the broker is shutting down")
+        self._topics[key] = topic
+        log.info("loaded topic %s (dedup %s)", key, "on" if topic.dedup is not None else "off")
+        return topic
+
+    async def _implicitly_exists(self, name: TopicName) -> bool:
+        # A partition of a partitioned topic exists with its parent.
+        if name.partition is None:
+            return False
+        return name.partition < await self.policies.get_partitions(str(name.base))
+
+    def loaded_topics(self) -> list[PersistentTopic]:
+        """Topics loaded on this broker now."""
+        return list(self._topics.values())
+
+    def loaded_topic(self, name: str) -> PersistentTopic | None:
+        """The topic if it is loaded here, without loading it."""
+        return self._topics.get(str(canonical_topic(name)))
+
+    async def delete_topic(self, name: str) -> None:
+        """Close and delete a topic's ledger, subscriptions and registration."""
+        topic = await self.get_topic(name, create=False)
+        self._topics.pop(topic.name, None)
+        await topic.close()
+        ledger = await self.ledgers.open(managed_ledger_name(canonical_topic(topic.name)))
+        await ledger.delete()
+        await self.store.delete(f"/dedup-snapshots/{quote(ledger.name, safe='')}")
+        await self.policies.unregister_topic(topic.name)
+
+    async def close(self) -> None:
+        """Close every topic: in-flight appends finish, dedup snapshots are written."""
+        self._closed = True
+        for task in list(self._loading.values()):
+            await asyncio.wait([task])
+        topics, self._topics = list(self._topics.values()), {}
+        for topic in topics:
+            try:
+                await topic.close()
+            except Exception:
+                log.exception("closing topic %s failed", topic.name)

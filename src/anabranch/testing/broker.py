@@ -1,0 +1,242 @@
+"""Brokers for tests: :class:`InProcessBroker` on this event loop (port 0) and
+:class:`BrokerProcess`, a real ``anabranch standalone`` subprocess to kill and restart.
+
+Example:
+    >>> async def demo(tmp_path: Path) -> None:
+    ...     async with InProcessBroker(tmp_path, metadata="memory") as broker:
+    ...         print(broker.service_url)      # pulsar://127.0.0.1:<port>
+    ...     proc = BrokerProcess(tmp_path / "data")
+    ...     await proc.start()
+    ...     try:
+    ...         proc.kill()                     # SIGKILL: a crash
+    ...         await proc.start()              # same ports, same data
+    ...     finally:
+    ...         await proc.stop()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Literal
+
+from anabranch import limits
+from anabranch.broker.config import BrokerConfig
+from anabranch.broker.service import BrokerService
+from anabranch.broker.standalone import Standalone
+from anabranch.clock import Clock
+from anabranch.protocol import commands
+from anabranch.protocol._generated import pulsar_api_pb2 as pb
+from anabranch.protocol.connection import ProtocolConnection, Role
+
+
+class InProcessBroker:
+    """A standalone broker on ``127.0.0.1:0`` in this event loop.
+
+    ``metadata`` is ``"memory"`` or ``"sqlite"`` (under ``data_dir``); ``ledgers`` is
+    ``"file"`` (default) or ``"memory"``; other keyword arguments are BrokerConfig fields.
+    """
+
+    def __init__(
+        self,
+        data_dir: Path,
+        *,
+        metadata: Literal["memory", "sqlite"] = "memory",
+        ledgers: Literal["file", "memory"] = "file",
+        clock: Clock | None = None,
+        keepalive_interval_s: float = limits.KEEPALIVE_INTERVAL_S,
+        handshake_timeout_s: float = limits.HANDSHAKE_TIMEOUT_S,
+        **config: Any,
+    ) -> None:
+        data_dir = Path(data_dir)
+        url = "memory://" if metadata == "memory" else f"sqlite:///{data_dir / 'metadata.db'}"
+        fields: dict[str, Any] = {
+            "data_dir": data_dir,
+            "port": 0,
+            "http_port": 0,
+            "metadata_url": url,
+            "use_uvloop": False,
+        }
+        fields.update(config)
+        self.config = BrokerConfig(**fields)
+        self._ledgers = ledgers
+        self._clock = clock
+        self._keepalive = keepalive_interval_s
+        self._handshake = handshake_timeout_s
+        self.node: Standalone | None = None
+
+    async def __aenter__(self) -> InProcessBroker:
+        self.node = await Standalone.start(
+            self.config,
+            clock=self._clock,
+            ledger_backend=self._ledgers,
+            keepalive_interval_s=self._keepalive,
+            handshake_timeout_s=self._handshake,
+        )
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self.node is not None:
+            await self.node.stop()
+            self.node = None
+
+    def _node(self) -> Standalone:
+        if self.node is None:
+            raise RuntimeError("the broker is not running (use 'async with')")
+        return self.node
+
+    @property
+    def port(self) -> int:
+        return self._node().port
+
+    @property
+    def service_url(self) -> str:
+        """``pulsar://127.0.0.1:<port>``."""
+        return self._node().service_url
+
+    @property
+    def http_url(self) -> str | None:
+        """``http://127.0.0.1:<port>`` once the admin app exists, else None."""
+        return self._node().http_url
+
+    @property
+    def service(self) -> BrokerService:
+        return self._node().service
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port that was free a moment ago (bind to 0, read it, release it)."""
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+async def wait_for_broker(host: str, port: int, deadline_s: float = 30.0) -> None:
+    """Wait until a broker at ``host:port`` completes a CONNECT handshake."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + deadline_s
+    while True:
+        try:
+            await _handshake(host, port)
+            return
+        except (OSError, asyncio.IncompleteReadError, ConnectionError):
+            if loop.time() > end:
+                raise TimeoutError(f"no broker at {host}:{port} after {deadline_s}s") from None
+            await asyncio.sleep(0.05)
+
+
+async def _handshake(host: str, port: int) -> None:
+    reader, writer = await asyncio.open_connection(host, port)
+    try:
+        conn = ProtocolConnection(Role.CLIENT)
+        writer.write(conn.send(commands.connect("anabranch-probe", pb.v21)))
+        await writer.drain()
+        while True:
+            data = await reader.read(65536)
+            if not data:
+                raise ConnectionError("closed during the handshake")
+            if any(f.type == pb.BaseCommand.CONNECTED for f in conn.receive_data(data)):
+                return
+    finally:
+        writer.close()
+        await writer.wait_closed()
+
+
+class BrokerProcess:
+    """``python -m anabranch.cli.main standalone`` on fixed free ports, for crash tests.
+
+    ``start`` waits until the broker answers CONNECT; ``kill`` is SIGKILL, ``stop`` is
+    SIGTERM (clean shutdown) and waits; ``restart`` is stop + start. Ports and data dir
+    stay the same across restarts. Output goes to ``<data_dir>.log``.
+    """
+
+    def __init__(self, data_dir: Path, *, host: str = "127.0.0.1", fsync: str = "always") -> None:
+        self.data_dir = Path(data_dir)
+        self.host = host
+        self.port = free_port(host)
+        self.http_port = free_port(host)
+        self.fsync = fsync
+        self.log_path = self.data_dir.with_suffix(".log")
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def service_url(self) -> str:
+        return f"pulsar://{self.host}:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process is not None else None
+
+    async def start(self) -> None:
+        """Start the process (if not running) and wait until it serves."""
+        if self.process is not None and self.process.poll() is None:
+            return
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("ANABRANCH_")}
+        env["ANABRANCH_FSYNC"] = self.fsync
+        env["ANABRANCH_BIND_ADDRESS"] = self.host
+        args = [
+            sys.executable, "-m", "anabranch.cli.main", "standalone",
+            "--data-dir", str(self.data_dir),
+            "--port", str(self.port), "--http-port", str(self.http_port),
+        ]  # fmt: skip
+        self.process = await asyncio.to_thread(self._spawn, args, env)
+        try:
+            await self._wait_ready()
+        except BaseException:
+            self.kill()
+            raise
+
+    def _spawn(self, args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+        with open(self.log_path, "ab") as log_file:
+            return subprocess.Popen(args, stdout=log_file, stderr=log_file, env=env)
+
+    async def _wait_ready(self) -> None:
+        loop = asyncio.get_running_loop()
+        end = loop.time() + 60.0
+        while True:
+            assert self.process is not None
+            if self.process.poll() is not None:
+                raise RuntimeError(
+                    f"broker exited with {self.process.returncode}; see {self.log_path}"
+                )
+            try:
+                await _handshake(self.host, self.port)
+                return
+            except (OSError, asyncio.IncompleteReadError, ConnectionError):
+                if loop.time() > end:
+                    raise TimeoutError(f"broker not ready; see {self.log_path}") from None
+                await asyncio.sleep(0.1)
+
+    def kill(self) -> None:
+        """SIGKILL the process (a crash) and reap it."""
+        if self.process is not None and self.process.poll() is None:
+            os.kill(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+
+    async def stop(self) -> None:
+        """SIGTERM (clean shutdown) and wait; SIGKILL if it does not exit in 60 s."""
+        process = self.process
+        if process is None or process.poll() is not None:
+            return
+        os.kill(process.pid, signal.SIGTERM)
+        try:
+            await asyncio.to_thread(process.wait, 60.0)
+        except subprocess.TimeoutExpired:
+            self.kill()
+
+    async def restart(self) -> None:
+        """Clean stop, then start again on the same ports and data."""
+        await self.stop()
+        await self.start()
