@@ -357,3 +357,37 @@ class IncompatibleSchema(InvalidArgument):
 
 WIRE_CODES.update({c: c.wire_code for c in all_error_classes()})
 HTTP_STATUS.update({c: c.http_status for c in all_error_classes()})
+
+
+# --- broker (consume path) ----------------------------------------------------------------
+
+
+class ConsumerBusy(NotAllowed):
+    """An Exclusive subscription that has a consumer, a consumer id already used on the
+    connection, or an unsubscribe while other consumers are connected."""
+
+    wire_code = "ConsumerBusy"
+    http_status = 409
+
+
+class ConsumerAssignError(NotAllowed):
+    """A Key_Shared consumer whose sticky hash ranges overlap another consumer's, or no
+    room left to split an auto-split range."""
+
+    wire_code = "ConsumerAssignError"
+    http_status = 409
+
+
+class ConsumerNotFound(NotAllowed):
+    """A command naming a consumer id that this connection does not have."""
+
+    wire_code = "ConsumerNotFound"
+    http_status = 404
+
+    def __init__(self, consumer_id: int) -> None:
+        super().__init__(f"consumer {consumer_id} not found on this connection")
+        self.consumer_id = consumer_id
+
+
+WIRE_CODES.update({c: c.wire_code for c in all_error_classes()})
+HTTP_STATUS.update({c: c.http_status for c in all_error_classes()})

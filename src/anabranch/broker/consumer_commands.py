@@ -1,0 +1,269 @@
+"""The session's handlers for the consume-side commands.
+
+Each ``handle_<command>(session, body)`` takes the command body; per-request failures are
+raised as ``anabranch.errors`` and answered by the session with ERROR (the connection
+stays). Commands without a request id (FLOW, ACK without receipt, REDELIVER) naming an
+unknown consumer are ignored, as upstream does. ``HANDLERS`` maps each BaseCommand type to
+its handler; the session also finds them by name.
+
+Example:
+    >>> async def demo(session: Session, cmd: pb.CommandSubscribe) -> None:
+    ...     await HANDLERS[pb.BaseCommand.SUBSCRIBE](session, cmd)   # SUCCESS on the wire
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from anabranch.broker.consumer import Consumer, message_id_data
+from anabranch.broker.dispatcher_entries import read_info
+from anabranch.broker.error_codes import server_error
+from anabranch.broker.subscription import NonDurableCursor, Subscription, position_of
+from anabranch.core.names import TopicName
+from anabranch.errors import (
+    AnabranchError,
+    ConsumerBusy,
+    ConsumerNotFound,
+    InvalidArgument,
+)
+from anabranch.protocol import commands
+from anabranch.protocol._generated import pulsar_api_pb2 as pb
+from anabranch.storage.api import EARLIEST, LATEST, Position
+
+log = logging.getLogger(__name__)
+T = pb.BaseCommand
+SUBSCRIPTION_NAME_CHARS_MAX = 1024
+"""Longest subscription name accepted; it becomes a cursor name and a metadata key."""
+
+Session = Any
+"""``anabranch.broker.session.Session`` (kept loose: the session imports this module)."""
+
+
+def _consumer(session: Session, consumer_id: int) -> Consumer:
+    consumer = session.consumers.get(consumer_id)
+    if not isinstance(consumer, Consumer):
+        raise ConsumerNotFound(consumer_id)
+    return consumer
+
+
+def _subscription(consumer: Consumer) -> Subscription:
+    if consumer.subscription is None:
+        raise ConsumerNotFound(consumer.consumer_id)
+    return consumer.subscription
+
+
+def _check_subscription_name(name: str) -> None:
+    if not name or len(name) > SUBSCRIPTION_NAME_CHARS_MAX:
+        raise InvalidArgument(f"invalid subscription name {name!r}")
+    if any(ch in name for ch in "/\0\n\r") or not name.isprintable():
+        raise InvalidArgument(f"invalid subscription name {name!r}")
+
+
+def _start_position(cmd: pb.CommandSubscribe) -> Position:
+    """Where a reader's non-durable cursor starts: after ``start_message_id`` (one entry
+    earlier for an id inside a batch, so the client can skip the consumed part)."""
+    if not cmd.HasField("start_message_id"):
+        return EARLIEST if cmd.initialPosition == pb.CommandSubscribe.Earliest else LATEST
+    msg_id = cmd.start_message_id
+    pos = position_of(msg_id)
+    if pos[0] < 0:
+        return EARLIEST
+    if pos == LATEST:
+        return LATEST
+    if msg_id.HasField("batch_index") and msg_id.batch_index >= 0:
+        return Position(pos[0], pos[1] - 1)
+    return pos
+
+
+async def handle_subscribe(session: Session, cmd: pb.CommandSubscribe) -> None:
+    """SUBSCRIBE -> SUCCESS, or ERROR (ConsumerBusy, bad names, ...)."""
+    if cmd.consumer_id in session.consumers:
+        raise ConsumerBusy(f"consumer id {cmd.consumer_id} is already used on this connection")
+    _check_subscription_name(cmd.subscription)
+    topic_name = TopicName.parse(cmd.topic)
+    consumer = Consumer(
+        session,
+        cmd.consumer_id,
+        cmd.consumer_name or f"{cmd.subscription}-{cmd.consumer_id}",
+        int(cmd.subType),
+        priority=cmd.priority_level,
+        partition=topic_name.partition if topic_name.partition is not None else -1,
+        key_shared_meta=cmd.keySharedMeta if cmd.HasField("keySharedMeta") else None,
+        epoch=cmd.consumer_epoch,
+        remote_address=getattr(session, "remote_address", ""),
+    )
+    # Claimed before any await, so a concurrent SUBSCRIBE with the same id is refused.
+    session.consumers[cmd.consumer_id] = consumer
+    try:
+        topic = await session.service.get_topic(str(topic_name), create=cmd.force_topic_creation)
+        if cmd.durable:
+            initial = EARLIEST if cmd.initialPosition == pb.CommandSubscribe.Earliest else LATEST
+            sub = await topic.get_or_create_subscription(
+                cmd.subscription, int(cmd.subType), initial
+            )
+        else:
+            sub = topic.subscriptions.get(cmd.subscription)
+            if sub is None:
+                cursor = NonDurableCursor(topic.ledger, cmd.subscription, _start_position(cmd))
+                sub = Subscription(
+                    topic, cmd.subscription, int(cmd.subType), cursor,
+                    clock=topic.clock, durable=False,
+                )  # fmt: skip
+                topic.subscriptions[cmd.subscription] = sub
+        await sub.add_consumer(consumer)
+    except BaseException:
+        if session.consumers.get(cmd.consumer_id) is consumer:
+            del session.consumers[cmd.consumer_id]
+        raise
+    session.reply_success(cmd.request_id)
+
+
+async def handle_flow(session: Session, cmd: pb.CommandFlow) -> None:
+    """FLOW: more permits; the dispatcher may send now."""
+    consumer = session.consumers.get(cmd.consumer_id)
+    if not isinstance(consumer, Consumer):
+        log.info("FLOW for unknown consumer %d", cmd.consumer_id)
+        return
+    consumer.add_permits(cmd.messagePermits)
+    if consumer.subscription is not None:
+        consumer.subscription.dispatcher.kick()
+
+
+async def handle_ack(session: Session, cmd: pb.CommandAck) -> None:
+    """ACK (individual, cumulative, batch-index, transactional); ACK_RESPONSE when the
+    client asked for a receipt (``request_id``), carrying the error if it failed."""
+    receipt = cmd.HasField("request_id")
+    try:
+        consumer = _consumer(session, cmd.consumer_id)
+        await _subscription(consumer).acknowledge(consumer, cmd)
+    except AnabranchError as err:
+        if not receipt:
+            log.info("ACK from consumer %d failed: %s", cmd.consumer_id, err)
+            return
+        response = commands.ack_response(
+            cmd.consumer_id, cmd.request_id, server_error(err), str(err)
+        )
+    else:
+        if not receipt:
+            return
+        response = commands.ack_response(cmd.consumer_id, cmd.request_id)
+    if cmd.HasField("txnid_most_bits") or cmd.HasField("txnid_least_bits"):
+        response.ackResponse.txnid_most_bits = cmd.txnid_most_bits
+        response.ackResponse.txnid_least_bits = cmd.txnid_least_bits
+    session.write(response)
+
+
+async def handle_redeliver_unacknowledged_messages(
+    session: Session, cmd: pb.CommandRedeliverUnacknowledgedMessages
+) -> None:
+    """Nack / ack timeout: redeliver everything pending at the consumer, or these ids."""
+    consumer = session.consumers.get(cmd.consumer_id)
+    if not isinstance(consumer, Consumer) or consumer.subscription is None:
+        log.info("REDELIVER for unknown consumer %d", cmd.consumer_id)
+        return
+    if cmd.HasField("consumer_epoch") and cmd.consumer_epoch > consumer.epoch:
+        consumer.epoch = cmd.consumer_epoch
+    ids = list(cmd.message_ids) if cmd.message_ids else None
+    await consumer.subscription.redeliver(consumer, ids)
+
+
+async def handle_seek(session: Session, cmd: pb.CommandSeek) -> None:
+    """SEEK by message id or publish time -> SUCCESS (consumers reconnect)."""
+    sub = _subscription(_consumer(session, cmd.consumer_id))
+    if cmd.HasField("message_publish_time"):
+        await sub.seek(timestamp_ms=cmd.message_publish_time)
+    elif cmd.HasField("message_id"):
+        await sub.seek(position_of(cmd.message_id))
+    else:
+        raise InvalidArgument("SEEK without a message id or a publish time")
+    session.reply_success(cmd.request_id)
+
+
+async def handle_get_last_message_id(session: Session, cmd: pb.CommandGetLastMessageId) -> None:
+    """GET_LAST_MESSAGE_ID -> the last readable message (with its batch index, so that a
+    reader's hasMessageAvailable sees the rest of a batch) and the mark-delete position."""
+    consumer = _consumer(session, cmd.consumer_id)
+    sub = _subscription(consumer)
+    last = min(sub.transaction_buffer.max_read_position(), sub.ledger.last_confirmed)
+    batch_index = -1
+    if last[1] >= 0:
+        info = await read_info(sub.ledger, last)
+        if info is not None and info.batch_size > 1:
+            batch_index = info.batch_size - 1
+    body = pb.CommandGetLastMessageIdResponse(
+        request_id=cmd.request_id,
+        last_message_id=message_id_data(last, consumer.partition, batch_index),
+    )
+    body.consumer_mark_delete_position.CopyFrom(
+        message_id_data(sub.cursor.mark_delete_position, consumer.partition)
+    )
+    session.write(
+        pb.BaseCommand(type=T.GET_LAST_MESSAGE_ID_RESPONSE, getLastMessageIdResponse=body)
+    )
+
+
+async def handle_unsubscribe(session: Session, cmd: pb.CommandUnsubscribe) -> None:
+    """UNSUBSCRIBE: delete the subscription; refused while other consumers are connected
+    (unless ``force``, which disconnects them)."""
+    consumer = _consumer(session, cmd.consumer_id)
+    sub = _subscription(consumer)
+    others = [c for c in sub.consumers if c is not consumer]
+    if others and not cmd.force:
+        raise ConsumerBusy(f"subscription {sub.name} has {len(others)} other connected consumer(s)")
+    del session.consumers[cmd.consumer_id]
+    await sub.remove_consumer(consumer)
+    await sub.topic.remove_subscription(sub.name)  # closes it: the others are disconnected
+    session.reply_success(cmd.request_id)
+
+
+async def handle_close_consumer(session: Session, cmd: pb.CommandCloseConsumer) -> None:
+    """CLOSE_CONSUMER -> SUCCESS (also for an id already gone: closing is idempotent)."""
+    consumer = session.consumers.pop(cmd.consumer_id, None)
+    if isinstance(consumer, Consumer):
+        await _detach(consumer)
+    session.reply_success(cmd.request_id)
+
+
+async def _detach(consumer: Consumer) -> None:
+    sub: Subscription | None = consumer.subscription
+    if sub is None:
+        consumer.closed = True
+        return
+    await sub.remove_consumer(consumer)
+    if sub.durable or sub.consumers:
+        return
+    subscriptions: dict[str, Any] = sub.topic.subscriptions
+    name = sub.name
+    registered = subscriptions.get(name) is sub
+    if registered:
+        # A reader's subscription ends with its last consumer (upstream).
+        del subscriptions[name]
+    await sub.close()
+
+
+async def on_session_closed(session: Session) -> None:
+    """The connection is gone: its consumers leave their subscriptions."""
+    consumers = list(session.consumers.values())
+    session.consumers.clear()
+    for consumer in consumers:
+        if isinstance(consumer, Consumer):
+            try:
+                await _detach(consumer)
+            except Exception:
+                log.exception("detaching consumer %d failed", consumer.consumer_id)
+
+
+Handler = Callable[[Session, Any], Awaitable[None]]
+
+HANDLERS: dict[int, Handler] = {
+    T.SUBSCRIBE: handle_subscribe,
+    T.FLOW: handle_flow,
+    T.ACK: handle_ack,
+    T.REDELIVER_UNACKNOWLEDGED_MESSAGES: handle_redeliver_unacknowledged_messages,
+    T.SEEK: handle_seek,
+    T.GET_LAST_MESSAGE_ID: handle_get_last_message_id,
+    T.UNSUBSCRIBE: handle_unsubscribe,
+    T.CLOSE_CONSUMER: handle_close_consumer,
+}

@@ -1,0 +1,536 @@
+"""Dispatchers: which consumer of a subscription gets which entry, and when.
+
+Theory of operation. Each subscription has one dispatcher and one read loop (an asyncio
+task started with the first consumer). A pass of the loop (1) hands out entries waiting
+for redelivery (the *replay* set), then (2) reads new entries from ``read_position`` —
+never past ``transaction_buffer.max_read_position()``, at most the permits available and
+``DISPATCH_READ_ENTRIES_MAX`` — skipping entries that are acknowledged, aborted, or held
+by a transactional ack, and hands them out. With nothing to do it sleeps until *kicked*
+(FLOW, ack, new consumer, ``notify_new_entries()``), until the ledger grows, or until the
+next delayed message is due. Every await is followed by a check of ``generation``: a
+rewind or seek bumps it, and a pass that read before the bump drops what it read.
+
+Types (upstream ``PersistentDispatcherSingleActiveConsumer`` /
+``PersistentDispatcherMultipleConsumers`` / ``PersistentStickyKeyDispatcherMultipleConsumers``):
+
+- Exclusive / Failover (:class:`SingleActiveDispatcher`): one active consumer gets every
+  entry in order. Redelivery and an active-consumer change *rewind* to the cursor's first
+  unacknowledged entry (upstream's ``cursor.rewind()``), which keeps order.
+- Shared (:class:`SharedDispatcher`): round-robin over the highest-priority consumers with
+  permits; a closed consumer's or a nacked entry goes to the replay set; entries with
+  ``deliver_at_time`` in the future are held until due (delayed delivery).
+- Key_Shared (``dispatcher_key_shared.KeySharedDispatcher``): the entry's key hash picks
+  the consumer; see that module for the per-key ordering rule.
+
+Example:
+    >>> async def demo(sub: Subscription, consumer: Consumer) -> None:
+    ...     dispatcher = SharedDispatcher(sub)
+    ...     dispatcher.add_consumer(consumer)
+    ...     consumer.add_permits(10); dispatcher.kick()     # FLOW
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import logging
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import mmh3
+
+from anabranch import limits
+from anabranch.broker.consumer import Consumer, PendingEntry
+from anabranch.broker.dispatcher_entries import EntryInfo, acked_to_wire, entry_info
+from anabranch.errors import Closed, ConsumerBusy
+from anabranch.protocol._generated import pulsar_api_pb2 as pb
+from anabranch.storage.api import Entry, Position
+
+if TYPE_CHECKING:
+    from anabranch.broker.subscription import Subscription
+
+log = logging.getLogger(__name__)
+
+SubType = pb.CommandSubscribe
+FAILOVER_HASH_REPLICAS = 100
+"""Points per consumer on the Failover hash ring of a non-partitioned topic (upstream's
+CONSUMER_CONSISTENT_HASH_REPLICAS)."""
+
+
+def murmur_positive(data: bytes) -> int:
+    """Upstream ``Murmur3_32Hash.makeHash``: the unsigned hash masked to 31 bits."""
+    return mmh3.hash(data, 0, signed=False) & 0x7FFFFFFF
+
+
+class Dispatcher:
+    """The read loop and the bookkeeping every type shares."""
+
+    def __init__(self, subscription: Subscription) -> None:
+        self.sub = subscription
+        self.consumers: list[Consumer] = []
+        self.read_position: Position = subscription.cursor.read_position
+        self.redelivery_counts: dict[Position, int] = {}
+        self.generation = 0
+        self._kick = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._closed = False
+
+    # --- lifecycle ------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the read loop (idempotent); called when a consumer is added."""
+        if self._task is None and not self._closed:
+            self._task = asyncio.get_running_loop().create_task(self._run())
+
+    def kick(self) -> None:
+        """Something changed (permits, acks, consumers, entries): run a pass soon."""
+        self._kick.set()
+
+    async def close(self) -> None:
+        """Stop the read loop; consumers are left to the subscription."""
+        self._closed = True
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    async def _run(self) -> None:
+        while not self._closed:
+            self._kick.clear()
+            try:
+                progressed = await self._pass()
+            except asyncio.CancelledError:
+                raise
+            except Closed:
+                return
+            except Exception:
+                # A failed read must not kill the subscription: wait for the next kick.
+                log.exception("%s/%s: dispatch pass failed", self.sub.topic_name, self.sub.name)
+                progressed = False
+            if not progressed and not self._kick.is_set():
+                await self._idle()
+
+    async def _idle(self) -> None:
+        waits: list[asyncio.Future[Any]] = [asyncio.ensure_future(self._kick.wait())]
+        ledger = self.sub.ledger
+        last = ledger.last_confirmed
+        if self.consumers and not ledger.is_terminated and self.read_position > last:
+            waits.append(asyncio.ensure_future(ledger.wait_for_entries(last)))
+        due = self._next_due_ms()
+        if due is not None:
+            delay = max(due - self.sub.clock.wall_ms(), 0) / 1000
+            waits.append(asyncio.ensure_future(self.sub.clock.sleep(delay)))
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiter in waits:
+                waiter.cancel()
+            await asyncio.gather(*waits, return_exceptions=True)
+
+    # --- one pass -------------------------------------------------------------------------
+
+    async def _pass(self) -> bool:
+        if not self.consumers:
+            return False
+        self._before_pass()
+        generation = self.generation
+        progressed = await self._dispatch_replay()
+        if generation != self.generation or self._closed:
+            return True
+        budget = min(self._read_budget(), limits.DISPATCH_READ_ENTRIES_MAX)
+        if budget <= 0:
+            return progressed
+        max_read = self.sub.transaction_buffer.max_read_position()
+        if self.read_position > max_read:
+            self._check_end()
+            return progressed
+        entries = await self.sub.ledger.read(self.read_position, budget)
+        if generation != self.generation or self._closed:
+            return True
+        usable = [e for e in entries if e.position <= max_read]
+        if not usable:
+            self._check_end()
+            return progressed
+        self.read_position = usable[-1].position.next()
+        fresh, aborted = self._filter(usable)
+        if aborted:
+            # Aborted transactional entries are never delivered: ack them so that the
+            # backlog and mark-delete move past them (upstream does the same).
+            await self.sub.cursor.acknowledge(aborted)
+        self._dispatch_new(fresh)
+        return True
+
+    def _filter(self, entries: Iterable[Entry]) -> tuple[list[Entry], list[Position]]:
+        fresh: list[Entry] = []
+        aborted: list[Position] = []
+        sub = self.sub
+        for entry in entries:
+            pos = entry.position
+            if sub.transaction_buffer.is_aborted(pos):
+                aborted.append(pos)
+            elif not (sub.cursor.is_acknowledged(pos) or sub.pending_acks.is_pending(pos)):
+                fresh.append(entry)
+        return fresh, aborted
+
+    def _check_end(self) -> None:
+        """REACHED_END_OF_TOPIC once everything of a terminated ledger was handed out."""
+        ledger = self.sub.ledger
+        end = ledger.terminated_at
+        if end is None or self._has_held_entries():
+            return
+        if self.read_position > end or end[1] < 0:
+            for consumer in self.consumers:
+                consumer.notify_reached_end()
+
+    def send(
+        self, consumer: Consumer, entry: Entry, info: EntryInfo, slot: int | None = None
+    ) -> None:
+        """Write ``entry`` to ``consumer`` with its redelivery count and batch ack set."""
+        ack_set: list[int] = []
+        unacked: int | None = None
+        acked = self.sub.cursor.batch_ack_state(entry.position) if info.batch_size > 1 else None
+        if acked:
+            ack_set, unacked = acked_to_wire(acked, info.batch_size)
+        consumer.send_entry(
+            entry.position,
+            entry.data,
+            batch_size=info.batch_size,
+            redelivery_count=self.redelivery_counts.get(entry.position, 0),
+            ack_set=ack_set,
+            unacked_in_batch=unacked,
+            slot=slot,
+        )
+        self.sub.count_out(unacked if unacked is not None else info.batch_size, len(entry.data))
+
+    # --- hooks for the types ----------------------------------------------------------------
+
+    def _before_pass(self) -> None:
+        """Work due at the start of a pass (notifications, due delayed entries)."""
+
+    async def _dispatch_replay(self) -> bool:
+        return False
+
+    def _read_budget(self) -> int:
+        raise NotImplementedError
+
+    def _dispatch_new(self, entries: Sequence[Entry]) -> None:
+        raise NotImplementedError
+
+    def _has_held_entries(self) -> bool:
+        return False
+
+    def _next_due_ms(self) -> int | None:
+        return None
+
+    def add_consumer(self, consumer: Consumer) -> None:
+        raise NotImplementedError
+
+    def remove_consumer(self, consumer: Consumer) -> None:
+        raise NotImplementedError
+
+    def redeliver(self, consumer: Consumer, positions: Sequence[Position] | None) -> None:
+        raise NotImplementedError
+
+    def forgotten(self, consumer: Consumer, position: Position, entry: PendingEntry) -> None:
+        """``position`` left ``consumer``'s pending set (ack); Key_Shared tracks slots."""
+
+    def acked(self, consumer: Consumer, positions: Iterable[Position]) -> None:
+        """Individual acks: drop the positions from whichever consumer holds them."""
+        for pos in positions:
+            holder = consumer if pos in consumer.pending else self._holder(pos)
+            if holder is not None:
+                entry = holder.forget(pos)
+                if entry is not None:
+                    self.forgotten(holder, pos, entry)
+            self.redelivery_counts.pop(pos, None)
+        self.kick()
+
+    def acked_cumulative(self, consumer: Consumer, position: Position) -> None:
+        for pos, entry in consumer.forget_upto(position):
+            self.redelivery_counts.pop(pos, None)
+            self.forgotten(consumer, pos, entry)
+        self.kick()
+
+    def _holder(self, position: Position) -> Consumer | None:
+        for consumer in self.consumers:
+            if position in consumer.pending:
+                return consumer
+        return None
+
+    def reset(self) -> None:
+        """After a seek: forget everything in flight and read from the cursor again."""
+        self.generation += 1
+        for consumer in self.consumers:
+            consumer.take_pending()
+        self.redelivery_counts.clear()
+        self.read_position = self.sub.cursor.read_position
+        self.kick()
+
+    def _bump_counts(self, positions: Iterable[Position]) -> None:
+        for pos in positions:
+            self.redelivery_counts[pos] = self.redelivery_counts.get(pos, 0) + 1
+
+    def stats(self) -> dict[str, Any]:
+        return {}
+
+
+class SingleActiveDispatcher(Dispatcher):
+    """Exclusive and Failover: one active consumer, order kept by rewinding."""
+
+    def __init__(self, subscription: Subscription, sub_type: int) -> None:
+        super().__init__(subscription)
+        self.sub_type = sub_type
+        self.active: Consumer | None = None
+        self._notify: list[Consumer] = []
+
+    def add_consumer(self, consumer: Consumer) -> None:
+        if self.sub_type == SubType.Exclusive and self.consumers:
+            raise ConsumerBusy("Exclusive consumer is already connected")
+        self.consumers.append(consumer)
+        if not self._pick():
+            self._notify.append(consumer)  # tell only the newcomer that it is not active
+        self.kick()
+
+    def remove_consumer(self, consumer: Consumer) -> None:
+        if consumer not in self.consumers:
+            return
+        self.consumers.remove(consumer)
+        consumer.take_pending()
+        if consumer is self.active:
+            self.active = None
+            if self.consumers:
+                self._pick()
+            else:
+                self._rewind()
+        self.kick()
+
+    def _pick(self) -> bool:
+        """Choose the active consumer as upstream does; True when it changed."""
+        ranked = sorted(self.consumers, key=lambda c: (c.priority, c.name))
+        top = sum(1 for c in ranked if c.priority == ranked[0].priority)
+        partition = self.sub.partition
+        index = partition % top if partition >= 0 else self._ring_index(ranked, top)
+        chosen = ranked[index]
+        if chosen is self.active:
+            return False
+        previous, self.active = self.active, chosen
+        if previous is not None:
+            previous.take_pending()
+        self._rewind()
+        if self.sub_type == SubType.Failover:
+            self._notify = list(self.consumers)
+        return True
+
+    def _ring_index(self, ranked: list[Consumer], top: int) -> int:
+        """Failover on a non-partitioned topic: a consistent-hash ring of the top-priority
+        consumer names, looked up with the topic name's hash (upstream)."""
+        ring: dict[int, int] = {}
+        for i in range(top):
+            for j in range(FAILOVER_HASH_REPLICAS):
+                ring[murmur_positive(f"{ranked[i].name}{j}".encode())] = i
+        point = murmur_positive(self.sub.topic_name.encode())
+        keys = sorted(ring)
+        for key in keys:
+            if key >= point:
+                return ring[key]
+        return ring[keys[0]]
+
+    def _before_pass(self) -> None:
+        if self.sub_type == SubType.Failover:
+            notify, self._notify = self._notify, []
+            for consumer in notify:
+                if consumer in self.consumers:
+                    consumer.notify_active(consumer is self.active)
+        else:
+            self._notify = []
+
+    def _rewind(self) -> None:
+        self.generation += 1
+        self.read_position = self.sub.cursor.read_position
+        self.kick()
+
+    def _read_budget(self) -> int:
+        active = self.active
+        return active.permits if active is not None and active.has_permits else 0
+
+    def _dispatch_new(self, entries: Sequence[Entry]) -> None:
+        active = self.active
+        assert active is not None
+        for entry in entries:
+            self.send(active, entry, entry_info(entry.data))
+
+    def redeliver(self, consumer: Consumer, positions: Sequence[Position] | None) -> None:
+        # Single messages cannot be redelivered to a single consumer without breaking
+        # order: upstream rewinds to the first unacknowledged entry instead.
+        pending = consumer.take_pending()
+        if consumer is not self.active:
+            return
+        self._bump_counts(pending)
+        self._rewind()
+
+    def stats(self) -> dict[str, Any]:
+        return {"activeConsumerName": self.active.name if self.active else None}
+
+
+class SharedDispatcher(Dispatcher):
+    """Shared: round-robin with permits, replay of redelivered entries, delayed delivery."""
+
+    delayed_delivery = True
+
+    def __init__(self, subscription: Subscription) -> None:
+        super().__init__(subscription)
+        self.replay: dict[Position, int | None] = {}
+        """Positions to (re)deliver before new reads, with their Key_Shared slot."""
+        self._delayed: list[tuple[int, Position]] = []
+        self._next = 0
+
+    # --- consumers ------------------------------------------------------------------------
+
+    def add_consumer(self, consumer: Consumer) -> None:
+        self.consumers.append(consumer)
+        self.kick()
+
+    def remove_consumer(self, consumer: Consumer) -> None:
+        if consumer in self.consumers:
+            self.consumers.remove(consumer)
+        # Upstream adds a closed consumer's unacked entries to the replay set as they are
+        # (no redelivery count bump: the consumer did not ask for them again).
+        for pos, entry in consumer.take_pending().items():
+            self.forgotten(consumer, pos, entry)
+            self._add_replay(pos, entry.slot)
+        self.kick()
+
+    def available(self, consumer: Consumer) -> bool:
+        return consumer.has_permits and (
+            consumer.unacked_messages < limits.CONSUMER_UNACKED_MESSAGES_MAX
+        )
+
+    def _next_consumer(self) -> Consumer | None:
+        """Round-robin over the available consumers of the best (lowest) priority level."""
+        ready = [c for c in self.consumers if self.available(c)]
+        if not ready:
+            return None
+        best = min(c.priority for c in ready)
+        n = len(self.consumers)
+        for step in range(n):
+            candidate = self.consumers[(self._next + step) % n]
+            if candidate.priority == best and self.available(candidate):
+                self._next = (self._next + step + 1) % n
+                return candidate
+        return None
+
+    # --- replay and delayed ---------------------------------------------------------------
+
+    def _add_replay(self, position: Position, slot: int | None) -> None:
+        self.replay[position] = slot
+
+    def _take_replay(self, position: Position) -> None:
+        self.replay.pop(position, None)
+
+    def _has_held_entries(self) -> bool:
+        return bool(self.replay or self._delayed)
+
+    def _next_due_ms(self) -> int | None:
+        return self._delayed[0][0] if self._delayed else None
+
+    def _before_pass(self) -> None:
+        now = self.sub.clock.wall_ms()
+        while self._delayed and self._delayed[0][0] <= now:
+            _, pos = heapq.heappop(self._delayed)
+            self._add_replay(pos, None)
+
+    def _read_budget(self) -> int:
+        if len(self.replay) >= limits.DISPATCH_REPLAY_ENTRIES_MAX:
+            return 0
+        if len(self._delayed) >= limits.DISPATCH_DELAYED_ENTRIES_MAX:
+            return 0
+        return sum(max(c.permits, 0) for c in self.consumers if self.available(c))
+
+    async def _read_replay(self, positions: list[Position]) -> list[Entry]:
+        out: list[Entry] = []
+        for pos in positions:
+            entries = await self.sub.ledger.read(pos, 1)
+            if entries and entries[0].position == pos:
+                out.append(entries[0])
+            else:
+                self._take_replay(pos)  # trimmed or gone: nothing to deliver
+        return out
+
+    async def _dispatch_replay(self) -> bool:
+        if not self.replay or not any(self.available(c) for c in self.consumers):
+            return False
+        generation = self.generation
+        budget = min(self._read_budget_replay(), limits.DISPATCH_READ_ENTRIES_MAX)
+        positions = sorted(self.replay)[:budget]
+        entries = await self._read_replay(positions)
+        if generation != self.generation:
+            return True
+        fresh, aborted = self._filter(entries)
+        done = {e.position for e in fresh}
+        for pos in positions:
+            if pos not in done:
+                self._take_replay(pos)  # acked or aborted meanwhile
+        if aborted:
+            await self.sub.cursor.acknowledge(aborted)
+        sent = False
+        for entry in fresh:
+            consumer = self._next_consumer()
+            if consumer is None:
+                break
+            self._take_replay(entry.position)
+            self.send(consumer, entry, entry_info(entry.data))
+            sent = True
+        return sent
+
+    def _read_budget_replay(self) -> int:
+        return sum(max(c.permits, 0) for c in self.consumers if self.available(c))
+
+    def _dispatch_new(self, entries: Sequence[Entry]) -> None:
+        now = self.sub.clock.wall_ms()
+        for entry in entries:
+            info = entry_info(entry.data)
+            due = info.deliver_at_ms
+            if self.delayed_delivery and due is not None and due > now:
+                heapq.heappush(self._delayed, (due, entry.position))
+                continue
+            consumer = self._next_consumer()
+            if consumer is None:
+                self._add_replay(entry.position, None)
+                continue
+            self.send(consumer, entry, info)
+
+    def redeliver(self, consumer: Consumer, positions: Sequence[Position] | None) -> None:
+        if positions is None:
+            taken = list(consumer.take_pending().items())
+        else:
+            taken = []
+            for pos in positions:
+                entry = consumer.forget(pos)
+                if entry is not None:
+                    taken.append((pos, entry))
+        for pos, entry in taken:
+            self.forgotten(consumer, pos, entry)
+            self._add_replay(pos, entry.slot)
+        self._bump_counts(pos for pos, _ in taken)
+        self.kick()
+
+    def reset(self) -> None:
+        self.replay.clear()
+        self._delayed.clear()
+        super().reset()
+
+    def stats(self) -> dict[str, Any]:
+        return {"msgInReplay": len(self.replay), "msgDelayed": len(self._delayed)}
+
+
+def make_dispatcher(subscription: Subscription, sub_type: int) -> Dispatcher:
+    """The dispatcher for ``sub_type`` (a ``CommandSubscribe.SubType`` value)."""
+    if sub_type in (SubType.Exclusive, SubType.Failover):
+        return SingleActiveDispatcher(subscription, sub_type)
+    if sub_type == SubType.Shared:
+        return SharedDispatcher(subscription)
+    if sub_type == SubType.Key_Shared:
+        from anabranch.broker.dispatcher_key_shared import KeySharedDispatcher
+
+        return KeySharedDispatcher(subscription)
+    raise ValueError(f"unknown subscription type {sub_type}")

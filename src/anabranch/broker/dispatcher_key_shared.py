@@ -1,0 +1,288 @@
+"""Key_Shared: the entry's key picks the consumer, and a key's messages never overtake.
+
+Selection (upstream ``HashRangeAutoSplitStickyKeyConsumerSelector`` and
+``HashRangeExclusiveStickyKeyConsumerSelector``): the slot is
+``(Murmur3_32(sticky key) & 0x7fffffff) % 65536``. AUTO_SPLIT keeps a map from range upper
+bounds to consumers: the first consumer owns ``[0, 65536]``, each later one splits the
+biggest range, and a leaving consumer's range goes to its neighbour. STICKY consumers bring
+their own inclusive ``hashRanges``; an overlap with another consumer's is refused.
+
+Ordering rule (the "draining hashes" rule of upstream PIP-379, which never reorders a key):
+an entry of slot ``s`` is sent to the selected consumer only when
+
+1. no earlier entry of ``s`` waits in the replay set (so replayed entries go first), and
+2. no *other* consumer still has unacknowledged entries of ``s`` (after a consumer joins
+   and takes over part of a range, the old owner drains first).
+
+Anything that cannot go now joins the replay set and is retried on the next pass, in
+position order.
+
+Example:
+    >>> sel = AutoSplitSelector()
+    >>> sel.add("a"); sel.add("b")
+    >>> sel.select(0), sel.select(65535)
+    ('b', 'a')
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections import Counter
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+from anabranch.broker.consumer import Consumer, PendingEntry
+from anabranch.broker.dispatcher import SharedDispatcher
+from anabranch.broker.dispatcher_entries import HASH_RANGE_SIZE, entry_info, hash_slot
+from anabranch.errors import ConsumerAssignError
+from anabranch.protocol._generated import pulsar_api_pb2 as pb
+from anabranch.storage.api import Entry, Position
+
+if TYPE_CHECKING:
+    from anabranch.broker.subscription import Subscription
+
+C = TypeVar("C")
+
+
+class AutoSplitSelector(Generic[C]):
+    """Upstream's auto-split hash ranges over ``[0, 65536]`` (keys are upper bounds)."""
+
+    def __init__(self, range_size: int = HASH_RANGE_SIZE) -> None:
+        self.range_size = range_size
+        self._bounds: list[int] = []
+        self._owner: dict[int, C] = {}
+        self._bound_of: dict[C, int] = {}
+
+    def add(self, consumer: C) -> None:
+        if not self._bounds:
+            self._put(self.range_size, consumer)
+            return
+        lower, upper = self._biggest()
+        if upper - lower <= 1:
+            raise ConsumerAssignError(
+                f"no more hash range can be assigned ({len(self._bounds)} consumers)"
+            )
+        self._put(upper - ((upper - lower) >> 1), consumer)
+
+    def _put(self, bound: int, consumer: C) -> None:
+        i = bisect_left(self._bounds, bound)
+        self._bounds.insert(i, bound)
+        self._owner[bound] = consumer
+        self._bound_of[consumer] = bound
+
+    def _biggest(self) -> tuple[int, int]:
+        best = (0, self._bounds[0])
+        previous = 0
+        for bound in self._bounds:
+            if bound - previous > best[1] - best[0]:
+                best = (previous, bound)
+            previous = bound
+        return best
+
+    def remove(self, consumer: C) -> None:
+        bound = self._bound_of.pop(consumer, None)
+        if bound is None:
+            return
+        i = self._bounds.index(bound)
+        if bound == self.range_size and len(self._bounds) > 1:
+            # The top range is taken over by the consumer just below it.
+            lower = self._bounds[i - 1]
+            heir = self._owner.pop(lower)
+            del self._bounds[i - 1]
+            self._owner[bound] = heir
+            self._bound_of[heir] = bound
+        else:
+            del self._bounds[i]
+            del self._owner[bound]
+
+    def select(self, slot: int) -> C | None:
+        i = bisect_left(self._bounds, slot)
+        return self._owner[self._bounds[i]] if i < len(self._bounds) else None
+
+    def ranges(self) -> dict[C, tuple[int, int]]:
+        """Each consumer's inclusive slot range (for stats and tests)."""
+        out: dict[C, tuple[int, int]] = {}
+        previous = -1
+        for bound in self._bounds:
+            out[self._owner[bound]] = (previous + 1, min(bound, self.range_size - 1))
+            previous = bound
+        return out
+
+
+class StickySelector(Generic[C]):
+    """Consumer-declared inclusive slot ranges; overlaps are refused."""
+
+    def __init__(self) -> None:
+        self._ranges: list[tuple[int, int, C]] = []
+
+    def add(self, consumer: C, ranges: Sequence[tuple[int, int]]) -> None:
+        if not ranges:
+            raise ConsumerAssignError("a STICKY Key_Shared consumer must declare hash ranges")
+        for start, end in ranges:
+            if not 0 <= start <= end < HASH_RANGE_SIZE:
+                raise ConsumerAssignError(f"hash range [{start}, {end}] is outside [0, 65535]")
+        for i, (start, end) in enumerate(ranges):
+            for other_start, other_end in ranges[i + 1 :]:
+                if start <= other_end and other_start <= end:
+                    raise ConsumerAssignError(f"hash ranges [{start}, {end}] overlap")
+            for s, e, owner in self._ranges:
+                if start <= e and s <= end:
+                    raise ConsumerAssignError(
+                        f"range conflict: [{start}, {end}] overlaps [{s}, {e}] of {owner}"
+                    )
+        self._ranges.extend((s, e, consumer) for s, e in ranges)
+
+    def remove(self, consumer: C) -> None:
+        self._ranges = [r for r in self._ranges if r[2] is not consumer]
+
+    def select(self, slot: int) -> C | None:
+        for start, end, consumer in self._ranges:
+            if start <= slot <= end:
+                return consumer
+        return None
+
+
+class KeySharedDispatcher(SharedDispatcher):
+    """Key_Shared over the Shared machinery (replay set, permits); see the module doc."""
+
+    delayed_delivery = False
+
+    def __init__(self, subscription: Subscription) -> None:
+        super().__init__(subscription)
+        self.mode: int | None = None
+        self.selector: AutoSplitSelector[Consumer] | StickySelector[Consumer] | None = None
+        self._owners: dict[int, tuple[Consumer, int]] = {}
+        """slot -> (consumer holding unacked entries of it, how many)."""
+        self._replay_slots: Counter[int] = Counter()
+
+    # --- consumers ------------------------------------------------------------------------
+
+    def add_consumer(self, consumer: Consumer) -> None:
+        meta = consumer.key_shared_meta
+        mode = meta.keySharedMode if meta is not None else pb.AUTO_SPLIT
+        if self.selector is None or not self.consumers:
+            self.mode = mode
+            self.selector = StickySelector() if mode == pb.STICKY else AutoSplitSelector()
+        elif mode != self.mode:
+            raise ConsumerAssignError("Key_Shared mode differs from the subscription's")
+        if isinstance(self.selector, StickySelector):
+            assert meta is not None
+            self.selector.add(consumer, [(r.start, r.end) for r in meta.hashRanges])
+        else:
+            self.selector.add(consumer)
+        super().add_consumer(consumer)
+
+    def remove_consumer(self, consumer: Consumer) -> None:
+        if self.selector is not None:
+            self.selector.remove(consumer)
+        super().remove_consumer(consumer)
+
+    # --- slot bookkeeping -----------------------------------------------------------------
+
+    def _add_replay(self, position: Position, slot: int | None) -> None:
+        if position not in self.replay and slot is not None:
+            self._replay_slots[slot] += 1
+        self.replay[position] = slot
+
+    def _take_replay(self, position: Position) -> None:
+        if position in self.replay:
+            slot = self.replay.pop(position)
+            if slot is not None:
+                self._replay_slots[slot] -= 1
+                if self._replay_slots[slot] <= 0:
+                    del self._replay_slots[slot]
+
+    def forgotten(self, consumer: Consumer, position: Position, entry: PendingEntry) -> None:
+        slot = entry.slot
+        if slot is None:
+            return
+        owner = self._owners.get(slot)
+        if owner is not None and owner[0] is consumer:
+            if owner[1] <= 1:
+                del self._owners[slot]
+            else:
+                self._owners[slot] = (consumer, owner[1] - 1)
+
+    def _can_send(self, consumer: Consumer | None, slot: int) -> bool:
+        if consumer is None or not self.available(consumer):
+            return False
+        owner = self._owners.get(slot)
+        if owner is None or owner[0] is consumer:
+            return True
+        meta = consumer.key_shared_meta
+        return meta is not None and meta.allowOutOfOrderDelivery
+
+    def _send_keyed(self, consumer: Consumer, entry: Entry, slot: int) -> None:
+        self.send(consumer, entry, entry_info(entry.data), slot)
+        owner = self._owners.get(slot)
+        count = owner[1] if owner is not None and owner[0] is consumer else 0
+        self._owners[slot] = (consumer, count + 1)
+
+    # --- dispatch -------------------------------------------------------------------------
+
+    def _select(self, slot: int) -> Consumer | None:
+        return self.selector.select(slot) if self.selector is not None else None
+
+    async def _dispatch_replay(self) -> bool:
+        if not self.replay or not any(self.available(c) for c in self.consumers):
+            return False
+        generation = self.generation
+        blocked: set[int] = set()
+        chosen: list[Position] = []
+        for pos in sorted(self.replay):
+            slot = self.replay[pos]
+            assert slot is not None
+            if slot in blocked:
+                continue
+            if not self._can_send(self._select(slot), slot):
+                blocked.add(slot)  # later entries of the slot must wait behind this one
+                continue
+            chosen.append(pos)
+            if len(chosen) >= self._read_budget_replay():
+                break
+        if not chosen:
+            return False
+        entries = await self._read_replay(chosen)
+        if generation != self.generation:
+            return True
+        fresh, aborted = self._filter(entries)
+        live = {e.position for e in fresh}
+        for pos in chosen:
+            if pos not in live:
+                self._take_replay(pos)
+        if aborted:
+            await self.sub.cursor.acknowledge(aborted)
+        sent = False
+        for entry in fresh:
+            slot = self.replay.get(entry.position)
+            if slot is None or slot in blocked:
+                continue
+            consumer = self._select(slot)
+            if consumer is None or not self._can_send(consumer, slot):
+                blocked.add(slot)
+                continue
+            self._take_replay(entry.position)
+            self._send_keyed(consumer, entry, slot)
+            sent = True
+        return sent
+
+    def _dispatch_new(self, entries: Sequence[Entry]) -> None:
+        for entry in entries:
+            slot = hash_slot(entry_info(entry.data).sticky_key)
+            consumer = self._select(slot)
+            if slot in self._replay_slots or not self._can_send(consumer, slot):
+                self._add_replay(entry.position, slot)
+                continue
+            assert consumer is not None
+            self._send_keyed(consumer, entry, slot)
+
+    def reset(self) -> None:
+        self._owners.clear()
+        self._replay_slots.clear()
+        super().reset()
+
+    def stats(self) -> dict[str, Any]:
+        out = super().stats()
+        if isinstance(self.selector, AutoSplitSelector):
+            out["consumerHashRanges"] = {c.name: list(r) for c, r in self.selector.ranges().items()}
+        return out

@@ -1,0 +1,355 @@
+"""A subscription: a cursor, its consumers, a dispatcher, and the ack/seek/redeliver paths.
+
+Durable subscriptions sit on a managed-ledger cursor (they survive restarts); readers use
+a :class:`NonDurableCursor` that lives in memory and disappears with its last consumer.
+Every acknowledgement goes through the ``PendingAckStore`` (transactions, PIP-473); a
+partial batch-index ack is recorded on the cursor with ``set_batch_ack_state`` and becomes
+a full ack when the last index is acknowledged.
+
+Example:
+    >>> async def demo(topic: PersistentTopic, cursor: Cursor, consumer: Consumer) -> None:
+    ...     sub = Subscription(topic, "billing", pb.CommandSubscribe.Shared, cursor,
+    ...                        clock=SystemClock())
+    ...     await sub.add_consumer(consumer)
+    ...     consumer.add_permits(100); sub.dispatcher.kick()
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from anabranch.broker.consumer import Consumer, from_u64
+from anabranch.broker.dispatcher import Dispatcher, make_dispatcher
+from anabranch.broker.dispatcher_entries import (
+    acked_count,
+    find_by_publish_time,
+    merge_acked,
+    read_info,
+    wire_to_acked,
+)
+from anabranch.clock import Clock
+from anabranch.core.ack_state import AckState
+from anabranch.core.names import TopicName
+from anabranch.errors import ConsumerBusy, InvalidArgument, NotAllowed
+from anabranch.protocol._generated import pulsar_api_pb2 as pb
+from anabranch.storage.api import EARLIEST, LATEST, Cursor, ManagedLedger, Position
+from anabranch.transactions.ids import TxnId
+from anabranch.transactions.pending_ack import NoPendingAckStore, PendingAckStore
+
+if TYPE_CHECKING:
+    from anabranch.broker.topic import PersistentTopic
+
+log = logging.getLogger(__name__)
+
+SubType = pb.CommandSubscribe
+TYPE_NAMES: dict[int, str] = {
+    SubType.Exclusive: "Exclusive",
+    SubType.Shared: "Shared",
+    SubType.Failover: "Failover",
+    SubType.Key_Shared: "Key_Shared",
+}
+
+
+def position_of(msg_id: pb.MessageIdData) -> Position:
+    """The (signed) position a client's MessageIdData names."""
+    return Position(from_u64(msg_id.ledgerId), from_u64(msg_id.entryId))
+
+
+class NonDurableCursor:
+    """An in-memory cursor for readers (upstream's NonDurableCursorImpl): same interface as
+    a durable one, nothing persisted.
+
+    >>> import asyncio
+    >>> from anabranch.storage.memory import MemoryManagedLedgerFactory
+    >>> async def demo() -> int:
+    ...     ml = await MemoryManagedLedgerFactory().open("t")
+    ...     await ml.append(b"a"); await ml.append(b"b")
+    ...     return NonDurableCursor(ml, "reader", EARLIEST).backlog()
+    >>> asyncio.run(demo())
+    2
+    """
+
+    def __init__(self, ledger: ManagedLedger, name: str, mark_delete: Position) -> None:
+        self._ledger = ledger
+        self._name = name
+        if mark_delete == LATEST:
+            mark_delete = ledger.last_confirmed
+        self._state = AckState(mark_delete)
+
+    def _successor(self, pos: tuple[int, int]) -> tuple[int, int]:
+        successor = getattr(self._ledger, "successor", None)
+        if successor is None:
+            return (pos[0], pos[1] + 1)
+        result: tuple[int, int] = successor(pos)
+        return result
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def mark_delete_position(self) -> Position:
+        return Position(*self._state.mark_delete)
+
+    @property
+    def read_position(self) -> Position:
+        return Position(*self._successor(self._state.mark_delete))
+
+    async def acknowledge_cumulative(self, position: Position) -> None:
+        self._state.acknowledge_cumulative(position, self._successor)
+
+    async def acknowledge(self, positions: Iterable[Position]) -> None:
+        for pos in positions:
+            self._state.acknowledge(pos, self._successor)
+
+    def is_acknowledged(self, position: Position) -> bool:
+        return self._state.is_acked(position)
+
+    def backlog(self) -> int:
+        md = self.mark_delete_position
+        last = self._ledger.last_confirmed
+        if last <= md:
+            return 0
+        first = Position(*self._successor(md))
+        return self._ledger.backlog(md, last) - self._state.acked_count(first, last)
+
+    async def reset(self, position: Position) -> None:
+        if position == EARLIEST:
+            self._state.reset(EARLIEST)
+        elif position == LATEST:
+            self._state.reset(self._ledger.last_confirmed)
+        else:
+            self._state.reset((position[0], position[1] - 1))
+
+    def batch_ack_state(self, position: Position) -> bytes | None:
+        return self._state.batch_acks.get(position)
+
+    async def set_batch_ack_state(self, position: Position, bits: bytes) -> None:
+        self._state.set_batch_ack(position, bits)
+
+    async def flush(self) -> None:
+        return None
+
+
+class Subscription:
+    """One named subscription of a topic (see the module docstring)."""
+
+    def __init__(
+        self,
+        topic: PersistentTopic,
+        name: str,
+        sub_type: int,
+        cursor: Cursor,
+        *,
+        clock: Clock,
+        durable: bool = True,
+        pending_acks: PendingAckStore | None = None,
+    ) -> None:
+        self.topic = topic
+        self.name = name
+        self.sub_type = sub_type
+        self.cursor = cursor
+        self.clock = clock
+        self.durable = durable
+        self.ledger: ManagedLedger = topic.ledger
+        self.transaction_buffer = topic.transaction_buffer
+        self.pending_acks: PendingAckStore = pending_acks or NoPendingAckStore(cursor)
+        self.topic_name: str = topic.name
+        self.partition = _partition_of(topic.name)
+        self.dispatcher: Dispatcher = make_dispatcher(self, sub_type)
+        self.messages_out = 0
+        self.bytes_out = 0
+        self._rate_mark = (clock.monotonic(), 0, 0)
+        self._closed = False
+
+    @property
+    def consumers(self) -> list[Consumer]:
+        return list(self.dispatcher.consumers)
+
+    # --- consumers ------------------------------------------------------------------------
+
+    async def add_consumer(self, consumer: Consumer) -> None:
+        """Attach ``consumer``; ConsumerBusy/ConsumerAssignError per the type's rules. A
+        subscription without consumers takes the type of its next consumer (upstream)."""
+        if self._closed:
+            raise NotAllowed(f"subscription {self.name} is closed")
+        if consumer.sub_type != self.sub_type:
+            if self.dispatcher.consumers:
+                raise ConsumerBusy(
+                    f"subscription {self.name} is {TYPE_NAMES.get(self.sub_type)}, not "
+                    f"{TYPE_NAMES.get(consumer.sub_type)}"
+                )
+            await self.dispatcher.close()
+            self.sub_type = consumer.sub_type
+            self.dispatcher = make_dispatcher(self, consumer.sub_type)
+        self.dispatcher.add_consumer(consumer)
+        consumer.subscription = self
+        self.dispatcher.start()
+
+    async def remove_consumer(self, consumer: Consumer) -> None:
+        """Detach ``consumer``; its unacknowledged entries go to the others (or rewind)."""
+        consumer.closed = True
+        self.dispatcher.remove_consumer(consumer)
+
+    def notify_new_entries(self) -> None:
+        """Called by the topic after each append (and when max_read_position moves)."""
+        self.dispatcher.kick()
+
+    def count_out(self, messages: int, size: int) -> None:
+        self.messages_out += messages
+        self.bytes_out += size
+        topic: Any = self.topic
+        if hasattr(topic, "msg_out_counter"):
+            topic.msg_out_counter += messages
+            topic.bytes_out_counter += size
+
+    # --- acknowledgements -----------------------------------------------------------------
+
+    async def acknowledge(self, consumer: Consumer, cmd: pb.CommandAck) -> None:
+        """Individual or cumulative ack, with batch-index ``ack_set`` and transactions."""
+        cumulative = cmd.ack_type == pb.CommandAck.Cumulative
+        if cumulative and self.sub_type in (SubType.Shared, SubType.Key_Shared):
+            raise NotAllowed(f"cumulative ack is not allowed on a {TYPE_NAMES[self.sub_type]}")
+        txn: TxnId | None = None
+        if cmd.HasField("txnid_most_bits") or cmd.HasField("txnid_least_bits"):
+            txn = TxnId(cmd.txnid_most_bits, cmd.txnid_least_bits)
+        if cumulative:
+            await self._ack_cumulative(consumer, cmd.message_id, txn)
+            return
+        full: list[Position] = []
+        for msg_id in cmd.message_id:
+            pos = position_of(msg_id)
+            if msg_id.ack_set and txn is None:
+                if await self._ack_batch_indexes(consumer, pos, msg_id):
+                    full.append(pos)
+            else:
+                full.append(pos)
+        if full:
+            await self.pending_acks.acknowledge(txn, full, cumulative=False)
+            if txn is None:
+                self.dispatcher.acked(consumer, full)
+
+    async def _batch_size(self, consumer: Consumer, pos: Position, msg_id: pb.MessageIdData) -> int:
+        if msg_id.HasField("batch_size") and msg_id.batch_size > 0:
+            return int(msg_id.batch_size)
+        pending = consumer.pending.get(pos)
+        if pending is not None:
+            return pending.batch_size
+        info = await read_info(self.ledger, pos)
+        if info is None:
+            raise InvalidArgument(f"no entry at {pos} to acknowledge batch indexes of")
+        return info.batch_size
+
+    async def _ack_batch_indexes(
+        self, consumer: Consumer, pos: Position, msg_id: pb.MessageIdData
+    ) -> bool:
+        """Merge a partial batch ack; True when every index is now acknowledged."""
+        if self.cursor.is_acknowledged(pos):
+            return False
+        size = await self._batch_size(consumer, pos, msg_id)
+        merged = merge_acked(self.cursor.batch_ack_state(pos), wire_to_acked(msg_id.ack_set, size))
+        if acked_count(merged, size) >= size:
+            return True
+        await self.cursor.set_batch_ack_state(pos, merged)
+        return False
+
+    async def _ack_cumulative(
+        self, consumer: Consumer, ids: Sequence[pb.MessageIdData], txn: TxnId | None
+    ) -> None:
+        if not ids:
+            return
+        msg_id = max(ids, key=position_of)
+        pos = position_of(msg_id)
+        target = pos
+        # Acked up to an index inside a batch: everything before the entry, plus the
+        # entry's acked indexes ((L, -1) sorts before (L, 0), as cursor.reset uses).
+        partial = bool(msg_id.ack_set) and txn is None
+        if partial and not await self._ack_batch_indexes(consumer, pos, msg_id):
+            target = Position(pos[0], pos[1] - 1)
+        if target <= self.cursor.mark_delete_position:
+            return
+        await self.pending_acks.acknowledge(txn, [target], cumulative=True)
+        if txn is None:
+            self.dispatcher.acked_cumulative(consumer, target)
+
+    # --- redelivery and seek ----------------------------------------------------------------
+
+    async def redeliver(
+        self, consumer: Consumer, message_ids: list[pb.MessageIdData] | None
+    ) -> None:
+        """REDELIVER_UNACKNOWLEDGED_MESSAGES: all of ``consumer``'s pending, or those ids."""
+        positions = None if message_ids is None else [position_of(m) for m in message_ids]
+        self.dispatcher.redeliver(consumer, positions)
+
+    async def seek(self, position: Position | None = None, timestamp_ms: int | None = None) -> None:
+        """Reset the cursor to ``position`` (inclusive) or to the first entry published at or
+        after ``timestamp_ms``; connected consumers are disconnected and reconnect, as
+        upstream's ``resetCursor`` does."""
+        if timestamp_ms is not None:
+            position = await find_by_publish_time(self.ledger, timestamp_ms)
+        if position is None:
+            raise InvalidArgument("seek needs a message id or a publish time")
+        for consumer in self.consumers:
+            consumer.disconnect()
+            _drop_from_session(consumer)
+            await self.remove_consumer(consumer)
+        await self.cursor.reset(position)
+        self.dispatcher.reset()
+
+    # --- lifecycle and stats --------------------------------------------------------------
+
+    async def close(self) -> None:
+        """Stop dispatching and disconnect consumers (they reconnect to the new owner)."""
+        if self._closed:
+            return
+        self._closed = True
+        for consumer in self.consumers:
+            consumer.disconnect()
+            _drop_from_session(consumer)
+            await self.remove_consumer(consumer)
+        await self.dispatcher.close()
+        if self.durable:
+            try:
+                await self.cursor.flush()
+            except Exception:
+                log.exception("%s/%s: cursor flush on close failed", self.topic_name, self.name)
+
+    def stats(self) -> dict[str, Any]:
+        """Pulsar-admin-like subscription stats."""
+        now = self.clock.monotonic()
+        then, messages, size = self._rate_mark
+        elapsed = max(now - then, 1e-9)
+        self._rate_mark = (now, self.messages_out, self.bytes_out)
+        consumers = self.consumers
+        out: dict[str, Any] = {
+            "type": TYPE_NAMES.get(self.sub_type, str(self.sub_type)),
+            "msgBacklog": self.cursor.backlog(),
+            "msgRateOut": (self.messages_out - messages) / elapsed,
+            "msgThroughputOut": (self.bytes_out - size) / elapsed,
+            "msgOutCounter": self.messages_out,
+            "bytesOutCounter": self.bytes_out,
+            "unackedMessages": sum(c.unacked_messages for c in consumers),
+            "consumers": [c.stats() for c in consumers],
+            "isDurable": self.durable,
+            "markDeletePosition": "{}:{}".format(*self.cursor.mark_delete_position),
+            "readPosition": "{}:{}".format(*self.dispatcher.read_position),
+        }
+        out.update(self.dispatcher.stats())
+        return out
+
+
+def _drop_from_session(consumer: Consumer) -> None:
+    """Forget a broker-closed consumer on its connection so the client can resubscribe."""
+    registry = getattr(consumer.session, "consumers", None)
+    if isinstance(registry, dict) and registry.get(consumer.consumer_id) is consumer:
+        del registry[consumer.consumer_id]
+
+
+def _partition_of(topic: str) -> int:
+    try:
+        name = TopicName.parse(topic)
+    except InvalidArgument:
+        return -1
+    return name.partition if name.partition is not None else -1
