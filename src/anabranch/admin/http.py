@@ -1,0 +1,140 @@
+"""The admin HTTP server: ``aiohttp.web`` on the broker's own event loop.
+
+One route table (``routes_v2.ROUTES`` + ``routes_scalable.ROUTES`` + the routes below)
+feeds both the app and ``GET /openapi.json``. Every handler runs under one error
+middleware:
+
+* an :class:`~anabranch.errors.AnabranchError` answers ``errors.HTTP_STATUS[type]`` with
+  ``{"reason": str(err)}`` (Pulsar's error body);
+* aiohttp's own HTTP errors (unknown path 404, wrong method 405, body too large 413) pass
+  through with the same JSON body;
+* anything else is logged with its traceback and answered 500; the server never dies.
+
+Example:
+    >>> async def run(service: BrokerService) -> None:
+    ...     runner = await start_http(service, "127.0.0.1", 8080)
+    ...     ...                                  # GET http://127.0.0.1:8080/admin/v2/tenants
+    ...     await runner.cleanup()
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
+
+import msgspec
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+
+from anabranch.admin import routes_scalable, routes_v2
+from anabranch.admin.models import ErrorBody
+from anabranch.admin.openapi import openapi_document
+from anabranch.admin.routes import BODY_LIMIT, Route
+from anabranch.admin.service import AdminService
+from anabranch.broker.metrics import CONTENT_TYPE, broker_registry, render
+from anabranch.errors import HTTP_STATUS, AnabranchError
+
+if TYPE_CHECKING:
+    from anabranch.broker.service import BrokerService
+
+log = logging.getLogger(__name__)
+
+ADMIN_KEY = web.AppKey("admin", AdminService)
+REGISTRY_KEY = web.AppKey("metrics_registry", CollectorRegistry)
+
+
+async def metrics(admin: AdminService, request: web.Request) -> object:
+    body = render(request.app[REGISTRY_KEY])
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
+
+
+async def openapi(admin: AdminService, request: web.Request) -> object:
+    return openapi_document(all_routes(), admin.http_url)
+
+
+OWN_ROUTES: list[Route] = [
+    Route("GET", "/metrics", metrics, "Prometheus metrics (text format).", "metrics",
+          response_schema={"type": "string"}, errors=(), content_type=CONTENT_TYPE),
+    Route("GET", "/openapi.json", openapi, "This OpenAPI document.", "meta",
+          response_schema={"type": "object"}, errors=()),
+]  # fmt: skip
+
+
+def all_routes() -> list[Route]:
+    """Every route the app serves, in registration order."""
+    return [*routes_v2.ROUTES, *routes_scalable.ROUTES, *OWN_ROUTES]
+
+
+def error_response(status: int, reason: str) -> web.Response:
+    """``{"reason": ...}`` with ``status``."""
+    return web.Response(
+        status=status, body=msgspec.json.encode(ErrorBody(reason)), content_type="application/json"
+    )
+
+
+@web.middleware
+async def error_middleware(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """Map every failure to a JSON error answer (see the module docstring)."""
+    try:
+        return await handler(request)
+    except AnabranchError as err:
+        status = HTTP_STATUS.get(type(err), err.http_status)
+        if status >= 500:
+            log.warning("%s %s: %s", request.method, request.path, err)
+        return error_response(status, str(err))
+    except web.HTTPException as err:
+        if err.status < 400:
+            raise
+        return error_response(err.status, err.reason)
+    except Exception as err:
+        log.exception("%s %s failed", request.method, request.path)
+        return error_response(500, f"internal error: {type(err).__name__}")
+
+
+def _bind(route: Route) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    async def handle(request: web.Request) -> web.StreamResponse:
+        result = await route.handler(request.app[ADMIN_KEY], request)
+        if isinstance(result, web.StreamResponse):
+            return result
+        if result is None and route.response_schema is None:
+            return web.Response(status=204)
+        return web.Response(body=msgspec.json.encode(result), content_type="application/json")
+
+    handle.__name__ = route.handler.__name__
+    return handle
+
+
+def build_app(admin: AdminService, registry: CollectorRegistry | None = None) -> web.Application:
+    """The aiohttp application for ``admin`` (tests may serve it themselves)."""
+    app = web.Application(middlewares=[error_middleware], client_max_size=BODY_LIMIT)
+    app[ADMIN_KEY] = admin
+    app[REGISTRY_KEY] = registry if registry is not None else broker_registry(admin.broker)
+    for route in all_routes():
+        app.router.add_route(route.method, route.path, _bind(route))
+    return app
+
+
+async def start_http(service: BrokerService, host: str, port: int) -> web.AppRunner:
+    """Serve the admin API on ``host:port`` (0 picks a free port) on the running loop.
+
+    The bound URL is ``admin.http_url`` (also what lookups answer); stop with
+    ``await runner.cleanup()``.
+    """
+    admin = AdminService(service)
+    app = build_app(admin)
+    runner = web.AppRunner(app, handle_signals=False, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, reuse_address=True)
+    await site.start()
+    bound = port
+    for address in runner.addresses:
+        if isinstance(address, tuple):
+            bound = int(address[1])
+            break
+    advertised = getattr(service.config, "advertised_address", host) or host
+    admin.http_url = f"http://{advertised}:{bound}"
+    log.info("admin HTTP on %s", admin.http_url)
+    return runner

@@ -1,0 +1,348 @@
+"""The admin operations, free of HTTP: what each admin v2 route does to the broker.
+
+Every method raises :mod:`anabranch.errors` classes for refusals (the HTTP layer maps
+them through ``errors.HTTP_STATUS``) and returns plain JSON-able values or msgspec
+structs. Topic arguments are full names (``persistent://t/ns/x``); invalid names raise
+InvalidArgument before anything is written.
+
+Example:
+    >>> async def demo(admin: AdminService) -> None:
+    ...     await admin.create_partitioned_topic("persistent://public/default/orders", 4)
+    ...     assert await admin.list_topics("public/default") == [
+    ...         f"persistent://public/default/orders-partition-{i}" for i in range(4)]
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from anabranch.admin.models import LookupData, MessageIdBody
+from anabranch.core.names import NamespaceName, TopicDomain, TopicName
+from anabranch.errors import AlreadyExists, InvalidArgument, NotEmpty, NotFound
+from anabranch.protocol._generated import pulsar_api_pb2 as pb
+from anabranch.storage.api import EARLIEST, LATEST, Position
+
+if TYPE_CHECKING:
+    from anabranch.broker.policies import Policies
+    from anabranch.broker.service import BrokerService
+    from anabranch.broker.topic import PersistentTopic
+    from anabranch.storage.api import Cursor
+
+log = logging.getLogger(__name__)
+
+SKIP_READ_BATCH_ENTRIES = 1_000
+"""Entries read per step while finding the N unacknowledged entries to skip."""
+
+
+def persistent_topic(text: str) -> TopicName:
+    """A ``persistent://`` topic name (InvalidArgument otherwise).
+
+    Example:
+        >>> str(persistent_topic("persistent://t/ns/x"))
+        'persistent://t/ns/x'
+    """
+    name = TopicName.parse(text)
+    if name.domain is not TopicDomain.PERSISTENT:
+        raise InvalidArgument(f"{name} is not a persistent:// topic")
+    return name
+
+
+def position_text(position: Position) -> str:
+    """Pulsar's ``ledger:entry`` text of a position."""
+    return f"{position.ledger_id}:{position.entry_id}"
+
+
+class AdminService:
+    """Admin operations over one broker's :class:`BrokerService`."""
+
+    def __init__(self, broker: BrokerService, http_url: str = "") -> None:
+        self.broker = broker
+        self.http_url = http_url
+
+    @property
+    def policies(self) -> Policies:
+        return self.broker.policies
+
+    # --- topics ---------------------------------------------------------------------------
+
+    async def topic_exists(self, name: TopicName) -> bool:
+        """Registered in the metadata store or loaded here."""
+        if self.broker.loaded_topic(str(name)) is not None:
+            return True
+        if await self.policies.topic_exists(name):
+            return True
+        # A partition exists with its partitioned topic even before it is first loaded.
+        return name.partition is not None and name.partition < await self.policies.get_partitions(
+            name.base
+        )
+
+    async def _existing_topic(self, text: str) -> PersistentTopic:
+        name = persistent_topic(text)
+        if not await self.topic_exists(name):
+            if await self.policies.get_partitions(name) > 0:
+                raise NotFound(f"{name} is a partitioned topic: address its partitions")
+            raise NotFound(f"topic {name}")
+        return await self.broker.get_topic(str(name), create=False)
+
+    async def list_topics(self, namespace: str) -> list[str]:
+        """Registered and loaded persistent topics (partitions included), sorted."""
+        ns = NamespaceName.parse(namespace)
+        names = set(await self.policies.list_topics(ns))
+        for topic in self.broker.loaded_topics():
+            parsed = TopicName.parse(topic.name)
+            if parsed.namespace_name == ns and parsed.domain is TopicDomain.PERSISTENT:
+                names.add(topic.name)
+        return sorted(names)
+
+    async def list_partitioned_topics(self, namespace: str) -> list[str]:
+        """Partitioned topics of a namespace (NotFound if the namespace is absent)."""
+        ns = NamespaceName.parse(namespace)
+        await self.policies.namespace_policies(ns)
+        return await self.policies.list_partitioned_topics(ns)
+
+    async def create_topic(self, text: str) -> None:
+        """Create a non-partitioned topic; AlreadyExists (409) if it (or a partitioned
+        topic of that name) exists."""
+        name = persistent_topic(text)
+        if name.partition is not None:
+            raise InvalidArgument(f"{name} is a partition name; create the partitioned topic")
+        if await self.policies.get_partitions(name) > 0:
+            raise AlreadyExists(f"partitioned topic {name}")
+        if not await self.policies.register_topic(name):
+            raise AlreadyExists(f"topic {name}")
+        await self.broker.get_topic(str(name), create=True)
+
+    async def delete_topic(self, text: str, *, force: bool = False) -> None:
+        """Delete a topic; NotEmpty (409) while it has producers or consumers, unless
+        ``force`` (which disconnects them)."""
+        topic = await self._existing_topic(text)
+        if not force:
+            consumers = sum(_consumer_count(sub) for sub in topic.subscriptions.values())
+            if topic.producers or consumers:
+                raise NotEmpty(
+                    topic.name,
+                    f"{len(topic.producers)} producers and {consumers} consumers are connected",
+                )
+        await self.broker.delete_topic(topic.name)
+
+    async def create_partitioned_topic(self, text: str, partitions: int) -> None:
+        """Record the partition count and register every partition."""
+        name = persistent_topic(text)
+        await self.policies.create_partitioned_topic(name, partitions)
+        for index in range(partitions):
+            await self.policies.register_topic(name.with_partition(index))
+
+    async def update_partitioned_topic(self, text: str, partitions: int) -> None:
+        """Raise the partition count (InvalidArgument on a decrease)."""
+        name = persistent_topic(text)
+        await self.policies.update_partitioned_topic(name, partitions)
+        for index in range(partitions):
+            await self.policies.register_topic(name.with_partition(index))
+
+    async def get_partitions(self, text: str) -> dict[str, int]:
+        """``{"partitions": N}``; 0 for a non-partitioned topic (as Pulsar answers)."""
+        return {"partitions": await self.policies.get_partitions(persistent_topic(text))}
+
+    async def delete_partitioned_topic(self, text: str, *, force: bool = False) -> None:
+        """Delete every partition, then the partitioned metadata."""
+        name = persistent_topic(text)
+        partitions = await self.policies.get_partitions(name)
+        if partitions == 0:
+            raise NotFound(f"partitioned topic {name}")
+        for index in range(partitions):
+            partition = name.with_partition(index)
+            if await self.policies.topic_exists(partition) or self.broker.loaded_topic(
+                str(partition)
+            ):
+                try:
+                    await self.delete_topic(str(partition), force=force)
+                except NotFound:
+                    pass
+            await self.policies.unregister_topic(partition)
+        await self.policies.delete_partitioned_topic(name)
+
+    async def stats(self, text: str) -> dict[str, Any]:
+        """Pulsar ``TopicStats`` JSON of a (loaded or loadable) topic."""
+        topic = await self._existing_topic(text)
+        stats = dict(topic.stats())
+        for key in ("msgRateIn", "msgRateOut", "msgThroughputIn", "msgThroughputOut"):
+            stats.setdefault(key, 0.0)
+        msg_in = int(stats.get("msgInCounter", 0))
+        stats.setdefault(
+            "averageMsgSize", stats.get("bytesInCounter", 0) / msg_in if msg_in else 0.0
+        )
+        stats.setdefault("replication", {})
+        stats["deduplicationStatus"] = "Enabled" if topic.dedup is not None else "Disabled"
+        return stats
+
+    async def partitioned_stats(self, text: str) -> dict[str, Any]:
+        """Sums over the partitions plus each partition's stats (``?perPartition``)."""
+        name = persistent_topic(text)
+        partitions = await self.policies.get_partitions(name)
+        if partitions == 0:
+            raise NotFound(f"partitioned topic {name}")
+        total: dict[str, Any] = {"metadata": {"partitions": partitions}, "partitions": {}}
+        summed = ("msgRateIn", "msgRateOut", "msgThroughputIn", "msgThroughputOut",
+                  "msgInCounter", "bytesInCounter", "msgOutCounter", "bytesOutCounter",
+                  "storageSize")  # fmt: skip
+        for key in summed:
+            total[key] = 0
+        for index in range(partitions):
+            partition = str(name.with_partition(index))
+            try:
+                stats = await self.stats(partition)
+            except NotFound:
+                continue
+            total["partitions"][partition] = stats
+            for key in summed:
+                total[key] += stats.get(key, 0)
+        return total
+
+    async def internal_stats(self, text: str) -> dict[str, Any]:
+        """Pulsar ``PersistentTopicInternalStats`` JSON from the managed ledger."""
+        topic = await self._existing_topic(text)
+        ledger = topic.ledger
+        cursors: dict[str, Any] = {}
+        for cursor in ledger.cursors():
+            cursors[cursor.name] = _cursor_stats(cursor)
+        ledgers = [
+            {
+                "ledgerId": getattr(info, "ledger_id", 0),
+                "entries": getattr(info, "entries", 0),
+                "size": getattr(info, "size", 0),
+                "offloaded": False,
+            }
+            for info in getattr(ledger, "ledgers", [])
+        ]
+        return {
+            "entriesAddedCounter": getattr(ledger, "entries_added", ledger.entry_count),
+            "numberOfEntries": ledger.entry_count,
+            "totalSize": sum(item["size"] for item in ledgers),
+            "lastConfirmedEntry": position_text(ledger.last_confirmed),
+            "state": "Terminated" if ledger.is_terminated else "LedgerOpened",
+            "ledgers": ledgers,
+            "cursors": cursors,
+        }
+
+    async def terminate(self, text: str) -> MessageIdBody:
+        """Seal the topic; returns the last message id."""
+        topic = await self._existing_topic(text)
+        position = await topic.terminate()
+        partition = TopicName.parse(topic.name).partition
+        return MessageIdBody.of(position, -1 if partition is None else partition)
+
+    # --- subscriptions --------------------------------------------------------------------
+
+    async def list_subscriptions(self, text: str) -> list[str]:
+        """Durable subscriptions (cursors) of the topic."""
+        topic = await self._existing_topic(text)
+        names = set(topic.subscriptions) | {c.name for c in topic.ledger.cursors()}
+        return sorted(names)
+
+    async def create_subscription(self, text: str, sub: str, start: Position = LATEST) -> None:
+        """Create a durable subscription at ``start``; AlreadyExists (409) if present."""
+        _check_subscription_name(sub)
+        topic = await self._existing_topic(text)
+        if sub in topic.subscriptions or any(c.name == sub for c in topic.ledger.cursors()):
+            raise AlreadyExists(f"subscription {sub} on {topic.name}")
+        initial = start if start in (EARLIEST, LATEST) else EARLIEST
+        subscription = await topic.get_or_create_subscription(
+            sub, pb.CommandSubscribe.Exclusive, initial
+        )
+        if initial != start:
+            await subscription.seek(position=start)
+
+    async def _subscription(self, text: str, sub: str) -> tuple[PersistentTopic, Any]:
+        topic = await self._existing_topic(text)
+        subscription = topic.subscriptions.get(sub)
+        if subscription is None:
+            raise NotFound(f"subscription {sub} on {topic.name}")
+        return topic, subscription
+
+    async def delete_subscription(self, text: str, sub: str, *, force: bool = False) -> None:
+        """Delete a subscription; NotEmpty (409) while consumers are connected unless
+        ``force``."""
+        topic, subscription = await self._subscription(text, sub)
+        consumers = _consumer_count(subscription)
+        if consumers and not force:
+            raise NotEmpty(f"{topic.name}/{sub}", f"{consumers} consumers are connected")
+        await topic.remove_subscription(sub)
+
+    async def skip_all(self, text: str, sub: str) -> None:
+        """Acknowledge the whole backlog of the subscription."""
+        topic, subscription = await self._subscription(text, sub)
+        await subscription.seek(position=topic.ledger.last_confirmed.next())
+
+    async def skip(self, text: str, sub: str, count: int) -> None:
+        """Acknowledge the next ``count`` unacknowledged entries."""
+        if count < 0:
+            raise InvalidArgument(f"cannot skip {count} messages")
+        topic, _ = await self._subscription(text, sub)
+        cursor = _cursor(topic, sub)
+        chosen: list[Position] = []
+        start = cursor.read_position
+        while len(chosen) < count:
+            entries = await topic.ledger.read(start, max_entries=SKIP_READ_BATCH_ENTRIES)
+            if not entries:
+                break
+            for entry in entries:
+                if not cursor.is_acknowledged(entry.position):
+                    chosen.append(entry.position)
+                    if len(chosen) == count:
+                        break
+            start = entries[-1].position.next()
+        if chosen:
+            # Through the cursor: acked entries are never dispatched again, and an entry
+            # already in flight is dropped when its (now redundant) ack arrives.
+            await cursor.acknowledge(chosen)
+
+    async def reset_cursor_to_time(self, text: str, sub: str, timestamp_ms: int) -> None:
+        """Rewind/forward the subscription to the first message published at or after
+        ``timestamp_ms``."""
+        _, subscription = await self._subscription(text, sub)
+        await subscription.seek(timestamp_ms=timestamp_ms)
+
+    async def reset_cursor(self, text: str, sub: str, message_id: MessageIdBody) -> None:
+        """Move the subscription to ``message_id`` (that message is redelivered unless
+        ``isExcluded``)."""
+        _, subscription = await self._subscription(text, sub)
+        await subscription.seek(position=message_id.position())
+
+    # --- lookup ---------------------------------------------------------------------------
+
+    def lookup(self, domain: str, tenant: str, namespace: str, local: str) -> LookupData:
+        """This broker serves every topic: answer its own URLs."""
+        TopicName.parse(f"{domain}://{tenant}/{namespace}/{local}")  # InvalidArgument
+        url = self.broker.advertised_url
+        return LookupData(broker_url=url, native_url=url, http_url=self.http_url)
+
+
+def _consumer_count(subscription: Any) -> int:
+    consumers = getattr(subscription, "consumers", None)
+    if consumers is None:
+        return 0
+    return len(consumers)
+
+
+def _cursor(topic: PersistentTopic, sub: str) -> Cursor:
+    for cursor in topic.ledger.cursors():
+        if cursor.name == sub:
+            return cursor
+    raise NotFound(f"subscription {sub} on {topic.name}")
+
+
+def _cursor_stats(cursor: Cursor) -> dict[str, Any]:
+    return {
+        "markDeletePosition": position_text(cursor.mark_delete_position),
+        "readPosition": position_text(cursor.read_position),
+        "messagesConsumedCounter": 0,
+        "numberOfEntriesSinceFirstNotAckedMessage": cursor.backlog(),
+        "individuallyDeletedMessages": str(getattr(cursor, "individually_deleted", "[]")),
+        "state": "Open",
+    }
+
+
+def _check_subscription_name(sub: str) -> None:
+    if not sub or len(sub) > 255 or any(ord(ch) < 0x20 or ch == "/" for ch in sub):
+        raise InvalidArgument(f"invalid subscription name {sub!r}")

@@ -1,0 +1,232 @@
+"""Prometheus metrics: a custom collector that reads plain-int counters at scrape time.
+
+Hot paths only do ``counter += 1`` on plain ints (a labelled ``prometheus_client``
+counter costs microseconds per ``inc()``); this collector walks the broker's loaded
+topics when Prometheus scrapes and turns those ints into metric families. Names are
+``anabranch_*``; each help text names the upstream ``pulsar_*`` metric it mirrors, and
+labels follow upstream (``cluster``, ``namespace``, ``topic``, ``subscription``).
+
+What the broker provides:
+
+* per topic (``PersistentTopic``): ``msg_in_counter``, ``bytes_in_counter``,
+  ``msg_out_counter``, ``bytes_out_counter``, ``producers``, ``subscriptions``, ``ledger``;
+* broker-wide: ``service.counters``, a :class:`BrokerCounters` the server and sessions
+  bump (connections opened/closed, frames rejected before parsing).
+
+Rates (``anabranch_rate_in`` ...) are computed between consecutive scrapes of one
+collector, so they never disturb the admin ``/stats`` rate window.
+
+Example:
+    >>> registry = CollectorRegistry(auto_describe=False)
+    >>> counters = BrokerCounters()
+    >>> counters.bad_frames += 1
+    >>> _ = registry.register(BrokerCollector(lambda: [], counters, cluster="standalone"))
+    >>> registry.get_sample_value("anabranch_bad_frames_total", {"cluster": "standalone"})
+    1.0
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from anabranch.broker.service import BrokerService
+    from anabranch.broker.topic import PersistentTopic
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+"""The Prometheus text exposition format's content type."""
+
+
+@dataclass
+class BrokerCounters:
+    """Broker-wide plain-int counters; the server and sessions increment them."""
+
+    connections_opened: int = 0
+    connections_closed: int = 0
+    bad_frames: int = 0
+    """Frames rejected before allocation: length prefix over the max, negative, or under
+    the header size (DESIGN.md §3.2 'count it in a metric')."""
+    protocol_errors: int = 0
+    """Connections closed for any other protocol error."""
+
+    @property
+    def active_connections(self) -> int:
+        return self.connections_opened - self.connections_closed
+
+
+TOPIC_LABELS = ["cluster", "namespace", "topic"]
+SUB_LABELS = [*TOPIC_LABELS, "subscription"]
+
+# (attribute on PersistentTopic, metric suffix, help) for the monotonic counters.
+_TOPIC_COUNTERS = (
+    ("msg_in_counter", "in_messages", "Messages published (pulsar_in_messages_total)."),
+    ("bytes_in_counter", "in_bytes", "Bytes published (pulsar_in_bytes_total)."),
+    ("msg_out_counter", "out_messages", "Messages dispatched (pulsar_out_messages_total)."),
+    ("bytes_out_counter", "out_bytes", "Bytes dispatched (pulsar_out_bytes_total)."),
+)
+_RATES = (
+    ("msg_in_counter", "rate_in", "Messages/s published since the last scrape (pulsar_rate_in)."),
+    ("bytes_in_counter", "throughput_in", "Bytes/s published (pulsar_throughput_in)."),
+    ("msg_out_counter", "rate_out", "Messages/s dispatched (pulsar_rate_out)."),
+    ("bytes_out_counter", "throughput_out", "Bytes/s dispatched (pulsar_throughput_out)."),
+)
+
+
+def _consumers(subscription: Any) -> int:
+    consumers = getattr(subscription, "consumers", None)
+    return 0 if consumers is None else len(consumers)
+
+
+def _storage_size(topic: PersistentTopic) -> int:
+    # Ledger backends that know their byte size expose it; the others count as 0.
+    size = getattr(topic.ledger, "size_bytes", None)
+    if isinstance(size, int):
+        return size
+    return sum(int(getattr(info, "size", 0)) for info in getattr(topic.ledger, "ledgers", []))
+
+
+class BrokerCollector(Collector):
+    """Turns the broker's plain counters into metric families at scrape time."""
+
+    def __init__(
+        self,
+        topics: Callable[[], Iterable[PersistentTopic]],
+        counters: BrokerCounters | None = None,
+        *,
+        cluster: str,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.topics = topics
+        self.counters = counters or BrokerCounters()
+        self.cluster = cluster
+        self.monotonic = monotonic
+        self._marks: dict[str, tuple[float, dict[str, int]]] = {}
+
+    def describe(self) -> list[Metric]:
+        # Families are only known at scrape time; an empty describe skips the probe collect.
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        prefix = "anabranch"
+        now = self.monotonic()
+        topics = list(self.topics())
+        counters = {
+            suffix: CounterMetricFamily(f"{prefix}_{suffix}", text, labels=TOPIC_LABELS)
+            for _, suffix, text in _TOPIC_COUNTERS
+        }
+        rates = {
+            suffix: GaugeMetricFamily(f"{prefix}_{suffix}", text, labels=TOPIC_LABELS)
+            for _, suffix, text in _RATES
+        }
+
+        def gauge(name: str, text: str, labels: list[str] = TOPIC_LABELS) -> GaugeMetricFamily:
+            return GaugeMetricFamily(f"{prefix}_{name}", text, labels=labels)
+
+        storage = gauge("storage_size", "Bytes stored for the topic (pulsar_storage_size).")
+        entries = gauge("storage_entries", "Entries retained in the topic's managed ledger.")
+        backlog = gauge("msg_backlog", "Unacknowledged entries over all subscriptions "
+                        "(pulsar_msg_backlog).")  # fmt: skip
+        producers = gauge("producers_count", "Connected producers (pulsar_producers_count).")
+        subscriptions = gauge("subscriptions_count", "Subscriptions (pulsar_subscriptions_count).")
+        consumers = gauge("consumers_count", "Connected consumers (pulsar_consumers_count).")
+        sub_backlog = gauge("subscription_back_log", "Unacknowledged entries of a subscription "
+                            "(pulsar_subscription_back_log).", SUB_LABELS)  # fmt: skip
+        sub_consumers = gauge("subscription_consumers_count", "Consumers of a subscription "
+                              "(pulsar_subscription_consumers_count).", SUB_LABELS)  # fmt: skip
+        seen: set[str] = set()
+        for topic in topics:
+            seen.add(topic.name)
+            labels = [self.cluster, _namespace_of(topic.name), topic.name]
+            values = {attr: int(getattr(topic, attr, 0)) for attr, _, _ in _TOPIC_COUNTERS}
+            for attr, suffix, _ in _TOPIC_COUNTERS:
+                counters[suffix].add_metric(labels, values[attr])
+            then, old = self._marks.get(topic.name, (now, values))
+            elapsed = now - then
+            for attr, suffix, _ in _RATES:
+                delta = values[attr] - old.get(attr, 0)
+                rates[suffix].add_metric(labels, delta / elapsed if elapsed > 0 else 0.0)
+            self._marks[topic.name] = (now, values)
+            storage.add_metric(labels, _storage_size(topic))
+            entries.add_metric(labels, topic.ledger.entry_count)
+            producers.add_metric(labels, len(topic.producers))
+            subscriptions.add_metric(labels, len(topic.subscriptions))
+            cursor_backlog = {c.name: c.backlog() for c in topic.ledger.cursors()}
+            backlog.add_metric(labels, sum(cursor_backlog.values()))
+            topic_consumers = 0
+            for name in sorted(set(cursor_backlog) | set(topic.subscriptions)):
+                count = _consumers(topic.subscriptions.get(name))
+                topic_consumers += count
+                sub_backlog.add_metric([*labels, name], cursor_backlog.get(name, 0))
+                sub_consumers.add_metric([*labels, name], count)
+            consumers.add_metric(labels, topic_consumers)
+        for gone in set(self._marks) - seen:
+            del self._marks[gone]
+        yield from counters.values()
+        yield from rates.values()
+        yield from (storage, entries, backlog, producers, subscriptions, consumers)
+        yield from (sub_backlog, sub_consumers)
+        yield from self._broker_families(prefix, len(topics))
+
+    def _broker_families(self, prefix: str, topic_count: int) -> Iterator[Metric]:
+        c = self.counters
+        labels = ["cluster"]
+        for name, text, value in (
+            ("topics_count", "Topics loaded on this broker (pulsar_topics_count).", topic_count),
+            ("active_connections", "Open client connections (pulsar_active_connections).",
+             c.active_connections),
+        ):  # fmt: skip
+            family = GaugeMetricFamily(f"{prefix}_{name}", text, labels=labels)
+            family.add_metric([self.cluster], value)
+            yield family
+        for name, text, value in (
+            ("connections_opened", "Client connections accepted "
+             "(pulsar_connection_created_total_count).", c.connections_opened),
+            ("connections_closed", "Client connections closed "
+             "(pulsar_connection_closed_total_count).", c.connections_closed),
+            ("bad_frames", "Frames rejected before allocation: bad length prefix.",
+             c.bad_frames),
+            ("protocol_errors", "Connections closed for a protocol error.", c.protocol_errors),
+        ):  # fmt: skip
+            counter = CounterMetricFamily(f"{prefix}_{name}", text, labels=labels)
+            counter.add_metric([self.cluster], value)
+            yield counter
+
+
+def _namespace_of(topic: str) -> str:
+    # "persistent://t/ns/x" -> "t/ns"; names were validated when the topic loaded.
+    rest = topic.split("://", 1)[-1]
+    return "/".join(rest.split("/")[:2])
+
+
+def broker_registry(service: BrokerService) -> CollectorRegistry:
+    """A registry (not the global one: several brokers may share a process in tests) with
+    this broker's collector.
+
+    Example:
+        >>> # text = render(broker_registry(service))
+    """
+    counters = getattr(service, "counters", None)
+    if not isinstance(counters, BrokerCounters):
+        counters = BrokerCounters()
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(
+        BrokerCollector(
+            service.loaded_topics,
+            counters,
+            cluster=service.config.cluster_name,
+            monotonic=service.clock.monotonic,
+        )
+    )
+    return registry
+
+
+def render(registry: CollectorRegistry) -> bytes:
+    """The Prometheus text exposition of ``registry``."""
+    return bytes(generate_latest(registry))
