@@ -160,10 +160,16 @@ class BrokerService:
         return topic
 
     async def _implicitly_exists(self, name: TopicName) -> bool:
-        # A partition of a partitioned topic exists with its parent.
-        if name.partition is None:
+        # A partition of a partitioned topic exists with its parent; a partitioned topic's
+        # base name and partitions past its count are not topics at all.
+        partitions = await self.policies.get_partitions(str(name.base))
+        if partitions == 0:
             return False
-        return name.partition < await self.policies.get_partitions(str(name.base))
+        if name.partition is None:
+            raise NotAllowed(f"{name} is partitioned: produce to and consume from its partitions")
+        if name.partition >= partitions:
+            raise NotFound(f"topic {name} (it has {partitions} partitions)")
+        return True
 
     def loaded_topics(self) -> list[PersistentTopic]:
         """Topics loaded on this broker now."""

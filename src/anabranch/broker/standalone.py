@@ -42,6 +42,10 @@ async def open_store(url: str, clock: Clock | None = None) -> MetadataStore:
             from anabranch.metadata.memory import MemoryMetadataStore
 
             return MemoryMetadataStore(clock)
+        if url.startswith("sqlite://"):
+            from anabranch.metadata.sqlite import SqliteMetadataStore
+
+            return await SqliteMetadataStore.open(url[len("sqlite://") :], clock=clock)
         raise
     store: MetadataStore = await factory.open_metadata_store(url)
     return store
