@@ -1,0 +1,282 @@
+"""A small async admin client over aiohttp (used by the CLI and by tests).
+
+Every method is one admin v2 request. Topic arguments take full or short names
+(``persistent://t/ns/x``, ``t/ns/x``, ``x``); answers are decoded JSON. A non-2xx answer
+raises :class:`AdminHttpError` carrying the status and Pulsar's ``reason``.
+
+Example:
+    >>> async def demo() -> None:
+    ...     async with AdminClient("http://127.0.0.1:8080") as admin:
+    ...         await admin.create_partitioned_topic("orders", 4)
+    ...         assert await admin.get_partitions("orders") == 4
+    ...         print(await admin.stats("orders-partition-0"))
+"""
+
+from __future__ import annotations
+
+from types import TracebackType
+from typing import Any
+from urllib.parse import quote
+
+import aiohttp
+import msgspec
+
+from anabranch.core.names import NamespaceName, TopicName
+from anabranch.errors import AnabranchError
+
+DEFAULT_ADMIN_URL = "http://127.0.0.1:8080"
+ADMIN_REQUEST_TIMEOUT_S = 30.0
+"""An admin request without an answer after this fails (aiohttp's total timeout)."""
+
+
+class AdminHttpError(AnabranchError):
+    """The admin API answered an error status; ``reason`` is its ``{"reason"}`` text."""
+
+    def __init__(self, method: str, path: str, status: int, reason: str) -> None:
+        super().__init__(f"{method} {path}: HTTP {status}: {reason}")
+        self.method = method
+        self.path = path
+        self.status = status
+        self.reason = reason
+        self.http_status = status
+        self.retriable = status >= 500
+
+
+def _q(part: str) -> str:
+    return quote(part, safe="")
+
+
+def _topic_path(topic: str) -> str:
+    name = TopicName.parse(topic)
+    return f"/admin/v2/{name.domain.value}/{_q(name.tenant)}/{_q(name.namespace)}/" + _q(
+        name.full_local_name
+    )
+
+
+def _ns_path(namespace: str) -> str:
+    ns = NamespaceName.parse(namespace)
+    return f"/admin/v2/namespaces/{_q(ns.tenant)}/{_q(ns.namespace)}"
+
+
+class AdminClient:
+    """Async client of one broker's admin API; close it (or use ``async with``)."""
+
+    def __init__(
+        self, url: str = DEFAULT_ADMIN_URL, *, timeout_s: float = ADMIN_REQUEST_TIMEOUT_S
+    ) -> None:
+        self.url = url.rstrip("/")
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._session: aiohttp.ClientSession | None = None
+
+    async def __aenter__(self) -> AdminClient:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Close the HTTP session. Idempotent."""
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def request(self, method: str, path: str, body: Any = None) -> Any:
+        """One request; JSON-decoded answer (text for non-JSON, None for 204)."""
+        if self._session is None:
+            self._session = aiohttp.ClientSession(timeout=self._timeout)
+        data = None if body is None else msgspec.json.encode(body)
+        headers = {"Content-Type": "application/json"} if data is not None else {}
+        async with self._session.request(
+            method, self.url + path, data=data, headers=headers
+        ) as response:
+            raw = await response.read()
+            if response.status >= 400:
+                try:
+                    reason = str(msgspec.json.decode(raw).get("reason", ""))
+                except (msgspec.DecodeError, AttributeError):
+                    reason = raw.decode("utf-8", "replace")
+                raise AdminHttpError(method, path, response.status, reason)
+            if response.status == 204 or not raw:
+                return None
+            if response.content_type == "application/json":
+                return msgspec.json.decode(raw)
+            return raw.decode("utf-8", "replace")
+
+    # --- clusters -------------------------------------------------------------------------
+
+    async def list_clusters(self) -> list[str]:
+        return list(await self.request("GET", "/admin/v2/clusters"))
+
+    async def get_cluster(self, name: str) -> dict[str, Any]:
+        return dict(await self.request("GET", f"/admin/v2/clusters/{_q(name)}"))
+
+    async def create_cluster(
+        self, name: str, service_url: str = "", broker_service_url: str = ""
+    ) -> None:
+        body = {"serviceUrl": service_url, "brokerServiceUrl": broker_service_url}
+        await self.request("PUT", f"/admin/v2/clusters/{_q(name)}", body)
+
+    async def delete_cluster(self, name: str) -> None:
+        await self.request("DELETE", f"/admin/v2/clusters/{_q(name)}")
+
+    # --- tenants --------------------------------------------------------------------------
+
+    async def list_tenants(self) -> list[str]:
+        return list(await self.request("GET", "/admin/v2/tenants"))
+
+    async def get_tenant(self, name: str) -> dict[str, Any]:
+        return dict(await self.request("GET", f"/admin/v2/tenants/{_q(name)}"))
+
+    async def create_tenant(
+        self,
+        name: str,
+        allowed_clusters: list[str] | None = None,
+        admin_roles: list[str] | None = None,
+    ) -> None:
+        body = {"allowedClusters": allowed_clusters or [], "adminRoles": admin_roles or []}
+        await self.request("PUT", f"/admin/v2/tenants/{_q(name)}", body)
+
+    async def update_tenant(
+        self,
+        name: str,
+        allowed_clusters: list[str] | None = None,
+        admin_roles: list[str] | None = None,
+    ) -> None:
+        body = {"allowedClusters": allowed_clusters or [], "adminRoles": admin_roles or []}
+        await self.request("POST", f"/admin/v2/tenants/{_q(name)}", body)
+
+    async def delete_tenant(self, name: str) -> None:
+        await self.request("DELETE", f"/admin/v2/tenants/{_q(name)}")
+
+    # --- namespaces -----------------------------------------------------------------------
+
+    async def list_namespaces(self, tenant: str) -> list[str]:
+        return list(await self.request("GET", f"/admin/v2/namespaces/{_q(tenant)}"))
+
+    async def create_namespace(
+        self, namespace: str, policies: dict[str, Any] | None = None
+    ) -> None:
+        await self.request("PUT", _ns_path(namespace), policies)
+
+    async def get_namespace_policies(self, namespace: str) -> dict[str, Any]:
+        return dict(await self.request("GET", _ns_path(namespace)))
+
+    async def delete_namespace(self, namespace: str) -> None:
+        await self.request("DELETE", _ns_path(namespace))
+
+    async def namespace_topics(self, namespace: str) -> list[str]:
+        return list(await self.request("GET", _ns_path(namespace) + "/topics"))
+
+    async def get_deduplication(self, namespace: str) -> bool:
+        return bool(await self.request("GET", _ns_path(namespace) + "/deduplication"))
+
+    async def set_deduplication(self, namespace: str, enabled: bool) -> None:
+        await self.request("POST", _ns_path(namespace) + "/deduplication", enabled)
+
+    async def remove_deduplication(self, namespace: str) -> None:
+        await self.request("DELETE", _ns_path(namespace) + "/deduplication")
+
+    # --- topics ---------------------------------------------------------------------------
+
+    async def list_topics(self, namespace: str) -> list[str]:
+        ns = NamespaceName.parse(namespace)
+        return list(
+            await self.request("GET", f"/admin/v2/persistent/{_q(ns.tenant)}/{_q(ns.namespace)}")
+        )
+
+    async def list_partitioned_topics(self, namespace: str) -> list[str]:
+        ns = NamespaceName.parse(namespace)
+        path = f"/admin/v2/persistent/{_q(ns.tenant)}/{_q(ns.namespace)}/partitioned"
+        return list(await self.request("GET", path))
+
+    async def create_topic(self, topic: str) -> None:
+        await self.request("PUT", _topic_path(topic))
+
+    async def delete_topic(self, topic: str, *, force: bool = False) -> None:
+        await self.request("DELETE", _topic_path(topic) + ("?force=true" if force else ""))
+
+    async def create_partitioned_topic(self, topic: str, partitions: int) -> None:
+        await self.request("PUT", _topic_path(topic) + "/partitions", partitions)
+
+    async def update_partitioned_topic(self, topic: str, partitions: int) -> None:
+        await self.request("POST", _topic_path(topic) + "/partitions", partitions)
+
+    async def get_partitions(self, topic: str) -> int:
+        answer = await self.request("GET", _topic_path(topic) + "/partitions")
+        return int(answer["partitions"])
+
+    async def delete_partitioned_topic(self, topic: str, *, force: bool = False) -> None:
+        suffix = "/partitions" + ("?force=true" if force else "")
+        await self.request("DELETE", _topic_path(topic) + suffix)
+
+    async def stats(self, topic: str) -> dict[str, Any]:
+        return dict(await self.request("GET", _topic_path(topic) + "/stats"))
+
+    async def partitioned_stats(self, topic: str, *, per_partition: bool = False) -> dict[str, Any]:
+        suffix = "/partitioned-stats" + ("?perPartition=true" if per_partition else "")
+        return dict(await self.request("GET", _topic_path(topic) + suffix))
+
+    async def internal_stats(self, topic: str) -> dict[str, Any]:
+        return dict(await self.request("GET", _topic_path(topic) + "/internalStats"))
+
+    async def terminate(self, topic: str) -> dict[str, Any]:
+        return dict(await self.request("POST", _topic_path(topic) + "/terminate"))
+
+    async def subscriptions(self, topic: str) -> list[str]:
+        return list(await self.request("GET", _topic_path(topic) + "/subscriptions"))
+
+    async def create_subscription(
+        self, topic: str, subscription: str, message_id: tuple[int, int] | None = None
+    ) -> None:
+        """Create a subscription at ``message_id`` (default latest; (-1, -1) is earliest)."""
+        body = None
+        if message_id is not None:
+            body = {"ledgerId": message_id[0], "entryId": message_id[1]}
+        await self.request("PUT", self._sub(topic, subscription), body)
+
+    async def delete_subscription(
+        self, topic: str, subscription: str, *, force: bool = False
+    ) -> None:
+        suffix = "?force=true" if force else ""
+        await self.request("DELETE", self._sub(topic, subscription) + suffix)
+
+    async def skip_all(self, topic: str, subscription: str) -> None:
+        await self.request("POST", self._sub(topic, subscription) + "/skip_all")
+
+    async def skip(self, topic: str, subscription: str, count: int) -> None:
+        await self.request("POST", self._sub(topic, subscription) + f"/skip/{count}")
+
+    async def reset_cursor_to_time(self, topic: str, subscription: str, timestamp_ms: int) -> None:
+        path = self._sub(topic, subscription) + f"/resetcursor/{timestamp_ms}"
+        await self.request("POST", path)
+
+    async def reset_cursor(
+        self, topic: str, subscription: str, ledger_id: int, entry_id: int
+    ) -> None:
+        body = {"ledgerId": ledger_id, "entryId": entry_id}
+        await self.request("POST", self._sub(topic, subscription) + "/resetcursor", body)
+
+    @staticmethod
+    def _sub(topic: str, subscription: str) -> str:
+        return f"{_topic_path(topic)}/subscription/{_q(subscription)}"
+
+    # --- misc -----------------------------------------------------------------------------
+
+    async def lookup(self, topic: str) -> dict[str, Any]:
+        name = TopicName.parse(topic)
+        path = f"/lookup/v2/topic/{name.domain.value}/{name.short_name}"
+        return dict(await self.request("GET", path))
+
+    async def health(self) -> str:
+        return str(await self.request("GET", "/admin/v2/brokers/health"))
+
+    async def metrics(self) -> str:
+        return str(await self.request("GET", "/metrics"))
+
+    async def openapi(self) -> dict[str, Any]:
+        return dict(await self.request("GET", "/openapi.json"))
