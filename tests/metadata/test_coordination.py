@@ -1,0 +1,121 @@
+"""Leader election and fencing over every backend (etcd whenever its module imports)."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from anabranch.errors import BadVersion, SessionExpired
+from anabranch.metadata.api import MetadataStore, Put
+from anabranch.metadata.coordination import LeaderElection
+
+LEADER = "/topics/t/ns/orders/controller"
+SESSION_TTL_S = 1.0
+"""Real TTL (etcd cannot take a fake clock), at etcd's 1 s minimum in the test server."""
+
+BACKENDS = ["memory", "sqlite"]
+if importlib.util.find_spec("anabranch.metadata.etcd") is not None:
+    BACKENDS.append("etcd")
+
+
+@pytest.fixture(scope="module")
+def etcd_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    from anabranch.testing.etcd import EtcdServer
+
+    server = EtcdServer.start(tmp_path_factory.mktemp("etcd"))
+    try:
+        yield server.endpoint
+    finally:
+        server.stop()
+
+
+@pytest.fixture(params=BACKENDS)
+async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[MetadataStore]:
+    backend: Any
+    if request.param == "memory":
+        from anabranch.metadata.memory import MemoryMetadataStore
+
+        backend = MemoryMetadataStore()
+    elif request.param == "sqlite":
+        from anabranch.metadata.sqlite import SqliteMetadataStore
+
+        backend = await SqliteMetadataStore.open(tmp_path / "meta.db")
+    else:
+        from anabranch.metadata.etcd import EtcdMetadataStore
+
+        endpoint: str = request.getfixturevalue("etcd_endpoint")
+        namespace = f"/c{request.node.nodeid.__hash__() & 0xFFFFFFFF:x}"
+        backend = await EtcdMetadataStore.open(endpoint, namespace=namespace)
+    try:
+        yield backend
+    finally:
+        await backend.close()
+
+
+async def contender(
+    store: MetadataStore, name: bytes, *, auto_keepalive: bool = True
+) -> LeaderElection:
+    session = await store.open_session(SESSION_TTL_S, auto_keepalive=auto_keepalive)
+    return LeaderElection(store, LEADER, name, session)
+
+
+async def test_one_wins_other_takes_over_after_resign(store: MetadataStore) -> None:
+    a, b = await contender(store, b"a"), await contender(store, b"b")
+    a_lead = await a.campaign()
+    b_campaign = asyncio.ensure_future(b.campaign())
+    await store.put("/unrelated", b"")  # a round trip for b to reach its watch
+    assert not b_campaign.done()
+    assert await b.leader() == b"a"
+    await a_lead.resign()
+    b_lead = await b_campaign
+    await a_lead.lost()
+    assert a_lead.is_lost and not b_lead.is_lost
+    assert await a.leader() == b"b"
+    assert b_lead.fencing_token > a_lead.fencing_token
+    await b_lead.resign()
+    assert await a.leader() is None
+
+
+async def test_other_takes_over_after_session_expiry(store: MetadataStore) -> None:
+    a = await contender(store, b"a", auto_keepalive=False)
+    b = await contender(store, b"b")
+    a_lead = await a.campaign()
+    b_lead = await b.campaign()  # returns once a's session expired and its key was deleted
+    await a_lead.lost()
+    assert await b.leader() == b"b"
+    assert not b_lead.is_lost
+    with pytest.raises(SessionExpired):
+        await a.campaign()
+    await b_lead.resign()
+
+
+async def test_deposed_leaders_guarded_write_fails(store: MetadataStore) -> None:
+    a, b = await contender(store, b"a"), await contender(store, b"b")
+    a_lead = await a.campaign()
+    await store.commit([a_lead.guard(), Put("/layout", b"from a")])
+    await store.delete(LEADER)  # a is deposed (an operator, or a's expiry seen by the store)
+    b_lead = await b.campaign()
+    await a_lead.lost()
+    with pytest.raises(BadVersion) as err:
+        await store.commit([a_lead.guard(), Put("/layout", b"stale a")])
+    assert err.value.path == LEADER
+    await store.commit([b_lead.guard(), Put("/layout", b"from b")])
+    record = await store.get("/layout")
+    assert record is not None and record.value == b"from b"
+    await b_lead.resign()
+
+
+async def test_resign_is_idempotent_and_leaves_a_new_leader_alone(store: MetadataStore) -> None:
+    a, b = await contender(store, b"a"), await contender(store, b"b")
+    a_lead = await a.campaign()
+    await store.delete(LEADER)
+    b_lead = await b.campaign()
+    await a_lead.resign()
+    await a_lead.resign()
+    assert await a.leader() == b"b"
+    await b_lead.resign()
