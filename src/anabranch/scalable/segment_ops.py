@@ -1,0 +1,230 @@
+"""What the scalable-topic controller needs from the data plane, and one implementation.
+
+The controller never touches a managed ledger itself: it creates, seals, inspects and
+deletes segment topics through :class:`SegmentOps` (upstream routes these calls through
+the Segments admin API to whichever broker owns the segment). Every method is idempotent,
+because a new leader re-runs the steps of a split or merge that a previous leader left
+half done.
+
+:class:`StorageSegmentOps` implements it directly over a
+:class:`~anabranch.storage.api.ManagedLedgerFactory`: a segment's managed ledger has the
+same name the broker gives it (:func:`segment_ledger_name`), subscriptions are its
+cursors, sealing is ``terminate()``. It is honest about dedup: the snapshot it returns is
+rebuilt from the sealed ledger's entries (the last sequence id each producer persisted).
+What it cannot do is close producers attached to a broker's topic of the segment; the
+broker's own implementation, which seals through its ``PersistentTopic``, replaces it.
+
+Example:
+    >>> async def demo(ops: SegmentOps, segment: SegmentName) -> None:
+    ...     await ops.create_segment(segment, ["billing"])
+    ...     snapshot = await ops.terminate_segment(segment)   # JSON {"producer": last_seq}
+    ...     assert await ops.segment_subscriptions(segment) == ["billing"]
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import struct
+from collections.abc import Mapping
+from typing import Protocol
+
+from google.protobuf.message import DecodeError
+
+from anabranch.core.names import SegmentName
+from anabranch.errors import LedgerFenced
+from anabranch.protocol._generated import pulsar_api_pb2 as pb
+from anabranch.protocol.frames import MAGIC_CHECKSUM
+from anabranch.storage.api import EARLIEST, ManagedLedger, ManagedLedgerFactory
+
+log = logging.getLogger(__name__)
+
+_U16 = struct.Struct(">H")
+_I32 = struct.Struct(">i")
+_REPLAY_BATCH_ENTRIES = 1000
+"""Entries read per call while rebuilding a sealed segment's dedup snapshot."""
+
+
+class SegmentOps(Protocol):
+    """Segment-topic lifecycle as the controller sees it; every method is idempotent."""
+
+    async def create_segment(self, segment: SegmentName, subscriptions: list[str]) -> None:
+        """Create the segment's topic (if absent) with a cursor at EARLIEST for each of
+        ``subscriptions`` (existing cursors are left where they are)."""
+        ...
+
+    async def terminate_segment(self, segment: SegmentName) -> bytes:
+        """Seal the segment (later appends fail) and return its dedup snapshot: JSON
+        ``{producer_name: last_persisted_sequence_id}``."""
+        ...
+
+    async def segment_subscriptions(self, segment: SegmentName) -> list[str]:
+        """Sorted names of the segment's subscriptions (its cursors)."""
+        ...
+
+    async def segment_backlog(self, segment: SegmentName, subscription: str) -> int:
+        """Unacknowledged entries of ``subscription`` on the segment (0 without a cursor)."""
+        ...
+
+    async def remove_subscription(self, segment: SegmentName, subscription: str) -> None:
+        """Delete the subscription's cursor on the segment, if any."""
+        ...
+
+    async def delete_segment(self, segment: SegmentName) -> None:
+        """Delete the segment's topic, data and cursors (nothing if absent)."""
+        ...
+
+
+def segment_ledger_name(segment: SegmentName) -> str:
+    """The managed ledger of a segment topic: the broker's naming, so both open the same one.
+
+    Example:
+        >>> segment_ledger_name(SegmentName.parse("segment://public/default/orders/0000-7fff-1"))
+        'public/default/segment/orders/0000-7fff-1'
+    """
+    topic = segment.topic
+    return f"{topic.tenant}/{topic.namespace}/segment/{topic.local_name}/{segment.descriptor}"
+
+
+def dedup_snapshot_from_entry(entry: bytes, into: dict[str, int]) -> None:
+    """Fold one stored entry's (producer name, last sequence id) into ``into``.
+
+    A stored entry is ``[0x0e01][crc32c]`` (optional) ``[metadataSize][MessageMetadata]
+    [payload]``; a batch covers ``sequence_id .. sequence_id + count - 1`` (or up to
+    ``highest_sequence_id``). Entries without parsable metadata are skipped: they carry
+    no producer to deduplicate.
+
+    Example:
+        >>> from anabranch.protocol.frames import encode_entry
+        >>> md = pb.MessageMetadata(producer_name="p", sequence_id=4, publish_time=0,
+        ...                         num_messages_in_batch=3)
+        >>> marks: dict[str, int] = {}
+        >>> dedup_snapshot_from_entry(encode_entry(md, b"x"), marks); marks
+        {'p': 6}
+    """
+    try:
+        offset = 6 if len(entry) >= 6 and _U16.unpack_from(entry, 0)[0] == MAGIC_CHECKSUM else 0
+        (size,) = _I32.unpack_from(entry, offset)
+        metadata = pb.MessageMetadata()
+        metadata.ParseFromString(entry[offset + 4 : offset + 4 + size])
+    except (struct.error, ValueError, DecodeError) as err:
+        log.debug("entry without metadata skipped in dedup replay: %s", err)
+        return
+    if not metadata.producer_name:
+        return
+    last = metadata.sequence_id + max(metadata.num_messages_in_batch, 1) - 1
+    if metadata.HasField("highest_sequence_id"):
+        last = max(last, metadata.highest_sequence_id)
+    into[metadata.producer_name] = max(into.get(metadata.producer_name, -1), last)
+
+
+class StorageSegmentOps:
+    """:class:`SegmentOps` straight over managed ledgers (one broker, or tests).
+
+    Ledgers are opened once and kept open (opening fences the previous owner, so reopening
+    per call would fence ourselves); :meth:`close` closes them.
+
+    Example:
+        >>> async def demo(factory: ManagedLedgerFactory, segment: SegmentName) -> None:
+        ...     ops = StorageSegmentOps(factory)
+        ...     await ops.create_segment(segment, ["s"])
+        ...     await ops.close()
+    """
+
+    def __init__(self, ledgers: ManagedLedgerFactory) -> None:
+        self._factory = ledgers
+        self._open: dict[str, ManagedLedger] = {}
+        self._lock = asyncio.Lock()
+
+    async def _ledger(self, segment: SegmentName) -> ManagedLedger:
+        name = segment_ledger_name(segment)
+        # One lock: two concurrent first opens of a name would fence each other.
+        async with self._lock:
+            ledger = self._open.get(name)
+            if ledger is None:
+                ledger = await self._factory.open(name)
+                self._open[name] = ledger
+            return ledger
+
+    async def _reopened_on_fence(self, segment: SegmentName) -> ManagedLedger:
+        """Forget a ledger another owner took over and open it again (taking it back)."""
+        name = segment_ledger_name(segment)
+        async with self._lock:
+            stale = self._open.pop(name, None)
+        if stale is not None:
+            await stale.close()
+        return await self._ledger(segment)
+
+    async def create_segment(self, segment: SegmentName, subscriptions: list[str]) -> None:
+        ledger = await self._ledger(segment)
+        for name in subscriptions:
+            cursor = await ledger.open_cursor(name, EARLIEST)
+            try:
+                await cursor.flush()  # the cursor must survive a crash right after this step
+            except LedgerFenced:
+                ledger = await self._reopened_on_fence(segment)
+                await (await ledger.open_cursor(name, EARLIEST)).flush()
+
+    async def terminate_segment(self, segment: SegmentName) -> bytes:
+        ledger = await self._ledger(segment)
+        try:
+            await ledger.terminate()
+        except LedgerFenced:
+            ledger = await self._reopened_on_fence(segment)
+            await ledger.terminate()
+        marks: dict[str, int] = {}
+        position = EARLIEST
+        while entries := await ledger.read(position, max_entries=_REPLAY_BATCH_ENTRIES):
+            for entry in entries:
+                dedup_snapshot_from_entry(entry.data, marks)
+            position = entries[-1].position.next()
+        return encode_dedup_snapshot(marks)
+
+    async def segment_subscriptions(self, segment: SegmentName) -> list[str]:
+        ledger = await self._ledger(segment)
+        return sorted(c.name for c in ledger.cursors())
+
+    async def segment_backlog(self, segment: SegmentName, subscription: str) -> int:
+        ledger = await self._ledger(segment)
+        for cursor in ledger.cursors():
+            if cursor.name == subscription:
+                return cursor.backlog()
+        return 0
+
+    async def remove_subscription(self, segment: SegmentName, subscription: str) -> None:
+        ledger = await self._ledger(segment)
+        if any(c.name == subscription for c in ledger.cursors()):
+            await ledger.delete_cursor(subscription)
+
+    async def delete_segment(self, segment: SegmentName) -> None:
+        ledger = await self._ledger(segment)
+        async with self._lock:
+            self._open.pop(segment_ledger_name(segment), None)
+        await ledger.delete()
+
+    async def close(self) -> None:
+        """Close every ledger this object opened. Idempotent."""
+        async with self._lock:
+            ledgers, self._open = list(self._open.values()), {}
+        for ledger in ledgers:
+            await ledger.close()
+
+
+def encode_dedup_snapshot(marks: Mapping[str, int]) -> bytes:
+    """The snapshot wire form: sorted JSON ``{producer: last_sequence_id}``.
+
+    >>> encode_dedup_snapshot({"b": 2, "a": 1})
+    b'{"a": 1, "b": 2}'
+    """
+    return json.dumps(dict(sorted(marks.items()))).encode()
+
+
+def decode_dedup_snapshot(data: bytes) -> dict[str, int]:
+    """Inverse of :func:`encode_dedup_snapshot`.
+
+    >>> decode_dedup_snapshot(b'{"a": 1}')
+    {'a': 1}
+    """
+    decoded = json.loads(data)
+    return {str(k): int(v) for k, v in decoded.items()}
