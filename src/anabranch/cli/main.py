@@ -15,6 +15,7 @@ import typer
 from rich.console import Console
 
 from anabranch.broker.config import BrokerConfig
+from anabranch.cli.admin import admin_app
 
 app = typer.Typer(no_args_is_help=True, help="anabranch: elastic, key-ordered streams.")
 console = Console(stderr=True)
@@ -49,6 +50,9 @@ async def _run_standalone(cfg: BrokerConfig) -> None:
     finally:
         console.print("shutting down ...")
         await node.stop()
+
+
+app.add_typer(admin_app, name="admin")
 
 
 def main() -> None:

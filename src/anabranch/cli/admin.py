@@ -1,0 +1,428 @@
+"""``anabranch admin``: clusters, tenants, namespaces and topics over the admin REST API.
+
+Tables by default (rich), ``--output json`` for scripts (on ``admin`` or on any command).
+Errors print the server's reason on stderr and exit 1 (2 when the broker is unreachable).
+
+Example:
+    $ anabranch admin tenants list
+    $ anabranch admin topics create public/default/orders --partitions 4
+    $ anabranch admin --admin-url http://broker:8080 topics stats orders-partition-0 --output json
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable
+from enum import StrEnum
+from typing import Annotated, Any
+
+import aiohttp
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from anabranch.admin.client import DEFAULT_ADMIN_URL, AdminClient, AdminHttpError
+from anabranch.errors import InvalidArgument
+
+admin_app = typer.Typer(no_args_is_help=True, help="Administer a broker over its admin API.")
+clusters_app = typer.Typer(no_args_is_help=True, help="Clusters.")
+tenants_app = typer.Typer(no_args_is_help=True, help="Tenants.")
+namespaces_app = typer.Typer(no_args_is_help=True, help="Namespaces and their policies.")
+topics_app = typer.Typer(no_args_is_help=True, help="Persistent topics and subscriptions.")
+admin_app.add_typer(clusters_app, name="clusters")
+admin_app.add_typer(tenants_app, name="tenants")
+admin_app.add_typer(namespaces_app, name="namespaces")
+admin_app.add_typer(topics_app, name="topics")
+
+stdout = Console()
+stderr = Console(stderr=True)
+
+
+class Output(StrEnum):
+    table = "table"
+    json = "json"
+
+
+OutputOpt = Annotated[
+    Output | None, typer.Option("--output", "-o", help="table (default) or json.")
+]
+ForceOpt = Annotated[bool, typer.Option("--force", help="Even while clients are connected.")]
+
+
+class _Settings:
+    url: str = DEFAULT_ADMIN_URL
+    output: Output = Output.table
+
+
+_settings = _Settings()
+
+
+@admin_app.callback()
+def _admin(
+    admin_url: Annotated[
+        str, typer.Option("--admin-url", envvar="ANABRANCH_ADMIN_URL", help="Admin HTTP URL.")
+    ] = DEFAULT_ADMIN_URL,
+    output: Annotated[Output, typer.Option("--output", "-o", help="table or json.")] = (
+        Output.table
+    ),
+) -> None:
+    """Administer a broker over its admin API."""
+    _settings.url = admin_url
+    _settings.output = output
+
+
+# --- running and printing ---------------------------------------------------------------------
+
+
+def _run(call: Callable[[AdminClient], Awaitable[Any]], output: Output | None, title: str) -> None:
+    """Run one admin call, print its answer, map failures to exit codes."""
+
+    async def go() -> Any:
+        async with AdminClient(_settings.url) as client:
+            return await call(client)
+
+    try:
+        result = asyncio.run(go())
+    except AdminHttpError as err:
+        stderr.print(f"[red]error[/]: HTTP {err.status}: {err.reason}")
+        raise typer.Exit(1) from None
+    except InvalidArgument as err:
+        stderr.print(f"[red]error[/]: {err}")
+        raise typer.Exit(1) from None
+    except (aiohttp.ClientError, OSError) as err:
+        stderr.print(f"[red]error[/]: cannot reach {_settings.url}: {err}")
+        raise typer.Exit(2) from None
+    _print(result, output or _settings.output, title)
+
+
+def _print(result: Any, output: Output, title: str) -> None:
+    if output is Output.json:
+        typer.echo(json.dumps(result, indent=2, sort_keys=True))
+        return
+    if result is None:
+        stdout.print(f"[green]ok[/] {title}")
+    elif isinstance(result, list):
+        table = Table(title=title)
+        table.add_column("name")
+        for item in result:
+            table.add_row(str(item))
+        stdout.print(table)
+    elif isinstance(result, dict):
+        table = Table(title=title)
+        table.add_column("field")
+        table.add_column("value")
+        for key, value in result.items():
+            text = json.dumps(value) if isinstance(value, dict | list) else str(value)
+            table.add_row(str(key), text)
+        stdout.print(table)
+    else:
+        stdout.print(result)
+
+
+def _message_id(text: str) -> tuple[int, int]:
+    """``earliest``, ``latest`` or ``ledger:entry``."""
+    if text == "earliest":
+        return (-1, -1)
+    if text == "latest":
+        return (2**63 - 1, 2**63 - 1)
+    ledger, sep, entry = text.partition(":")
+    try:
+        if sep:
+            return (int(ledger), int(entry))
+    except ValueError:
+        pass
+    raise typer.BadParameter(f"{text!r} is not earliest, latest or <ledger>:<entry>")
+
+
+# --- clusters ---------------------------------------------------------------------------------
+
+
+@clusters_app.command("list")
+def clusters_list(output: OutputOpt = None) -> None:
+    """List clusters."""
+    _run(lambda c: c.list_clusters(), output, "clusters")
+
+
+@clusters_app.command("get")
+def clusters_get(name: str, output: OutputOpt = None) -> None:
+    """Show a cluster."""
+    _run(lambda c: c.get_cluster(name), output, f"cluster {name}")
+
+
+@clusters_app.command("create")
+def clusters_create(
+    name: str,
+    service_url: Annotated[str, typer.Option(help="http://host:8080")] = "",
+    broker_service_url: Annotated[str, typer.Option(help="pulsar://host:6650")] = "",
+    output: OutputOpt = None,
+) -> None:
+    """Create a cluster."""
+    _run(lambda c: c.create_cluster(name, service_url, broker_service_url), output,
+         f"created cluster {name}")  # fmt: skip
+
+
+@clusters_app.command("delete")
+def clusters_delete(name: str, output: OutputOpt = None) -> None:
+    """Delete a cluster."""
+    _run(lambda c: c.delete_cluster(name), output, f"deleted cluster {name}")
+
+
+# --- tenants ----------------------------------------------------------------------------------
+
+
+def _csv(text: str) -> list[str]:
+    return [part for part in (p.strip() for p in text.split(",")) if part]
+
+
+@tenants_app.command("list")
+def tenants_list(output: OutputOpt = None) -> None:
+    """List tenants."""
+    _run(lambda c: c.list_tenants(), output, "tenants")
+
+
+@tenants_app.command("get")
+def tenants_get(name: str, output: OutputOpt = None) -> None:
+    """Show a tenant."""
+    _run(lambda c: c.get_tenant(name), output, f"tenant {name}")
+
+
+@tenants_app.command("create")
+def tenants_create(
+    name: str,
+    allowed_clusters: Annotated[str, typer.Option(help="Comma-separated cluster names.")] = "",
+    admin_roles: Annotated[str, typer.Option(help="Comma-separated roles.")] = "",
+    output: OutputOpt = None,
+) -> None:
+    """Create a tenant."""
+    _run(lambda c: c.create_tenant(name, _csv(allowed_clusters), _csv(admin_roles)), output,
+         f"created tenant {name}")  # fmt: skip
+
+
+@tenants_app.command("update")
+def tenants_update(
+    name: str,
+    allowed_clusters: Annotated[str, typer.Option(help="Comma-separated cluster names.")] = "",
+    admin_roles: Annotated[str, typer.Option(help="Comma-separated roles.")] = "",
+    output: OutputOpt = None,
+) -> None:
+    """Replace a tenant's clusters and roles."""
+    _run(lambda c: c.update_tenant(name, _csv(allowed_clusters), _csv(admin_roles)), output,
+         f"updated tenant {name}")  # fmt: skip
+
+
+@tenants_app.command("delete")
+def tenants_delete(name: str, output: OutputOpt = None) -> None:
+    """Delete an empty tenant."""
+    _run(lambda c: c.delete_tenant(name), output, f"deleted tenant {name}")
+
+
+# --- namespaces -------------------------------------------------------------------------------
+
+
+@namespaces_app.command("list")
+def namespaces_list(tenant: str, output: OutputOpt = None) -> None:
+    """List a tenant's namespaces."""
+    _run(lambda c: c.list_namespaces(tenant), output, f"namespaces of {tenant}")
+
+
+@namespaces_app.command("create")
+def namespaces_create(namespace: str, output: OutputOpt = None) -> None:
+    """Create a namespace (tenant/ns)."""
+    _run(lambda c: c.create_namespace(namespace), output, f"created namespace {namespace}")
+
+
+@namespaces_app.command("get")
+def namespaces_get(namespace: str, output: OutputOpt = None) -> None:
+    """Show a namespace's policies."""
+    _run(lambda c: c.get_namespace_policies(namespace), output, f"policies of {namespace}")
+
+
+@namespaces_app.command("delete")
+def namespaces_delete(namespace: str, output: OutputOpt = None) -> None:
+    """Delete an empty namespace."""
+    _run(lambda c: c.delete_namespace(namespace), output, f"deleted namespace {namespace}")
+
+
+@namespaces_app.command("topics")
+def namespaces_topics(namespace: str, output: OutputOpt = None) -> None:
+    """List a namespace's topics."""
+    _run(lambda c: c.namespace_topics(namespace), output, f"topics of {namespace}")
+
+
+@namespaces_app.command("set-deduplication")
+def namespaces_set_dedup(
+    namespace: str,
+    enable: Annotated[bool, typer.Option("--enable/--disable")] = True,
+    output: OutputOpt = None,
+) -> None:
+    """Enable or disable deduplication for a namespace."""
+    _run(lambda c: c.set_deduplication(namespace, enable), output,
+         f"deduplication {'enabled' if enable else 'disabled'} on {namespace}")  # fmt: skip
+
+
+@namespaces_app.command("get-deduplication")
+def namespaces_get_dedup(namespace: str, output: OutputOpt = None) -> None:
+    """Is deduplication enabled for a namespace?"""
+    _run(lambda c: c.get_deduplication(namespace), output, f"deduplication of {namespace}")
+
+
+# --- topics -----------------------------------------------------------------------------------
+
+
+@topics_app.command("list")
+def topics_list(namespace: str, output: OutputOpt = None) -> None:
+    """List persistent topics (partitions included)."""
+    _run(lambda c: c.list_topics(namespace), output, f"topics of {namespace}")
+
+
+@topics_app.command("list-partitioned")
+def topics_list_partitioned(namespace: str, output: OutputOpt = None) -> None:
+    """List partitioned topics."""
+    _run(lambda c: c.list_partitioned_topics(namespace), output, f"partitioned in {namespace}")
+
+
+@topics_app.command("create")
+def topics_create(
+    topic: str,
+    partitions: Annotated[int, typer.Option(help="0: non-partitioned.")] = 0,
+    output: OutputOpt = None,
+) -> None:
+    """Create a topic (partitioned with --partitions N)."""
+
+    async def call(c: AdminClient) -> None:
+        if partitions > 0:
+            await c.create_partitioned_topic(topic, partitions)
+        else:
+            await c.create_topic(topic)
+
+    _run(call, output, f"created {topic}")
+
+
+@topics_app.command("delete")
+def topics_delete(topic: str, force: ForceOpt = False, output: OutputOpt = None) -> None:
+    """Delete a topic (with all its partitions when partitioned)."""
+
+    async def call(c: AdminClient) -> None:
+        if await c.get_partitions(topic) > 0:
+            await c.delete_partitioned_topic(topic, force=force)
+        else:
+            await c.delete_topic(topic, force=force)
+
+    _run(call, output, f"deleted {topic}")
+
+
+@topics_app.command("partitions")
+def topics_partitions(topic: str, output: OutputOpt = None) -> None:
+    """Show the partition count (0: not partitioned)."""
+
+    async def call(c: AdminClient) -> Any:
+        return {"partitions": await c.get_partitions(topic)}
+
+    _run(call, output, topic)
+
+
+@topics_app.command("update-partitions")
+def topics_update_partitions(topic: str, partitions: int, output: OutputOpt = None) -> None:
+    """Increase the number of partitions."""
+    _run(lambda c: c.update_partitioned_topic(topic, partitions), output,
+         f"{topic} now has {partitions} partitions")  # fmt: skip
+
+
+@topics_app.command("stats")
+def topics_stats(topic: str, output: OutputOpt = None) -> None:
+    """Topic stats (partitioned topics: summed over partitions)."""
+
+    async def call(c: AdminClient) -> Any:
+        if await c.get_partitions(topic) > 0:
+            return await c.partitioned_stats(topic)
+        return await c.stats(topic)
+
+    _run(call, output, f"stats of {topic}")
+
+
+@topics_app.command("internal-stats")
+def topics_internal_stats(topic: str, output: OutputOpt = None) -> None:
+    """Managed-ledger internal stats."""
+    _run(lambda c: c.internal_stats(topic), output, f"internal stats of {topic}")
+
+
+@topics_app.command("terminate")
+def topics_terminate(topic: str, output: OutputOpt = None) -> None:
+    """Terminate (seal) a topic; prints its last message id."""
+    _run(lambda c: c.terminate(topic), output, f"terminated {topic}")
+
+
+@topics_app.command("lookup")
+def topics_lookup(topic: str, output: OutputOpt = None) -> None:
+    """Which broker serves a topic."""
+    _run(lambda c: c.lookup(topic), output, f"lookup of {topic}")
+
+
+@topics_app.command("subscriptions")
+def topics_subscriptions(topic: str, output: OutputOpt = None) -> None:
+    """List a topic's subscriptions."""
+    _run(lambda c: c.subscriptions(topic), output, f"subscriptions of {topic}")
+
+
+@topics_app.command("create-subscription")
+def topics_create_subscription(
+    topic: str,
+    subscription: str,
+    position: Annotated[str, typer.Option(help="earliest, latest or ledger:entry")] = "latest",
+    output: OutputOpt = None,
+) -> None:
+    """Create a subscription at a position."""
+    start = _message_id(position)
+    _run(lambda c: c.create_subscription(topic, subscription, start), output,
+         f"created subscription {subscription}")  # fmt: skip
+
+
+@topics_app.command("delete-subscription")
+def topics_delete_subscription(
+    topic: str, subscription: str, force: ForceOpt = False, output: OutputOpt = None
+) -> None:
+    """Delete a subscription."""
+    _run(lambda c: c.delete_subscription(topic, subscription, force=force), output,
+         f"deleted subscription {subscription}")  # fmt: skip
+
+
+@topics_app.command("skip")
+def topics_skip(
+    topic: str,
+    subscription: str,
+    count: Annotated[int | None, typer.Option(help="Messages to skip (default: all).")] = None,
+    output: OutputOpt = None,
+) -> None:
+    """Skip N messages, or the whole backlog."""
+
+    async def call(c: AdminClient) -> None:
+        if count is None:
+            await c.skip_all(topic, subscription)
+        else:
+            await c.skip(topic, subscription, count)
+
+    _run(call, output, f"skipped on {subscription}")
+
+
+@topics_app.command("reset-cursor")
+def topics_reset_cursor(
+    topic: str,
+    subscription: str,
+    time_ms: Annotated[int | None, typer.Option("--time", help="Publish time (ms).")] = None,
+    message_id: Annotated[str | None, typer.Option(help="ledger:entry")] = None,
+    output: OutputOpt = None,
+) -> None:
+    """Move a subscription to a publish time or a message id."""
+    if (time_ms is None) == (message_id is None):
+        raise typer.BadParameter("give exactly one of --time and --message-id")
+
+    async def call(c: AdminClient) -> None:
+        if time_ms is not None:
+            await c.reset_cursor_to_time(topic, subscription, time_ms)
+        else:
+            assert message_id is not None
+            ledger, entry = _message_id(message_id)
+            await c.reset_cursor(topic, subscription, ledger, entry)
+
+    _run(call, output, f"reset {subscription}")
