@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from anabranch.broker.topic import PersistentTopic
 
 log = logging.getLogger(__name__)
+_U64 = 2**64 - 1
 
 
 class Producer:
@@ -113,8 +114,9 @@ class Producer:
             err: BaseException = Closed("send cancelled")
         elif future.exception() is None:
             pos: Position = future.result()
+            # uint64 on the wire: a duplicate's (-1, -1) goes out as upstream's Java does.
             receipt = commands.send_receipt(
-                self.producer_id, sequence_id, pos.ledger_id, pos.entry_id, highest
+                self.producer_id, sequence_id, pos.ledger_id & _U64, pos.entry_id & _U64, highest
             )
             self.session.write(receipt)
             return

@@ -20,7 +20,7 @@ import contextlib
 import logging
 import socket
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from anabranch import limits
 from anabranch.broker.session import Session
@@ -56,7 +56,8 @@ class _Connection(asyncio.Protocol):
         self.session: Session | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
+        # uvloop's TCPTransport implements asyncio.Transport without subclassing it.
+        transport = cast(asyncio.Transport, transport)
         sock = transport.get_extra_info("socket")
         if sock is not None:
             with contextlib.suppress(OSError):

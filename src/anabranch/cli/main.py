@@ -18,6 +18,13 @@ from anabranch.broker.config import BrokerConfig
 from anabranch.cli.admin import admin_app
 
 app = typer.Typer(no_args_is_help=True, help="anabranch: elastic, key-ordered streams.")
+
+
+@app.callback()
+def _commands() -> None:
+    """Keeps ``standalone`` a subcommand (typer collapses a one-command app)."""
+
+
 console = Console(stderr=True)
 
 
