@@ -3,8 +3,9 @@ rejected send never advances the state, and the state survives restarts."""
 
 from __future__ import annotations
 
-import msgspec
 from pathlib import Path
+
+import msgspec
 
 from anabranch.broker.policies import Policies
 from anabranch.broker.service import managed_ledger_name
