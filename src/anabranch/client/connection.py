@@ -39,6 +39,7 @@ from anabranch.client.errors import (
     OperationTimeout,
     from_server_error,
 )
+from anabranch.core.names import TopicName
 from anabranch.errors import AnabranchError, Closed, InvalidArgument
 from anabranch.limits import (
     CLIENT_LOOKUP_REDIRECTS_MAX,
@@ -178,6 +179,10 @@ class ClientConnection:
         except BaseException:
             await self.close()
             raise
+
+    async def wait_closed(self) -> None:
+        """Return once the connection has closed (for whatever reason)."""
+        await self._closed.wait()
 
     async def close(self) -> None:
         """Close the socket; pending requests fail and handlers are told. Idempotent."""
@@ -452,7 +457,9 @@ class ConnectionPool:
         raise LookupFailed(f"lookup of {topic} exceeded {self.lookup_redirects_max} redirects")
 
     async def partitioned_metadata(self, topic: str) -> int:
-        """The number of partitions of ``topic`` (0: not partitioned)."""
+        """The number of partitions of ``topic`` (0: not partitioned, or a partition)."""
+        if TopicName.parse(topic).partition is not None:
+            return 0  # a partition is never itself partitioned (upstream asks no broker)
         conn = await self.get()
         request_id = conn.new_request_id()
         body = pb.CommandPartitionedTopicMetadata(topic=topic, request_id=request_id)

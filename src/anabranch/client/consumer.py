@@ -205,17 +205,21 @@ class Consumer(ReconnectingHandler):
         self.is_active: bool | None = None
         self.reached_end_of_topic = False
         self._id = pool.new_handler_id()
-        self._inbox = inbox or Inbox()
+        self._inbox = inbox if inbox is not None else Inbox()
         self._durable = durable
         self._start_message_id = start_message_id
         self._filter_up_to: MessageId | None = None
-        sentinels = (MessageId.earliest(), MessageId.latest())
-        if (
-            start_message_id is not None
-            and not start_inclusive
-            and start_message_id not in sentinels
+        self._start_inclusive = start_inclusive
+        if start_message_id is not None and start_message_id not in (
+            MessageId.earliest(),
+            MessageId.latest(),
         ):
-            self._filter_up_to = start_message_id
+            if not start_inclusive:
+                self._filter_up_to = start_message_id
+            elif start_message_id.batch_index > 0:
+                # The broker sends the whole batch: skip the messages before the start.
+                s = start_message_id
+                self._filter_up_to = MessageId(s.ledger_id, s.entry_id, s.batch_index - 1)
         self._last_dequeued: MessageId | None = None
         self._consumed = 0
         self._epoch = 0
@@ -255,6 +259,10 @@ class Consumer(ReconnectingHandler):
             body.durable = False
             start = self._last_dequeued or self._start_message_id
             if start is not None:
+                sentinel = start in (MessageId.earliest(), MessageId.latest())
+                if self._last_dequeued is None and self._start_inclusive and not sentinel:
+                    # The broker starts after the given id: name the entry before it.
+                    start = MessageId(start.ledger_id, start.entry_id - 1, -1, start.partition)
                 body.start_message_id.CopyFrom(start.entry.to_proto())
         return cmd
 
@@ -532,6 +540,7 @@ class Consumer(ReconnectingHandler):
         self._filter_up_to = None
         if isinstance(target, MessageId):
             self._start_message_id = target
+            self._start_inclusive = True
         self._grant(cleared)
 
     async def get_last_message_id(self) -> MessageId:

@@ -150,7 +150,11 @@ SERVER_ERRORS: Final[dict[int, tuple[type[AnabranchError], bool]]] = {
     pb.InvalidTopicName: (InvalidArgument, False),
     pb.IncompatibleSchema: (IncompatibleSchema, False),
     pb.ConsumerAssignError: (BrokerError, False),
+    pb.TransactionCoordinatorNotFound: (BrokerError, True),
+    pb.InvalidTxnStatus: (BrokerError, False),
     pb.NotAllowedError: (NotAllowed, False),
+    pb.TransactionConflict: (BrokerError, False),
+    pb.TransactionNotFound: (BrokerError, False),
     pb.ProducerFenced: (ProducerFenced, False),
 }
 """ServerError code -> (exception class, retriable). Codes not listed map to BrokerError."""

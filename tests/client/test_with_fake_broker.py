@@ -1,0 +1,160 @@
+"""Client behaviour checked frame by frame against a scripted broker."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from anabranch.aio import Client, Producer
+from anabranch.client.connection import ConnectionPool
+from anabranch.client.errors import ProducerQueueFull
+from anabranch.errors import NotAllowed
+from anabranch.protocol._generated import pulsar_api_pb2 as pb
+from anabranch.protocol.batch import decode_batch
+from anabranch.protocol.compression import decompress
+from tests.client.fake_broker import FakeBroker
+
+T = pb.BaseCommand
+TOPIC = "persistent://public/default/f"
+
+
+async def test_handshake_and_lookup_follow_redirects(fake: FakeBroker) -> None:
+    target = await FakeBroker().start()
+    try:
+        fake.redirect_to = target.url
+        pool = ConnectionPool(fake.url)
+        assert await pool.lookup(TOPIC) == ("127.0.0.1", target.port)
+        connect = fake.of_type(T.CONNECT)[0].command.connect
+        assert connect.protocol_version == 21 and connect.client_version.startswith("anabranch")
+        assert connect.feature_flags.supports_auth_refresh
+        assert target.of_type(T.LOOKUP)[0].command.lookupTopic.authoritative
+        await pool.close()
+    finally:
+        await target.stop()
+
+
+async def test_lookup_redirect_loop_is_bounded(fake: FakeBroker) -> None:
+    fake.redirect_to = fake.url  # redirects to itself
+    pool = ConnectionPool(fake.url, lookup_redirects_max=3)
+
+    # Our fake answers authoritative lookups with Connect, so force redirects always.
+    original = fake._answer
+
+    def always_redirect(session, frame):  # type: ignore[no-untyped-def]
+        if frame.type == T.LOOKUP:
+            frame.command.lookupTopic.authoritative = False
+        original(session, frame)
+
+    fake._answer = always_redirect  # type: ignore[method-assign]
+    with pytest.raises(Exception, match="redirects"):
+        await pool.lookup(TOPIC)
+    assert len(fake.of_type(T.LOOKUP)) == 4
+    await pool.close()
+
+
+async def test_ping_is_answered_and_keepalive_pings(fake: FakeBroker) -> None:
+    pool = ConnectionPool(fake.url, keepalive_interval_s=0.1)
+    conn = await pool.get()
+    fake.sessions[-1].write(
+        fake.sessions[-1].conn.send(pb.BaseCommand(type=T.PING, ping=pb.CommandPing()))
+    )
+    await fake.wait_for(T.PONG)
+    await fake.wait_for(T.PING, 2)
+    assert conn.is_open
+    fake.answer_pings = False
+    await conn.wait_closed()  # no PONG within the keepalive interval
+    assert not conn.is_open
+    await pool.close()
+
+
+async def test_batch_layout_and_sequence_ids(fake: FakeBroker) -> None:
+    fake.last_sequence_id = 41
+    async with Client(fake.url) as client:
+        producer = await client.create_producer(
+            TOPIC, batch_messages_max=3, batch_delay_s=10, compression="lz4"
+        )
+        futures = [await producer.send_async(b"m%d" % i, key="k") for i in range(3)]
+        ids = [await f for f in futures]
+    sends = fake.of_type(T.SEND)
+    assert len(sends) == 1
+    frame = sends[0]
+    assert frame.command.send.sequence_id == 42 and frame.command.send.num_messages == 3
+    assert frame.command.send.highest_sequence_id == 44
+    md = frame.metadata
+    assert md is not None and md.num_messages_in_batch == 3 and md.partition_key == "k"
+    raw = decompress(int(md.compression), frame.payload, md.uncompressed_size, 1 << 20)
+    entries = decode_batch(raw, 3)
+    assert [p for _, p in entries] == [b"m0", b"m1", b"m2"]
+    assert [s.sequence_id for s, _ in entries] == [42, 43, 44]
+    assert [i.batch_index for i in ids] == [0, 1, 2]
+
+
+async def test_pending_queue_blocks_then_fails_fast(fake: FakeBroker) -> None:
+    fake.answer_sends = False
+    async with Client(fake.url, operation_timeout_s=0.5) as client:
+        producer = await client.create_producer(TOPIC, batching=False, pending_messages_max=2)
+        await producer.send_async(b"1")
+        await producer.send_async(b"2")
+        blocked = asyncio.create_task(producer.send_async(b"3"))
+        await asyncio.sleep(0.1)
+        assert not blocked.done()
+        nonblocking = await client.create_producer(
+            TOPIC, batching=False, pending_messages_max=1, block_if_queue_full=False
+        )
+        await nonblocking.send_async(b"x")
+        with pytest.raises(ProducerQueueFull):
+            await nonblocking.send_async(b"y")
+        blocked.cancel()
+        await asyncio.gather(blocked, return_exceptions=True)
+
+
+async def test_pending_sends_are_resent_in_order_after_a_drop(fake: FakeBroker) -> None:
+    fake.answer_sends = False
+    async with Client(fake.url, random=lambda: 0.0) as client:
+        producer = await client.create_producer(TOPIC, batching=False)
+        assert isinstance(producer, Producer)
+        futures = [await producer.send_async(b"%d" % i) for i in range(5)]
+        await fake.wait_for(T.SEND, 5)
+        fake.answer_sends = True
+        await fake.drop_connections()
+        ids = [await f for f in futures]
+        assert ids == sorted(ids)
+        resent = [f.command.send.sequence_id for f in fake.of_type(T.SEND)[5:]]
+        assert resent == [0, 1, 2, 3, 4]
+        assert len(fake.of_type(T.PRODUCER)) == 2
+
+
+async def test_send_error_fails_the_send_with_a_typed_error(fake: FakeBroker) -> None:
+    fake.send_error = pb.NotAllowedError
+    async with Client(fake.url) as client:
+        producer = await client.create_producer(TOPIC, batching=False)
+        with pytest.raises(NotAllowed):
+            await producer.send(b"x")
+
+
+async def test_consumer_flow_refills_at_half_and_acks_whole_batches(fake: FakeBroker) -> None:
+    async with Client(fake.url) as client:
+        consumer = await client.subscribe(TOPIC, "s", receiver_queue_size=4)
+        flows = await fake.wait_for(T.FLOW)
+        assert flows[0].command.flow.messagePermits == 4
+        cid = fake.of_type(T.SUBSCRIBE)[0].command.subscribe.consumer_id
+        from anabranch.protocol.batch import encode_batch
+
+        md = pb.MessageMetadata(producer_name="p", sequence_id=0, publish_time=1)
+        md.num_messages_in_batch = 2
+        fake.deliver(cid, 7, md, encode_batch([(None, b"a"), (None, b"b")]))
+        first = await consumer.receive(timeout=5)
+        second = await consumer.receive(timeout=5)
+        assert first is not None and second is not None
+        assert (first.value, second.value) == (b"a", b"b")
+        assert len(fake.of_type(T.FLOW)) == 1
+        await consumer.acknowledge(second)
+        await consumer.acknowledge(first)
+        acks = await fake.wait_for(T.ACK)
+        assert [(m.entryId, m.batch_index) for m in acks[0].command.ack.message_id] == [(7, -1)]
+        single = pb.MessageMetadata(producer_name="p", sequence_id=1, publish_time=1)
+        fake.deliver(cid, 8, single, b"c")
+        assert (await consumer.receive(timeout=5)) is not None
+        flows = await fake.wait_for(T.FLOW, 2)
+        assert flows[1].command.flow.messagePermits == 2
