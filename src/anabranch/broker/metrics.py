@@ -22,7 +22,7 @@ Example:
     >>> counters.bad_frames += 1
     >>> _ = registry.register(BrokerCollector(lambda: [], counters, cluster="standalone"))
     >>> registry.get_sample_value("anabranch_bad_frames_total", {"cluster": "standalone"})
-    1.0
+    1
 """
 
 from __future__ import annotations
