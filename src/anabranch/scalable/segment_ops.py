@@ -30,7 +30,7 @@ import struct
 from collections.abc import Mapping
 from typing import Protocol
 
-from google.protobuf.message import DecodeError
+from google.protobuf.message import DecodeError  # type: ignore[import-untyped]
 
 from anabranch.core.names import SegmentName
 from anabranch.errors import LedgerFenced

@@ -1,0 +1,204 @@
+"""ScalableTopicService: the per-broker entry point to scalable topics (PIP-468).
+
+It creates a :class:`~anabranch.scalable.controller.ScalableTopicController` per topic on
+first use (each one joins that topic's leader election under this broker's metadata
+session), answers reads from the metadata store directly (any broker can), and sends
+mutations to the local controller. When the local controller is not the leader, a
+mutation raises :class:`~anabranch.errors.NotLeader` carrying the leader's URL, which the
+admin layer turns into HTTP 307.
+
+Example:
+    >>> async def demo(store, ops, clock) -> None:
+    ...     service = ScalableTopicService(store, ops, clock, "http://127.0.0.1:8080")
+    ...     await service.start()
+    ...     await service.create("topic://public/default/orders", 2)
+    ...     layout = await service.get_metadata("topic://public/default/orders")
+    ...     await service.close()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from anabranch import limits
+from anabranch.clock import Clock
+from anabranch.core.names import NamespaceName, TopicDomain, TopicName
+from anabranch.core.segment_layout import SegmentLayout, segment_name
+from anabranch.errors import Closed, InvalidArgument, NotFound, NotLeader
+from anabranch.metadata.api import MetadataStore, Session
+from anabranch.scalable.controller import ScalableTopicController
+from anabranch.scalable.paths import TopicPaths, namespace_path
+from anabranch.scalable.segment_ops import SegmentOps
+from anabranch.scalable.subscription_coordinator import AssignmentListener
+
+log = logging.getLogger(__name__)
+
+
+def scalable_topic_name(text: str | TopicName) -> TopicName:
+    """Parse a scalable topic name; short forms get the ``topic://`` domain.
+
+    Example:
+        >>> str(scalable_topic_name("public/default/orders"))
+        'topic://public/default/orders'
+    """
+    name = text if isinstance(text, TopicName) else TopicName.parse(text, TopicDomain.TOPIC)
+    if name.domain is not TopicDomain.TOPIC:
+        raise InvalidArgument(f"{name} is not a scalable topic:// name")
+    return name
+
+
+class ScalableTopicService:
+    """Controllers of this broker, one per scalable topic it has touched."""
+
+    def __init__(
+        self,
+        store: MetadataStore,
+        ops: SegmentOps,
+        clock: Clock,
+        broker_url: str,
+        *,
+        session: Session | None = None,
+        grace_period_ms: int = limits.SCALABLE_CONSUMER_GRACE_PERIOD_MS,
+        on_assignment: AssignmentListener | None = None,
+    ) -> None:
+        self.store = store
+        self.ops = ops
+        self.clock = clock
+        self.broker_url = broker_url
+        self.grace_period_ms = grace_period_ms
+        self._on_assignment = on_assignment
+        self._session = session
+        self._own_session = session is None
+        self._controllers: dict[TopicName, ScalableTopicController] = {}
+        self._lock = asyncio.Lock()
+        self._closed = False
+
+    async def start(self) -> None:
+        """Open this broker's metadata session unless one was given."""
+        if self._session is None:
+            self._session = await self.store.open_session(limits.SCALABLE_SESSION_TTL_S)
+
+    async def controller(self, topic: str | TopicName) -> ScalableTopicController:
+        """The started local controller of ``topic`` (created on first use)."""
+        name = scalable_topic_name(topic)
+        if self._closed:
+            raise Closed("scalable topic service is closed")
+        async with self._lock:
+            controller = self._controllers.get(name)
+            if controller is None:
+                if self._session is None:
+                    await self.start()
+                assert self._session is not None
+                controller = ScalableTopicController(
+                    self.store,
+                    name,
+                    self.ops,
+                    self.clock,
+                    self._session,
+                    broker_url=self.broker_url,
+                    grace_period_ms=self.grace_period_ms,
+                    on_assignment=self._on_assignment,
+                )
+                await controller.start()
+                self._controllers[name] = controller
+            return controller
+
+    async def _leader(self, topic: str | TopicName) -> ScalableTopicController:
+        controller = await self.controller(topic)
+        if not controller.is_leader:
+            raise NotLeader(str(controller.topic), controller.leader_url)
+        return controller
+
+    # --- reads (any broker) -----------------------------------------------------------------
+
+    async def get_metadata(self, topic: str | TopicName) -> SegmentLayout:
+        """The stored layout (NotFound if the topic does not exist)."""
+        name = scalable_topic_name(topic)
+        record = await self.store.get(TopicPaths(name).layout)
+        if record is None:
+            raise NotFound(str(name))
+        return SegmentLayout.from_json(record.value)
+
+    async def list_topics(self, namespace: str | NamespaceName) -> list[str]:
+        """``topic://`` names of the namespace's scalable topics, sorted."""
+        ns = namespace if isinstance(namespace, NamespaceName) else NamespaceName.parse(namespace)
+        children = await self.store.list_children(namespace_path(ns))
+        return [f"topic://{ns.tenant}/{ns.namespace}/{child}" for child in children]
+
+    async def list_subscriptions(self, topic: str | TopicName) -> list[str]:
+        """Names of the topic's subscriptions."""
+        name = scalable_topic_name(topic)
+        await self.get_metadata(name)
+        return await self.store.list_children(TopicPaths(name).subscriptions)
+
+    async def leader_url(self, topic: str | TopicName) -> str | None:
+        """The controller leader's broker URL (None while there is none)."""
+        record = await self.store.get(TopicPaths(scalable_topic_name(topic)).controller)
+        return record.value.decode() if record is not None else None
+
+    async def stats(self, topic: str | TopicName) -> dict[str, Any]:
+        """Layout summary, subscriptions and per-segment backlog, for the admin API."""
+        name = scalable_topic_name(topic)
+        layout = await self.get_metadata(name)
+        subscriptions = await self.list_subscriptions(name)
+        segments: dict[str, Any] = {}
+        for segment in layout.active_segments():
+            seg = segment_name(name, segment)
+            segments[str(seg)] = {
+                "segmentId": segment.segment_id,
+                "backlog": {sub: await self.ops.segment_backlog(seg, sub) for sub in subscriptions},
+            }
+        return {
+            "epoch": layout.epoch,
+            "activeSegments": len(layout.active_segments()),
+            "sealedSegments": len(layout.sealed_segments()),
+            "subscriptions": subscriptions,
+            "segments": segments,
+            "controllerBrokerUrl": await self.leader_url(name),
+        }
+
+    # --- mutations (the leader only) --------------------------------------------------------
+
+    async def create(self, topic: str | TopicName, num_initial_segments: int) -> SegmentLayout:
+        """Create a scalable topic with ``num_initial_segments`` segments."""
+        return await (await self._leader(topic)).create(num_initial_segments)
+
+    async def delete(self, topic: str | TopicName) -> None:
+        """Delete a scalable topic, its segments and metadata."""
+        name = scalable_topic_name(topic)
+        controller = await self._leader(name)
+        await controller.delete()
+        async with self._lock:
+            if self._controllers.get(name) is controller:
+                del self._controllers[name]
+
+    async def split(self, topic: str | TopicName, segment_id: int) -> SegmentLayout:
+        """Split one active segment."""
+        return await (await self._leader(topic)).split(segment_id)
+
+    async def merge(self, topic: str | TopicName, first_id: int, second_id: int) -> SegmentLayout:
+        """Merge two adjacent active segments."""
+        return await (await self._leader(topic)).merge(first_id, second_id)
+
+    async def create_subscription(self, topic: str | TopicName, subscription: str) -> None:
+        """Create a subscription (cursors at EARLIEST on every active segment)."""
+        await (await self._leader(topic)).create_subscription(subscription)
+
+    async def delete_subscription(self, topic: str | TopicName, subscription: str) -> None:
+        """Delete a subscription and its cursors."""
+        await (await self._leader(topic)).delete_subscription(subscription)
+
+    async def close(self) -> None:
+        """Close every controller (stepping down) and our own session. Idempotent."""
+        self._closed = True
+        async with self._lock:
+            controllers, self._controllers = list(self._controllers.values()), {}
+        for controller in controllers:
+            try:
+                await controller.close()
+            except Exception:
+                log.exception("closing the controller of %s failed", controller.topic)
+        if self._own_session and self._session is not None:
+            await self._session.close()
