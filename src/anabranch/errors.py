@@ -391,3 +391,29 @@ class ConsumerNotFound(NotAllowed):
 
 WIRE_CODES.update({c: c.wire_code for c in all_error_classes()})
 HTTP_STATUS.update({c: c.http_status for c in all_error_classes()})
+
+
+# --- scalable topics (controller) ---------------------------------------------------------
+
+
+class NotLeader(AnabranchError):
+    """A scalable-topic mutation sent to a broker whose controller is not the leader.
+
+    ``leader_url`` is the current leader's broker URL (None while no leader is known); the
+    admin layer answers HTTP 307 with it as ``Location``. Retriable: ask the leader, or
+    again once an election has settled.
+    """
+
+    retriable = True
+    wire_code = "ServiceNotReady"
+    http_status = 307
+
+    def __init__(self, topic: str, leader_url: str | None) -> None:
+        where = f"the leader is {leader_url}" if leader_url else "no leader is elected"
+        super().__init__(f"this broker is not the controller of {topic}: {where}")
+        self.topic = topic
+        self.leader_url = leader_url
+
+
+WIRE_CODES.update({c: c.wire_code for c in all_error_classes()})
+HTTP_STATUS.update({c: c.http_status for c in all_error_classes()})
