@@ -70,12 +70,15 @@ def drain(consumer: pulsar.Consumer, timeout_ms: int = 500) -> list[Any]:
 async def test_shared_and_exclusive(broker: InProcessBroker) -> None:
     def work() -> tuple[list[bytes], list[bytes], str]:
         with client(broker.service_url) as c:
-            a = c.subscribe(TOPIC, "sh", consumer_type=pulsar.ConsumerType.Shared,
-                            receiver_queue_size=1)  # fmt: skip
-            b = c.subscribe(TOPIC, "sh", consumer_type=pulsar.ConsumerType.Shared,
-                            receiver_queue_size=1)  # fmt: skip
+            a = c.subscribe(
+                TOPIC, "sh", consumer_type=pulsar.ConsumerType.Shared, receiver_queue_size=1
+            )
+            b = c.subscribe(
+                TOPIC, "sh", consumer_type=pulsar.ConsumerType.Shared, receiver_queue_size=1
+            )
             produce(c, 20)
-            got_a, got_b = [], []
+            got_a: list[bytes] = []
+            got_b: list[bytes] = []
             for consumer, got in ((a, got_a), (b, got_b)) * 10:
                 m = consumer.receive(RECEIVE_MS)
                 got.append(m.data())
@@ -121,7 +124,7 @@ async def test_key_shared_keeps_per_key_order(broker: InProcessBroker) -> None:
             consumers = [
                 c.subscribe(
                     TOPIC, "ks", consumer_type=pulsar.ConsumerType.KeyShared, consumer_name=f"c{i}"
-                )  # fmt: skip
+                )
                 for i in range(2)
             ]
             producer = c.create_producer(TOPIC, batching_type=pulsar.BatchingType.KeyBased)
@@ -181,8 +184,12 @@ async def test_individual_cumulative_and_batch_index_acks(broker: InProcessBroke
 async def test_negative_ack_redelivers_with_count(broker: InProcessBroker) -> None:
     def work() -> list[tuple[bytes, int]]:
         with client(broker.service_url) as c:
-            consumer = c.subscribe(TOPIC, "nack", consumer_type=pulsar.ConsumerType.Shared,
-                                   negative_ack_redelivery_delay_ms=100)  # fmt: skip
+            consumer = c.subscribe(
+                TOPIC,
+                "nack",
+                consumer_type=pulsar.ConsumerType.Shared,
+                negative_ack_redelivery_delay_ms=100,
+            )
             produce(c, 1)
             seen = []
             for _ in range(3):
