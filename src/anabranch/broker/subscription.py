@@ -218,6 +218,9 @@ class Subscription:
         if cumulative:
             await self._ack_cumulative(consumer, cmd.message_id, txn)
             return
+        if txn is not None and any(m.ack_set for m in cmd.message_id):
+            # PendingAckStore has no batch-index state yet: refuse rather than ack whole.
+            raise NotAllowed("transactional batch-index acks are not supported")
         full: list[Position] = []
         for msg_id in cmd.message_id:
             pos = position_of(msg_id)
