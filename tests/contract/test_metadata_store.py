@@ -191,6 +191,25 @@ async def test_commit_writing_one_path_twice_is_rejected(store: MetadataStore) -
     assert await snapshot(store) == before
 
 
+async def test_concurrent_cas_failures_do_not_affect_their_neighbours(
+    store: MetadataStore,
+) -> None:
+    stats = [await store.put(f"/batch/{i:02d}", b"0") for i in range(40)]
+
+    async def cas(i: int) -> str:
+        expected = stats[i].version if i % 2 == 0 else stats[i].version + 5
+        try:
+            await store.put(f"/batch/{i:02d}", b"1", expected_version=expected)
+        except BadVersion:
+            return "bad"
+        return "ok"
+
+    outcomes = await asyncio.gather(*(cas(i) for i in range(40)))
+    assert outcomes == ["ok" if i % 2 == 0 else "bad" for i in range(40)]
+    values = [r.value for r in (await store.list_prefix("/batch/")).records]
+    assert values == [b"1" if i % 2 == 0 else b"0" for i in range(40)]
+
+
 # --- listings --------------------------------------------------------------------------------
 
 

@@ -149,20 +149,24 @@ class MemoryMetadataStore:
         value = validate_value(value)
         validate_expected_version(expected_version)
         op = Put(path, value, expected_version, session_id_of(session))
-        result = (await self.commit([op])).results[0]
+        result = (await self._commit_checked([op])).results[0]
         assert isinstance(result, Stat)
         return result
 
     async def delete(self, path: str, expected_version: int | None = None) -> bool:
         validate_path(path)
         validate_expected_version(expected_version)
-        result = (await self.commit([Delete(path, expected_version)])).results[0]
+        result = (await self._commit_checked([Delete(path, expected_version)])).results[0]
         assert isinstance(result, bool)
         return result
 
     async def commit(self, ops: Sequence[Op]) -> CommitResult:
         await self._enter()
-        checked = validate_ops(ops)
+        return await self._commit_checked(validate_ops(ops))
+
+    async def _commit_checked(self, checked: list[Op]) -> CommitResult:
+        """Commit ops that were validated already (put/delete validate their own)."""
+        await self._enter()
         for op in checked:
             entry = self._entries.get(op.path)
             check_condition(op, *(self._version_facts(entry)))
@@ -179,7 +183,7 @@ class MemoryMetadataStore:
         # never reused after a delete, and what etcd would give too.
         await self._enter()
         path = sequential_name(prefix, self._revision + 1)
-        await self.commit([Put(path, value, 0, session_id_of(session))])
+        await self._commit_checked([Put(path, value, 0, session_id_of(session))])
         return path
 
     async def compact(self, revision: int) -> None:

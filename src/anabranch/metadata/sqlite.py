@@ -5,11 +5,15 @@ Theory of operation:
 * **One writer thread, group commit.** Writes go to a queue (callers wait for room
   past ``limits.METADATA_WRITE_QUEUE_MAX``). The writer takes everything queued, up
   to ``limits.METADATA_GROUP_COMMIT_OPS_MAX`` requests, and applies them in one
-  ``BEGIN IMMEDIATE ... COMMIT``, each request inside its own SAVEPOINT so that a
-  failed compare-and-set rolls back only itself. Each caller's future resolves only
-  after the COMMIT (with ``synchronous=FULL``, after the fsync), so an acknowledged
-  write survives a crash. Measured 46k-61k CAS/s this way versus ~2k one-at-a-time
-  (``research/ecosystem.md`` §2.3).
+  ``BEGIN IMMEDIATE ... COMMIT``. A failed compare-and-set affects only itself: a
+  commit checks every condition before it stages any write, and its staged writes join
+  the batch only once it succeeded; the other writes (sessions, compaction) each run in
+  their own SAVEPOINT. Each caller's future resolves only after the COMMIT (with
+  ``synchronous=FULL``, after the fsync), so an acknowledged write survives a crash.
+  Writes are staged and written with one ``executemany`` per batch: each statement is a
+  GIL hand-off between the writer and the loop, the real cost in CPython (research
+  measured 46k-61k CAS/s with group commit versus ~2k one at a time,
+  ``research/ecosystem.md`` §2.3; ``benchmarks/metadata_cas.py`` measures ours).
 * **Reads on a reader thread** with their own connection: WAL readers never block
   the writer, and nothing blocks the event loop. Listings read the revision and the
   rows in one read transaction, so ``Page.revision`` matches the records.
@@ -143,10 +147,15 @@ def _event(row: tuple[Any, ...]) -> WatchEvent:
 
 @dataclass(slots=True)
 class _Request:
-    """One write for the writer thread; ``apply(request)`` runs there inside a SAVEPOINT."""
+    """One write for the writer thread, applied there by ``apply(request)``.
+
+    ``staged`` requests (commits) only read the database and stage their writes, which
+    join the batch only if the whole request succeeded; others run in a SAVEPOINT.
+    """
 
     apply: Callable[[_Request], object]
     future: asyncio.Future[object]
+    staged: bool = True
     events: list[WatchEvent] = field(default_factory=list)
     outcome: object = None
     error: BaseException | None = None
@@ -154,9 +163,19 @@ class _Request:
 
 _STOP = object()
 
+_Row = tuple[str, bytes, int, int, int, int | None]
+"""A kv row: key, value, version, create_rev, mod_rev, session."""
+
 
 class _Writer:
-    """The writer thread: drains the queue, one transaction per batch."""
+    """The writer thread: drains the queue, one transaction per batch.
+
+    Writes of a batch are staged in memory (``_staged_rows``/``_staged_log``) and written
+    with one ``executemany`` each just before COMMIT: every statement is a GIL round trip
+    between this thread and the event loop, so fewer statements is what makes group
+    commit fast in CPython. Reads consult the staging first, so later requests of a batch
+    see the writes of earlier ones.
+    """
 
     def __init__(self, conn: sqlite3.Connection, loop: asyncio.AbstractEventLoop) -> None:
         self._conn = conn
@@ -165,7 +184,8 @@ class _Writer:
         self.revision, self.compact_revision = conn.execute(
             "SELECT rev, compact_rev FROM meta"
         ).fetchone()
-        self._pending: list[WatchEvent] = []
+        self._staged_rows: dict[str, _Row | None] = {}  # None: deleted
+        self._staged_log: list[tuple[int, int, str, bytes, int, int]] = []
         self._deliver: Callable[[list[_Request]], None] = lambda batch: None
         self._thread = threading.Thread(target=self._run, name="metadata-sqlite-writer")
 
@@ -209,6 +229,7 @@ class _Writer:
             self._conn.execute("BEGIN IMMEDIATE")
             for request in batch:
                 self._apply_one(request)
+            self._flush()
             if self.revision != start_revision:
                 self._auto_compact()
                 self._conn.execute("UPDATE meta SET rev = ?", (self.revision,))
@@ -216,6 +237,8 @@ class _Writer:
         except sqlite3.Error as err:
             with contextlib.suppress(sqlite3.Error):
                 self._conn.execute("ROLLBACK")
+            self._staged_rows.clear()
+            self._staged_log.clear()
             self.revision = start_revision
             for request in batch:
                 request.events = []
@@ -223,84 +246,108 @@ class _Writer:
 
     def _apply_one(self, request: _Request) -> None:
         revision = self.revision
-        self._conn.execute("SAVEPOINT request")
+        if not request.staged:
+            self._flush()
+            self._conn.execute("SAVEPOINT request")
         try:
             request.outcome = request.apply(request)
-            self._conn.execute("RELEASE request")
+            if not request.staged:
+                self._conn.execute("RELEASE request")
         except sqlite3.Error:
             raise  # the database itself failed: the whole batch fails
         except Exception as err:
             # A failed condition (or a bug) undoes only this request, never its batch.
-            self._conn.execute("ROLLBACK TO request")
-            self._conn.execute("RELEASE request")
+            if not request.staged:
+                self._conn.execute("ROLLBACK TO request")
+                self._conn.execute("RELEASE request")
             self.revision = revision
             request.events = []
             request.error = err
+
+    def _flush(self) -> None:
+        deleted = [(key,) for key, row in self._staged_rows.items() if row is None]
+        written = [row for row in self._staged_rows.values() if row is not None]
+        if deleted:
+            self._conn.executemany("DELETE FROM kv WHERE key = ?", deleted)
+        if written:
+            self._conn.executemany("INSERT OR REPLACE INTO kv VALUES (?, ?, ?, ?, ?, ?)", written)
+        if self._staged_log:
+            self._conn.executemany(
+                "INSERT INTO changelog VALUES (?, ?, ?, ?, ?, ?)", self._staged_log
+            )
+        self._staged_rows.clear()
+        self._staged_log.clear()
 
     def _auto_compact(self) -> None:
         floor = self.revision - limits.METADATA_CHANGELOG_REVISIONS_MAX + 1
         if floor - self.compact_revision >= AUTO_COMPACT_SLACK_REVISIONS:
             self.compact(floor)
 
+    def _facts(self, path: str) -> tuple[int, int]:
+        """(version, create_revision) of ``path`` as of the batch so far; (0, 0) if absent."""
+        if path in self._staged_rows:
+            row = self._staged_rows[path]
+            return (0, 0) if row is None else (row[2], row[3])
+        found = self._conn.execute(
+            "SELECT version, create_rev FROM kv WHERE key = ?", (path,)
+        ).fetchone()
+        return (found[0], found[1]) if found else (0, 0)
+
     # --- operations, called by request.apply on the writer thread --------------------------
 
     def commit(self, ops: list[Op], request: _Request) -> CommitResult:
-        facts: dict[str, tuple[int, int]] = {}
+        facts = {op.path: self._facts(op.path) for op in ops}
         for op in ops:
-            row = self._conn.execute(
-                "SELECT version, create_rev FROM kv WHERE key = ?", (op.path,)
-            ).fetchone()
-            facts[op.path] = (row[0], row[1]) if row else (0, 0)
             check_condition(op, *facts[op.path])
         for session_id in session_ids(ops):
             if not self._conn.execute(
                 "SELECT 1 FROM sessions WHERE id = ?", (session_id,)
             ).fetchone():
                 raise SessionExpired(session_id)
+        # Conditions hold: from here on nothing can fail, so staging is all or nothing.
         revision = self.revision + 1
         results: list[Stat | bool | None] = []
         for op in ops:
             if isinstance(op, Put):
-                results.append(self._put(op, facts[op.path], revision, request.events))
+                version, create_revision = facts[op.path]
+                stat = Stat(version + 1, create_revision or revision, revision, op.session_id)
+                self._stage(op.path, op.value, stat, request.events)
+                results.append(stat)
             elif isinstance(op, Delete):
-                results.append(
-                    self._delete(op.path, facts[op.path][0] > 0, revision, request.events)
-                )
+                exists = facts[op.path][0] > 0
+                if exists:
+                    self._stage(op.path, b"", None, request.events, revision)
+                results.append(exists)
             else:
                 results.append(None)
         if request.events:
             self.revision = revision
         return CommitResult(self.revision, results)
 
-    def _put(self, op: Put, fact: tuple[int, int], revision: int, events: list[WatchEvent]) -> Stat:
-        version, create_revision = fact
-        stat = Stat(version + 1, create_revision or revision, revision, op.session_id)
-        self._conn.execute(
-            "INSERT OR REPLACE INTO kv VALUES (?, ?, ?, ?, ?, ?)",
-            (op.path, op.value, stat.version, stat.create_revision, revision, op.session_id),
-        )
-        self._log(WatchEvent(EventKind.PUT, op.path, op.value, stat.version, revision), events)
-        return stat
-
-    def _delete(self, path: str, exists: bool, revision: int, events: list[WatchEvent]) -> bool:
-        if not exists:
-            return False
-        self._conn.execute("DELETE FROM kv WHERE key = ?", (path,))
-        self._log(WatchEvent(EventKind.DELETE, path, b"", 0, revision), events)
-        return True
-
-    def _log(self, event: WatchEvent, events: list[WatchEvent]) -> None:
-        self._conn.execute(
-            "INSERT INTO changelog VALUES (?, ?, ?, ?, ?, ?)",
-            (
-                event.revision,
-                len(events),
-                event.path,
-                event.value,
-                _KIND_CODES[event.kind],
-                event.version,
-            ),
-        )
+    def _stage(
+        self,
+        path: str,
+        value: bytes,
+        stat: Stat | None,
+        events: list[WatchEvent],
+        revision: int = 0,
+    ) -> None:
+        """Stage a put (``stat`` given) or a delete of ``path`` and its changelog row."""
+        if stat is None:
+            event = WatchEvent(EventKind.DELETE, path, b"", 0, revision)
+            self._staged_rows[path] = None
+        else:
+            event = WatchEvent(EventKind.PUT, path, value, stat.version, stat.mod_revision)
+            self._staged_rows[path] = (
+                path,
+                value,
+                stat.version,
+                stat.create_revision,
+                stat.mod_revision,
+                stat.session_id,
+            )
+        kind = _KIND_CODES[event.kind]
+        self._staged_log.append((event.revision, len(events), path, value, kind, event.version))
         events.append(event)
 
     def sequential(
@@ -321,12 +368,12 @@ class _Writer:
                 f"SELECT key FROM kv WHERE session IN ({marks}) ORDER BY key", ids
             )
         ]
+        self._conn.execute(f"DELETE FROM sessions WHERE id IN ({marks})", ids)
         revision = self.revision + 1
         for key in keys:
-            self._delete(key, True, revision, request.events)
+            self._stage(key, b"", None, request.events, revision)
         if keys:
             self.revision = revision
-        self._conn.execute(f"DELETE FROM sessions WHERE id IN ({marks})", ids)
 
     def compact(self, revision: int) -> None:
         if revision > self.revision + 1:
@@ -443,7 +490,9 @@ class SqliteMetadataStore:
         validate_path(path)
         value = validate_value(value)
         validate_expected_version(expected_version)
-        result = await self.commit([Put(path, value, expected_version, session_id_of(session))])
+        result = await self._commit_checked(
+            [Put(path, value, expected_version, session_id_of(session))]
+        )
         stat = result.results[0]
         assert isinstance(stat, Stat)
         return stat
@@ -451,13 +500,17 @@ class SqliteMetadataStore:
     async def delete(self, path: str, expected_version: int | None = None) -> bool:
         validate_path(path)
         validate_expected_version(expected_version)
-        removed = (await self.commit([Delete(path, expected_version)])).results[0]
+        removed = (await self._commit_checked([Delete(path, expected_version)])).results[0]
         assert isinstance(removed, bool)
         return removed
 
     async def commit(self, ops: Sequence[Op]) -> CommitResult:
         self._check_open()
-        checked = validate_ops(ops)
+        return await self._commit_checked(validate_ops(ops))
+
+    async def _commit_checked(self, checked: list[Op]) -> CommitResult:
+        """Commit ops that were validated already (put/delete validate their own)."""
+        self._check_open()
         for session_id in session_ids(checked):
             await self._sessions.require_alive(session_id)
         return await self._write(
@@ -481,7 +534,7 @@ class SqliteMetadataStore:
         """Forget history before ``revision``: watches from older revisions get Compacted."""
         self._check_open()
         validate_revision(revision, "compact revision")
-        await self._write(lambda request: self._writer.compact(revision), type(None))
+        await self._write(lambda request: self._writer.compact(revision), type(None), staged=False)
 
     # --- sessions and watches ---------------------------------------------------------------
 
@@ -489,7 +542,9 @@ class SqliteMetadataStore:
         self._check_open()
         ttl_s = validate_ttl(ttl_s)
         session_id = secrets.randbits(62) + 1
-        await self._write(lambda request: self._writer.open_session(session_id, ttl_s), type(None))
+        await self._write(
+            lambda request: self._writer.open_session(session_id, ttl_s), type(None), staged=False
+        )
         return self._sessions.open(session_id, ttl_s, auto_keepalive=auto_keepalive)
 
     def watch(
@@ -571,14 +626,16 @@ class SqliteMetadataStore:
 
         return await self._read(scan, snapshot=True)
 
-    async def _write(self, apply: Callable[[_Request], object], result_type: type[T]) -> T:
+    async def _write(
+        self, apply: Callable[[_Request], object], result_type: type[T], *, staged: bool = True
+    ) -> T:
         """Queue one write for the writer; return its outcome once it is committed."""
         await self._room.acquire()
         if self._closed:
             self._room.release()
             raise Closed("metadata store closed")
         future: asyncio.Future[object] = asyncio.get_running_loop().create_future()
-        self._writer.submit(_Request(apply, future))
+        self._writer.submit(_Request(apply, future, staged))
         outcome = await future
         assert isinstance(outcome, result_type)
         return outcome
@@ -598,4 +655,6 @@ class SqliteMetadataStore:
                 request.future.set_result(request.outcome)
 
     async def _expire_sessions(self, ids: list[int]) -> None:
-        await self._write(lambda request: self._writer.revoke(ids, request), type(None))
+        await self._write(
+            lambda request: self._writer.revoke(ids, request), type(None), staged=False
+        )
