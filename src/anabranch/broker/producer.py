@@ -47,6 +47,7 @@ class Producer:
         access_mode: int = pb.Shared,
         user_provided_name: bool = False,
         schema_version: bytes | None = None,
+        requested_epoch: int | None = None,
     ) -> None:
         self.session = session
         self.topic = topic
@@ -56,6 +57,8 @@ class Producer:
         self.user_provided_name = user_provided_name
         self.schema_version = schema_version
         self.topic_epoch: int | None = None
+        self.requested_epoch = requested_epoch
+        """The topic epoch a reconnecting exclusive producer last held."""
         self.pending: deque[tuple[int, int | None, asyncio.Future[Position]]] = deque()
         self.closed = False
         self.msg_in = 0
@@ -196,6 +199,7 @@ async def handle_producer(session: Session, cmd: pb.CommandProducer) -> None:
             access_mode=cmd.producer_access_mode,
             user_provided_name=user_named,
             schema_version=schema_version,
+            requested_epoch=cmd.topic_epoch if cmd.HasField("topic_epoch") else None,
         )
         waiter = topic.add_producer(producer)
         session.producers[pid] = producer

@@ -202,6 +202,10 @@ class PersistentTopic:
         if producer.name in self.producers:
             raise ProducerBusy(f"producer {producer.name!r} is already connected to {self.name}")
         mode = producer.access_mode
+        requested = producer.requested_epoch
+        if mode != Mode.Shared and requested is not None and requested < self.topic_epoch:
+            # A reconnecting exclusive producer from before a fencing takeover.
+            raise ProducerFenced(f"{self.name} moved to epoch {self.topic_epoch} (had {requested})")
         if mode == Mode.Shared:
             if self._exclusive is not None or self._waiting:
                 raise ProducerBusy(f"{self.name} has an exclusive producer {self._exclusive!r}")
