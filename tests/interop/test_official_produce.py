@@ -161,3 +161,29 @@ async def test_producer_access_modes(broker: InProcessBroker) -> None:
     loaded = broker.service.loaded_topic("persistent://public/default/exclusive")
     assert loaded is not None
     assert await stored_messages(loaded) == [b"from-first", b"from-waiter", b"from-fencer"]
+
+
+def produce_then_consume(url: str, count: int) -> list[bytes]:
+    topic = "persistent://public/default/end-to-end"
+    client = pulsar.Client(url, operation_timeout_seconds=30)
+    try:
+        consumer = client.subscribe(topic, "e2e", initial_position=pulsar.InitialPosition.Earliest)
+        producer = client.create_producer(topic, compression_type=pulsar.CompressionType.LZ4)
+        for i in range(count):
+            producer.send_async(f"message-{i}".encode(), None)
+        producer.flush()
+        received = []
+        for _ in range(count):
+            msg = consumer.receive()
+            received.append(msg.data())
+            consumer.acknowledge(msg)
+        consumer.close()
+        producer.close()
+        return received
+    finally:
+        client.close()
+
+
+async def test_end_to_end_produce_consume(broker: InProcessBroker) -> None:
+    received = await asyncio.to_thread(produce_then_consume, broker.service_url, 200)
+    assert received == [f"message-{i}".encode() for i in range(200)]
