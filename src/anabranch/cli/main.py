@@ -15,6 +15,7 @@ import typer
 from rich.console import Console
 
 from anabranch.broker.config import BrokerConfig
+from anabranch.cli import messages
 from anabranch.cli.admin import admin_app
 
 app = typer.Typer(no_args_is_help=True, help="anabranch: elastic, key-ordered streams.")
@@ -60,6 +61,8 @@ async def _run_standalone(cfg: BrokerConfig) -> None:
 
 
 app.add_typer(admin_app, name="admin")
+app.command()(messages.produce)
+app.command()(messages.consume)
 
 
 def main() -> None:
