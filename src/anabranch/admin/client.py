@@ -21,8 +21,8 @@ from urllib.parse import quote
 import aiohttp
 import msgspec
 
-from anabranch.core.names import NamespaceName, TopicName
-from anabranch.errors import AnabranchError
+from anabranch.core.names import NamespaceName, SegmentName, TopicDomain, TopicName
+from anabranch.errors import AnabranchError, InvalidArgument
 
 DEFAULT_ADMIN_URL = "http://127.0.0.1:8080"
 ADMIN_REQUEST_TIMEOUT_S = 30.0
@@ -56,6 +56,24 @@ def _topic_path(topic: str) -> str:
 def _ns_path(namespace: str) -> str:
     ns = NamespaceName.parse(namespace)
     return f"/admin/v2/namespaces/{_q(ns.tenant)}/{_q(ns.namespace)}"
+
+
+def _scalable_path(topic: str) -> str:
+    """``/admin/v2/scalable/t/ns/x`` of a scalable topic (``topic://t/ns/x``, ``t/ns/x``, ``x``)."""
+    name = TopicName.parse(topic, TopicDomain.TOPIC)
+    if name.domain is not TopicDomain.TOPIC:
+        raise InvalidArgument(f"{name} is not a scalable topic:// name")
+    return f"/admin/v2/scalable/{_q(name.tenant)}/{_q(name.namespace)}/{_q(name.local_name)}"
+
+
+def _segment_path(segment: str) -> str:
+    """``/admin/v2/segments/t/ns/x/<descriptor>`` of a ``segment://`` name."""
+    name = SegmentName.parse(segment)
+    topic = name.topic
+    return (
+        f"/admin/v2/segments/{_q(topic.tenant)}/{_q(topic.namespace)}/"
+        f"{_q(topic.local_name)}/{_q(name.descriptor)}"
+    )
 
 
 class AdminClient:
@@ -264,6 +282,58 @@ class AdminClient:
     @staticmethod
     def _sub(topic: str, subscription: str) -> str:
         return f"{_topic_path(topic)}/subscription/{_q(subscription)}"
+
+    # --- scalable topics (PIP-468); mutations follow a non-leader's 307 to the leader ---------
+
+    async def list_scalable_topics(self, namespace: str) -> list[str]:
+        ns = NamespaceName.parse(namespace)
+        path = f"/admin/v2/scalable/{_q(ns.tenant)}/{_q(ns.namespace)}"
+        return list(await self.request("GET", path))
+
+    async def create_scalable_topic(self, topic: str, num_initial_segments: int = 1) -> None:
+        path = _scalable_path(topic) + f"?numInitialSegments={num_initial_segments}"
+        await self.request("PUT", path)
+
+    async def get_scalable_topic(self, topic: str) -> dict[str, Any]:
+        """The layout JSON (``epoch``, ``nextSegmentId``, ``segments``, ``properties``)."""
+        return dict(await self.request("GET", _scalable_path(topic)))
+
+    async def delete_scalable_topic(self, topic: str) -> None:
+        await self.request("DELETE", _scalable_path(topic))
+
+    async def scalable_stats(self, topic: str) -> dict[str, Any]:
+        return dict(await self.request("GET", _scalable_path(topic) + "/stats"))
+
+    async def scalable_subscriptions(self, topic: str) -> list[str]:
+        return list(await self.request("GET", _scalable_path(topic) + "/subscriptions"))
+
+    async def create_scalable_subscription(self, topic: str, subscription: str) -> None:
+        path = f"{_scalable_path(topic)}/subscriptions/{_q(subscription)}"
+        await self.request("PUT", path)
+
+    async def delete_scalable_subscription(self, topic: str, subscription: str) -> None:
+        path = f"{_scalable_path(topic)}/subscriptions/{_q(subscription)}"
+        await self.request("DELETE", path)
+
+    async def split_segment(self, topic: str, segment_id: int) -> dict[str, Any]:
+        """Split; answers the new layout."""
+        return dict(await self.request("POST", f"{_scalable_path(topic)}/split/{segment_id}"))
+
+    async def merge_segments(self, topic: str, first_id: int, second_id: int) -> dict[str, Any]:
+        """Merge two adjacent active segments; answers the new layout."""
+        path = f"{_scalable_path(topic)}/merge/{first_id}/{second_id}"
+        return dict(await self.request("POST", path))
+
+    async def create_segment(self, segment: str, subscriptions: list[str] | None = None) -> None:
+        await self.request("PUT", _segment_path(segment), list(subscriptions or []))
+
+    async def terminate_segment(self, segment: str) -> dict[str, int]:
+        """Seal a segment topic; its dedup snapshot ``{producer: last_sequence_id}``."""
+        answer = await self.request("POST", _segment_path(segment) + "/terminate")
+        return {str(k): int(v) for k, v in dict(answer).items()}
+
+    async def delete_segment(self, segment: str) -> None:
+        await self.request("DELETE", _segment_path(segment))
 
     # --- misc -----------------------------------------------------------------------------
 

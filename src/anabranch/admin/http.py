@@ -4,6 +4,9 @@ One route table (``routes_v2.ROUTES`` + ``routes_scalable.ROUTES`` + the routes 
 feeds both the app and ``GET /openapi.json``. Every handler runs under one error
 middleware:
 
+* :class:`~anabranch.errors.NotLeader` (a scalable-topic mutation on a non-leader)
+  answers 307 with ``Location`` = the same path and query on the leader's HTTP address
+  (503 while no leader is elected);
 * an :class:`~anabranch.errors.AnabranchError` answers ``errors.HTTP_STATUS[type]`` with
   ``{"reason": str(err)}`` (Pulsar's error body);
 * aiohttp's own HTTP errors (unknown path 404, wrong method 405, body too large 413) pass
@@ -33,7 +36,7 @@ from anabranch.admin.openapi import openapi_document
 from anabranch.admin.routes import BODY_LIMIT, Route
 from anabranch.admin.service import AdminService
 from anabranch.broker.metrics import CONTENT_TYPE, broker_registry, render
-from anabranch.errors import HTTP_STATUS, AnabranchError
+from anabranch.errors import HTTP_STATUS, AnabranchError, NotLeader
 
 if TYPE_CHECKING:
     from anabranch.broker.service import BrokerService
@@ -80,6 +83,12 @@ async def error_middleware(
     """Map every failure to a JSON error answer (see the module docstring)."""
     try:
         return await handler(request)
+    except NotLeader as err:
+        if not err.leader_url:
+            return error_response(503, str(err))  # no leader elected yet: retry later
+        response = error_response(307, str(err))
+        response.headers["Location"] = err.leader_url.rstrip("/") + request.path_qs
+        return response
     except AnabranchError as err:
         status = HTTP_STATUS.get(type(err), err.http_status)
         if status >= 500:
@@ -114,6 +123,11 @@ def build_app(admin: AdminService, registry: CollectorRegistry | None = None) ->
     app[REGISTRY_KEY] = registry if registry is not None else broker_registry(admin.broker)
     for route in all_routes():
         app.router.add_route(route.method, route.path, _bind(route))
+
+    async def close_admin(app: web.Application) -> None:
+        await app[ADMIN_KEY].close()
+
+    app.on_cleanup.append(close_admin)
     return app
 
 

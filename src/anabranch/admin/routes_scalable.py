@@ -1,24 +1,198 @@
-"""Scalable-topic admin routes (PIP-468, DESIGN.md §3.3): the place they plug in.
-
-To come in the scalable-topics issue, each as a :class:`~anabranch.admin.routes.Route`
-appended to ``ROUTES`` (the HTTP app and the OpenAPI document pick them up unchanged):
+"""Scalable-topic admin routes (PIP-468, DESIGN.md §3.3).
 
 * ``/admin/v2/scalable/{tenant}/{namespace}`` GET list;
-  ``/{topic}`` PUT ``?numInitialSegments=N``, GET metadata, DELETE; ``/{topic}/stats``;
-  ``/{topic}/subscriptions/{sub}`` PUT/DELETE; ``POST /{topic}/split/{segmentId}``;
-  ``POST /{topic}/merge/{id1}/{id2}``.
+  ``/{topic}`` PUT ``?numInitialSegments=N`` (default 1), GET metadata (the layout JSON of
+  DESIGN.md §3.4), DELETE; ``/{topic}/stats``; ``/{topic}/subscriptions`` GET;
+  ``/{topic}/subscriptions/{subscription}`` PUT/DELETE; ``POST /{topic}/split/{segmentId}``;
+  ``POST /{topic}/merge/{id1}/{id2}`` (both answer the new layout).
 * ``/admin/v2/segments/{tenant}/{namespace}/{topic}/{descriptor}`` PUT (JSON list of
-  subscriptions), ``POST .../terminate``, DELETE.
-* A non-leader answers a mutation with 307 to the controller leader: raise a redirect
-  error from the service layer and let ``http.py``'s error middleware map it.
+  subscriptions), ``POST .../terminate`` (answers the dedup snapshot), DELETE.
+* A non-leader answers a mutation with 307 to the controller leader: the service raises
+  :class:`~anabranch.errors.NotLeader` and ``http.py``'s error middleware sets
+  ``Location`` to the same path on the leader.
 
 Example:
-    >>> ROUTES
-    []
+    >>> sorted({r.tag for r in ROUTES})
+    ['scalable', 'segments']
 """
 
 from __future__ import annotations
 
-from anabranch.admin.routes import Route
+from typing import Any
 
-ROUTES: list[Route] = []
+from aiohttp import web
+
+from anabranch.admin.routes import Route, int_param, json_body, namespace_param, param
+from anabranch.admin.service import AdminService, _check_subscription_name
+from anabranch.core.names import SegmentName, TopicName
+from anabranch.errors import InvalidArgument
+
+V2 = "/admin/v2"
+NS = f"{V2}/scalable/{{tenant}}/{{namespace}}"
+TOPIC = f"{NS}/{{topic}}"
+SEGMENT = f"{V2}/segments/{{tenant}}/{{namespace}}/{{topic}}/{{descriptor}}"
+
+STRINGS = {"type": "array", "items": {"type": "string"}}
+OBJECT = {"type": "object"}
+INTEGER = {"type": "integer"}
+SEGMENT_INFO = {
+    "type": "object",
+    "properties": {
+        "segmentId": INTEGER,
+        "hashRange": {"type": "object", "properties": {"start": INTEGER, "end": INTEGER}},
+        "state": {"type": "string", "enum": ["ACTIVE", "SEALED"]},
+        "parentIds": {"type": "array", "items": INTEGER},
+        "childIds": {"type": "array", "items": INTEGER},
+        "createdAtEpoch": INTEGER,
+        "sealedAtEpoch": INTEGER,
+        "createdAtMs": INTEGER,
+        "sealedAtMs": INTEGER,
+    },
+}
+LAYOUT = {
+    "type": "object",
+    "properties": {
+        "epoch": INTEGER,
+        "nextSegmentId": INTEGER,
+        "segments": {"type": "object", "additionalProperties": SEGMENT_INFO},
+        "properties": {"type": "object", "additionalProperties": {"type": "string"}},
+    },
+}
+SNAPSHOT = {"type": "object", "additionalProperties": INTEGER}
+MUTATION_ERRORS = (307, 400, 404, 409)
+
+
+def scalable_topic(request: web.Request) -> str:
+    """``topic://tenant/namespace/topic`` from the path."""
+    return f"topic://{namespace_param(request)}/{param(request, 'topic')}"
+
+
+def segment_param(request: web.Request) -> SegmentName:
+    """The ``segment://`` name from the segments path (InvalidArgument when malformed)."""
+    topic = TopicName.parse(scalable_topic(request))
+    hash_range, segment_id = SegmentName.parse_descriptor(param(request, "descriptor"))
+    return SegmentName(topic, hash_range, segment_id)
+
+
+def num_initial_segments(request: web.Request) -> int:
+    """``?numInitialSegments=N`` (default 1), within [1, SCALABLE_MAX_INITIAL_SEGMENTS]."""
+    text = request.query.get("numInitialSegments", "1")
+    try:
+        count = int(text)
+    except ValueError:
+        raise InvalidArgument(f"numInitialSegments {text!r} is not an integer") from None
+    if count < 1:
+        raise InvalidArgument(f"numInitialSegments must be at least 1, not {count}")
+    return count
+
+
+# --- scalable topics --------------------------------------------------------------------------
+
+
+async def list_scalable_topics(admin: AdminService, request: web.Request) -> object:
+    return await (await admin.scalable()).list_topics(namespace_param(request))
+
+
+async def create_scalable_topic(admin: AdminService, request: web.Request) -> object:
+    count = num_initial_segments(request)
+    await (await admin.scalable()).create(scalable_topic(request), count)
+    return None
+
+
+async def get_scalable_topic(admin: AdminService, request: web.Request) -> object:
+    return (await admin.scalable_layout(scalable_topic(request))).to_dict()
+
+
+async def delete_scalable_topic(admin: AdminService, request: web.Request) -> object:
+    await (await admin.scalable()).delete(scalable_topic(request))
+    return None
+
+
+async def scalable_topic_stats(admin: AdminService, request: web.Request) -> object:
+    return await admin.scalable_stats(scalable_topic(request))
+
+
+async def list_scalable_subscriptions(admin: AdminService, request: web.Request) -> object:
+    return await (await admin.scalable()).list_subscriptions(scalable_topic(request))
+
+
+async def create_scalable_subscription(admin: AdminService, request: web.Request) -> object:
+    sub = param(request, "subscription")
+    _check_subscription_name(sub)
+    await (await admin.scalable()).create_subscription(scalable_topic(request), sub)
+    return None
+
+
+async def delete_scalable_subscription(admin: AdminService, request: web.Request) -> object:
+    sub = param(request, "subscription")
+    await (await admin.scalable()).delete_subscription(scalable_topic(request), sub)
+    return None
+
+
+async def split_segment(admin: AdminService, request: web.Request) -> object:
+    segment_id = int_param(request, "segmentId")
+    layout = await (await admin.scalable()).split(scalable_topic(request), segment_id)
+    return layout.to_dict()
+
+
+async def merge_segments(admin: AdminService, request: web.Request) -> object:
+    first, second = int_param(request, "id1"), int_param(request, "id2")
+    layout = await (await admin.scalable()).merge(scalable_topic(request), first, second)
+    return layout.to_dict()
+
+
+# --- segment topics ---------------------------------------------------------------------------
+
+
+async def create_segment(admin: AdminService, request: web.Request) -> object:
+    segment = segment_param(request)
+    subscriptions: Any = await json_body(request, list[str], "subscriptions", [])
+    await admin.create_segment(segment, list(subscriptions))
+    return None
+
+
+async def terminate_segment(admin: AdminService, request: web.Request) -> object:
+    return await admin.terminate_segment(segment_param(request))
+
+
+async def delete_segment(admin: AdminService, request: web.Request) -> object:
+    await admin.delete_segment(segment_param(request))
+    return None
+
+
+ROUTES: list[Route] = [
+    Route("GET", NS, list_scalable_topics, "List the scalable topics of a namespace.",
+          "scalable", response_schema=STRINGS),
+    Route("PUT", TOPIC, create_scalable_topic,
+          "Create a scalable topic; query numInitialSegments=N (integer, default 1).",
+          "scalable", errors=MUTATION_ERRORS),
+    Route("GET", TOPIC, get_scalable_topic, "The topic's segment layout (DAG) metadata.",
+          "scalable", response_schema=LAYOUT),
+    Route("DELETE", TOPIC, delete_scalable_topic,
+          "Delete a scalable topic, its segment topics and metadata.", "scalable",
+          errors=MUTATION_ERRORS),
+    Route("GET", f"{TOPIC}/stats", scalable_topic_stats,
+          "Per-segment state, range, backlog and message counters.", "scalable",
+          response_schema=OBJECT),
+    Route("GET", f"{TOPIC}/subscriptions", list_scalable_subscriptions,
+          "List the topic's subscriptions.", "scalable", response_schema=STRINGS),
+    Route("PUT", f"{TOPIC}/subscriptions/{{subscription}}", create_scalable_subscription,
+          "Create a subscription (a cursor at earliest on every active segment).", "scalable",
+          errors=MUTATION_ERRORS),
+    Route("DELETE", f"{TOPIC}/subscriptions/{{subscription}}", delete_scalable_subscription,
+          "Delete a subscription and its cursors.", "scalable", errors=MUTATION_ERRORS),
+    Route("POST", f"{TOPIC}/split/{{segmentId}}", split_segment,
+          "Split an active segment at its midpoint; answers the new layout.", "scalable",
+          response_schema=LAYOUT, errors=MUTATION_ERRORS),
+    Route("POST", f"{TOPIC}/merge/{{id1}}/{{id2}}", merge_segments,
+          "Merge two adjacent active segments; answers the new layout.", "scalable",
+          response_schema=LAYOUT, errors=MUTATION_ERRORS),
+    Route("PUT", SEGMENT, create_segment,
+          "Create a segment topic with a cursor at earliest per listed subscription.",
+          "segments", request_schema=STRINGS),
+    Route("POST", f"{SEGMENT}/terminate", terminate_segment,
+          "Seal a segment topic; answers its dedup snapshot {producer: lastSequenceId}.",
+          "segments", response_schema=SNAPSHOT),
+    Route("DELETE", SEGMENT, delete_segment, "Delete a segment topic and its data.",
+          "segments"),
+]  # fmt: skip

@@ -14,13 +14,17 @@ Example:
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import TYPE_CHECKING, Any
 
 from anabranch.admin.models import LookupData, MessageIdBody
-from anabranch.core.names import NamespaceName, TopicDomain, TopicName
+from anabranch.core.names import NamespaceName, SegmentName, TopicDomain, TopicName
+from anabranch.core.segment_layout import SegmentLayout, segment_name
 from anabranch.errors import AlreadyExists, InvalidArgument, NotEmpty, NotFound
 from anabranch.protocol._generated import pulsar_api_pb2 as pb
+from anabranch.scalable.segment_ops import SegmentOps, StorageSegmentOps, decode_dedup_snapshot
+from anabranch.scalable.service import ScalableTopicService, scalable_topic_name
 from anabranch.storage.api import EARLIEST, LATEST, Position
 
 if TYPE_CHECKING:
@@ -56,9 +60,28 @@ def position_text(position: Position) -> str:
 class AdminService:
     """Admin operations over one broker's :class:`BrokerService`."""
 
-    def __init__(self, broker: BrokerService, http_url: str = "") -> None:
+    def __init__(
+        self,
+        broker: BrokerService,
+        http_url: str = "",
+        *,
+        scalable: ScalableTopicService | None = None,
+    ) -> None:
         self.broker = broker
         self.http_url = http_url
+        self._scalable = scalable
+        self._own_scalable = scalable is None
+        self._own_ops: StorageSegmentOps | None = None
+        self._scalable_lock = asyncio.Lock()
+
+    async def close(self) -> None:
+        """Close the scalable-topic service this object built (not one it was given)."""
+        if self._own_scalable and self._scalable is not None:
+            await self._scalable.close()
+            self._scalable = None
+        if self._own_ops is not None:
+            await self._own_ops.close()
+            self._own_ops = None
 
     @property
     def policies(self) -> Policies:
@@ -308,6 +331,75 @@ class AdminService:
         ``isExcluded``)."""
         _, subscription = await self._subscription(text, sub)
         await subscription.seek(position=message_id.position())
+
+    # --- scalable topics (PIP-468) ---------------------------------------------------------
+
+    async def scalable(self) -> ScalableTopicService:
+        """The scalable-topic service of this admin app, built on first use from the broker's
+        metadata store, ledgers and clock; its controllers advertise ``http_url`` as their
+        address, which is where a non-leader redirects mutations (HTTP 307)."""
+        async with self._scalable_lock:
+            if self._scalable is None:
+                self._own_ops = StorageSegmentOps(self.broker.ledgers)
+                service = ScalableTopicService(
+                    self.broker.store, self._own_ops, self.broker.clock, self.http_url
+                )
+                await service.start()
+                self._scalable = service
+            return self._scalable
+
+    async def segment_ops(self) -> SegmentOps:
+        """The segment-topic operations the scalable-topic service uses."""
+        return (await self.scalable()).ops
+
+    async def scalable_stats(self, topic: str) -> dict[str, Any]:
+        """Layout summary plus, per segment (sealed included): state, range, backlog per
+        subscription, and the broker's message counters when it has the segment loaded."""
+        service = await self.scalable()
+        name = scalable_topic_name(topic)
+        summary = await service.stats(name)
+        layout = await service.get_metadata(name)
+        ops = service.ops
+        segments: dict[str, Any] = {}
+        for segment in sorted(layout, key=lambda s: s.segment_id):
+            seg = segment_name(name, segment)
+            entry: dict[str, Any] = {
+                "segmentId": segment.segment_id,
+                "name": str(seg),
+                "state": segment.state.value,
+                "hashRange": segment.hash_range.to_hex(),
+                "createdAtEpoch": segment.created_at_epoch,
+                "sealedAtEpoch": segment.sealed_at_epoch,
+                "backlog": {
+                    sub: await ops.segment_backlog(seg, sub) for sub in summary["subscriptions"]
+                },
+            }
+            loaded = self.broker.loaded_topic(str(seg))
+            if loaded is not None:
+                stats = loaded.stats()
+                for key in ("msgInCounter", "bytesInCounter", "msgOutCounter", "bytesOutCounter"):
+                    entry[key] = stats.get(key, 0)
+            segments[str(segment.segment_id)] = entry
+        summary["segments"] = segments
+        return summary
+
+    async def scalable_layout(self, topic: str) -> SegmentLayout:
+        """The stored layout of a scalable topic (NotFound if absent)."""
+        return await (await self.scalable()).get_metadata(topic)
+
+    async def create_segment(self, segment: SegmentName, subscriptions: list[str]) -> None:
+        """Create a segment topic with a cursor at EARLIEST per subscription."""
+        for sub in subscriptions:
+            _check_subscription_name(sub)
+        await (await self.segment_ops()).create_segment(segment, subscriptions)
+
+    async def terminate_segment(self, segment: SegmentName) -> dict[str, int]:
+        """Seal a segment topic; its dedup snapshot ``{producer: last_sequence_id}``."""
+        return decode_dedup_snapshot(await (await self.segment_ops()).terminate_segment(segment))
+
+    async def delete_segment(self, segment: SegmentName) -> None:
+        """Delete a segment topic, its data and cursors."""
+        await (await self.segment_ops()).delete_segment(segment)
 
     # --- lookup ---------------------------------------------------------------------------
 

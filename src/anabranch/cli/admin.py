@@ -21,8 +21,10 @@ import aiohttp
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.tree import Tree
 
 from anabranch.admin.client import DEFAULT_ADMIN_URL, AdminClient, AdminHttpError
+from anabranch.core.segment_layout import Segment, SegmentLayout
 from anabranch.errors import InvalidArgument
 
 admin_app = typer.Typer(no_args_is_help=True, help="Administer a broker over its admin API.")
@@ -34,6 +36,8 @@ admin_app.add_typer(clusters_app, name="clusters")
 admin_app.add_typer(tenants_app, name="tenants")
 admin_app.add_typer(namespaces_app, name="namespaces")
 admin_app.add_typer(topics_app, name="topics")
+scalable_app = typer.Typer(no_args_is_help=True, help="Scalable topics (PIP-468) and their DAG.")
+admin_app.add_typer(scalable_app, name="scalable")
 
 stdout = Console()
 stderr = Console(stderr=True)
@@ -77,6 +81,12 @@ def _admin(
 
 def _run(call: Callable[[AdminClient], Awaitable[Any]], output: Output | None, title: str) -> None:
     """Run one admin call, print its answer, map failures to exit codes."""
+    _print(_call(call), output or _settings.output, title)
+
+
+def _call(call: Callable[[AdminClient], Awaitable[Any]]) -> Any:
+    """Run one admin call and answer its result; failures print and exit (1, or 2 when the
+    broker is unreachable)."""
 
     async def go() -> Any:
         async with AdminClient(_settings.url) as client:
@@ -93,7 +103,7 @@ def _run(call: Callable[[AdminClient], Awaitable[Any]], output: Output | None, t
     except (aiohttp.ClientError, OSError) as err:
         stderr.print(f"[red]error[/]: cannot reach {_settings.url}: {err}")
         raise typer.Exit(2) from None
-    _print(result, output or _settings.output, title)
+    return result
 
 
 def _print(result: Any, output: Output, title: str) -> None:
@@ -426,3 +436,188 @@ def topics_reset_cursor(
             await c.reset_cursor(topic, subscription, ledger, entry)
 
     _run(call, output, f"reset {subscription}")
+
+
+# --- scalable topics --------------------------------------------------------------------------
+
+
+class DagFormat(StrEnum):
+    tree = "tree"
+    dot = "dot"
+
+
+def _epochs(segment: Segment) -> str:
+    text = f"created@{segment.created_at_epoch}"
+    if not segment.is_active:
+        text += f" sealed@{segment.sealed_at_epoch}"
+    return text
+
+
+def _segment_label(segment: Segment) -> str:
+    """``<id> <start>-<end> <STATE> created@E [sealed@E]`` (plain text)."""
+    return (
+        f"{segment.segment_id} {segment.hash_range.to_hex()} {segment.state.value} "
+        f"{_epochs(segment)}"
+    )
+
+
+def dag_tree(topic: str, layout: SegmentLayout) -> Tree:
+    """The DAG as a rich tree: roots, then each segment's children under it. A merged child
+    sits under each of its parents; its subtree is drawn once (later: "see above")."""
+    tree = Tree(f"[bold]{topic}[/] epoch {layout.epoch}")
+    drawn: set[int] = set()
+
+    def add(parent: Tree, segment: Segment) -> None:
+        color = "green" if segment.is_active else "dim"
+        label = f"[{color}]{_segment_label(segment)}[/]"
+        if segment.segment_id in drawn:
+            parent.add(label + " [dim](see above)[/]")
+            return
+        drawn.add(segment.segment_id)
+        node = parent.add(label)
+        for child in sorted(layout.children(segment.segment_id), key=lambda s: s.segment_id):
+            add(node, child)
+
+    for root in sorted(layout.roots, key=lambda s: s.hash_range.start):
+        add(tree, root)
+    return tree
+
+
+def dag_dot(topic: str, layout: SegmentLayout) -> str:
+    """The DAG as Graphviz dot text: one node per segment, one edge per parent->child link."""
+    lines = [f"digraph {json.dumps(topic)} {{", "  rankdir=TB;", "  node [shape=box];"]
+    for segment in sorted(layout, key=lambda s: s.segment_id):
+        label = (
+            f"{segment.segment_id}\\n{segment.hash_range.to_hex()}\\n"
+            f"{segment.state.value}\\n{_epochs(segment)}"
+        )
+        style = "" if segment.is_active else ", style=dashed"
+        lines.append(f'  "{segment.segment_id}" [label="{label}"{style}];')
+    for segment in sorted(layout, key=lambda s: s.segment_id):
+        for child_id in segment.child_ids:
+            lines.append(f'  "{segment.segment_id}" -> "{child_id}";')
+    lines.append("}")
+    return "\n".join(lines)
+
+
+def _layout_table(topic: str, layout: SegmentLayout) -> Table:
+    table = Table(title=f"{topic} epoch {layout.epoch}")
+    for column in ("id", "range", "state", "created", "sealed", "parents", "children"):
+        table.add_column(column)
+    for s in sorted(layout, key=lambda s: s.segment_id):
+        table.add_row(
+            str(s.segment_id),
+            s.hash_range.to_hex(),
+            s.state.value,
+            str(s.created_at_epoch),
+            "" if s.is_active else str(s.sealed_at_epoch),
+            ",".join(map(str, s.parent_ids)),
+            ",".join(map(str, s.child_ids)),
+        )
+    return table
+
+
+def _print_layout(topic: str, data: Any, output: Output | None) -> None:
+    if (output or _settings.output) is Output.json:
+        typer.echo(json.dumps(data, indent=2, sort_keys=True))
+    else:
+        stdout.print(_layout_table(topic, SegmentLayout.from_dict(data)))
+
+
+@scalable_app.command("list")
+def scalable_list(namespace: str, output: OutputOpt = None) -> None:
+    """Scalable topics of a namespace."""
+    _run(lambda c: c.list_scalable_topics(namespace), output, f"scalable topics of {namespace}")
+
+
+@scalable_app.command("create")
+def scalable_create(
+    topic: str,
+    segments: Annotated[
+        int, typer.Option("--segments", "-s", min=1, help="Initial segment count.")
+    ] = 1,
+    output: OutputOpt = None,
+) -> None:
+    """Create a scalable topic with N initial segments."""
+    _run(lambda c: c.create_scalable_topic(topic, segments), output, f"created {topic}")
+
+
+@scalable_app.command("get")
+def scalable_get(topic: str, output: OutputOpt = None) -> None:
+    """The topic's segment layout."""
+    _print_layout(topic, _call(lambda c: c.get_scalable_topic(topic)), output)
+
+
+@scalable_app.command("delete")
+def scalable_delete(topic: str, output: OutputOpt = None) -> None:
+    """Delete a scalable topic and its segments."""
+    _run(lambda c: c.delete_scalable_topic(topic), output, f"deleted {topic}")
+
+
+@scalable_app.command("split")
+def scalable_split(topic: str, segment_id: int, output: OutputOpt = None) -> None:
+    """Split an active segment at its midpoint."""
+    _print_layout(topic, _call(lambda c: c.split_segment(topic, segment_id)), output)
+
+
+@scalable_app.command("merge")
+def scalable_merge(topic: str, first_id: int, second_id: int, output: OutputOpt = None) -> None:
+    """Merge two adjacent active segments."""
+    _print_layout(topic, _call(lambda c: c.merge_segments(topic, first_id, second_id)), output)
+
+
+@scalable_app.command("stats")
+def scalable_stats(topic: str, output: OutputOpt = None) -> None:
+    """Per-segment state, range, backlog and message counters."""
+    data = _call(lambda c: c.scalable_stats(topic))
+    if (output or _settings.output) is Output.json:
+        typer.echo(json.dumps(data, indent=2, sort_keys=True))
+        return
+    table = Table(title=f"{topic} epoch {data.get('epoch')}")
+    for column in ("id", "range", "state", "backlog", "msgIn", "msgOut"):
+        table.add_column(column)
+    for entry in data.get("segments", {}).values():
+        backlog = entry.get("backlog", {})
+        table.add_row(
+            str(entry.get("segmentId")),
+            str(entry.get("hashRange")),
+            str(entry.get("state")),
+            ", ".join(f"{sub}={n}" for sub, n in backlog.items()),
+            str(entry.get("msgInCounter", "")),
+            str(entry.get("msgOutCounter", "")),
+        )
+    stdout.print(table)
+
+
+@scalable_app.command("subscriptions")
+def scalable_subscriptions(
+    topic: str,
+    create: Annotated[str | None, typer.Option("--create", help="Create this one.")] = None,
+    delete: Annotated[str | None, typer.Option("--delete", help="Delete this one.")] = None,
+    output: OutputOpt = None,
+) -> None:
+    """List the topic's subscriptions (after creating/deleting one if asked)."""
+
+    async def call(c: AdminClient) -> list[str]:
+        if create is not None:
+            await c.create_scalable_subscription(topic, create)
+        if delete is not None:
+            await c.delete_scalable_subscription(topic, delete)
+        return await c.scalable_subscriptions(topic)
+
+    _run(call, output, f"subscriptions of {topic}")
+
+
+@scalable_app.command("dag")
+def scalable_dag(
+    topic: str,
+    fmt: Annotated[
+        DagFormat, typer.Option("--format", "-f", help="tree (rich) or dot (Graphviz).")
+    ] = DagFormat.tree,
+) -> None:
+    """Draw the segment DAG: a tree in the terminal, or Graphviz dot text."""
+    layout = SegmentLayout.from_dict(_call(lambda c: c.get_scalable_topic(topic)))
+    if fmt is DagFormat.dot:
+        typer.echo(dag_dot(topic, layout))
+    else:
+        stdout.print(dag_tree(topic, layout))
