@@ -21,7 +21,7 @@ from anabranch.broker.consumer import Consumer, message_id_data
 from anabranch.broker.dispatcher_entries import read_info
 from anabranch.broker.error_codes import server_error
 from anabranch.broker.subscription import NonDurableCursor, Subscription, position_of
-from anabranch.core.names import TopicName
+from anabranch.core.names import SegmentName, parse_name
 from anabranch.errors import (
     AnabranchError,
     ConsumerBusy,
@@ -82,14 +82,15 @@ async def handle_subscribe(session: Session, cmd: pb.CommandSubscribe) -> None:
     if cmd.consumer_id in session.consumers:
         raise ConsumerBusy(f"consumer id {cmd.consumer_id} is already used on this connection")
     _check_subscription_name(cmd.subscription)
-    topic_name = TopicName.parse(cmd.topic)
+    topic_name = parse_name(cmd.topic)
+    partition = -1 if isinstance(topic_name, SegmentName) else topic_name.partition
     consumer = Consumer(
         session,
         cmd.consumer_id,
         cmd.consumer_name or f"{cmd.subscription}-{cmd.consumer_id}",
         int(cmd.subType),
         priority=cmd.priority_level,
-        partition=topic_name.partition if topic_name.partition is not None else -1,
+        partition=partition if partition is not None else -1,
         key_shared_meta=cmd.keySharedMeta if cmd.HasField("keySharedMeta") else None,
         epoch=cmd.consumer_epoch,
         remote_address=getattr(session, "remote_address", ""),

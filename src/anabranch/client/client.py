@@ -30,13 +30,17 @@ from anabranch.client.producer import (
     create_producer,
 )
 from anabranch.client.reader import Reader, start_position
-from anabranch.core.names import TopicDomain, TopicName
+from anabranch.core.names import SegmentName, TopicDomain, parse_name
 from anabranch.errors import InvalidArgument
 from anabranch.limits import CLIENT_OPERATION_TIMEOUT_S, KEEPALIVE_INTERVAL_S
 
 
 def _persistent_topic(topic: str) -> str:
-    name = TopicName.parse(topic)
+    # A segment of a scalable topic is a persistent topic on the wire: readers (the Spark
+    # source) and the scalable-topic handlers address segments directly.
+    name = parse_name(topic)
+    if isinstance(name, SegmentName):
+        return str(name)
     if name.domain is not TopicDomain.PERSISTENT:
         raise InvalidArgument(f"{topic!r}: this client handles persistent:// topics only")
     return str(name)

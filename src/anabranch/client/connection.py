@@ -39,7 +39,7 @@ from anabranch.client.errors import (
     OperationTimeout,
     from_server_error,
 )
-from anabranch.core.names import TopicName
+from anabranch.core.names import SegmentName, parse_name
 from anabranch.errors import AnabranchError, Closed, InvalidArgument
 from anabranch.limits import (
     CLIENT_LOOKUP_REDIRECTS_MAX,
@@ -458,8 +458,9 @@ class ConnectionPool:
 
     async def partitioned_metadata(self, topic: str) -> int:
         """The number of partitions of ``topic`` (0: not partitioned, or a partition)."""
-        if TopicName.parse(topic).partition is not None:
-            return 0  # a partition is never itself partitioned (upstream asks no broker)
+        name = parse_name(topic)
+        if isinstance(name, SegmentName) or name.partition is not None:
+            return 0  # partitions and segments are never partitioned: no broker to ask
         conn = await self.get()
         request_id = conn.new_request_id()
         body = pb.CommandPartitionedTopicMetadata(topic=topic, request_id=request_id)
