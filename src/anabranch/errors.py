@@ -5,6 +5,8 @@
     │   ├── ValueTooLarge               a value or message over its limit
     │   ├── UnknownSegment              no such segment id in the layout
     │   └── SegmentsNotAdjacent         merge of two ranges that do not touch
+    ├── NotLeader                       not the controller leader (307, retriable)
+    │   └── NotOwner                    a cluster broker not owning the topic
     ├── NotAllowed                      valid request, wrong state     (405)
     │   ├── NotEmpty                    delete of a tenant/namespace in use (409)
     │   ├── SegmentSealed               split/merge of a sealed segment
@@ -413,6 +415,30 @@ class NotLeader(AnabranchError):
         super().__init__(f"this broker is not the controller of {topic}: {where}")
         self.topic = topic
         self.leader_url = leader_url
+
+
+class NotOwner(NotLeader):
+    """A topic request at a broker of a cluster that does not own the topic.
+
+    On the wire it is ServiceNotReady (the client looks the topic up again); over HTTP a
+    307 to ``leader_url``, the owner's HTTP address (503 while the topic has no owner or
+    is moving). ``owner_url`` is the owner's ``pulsar://`` address when known.
+
+    Example:
+        >>> err = NotOwner("persistent://t/ns/x", "http://b2:8080", "pulsar://b2:6650")
+        >>> (err.wire_code, err.http_status, err.retriable)
+        ('ServiceNotReady', 307, True)
+    """
+
+    def __init__(self, topic: str, http_url: str | None, owner_url: str | None = None) -> None:
+        AnabranchError.__init__(
+            self,
+            f"this broker does not own {topic}: "
+            + (f"its owner is {owner_url or http_url}" if http_url else "it is moving"),
+        )
+        self.topic = topic
+        self.leader_url = http_url
+        self.owner_url = owner_url
 
 
 WIRE_CODES.update({c: c.wire_code for c in all_error_classes()})

@@ -231,3 +231,25 @@ so a failing store is not hammered in a tight loop."""
 SCALABLE_SESSION_TTL_S = 10.0
 """TTL of the metadata session that holds a broker's controller leaderships when the
 service opens its own: a dead broker's topics get a new leader within about this long."""
+
+# --- cluster mode (ownership, lookup, broker registry) --------------------------------------
+
+CLUSTER_CLAIM_ATTEMPTS_MAX = 8
+"""Read-then-CAS attempts of one lookup or topic claim before it answers ServiceNotReady:
+each failed CAS means another broker just changed the ownership record, so a few rounds
+settle any race between brokers; more would only spin on a flapping record."""
+
+CLUSTER_SESSION_POLL_S = 0.1
+"""How often a broker compares the clock with its metadata session's deadline; it stops
+serving owned topics at most this long after the deadline (well before etcd, which counts
+the TTL from a later instant, lets another broker take them)."""
+
+CLUSTER_SESSION_RETRY_S = 0.5
+"""Pause between attempts to open a new metadata session after losing one."""
+
+CLUSTER_RECENT_ASSIGNMENTS_MAX = 10_000
+"""Assignments a broker remembers between two load reports (so a burst of lookups does
+not send every new topic to the same least-loaded broker); older ones are dropped."""
+
+CLUSTER_UNLOAD_CONCURRENCY_MAX = 64
+"""Topics closed at once when a broker loses its session or unloads a namespace."""

@@ -1,5 +1,10 @@
 """Broker configuration: defaults < config file (TOML) < ``ANABRANCH_*`` env vars < CLI flags.
 
+A cluster broker (``anabranch broker --config FILE``) uses the same settings with an
+``etcd://`` metadata URL; ``advertised_address`` is then the host other brokers and
+clients reach it at, and ``session_ttl_s`` bounds how long its topics stay unowned after
+it dies.
+
 Example:
     >>> cfg = BrokerConfig(data_dir=Path("/tmp/ab"))
     >>> (cfg.port, cfg.http_port, cfg.metadata_url)
@@ -8,6 +13,7 @@ Example:
 
 from __future__ import annotations
 
+import os
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
@@ -36,6 +42,10 @@ class BrokerConfig(BaseSettings):
     fsync: Literal["always", "never"] = "always"
     max_message_size: int = Field(5 * 1024 * 1024, gt=0, le=64 * 1024 * 1024)
     session_ttl_s: float = Field(10.0, gt=0)
+    """TTL of the broker's metadata session: its registry record, topic ownerships and
+    controller leaderships die this long after the broker stops refreshing them."""
+    load_report_interval_s: float = Field(5.0, gt=0)
+    """How often a cluster broker rewrites its registry record with its load."""
     consumer_grace_period_s: float = Field(60.0, ge=0)
     allow_auto_topic_creation: bool = True
     use_uvloop: bool = True
@@ -57,5 +67,8 @@ class BrokerConfig(BaseSettings):
                 values = tomllib.loads(path.read_text())
             except (OSError, tomllib.TOMLDecodeError) as err:
                 raise InvalidArgument(f"cannot read config {path}: {err}") from err
+            # Keyword arguments beat env vars in pydantic-settings: drop the file's values
+            # that an env var sets, so the env var wins as documented.
+            values = {k: v for k, v in values.items() if f"ANABRANCH_{k.upper()}" not in os.environ}
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)

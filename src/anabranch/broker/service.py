@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+from typing import Protocol
 from urllib.parse import quote
 
 from anabranch.broker.config import BrokerConfig
@@ -58,6 +59,18 @@ def managed_ledger_name(name: TopicName | SegmentName) -> str:
     return f"{name.tenant}/{name.namespace}/{name.domain.value}/{name.full_local_name}"
 
 
+class OwnershipGate(Protocol):
+    """Cluster mode's say on which topics this broker may serve (``broker/cluster``)."""
+
+    async def claim(self, topic: str) -> None:
+        """Return once this broker owns ``topic``; NotOwner when another broker does."""
+        ...
+
+    def serving(self, topic: str) -> bool:
+        """Whether this broker owns ``topic`` right now (no I/O: checked on every SEND)."""
+        ...
+
+
 class BrokerService:
     """Topics and the services shared by every connection of one broker."""
 
@@ -83,6 +96,8 @@ class BrokerService:
         self._closed = False
         self.protocol_errors = 0
         """Connections closed for a protocol error (bad frames, misplaced commands)."""
+        self.ownership: OwnershipGate | None = None
+        """Set in cluster mode: topics are loaded only once this broker owns them."""
 
     async def start(self) -> None:
         """Take a cluster-unique number for generated producer names: dedup is keyed on
@@ -107,6 +122,8 @@ class BrokerService:
         if isinstance(parsed, TopicName) and parsed.domain is TopicDomain.TOPIC:
             raise NotAllowed(f"{parsed} is a scalable topic: produce to its segments")
         key = str(parsed)
+        if self.ownership is not None:
+            await self.ownership.claim(key)
         topic = self._topics.get(key)
         if topic is not None:
             return topic
@@ -178,6 +195,19 @@ class BrokerService:
     def loaded_topic(self, name: str) -> PersistentTopic | None:
         """The topic if it is loaded here, without loading it."""
         return self._topics.get(str(canonical_topic(name)))
+
+    async def unload_topic(self, name: str) -> bool:
+        """Close a loaded topic without deleting anything (its clients reconnect and look
+        it up again); False when it was not loaded here."""
+        task = self._loading.get(name)
+        if task is not None:
+            await asyncio.wait([task])
+        topic = self._topics.pop(name, None)
+        if topic is None:
+            return False
+        await topic.close()
+        log.info("unloaded topic %s", name)
+        return True
 
     async def delete_topic(self, name: str) -> None:
         """Close and delete a topic's ledger, subscriptions and registration."""

@@ -51,7 +51,7 @@ from anabranch.broker.lookup import (
     handle_partitioned_metadata,
 )
 from anabranch.broker.producer import Producer, handle_producer
-from anabranch.errors import AnabranchError, NotAllowed, ProtocolError
+from anabranch.errors import AnabranchError, NotAllowed, NotOwner, ProtocolError
 from anabranch.protocol import commands
 from anabranch.protocol._generated import pulsar_api_pb2 as pb
 from anabranch.protocol.connection import ProtocolConnection, Role, State
@@ -355,6 +355,14 @@ def _handle_send(session: Session, frame: Frame) -> None:
         err = NotAllowed(f"producer {cmd.producer_id} is not open on this connection")
         session.write(
             commands.send_error(cmd.producer_id, cmd.sequence_id, server_error(err), str(err))
+        )
+        return
+    ownership = session.service.ownership
+    if ownership is not None and not ownership.serving(producer.topic.name):
+        # Cluster mode: the topic moved (or our session ran out): the client reconnects.
+        moved = NotOwner(producer.topic.name, None)
+        session.write(
+            commands.send_error(cmd.producer_id, cmd.sequence_id, server_error(moved), str(moved))
         )
         return
     producer.send(frame)
