@@ -14,12 +14,17 @@ $(STAMP): requirements/dev.txt pyproject.toml
 
 setup: $(STAMP)
 
-# Debian packages the tests start for real: etcd-server (metadata backend, cluster tests).
+# Debian packages the tests start for real: etcd-server (metadata backend, cluster tests) and
+# a headless Java 17 runtime (the PySpark connector tests run a local Spark).
 system-deps:
 	@command -v etcd >/dev/null 2>&1 || test -x /usr/bin/etcd || { \
 	  echo "installing Debian etcd-server"; \
 	  SUDO=$$(test "$$(id -u)" = 0 || echo sudo); \
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq etcd-server >/dev/null; }
+	@command -v java >/dev/null 2>&1 || { \
+	  echo "installing Debian openjdk-17-jre-headless (PySpark connector tests)"; \
+	  SUDO=$$(test "$$(id -u)" = 0 || echo sudo); \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq openjdk-17-jre-headless >/dev/null; }
 
 run: setup
 	$(BIN)/anabranch standalone

@@ -1,0 +1,1 @@
+"""PySpark data source for anabranch scalable topics (placeholder while it is built)."""
