@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -72,8 +73,12 @@ class Standalone:
         ledger_backend: Literal["file", "memory"] = "file",
         keepalive_interval_s: float = limits.KEEPALIVE_INTERVAL_S,
         handshake_timeout_s: float = limits.HANDSHAKE_TIMEOUT_S,
+        prepare: Callable[[BrokerService], None] | None = None,
     ) -> Standalone:
-        """Open storage, create the standalone cluster/tenant/namespace, start serving."""
+        """Open storage, create the standalone cluster/tenant/namespace, start serving.
+
+        ``prepare(service)`` runs before the server accepts connections (cluster mode
+        installs its ownership gate there)."""
         clock = clock or SystemClock()
         config.data_dir.mkdir(parents=True, exist_ok=True)
         store = await open_store(config.metadata_url, clock)
@@ -86,6 +91,8 @@ class Standalone:
                 broker_service_url=f"pulsar://{config.advertised_address}:{config.port}",
             )
             service = BrokerService(config, store, ledgers, clock, policies)
+            if prepare is not None:
+                prepare(service)
             await service.start()
             server = BrokerServer(
                 service,
