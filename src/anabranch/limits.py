@@ -232,6 +232,15 @@ SCALABLE_SESSION_TTL_S = 10.0
 """TTL of the metadata session that holds a broker's controller leaderships when the
 service opens its own: a dead broker's topics get a new leader within about this long."""
 
+SCALABLE_WATCH_SESSIONS_PER_CONNECTION_MAX = 1_000
+"""DAG-watch sessions (SCALABLE_TOPIC_LOOKUP) one connection may hold: a client watches
+each scalable topic it produces to or consumes once; each session costs a pump task and a
+listener, so a runaway client cannot grow them without bound (TooManyRequests past it)."""
+
+SCALABLE_CONSUMERS_PER_CONNECTION_MAX = 1_000
+"""Stream/checkpoint consumers (SCALABLE_TOPIC_SUBSCRIBE) registered through one
+connection; past it the subscribe answers TooManyRequests."""
+
 # --- cluster mode (ownership, lookup, broker registry) --------------------------------------
 
 CLUSTER_CLAIM_ATTEMPTS_MAX = 8

@@ -22,7 +22,7 @@ from anabranch.errors import (
 )
 from anabranch.metadata.api import MetadataStore, Session
 from anabranch.scalable.controller import ScalableTopicController
-from anabranch.scalable.paths import TopicPaths
+from anabranch.scalable.paths import LeaderAddress, TopicPaths
 from anabranch.scalable.segment_ops import (
     StorageSegmentOps,
     decode_dedup_snapshot,
@@ -193,7 +193,7 @@ async def test_one_leader_others_redirect_and_failover(cluster: Cluster) -> None
     layout = await new.split(0)
     assert layout.epoch == 1
     record = await cluster.store.get(PATHS.controller)
-    assert record is not None and record.value.decode() == new.broker_url
+    assert record is not None and LeaderAddress.decode(record.value).http == new.broker_url
 
 
 async def test_deposed_leader_cannot_write(cluster: Cluster) -> None:

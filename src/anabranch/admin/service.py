@@ -14,7 +14,6 @@ Example:
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -23,7 +22,7 @@ from anabranch.core.names import NamespaceName, SegmentName, TopicDomain, TopicN
 from anabranch.core.segment_layout import SegmentLayout, segment_name
 from anabranch.errors import AlreadyExists, InvalidArgument, NotEmpty, NotFound
 from anabranch.protocol._generated import pulsar_api_pb2 as pb
-from anabranch.scalable.segment_ops import SegmentOps, StorageSegmentOps, decode_dedup_snapshot
+from anabranch.scalable.segment_ops import SegmentOps, decode_dedup_snapshot
 from anabranch.scalable.service import ScalableTopicService, scalable_topic_name
 from anabranch.storage.api import EARLIEST, LATEST, Position
 
@@ -70,18 +69,10 @@ class AdminService:
         self.broker = broker
         self.http_url = http_url
         self._scalable = scalable
-        self._own_scalable = scalable is None
-        self._own_ops: StorageSegmentOps | None = None
-        self._scalable_lock = asyncio.Lock()
 
     async def close(self) -> None:
-        """Close the scalable-topic service this object built (not one it was given)."""
-        if self._own_scalable and self._scalable is not None:
-            await self._scalable.close()
-            self._scalable = None
-        if self._own_ops is not None:
-            await self._own_ops.close()
-            self._own_ops = None
+        """Nothing to release: the scalable-topic service belongs to the broker (or to
+        whoever passed it in)."""
 
     @property
     def policies(self) -> Policies:
@@ -335,18 +326,11 @@ class AdminService:
     # --- scalable topics (PIP-468) ---------------------------------------------------------
 
     async def scalable(self) -> ScalableTopicService:
-        """The scalable-topic service of this admin app, built on first use from the broker's
-        metadata store, ledgers and clock; its controllers advertise ``http_url`` as their
-        address, which is where a non-leader redirects mutations (HTTP 307)."""
-        async with self._scalable_lock:
-            if self._scalable is None:
-                self._own_ops = StorageSegmentOps(self.broker.ledgers)
-                service = ScalableTopicService(
-                    self.broker.store, self._own_ops, self.broker.clock, self.http_url
-                )
-                await service.start()
-                self._scalable = service
-            return self._scalable
+        """The scalable-topic service: the broker's own (shared with its binary sessions,
+        sealing segments through the topics it has loaded) unless one was passed in. Its
+        controllers advertise the broker's HTTP URL, where a non-leader redirects
+        mutations (HTTP 307)."""
+        return self._scalable if self._scalable is not None else self.broker.scalable
 
     async def segment_ops(self) -> SegmentOps:
         """The segment-topic operations the scalable-topic service uses."""

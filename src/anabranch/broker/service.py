@@ -7,6 +7,17 @@ namespace's policy), opens its managed ledger (which fences any previous owner) 
 restores the dedup state and subscriptions. A partitioned topic is N independent topics
 ``<name>-partition-<i>``; clients route between them.
 
+Scalable topics: the service owns this broker's one
+:class:`~anabranch.scalable.service.ScalableTopicService` (``scalable``; the admin app and
+the binary sessions share it, and its segment operations act on the topics loaded here,
+see :mod:`anabranch.broker.segment_ops`), the
+:class:`~anabranch.scalable.dag_watch.DagWatcher` that feeds DAG-watch sessions, and the
+:class:`~anabranch.broker.scalable_commands.ScalableEndpoint` that holds those sessions and
+the registered stream consumers. ``segment_broker_url`` says which broker serves a segment
+(this one in standalone; cluster mode replaces it). A child segment loaded with
+deduplication on is seeded from its parents' seal snapshots (``.../sealed/{id}``), so a
+retried sequence id the parent persisted stays a duplicate.
+
 Example:
     >>> async def demo(service: BrokerService) -> None:
     ...     topic = await service.get_topic("persistent://public/default/t", create=True)
@@ -18,22 +29,33 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Protocol
 from urllib.parse import quote
 
 from anabranch.broker.config import BrokerConfig
 from anabranch.broker.policies import Policies
+from anabranch.broker.scalable_commands import ScalableEndpoint
 from anabranch.broker.schema import SchemaRegistry
+from anabranch.broker.segment_ops import BrokerSegmentOps
 from anabranch.broker.topic import PersistentTopic
 from anabranch.clock import Clock, SystemClock
 from anabranch.core.names import SegmentName, TopicDomain, TopicName, parse_name
+from anabranch.core.segment_layout import SegmentLayout
 from anabranch.errors import Closed, NotAllowed, NotFound
 from anabranch.metadata.api import MetadataStore
+from anabranch.scalable.dag_watch import DagWatcher
+from anabranch.scalable.paths import TopicPaths
+from anabranch.scalable.segment_ops import decode_dedup_snapshot
+from anabranch.scalable.service import ScalableTopicService
 from anabranch.storage.api import ManagedLedgerConfig, ManagedLedgerFactory
 
 log = logging.getLogger(__name__)
 
 PRODUCER_NAME_COUNTER_PREFIX = "/counters/producer-name-"
+
+SegmentBrokerResolver = Callable[[SegmentName], Awaitable[str]]
+"""``segment -> pulsar:// URL`` of the broker serving it (the DAG's ``segment_brokers``)."""
 
 
 def canonical_topic(text: str) -> TopicName | SegmentName:
@@ -89,6 +111,20 @@ class BrokerService:
         self.policies = policies or Policies(store)
         self.schemas = SchemaRegistry(store)
         self.advertised_url = f"pulsar://{config.advertised_address}:{config.port}"
+        self.http_url = f"http://{config.advertised_address}:{config.http_port}"
+        self.scalable_endpoint = ScalableEndpoint(self)
+        self.scalable = ScalableTopicService(
+            store,
+            BrokerSegmentOps(self),
+            self.clock,
+            self.http_url,
+            pulsar_url=self.advertised_url,
+            grace_period_ms=round(config.consumer_grace_period_s * 1000),
+            on_assignment=self.scalable_endpoint.deliver_assignment,
+        )
+        self.dag_watcher = DagWatcher(store, self.clock)
+        self.segment_broker_url: SegmentBrokerResolver = self._local_segment_broker
+        """Which broker serves a segment; cluster mode replaces this function."""
         self._topics: dict[str, PersistentTopic] = {}
         self._loading: dict[str, asyncio.Task[PersistentTopic]] = {}
         self._broker_index = 0
@@ -104,6 +140,19 @@ class BrokerService:
         producer names, so a restarted broker must never hand out an old one."""
         path = await self.store.create_sequential(PRODUCER_NAME_COUNTER_PREFIX, b"")
         self._broker_index = int(path.rsplit("-", 1)[1])
+
+    def set_addresses(self, *, pulsar_url: str | None = None, http_url: str | None = None) -> None:
+        """The bound addresses (known once the servers listen); controllers created later
+        advertise them as the leader's address."""
+        if pulsar_url is not None:
+            self.advertised_url = pulsar_url
+            self.scalable.pulsar_url = pulsar_url
+        if http_url is not None:
+            self.http_url = http_url
+            self.scalable.broker_url = http_url
+
+    async def _local_segment_broker(self, segment: SegmentName) -> str:
+        return self.advertised_url
 
     def new_producer_name(self) -> str:
         """``<cluster>-<broker index>-<n>``, unique across restarts.
@@ -166,6 +215,8 @@ class BrokerService:
         )
         try:
             await topic.load()
+            if isinstance(name, SegmentName) and topic.dedup is not None:
+                topic.seed_dedup(await self._parent_seal_marks(name))
         except BaseException:
             await ledger.close()
             raise
@@ -175,6 +226,20 @@ class BrokerService:
         self._topics[key] = topic
         log.info("loaded topic %s (dedup %s)", key, "on" if topic.dedup is not None else "off")
         return topic
+
+    async def _parent_seal_marks(self, segment: SegmentName) -> list[dict[str, int]]:
+        """The dedup marks its parents had when sealed (none before the layout names it)."""
+        paths = TopicPaths(segment.topic)
+        record = await self.store.get(paths.layout)
+        if record is None:
+            return []
+        node = SegmentLayout.from_json(record.value).segments.get(segment.segment_id)
+        marks = []
+        for parent in node.parent_ids if node is not None else ():
+            sealed = await self.store.get(paths.sealed(parent))
+            if sealed is not None:
+                marks.append(decode_dedup_snapshot(sealed.value))
+        return marks
 
     async def _implicitly_exists(self, name: TopicName) -> bool:
         # A partition of a partitioned topic exists with its parent; a partitioned topic's
@@ -214,14 +279,22 @@ class BrokerService:
         topic = await self.get_topic(name, create=False)
         self._topics.pop(topic.name, None)
         await topic.close()
-        ledger = await self.ledgers.open(managed_ledger_name(canonical_topic(topic.name)))
+        parsed = canonical_topic(topic.name)
+        ledger = await self.ledgers.open(managed_ledger_name(parsed))
         await ledger.delete()
         await self.store.delete(f"/dedup-snapshots/{quote(ledger.name, safe='')}")
-        await self.policies.unregister_topic(topic.name)
+        if not isinstance(parsed, SegmentName):  # segments are never registered
+            await self.policies.unregister_topic(topic.name)
 
     async def close(self) -> None:
-        """Close every topic: in-flight appends finish, dedup snapshots are written."""
+        """Close the scalable-topic controllers and watch sessions, then every topic:
+        in-flight appends finish, dedup snapshots are written."""
         self._closed = True
+        for step in (self.scalable_endpoint.close, self.dag_watcher.close, self.scalable.close):
+            try:
+                await step()
+            except Exception:
+                log.exception("closing the scalable-topic services failed")
         for task in list(self._loading.values()):
             await asyncio.wait([task])
         topics, self._topics = list(self._topics.values()), {}

@@ -2,7 +2,8 @@
 the binary protocol server and (when the admin package is there) the admin HTTP app.
 
 Shutdown order keeps every acknowledged message: stop accepting connections, stop
-reading from the open ones, let in-flight appends finish and their receipts go out
+reading from the open ones, close the scalable-topic controllers (stepping down) and
+watch sessions, let in-flight appends finish and their receipts go out
 (``BrokerService.close``), close the connections, then the ledgers (cursors flushed) and
 the metadata store.
 
@@ -105,9 +106,16 @@ class Standalone:
         except BaseException:
             await store.close()
             raise
-        service.advertised_url = f"pulsar://{config.advertised_address}:{port}"
+        service.set_addresses(pulsar_url=f"pulsar://{config.advertised_address}:{port}")
         node = cls(config, store, ledgers, service, server)
-        await node._start_http()
+        try:
+            await node._start_http()
+            if node.http_url is not None:
+                service.set_addresses(http_url=node.http_url)
+            await service.scalable.start()
+        except BaseException:
+            await node.stop()
+            raise
         return node
 
     async def _start_http(self) -> None:

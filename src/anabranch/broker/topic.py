@@ -34,7 +34,7 @@ import json
 import logging
 import struct
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
@@ -170,6 +170,21 @@ class PersistentTopic:
             start = entries[-1].position.next()
         if replayed:
             log.info("%s: dedup state rebuilt from %d tail entries", self.name, replayed)
+
+    def seed_dedup(self, parent_marks: Iterable[Mapping[str, int]]) -> None:
+        """A scalable topic's child segment: treat every sequence id a parent persisted as
+        persisted here too, so a producer's retry of it after a split is a duplicate.
+        Nothing when deduplication is off.
+
+        Example:
+            >>> # topic.seed_dedup([{"producer-a": 41}]) -> a send of 41 answers (-1, -1)
+        """
+        if self.dedup is None:
+            return
+        for marks in parent_marks:
+            for producer, sequence_id in marks.items():
+                if sequence_id >= 0:
+                    self.dedup.on_persisted(producer, sequence_id)
 
     def _replay(self, data: bytes) -> None:
         assert self.dedup is not None

@@ -4,7 +4,8 @@ Theory of operation
 -------------------
 *Leadership.* Every broker that touches a scalable topic runs a
 :class:`ScalableTopicController` for it; they race to create the ephemeral key
-``/topics/{t}/{ns}/{topic}/controller`` (value: the broker URL) under their broker's
+``/topics/{t}/{ns}/{topic}/controller`` (value: the broker's HTTP and pulsar URLs as
+JSON, :class:`~anabranch.scalable.paths.LeaderAddress`) under their broker's
 metadata session. The winner is the leader; the others watch the key and race again when
 it is deleted (its session expired or it stepped down). Being elected is not proof of the
 right to write (STYLE #6): the key's ``create_revision`` is the fencing token, and every
@@ -92,7 +93,7 @@ from anabranch.metadata.api import (
     Put,
     Session,
 )
-from anabranch.scalable.paths import TopicPaths
+from anabranch.scalable.paths import LeaderAddress, TopicPaths
 from anabranch.scalable.segment_ops import SegmentOps
 from anabranch.scalable.subscription_coordinator import (
     AssignmentListener,
@@ -136,6 +137,18 @@ class PendingOp:
         return cls(doc["op"], tuple(doc["segmentIds"]), doc["epoch"], doc["nowMs"])
 
 
+@dataclass
+class ScalableCounters:
+    """Plain-int counters of the controllers of one broker (read by ``/metrics``)."""
+
+    splits: int = 0
+    merges: int = 0
+    leader_elections: int = 0
+    """Controller leaderships this broker acquired (a fail-over elects a new one)."""
+    assignment_changes: int = 0
+    """Assignment pushes to consumers (each one is a changed share or a (re)registration)."""
+
+
 def _ignore_assignment(subscription: str, push: PushAssignment) -> None:
     log.debug("assignment of %s not delivered (no listener): %s", subscription, push)
 
@@ -152,6 +165,8 @@ class ScalableTopicController:
         session: Session,
         *,
         broker_url: str = "",
+        pulsar_url: str = "",
+        counters: ScalableCounters | None = None,
         grace_period_ms: int = limits.SCALABLE_CONSUMER_GRACE_PERIOD_MS,
         on_assignment: AssignmentListener | None = None,
         drain_poll_interval_s: float = limits.SCALABLE_DRAIN_POLL_INTERVAL_S,
@@ -163,11 +178,13 @@ class ScalableTopicController:
         self.clock = clock
         self.session = session
         self.broker_url = broker_url
+        self.pulsar_url = pulsar_url
+        self.counters = counters or ScalableCounters()
         self.grace_period_ms = grace_period_ms
         self._on_assignment = on_assignment or _ignore_assignment
         self._poll_interval_s = drain_poll_interval_s
         self._token: int | None = None  # create_revision of our controller key
-        self._leader_url: str | None = None
+        self._leader: LeaderAddress | None = None
         self._watch_from: int | None = None
         self._lock = asyncio.Lock()
         self._layout: SegmentLayout | None = None
@@ -186,8 +203,18 @@ class ScalableTopicController:
 
     @property
     def leader_url(self) -> str | None:
-        """The leader's broker URL as last seen (ours when leading)."""
-        return self._leader_url
+        """The leader's HTTP URL as last seen (ours when leading): where admin mutations go."""
+        return self._leader.http if self._leader is not None else None
+
+    @property
+    def leader_address(self) -> LeaderAddress | None:
+        """The leader's HTTP and pulsar URLs as last seen (None while there is none)."""
+        return self._leader
+
+    @property
+    def address(self) -> LeaderAddress:
+        """This broker's addresses, the value it writes when it wins the election."""
+        return LeaderAddress(self.broker_url, self.pulsar_url)
 
     async def start(self) -> None:
         """Run one election round now, then keep campaigning in the background."""
@@ -216,11 +243,11 @@ class ScalableTopicController:
                     # Our own session holds it (this controller was re-created): keep it.
                     await self._became_leader(record.stat.create_revision)
                 else:
-                    self._leader_url = record.value.decode()
+                    self._leader = LeaderAddress.decode(record.value)
                 return
             try:
                 stat = await self.store.put(
-                    path, self.broker_url.encode(), MUST_NOT_EXIST, session=self.session
+                    path, self.address.encode(), MUST_NOT_EXIST, session=self.session
                 )
             except BadVersion:
                 continue  # someone else won this round: read who
@@ -230,7 +257,8 @@ class ScalableTopicController:
 
     async def _became_leader(self, token: int) -> None:
         self._token = token
-        self._leader_url = self.broker_url
+        self._leader = self.address
+        self.counters.leader_elections += 1
         log.info("%s: elected controller leader (token %d)", self.topic, token)
         async with self._lock:
             await self._recover()
@@ -250,7 +278,7 @@ class ScalableTopicController:
                             await self._lost_leadership()
                             await self._try_acquire()
                         elif self._token is None:
-                            self._leader_url = event.value.decode()
+                            self._leader = LeaderAddress.decode(event.value)
                 finally:
                     await watch.close()
             except Compacted:
@@ -265,11 +293,11 @@ class ScalableTopicController:
 
     async def _lost_leadership(self) -> None:
         if self._token is None:
-            self._leader_url = None
+            self._leader = None
             return
         log.info("%s: controller leadership lost", self.topic)
         self._token = None
-        self._leader_url = None
+        self._leader = None
         self._elected.clear()
         await self._stop_coordinators()
 
@@ -277,7 +305,7 @@ class ScalableTopicController:
         """A commit fenced by our leadership token; NotLeader if we were deposed."""
         token = self._token
         if token is None:
-            raise NotLeader(str(self.topic), self._leader_url)
+            raise NotLeader(str(self.topic), self.leader_url)
         guard = Check(self.paths.controller, expected_create_revision=token)
         try:
             return await self.store.commit([guard, *ops])
@@ -286,14 +314,14 @@ class ScalableTopicController:
                 raise
             self._token = None
             record = await self.store.get(self.paths.controller)
-            self._leader_url = record.value.decode() if record is not None else None
-            raise NotLeader(str(self.topic), self._leader_url) from None
+            self._leader = LeaderAddress.decode(record.value) if record is not None else None
+            raise NotLeader(str(self.topic), self.leader_url) from None
 
     def _require_leader(self) -> None:
         if self._closed:
             raise Closed(f"controller of {self.topic} is closed")
         if self._token is None:
-            raise NotLeader(str(self.topic), self._leader_url)
+            raise NotLeader(str(self.topic), self.leader_url)
 
     # --- layout ---------------------------------------------------------------------------
 
@@ -380,15 +408,24 @@ class ScalableTopicController:
         for child in children:
             await self.ops.create_segment(self._segment(new_layout, child), subscriptions)
         ops: list[Op] = []
+        snapshots: list[bytes] = []
         for parent in parents:
             snapshot = await self.ops.terminate_segment(self._segment(layout, parent))
+            snapshots.append(snapshot)
             ops.append(Put(self.paths.sealed(parent), snapshot))
+        for child in children:
+            # Before the layout names the children, so no producer reaches them unseeded.
+            await self.ops.seed_dedup(self._segment(new_layout, child), snapshots)
         ops.append(Put(self.paths.layout, new_layout.to_json(), version))
         ops.append(Delete(self.paths.pending_op))
         result = await self._commit(ops)
         stat = result.results[len(parents) + 1]
         assert stat is not None and not isinstance(stat, bool)
         self._layout, self._layout_version = new_layout, stat.version
+        if intent.op == "split":
+            self.counters.splits += 1
+        else:
+            self.counters.merges += 1
         log.info("%s: %s of %s done, epoch %d", self.topic, intent.op, parents, new_layout.epoch)
         for coordinator in list(self._coordinators.values()):
             await coordinator.handle(LayoutChanged(new_layout))
@@ -472,8 +509,10 @@ class ScalableTopicController:
         return coordinator.state if coordinator is not None else None
 
     async def create_subscription(self, name: str) -> None:
-        """Create a subscription: a cursor at EARLIEST on every active segment, then its
-        record (AlreadyExists if the record exists)."""
+        """Create a subscription: a cursor at EARLIEST on every segment of the DAG (sealed
+        ones too, so a subscription created after a split replays the sealed backlog, and a
+        sealed segment's backlog is never mistaken for 0), then its record (AlreadyExists
+        if the record exists)."""
         validate_component("subscription", name)
         async with self._lock:
             self._require_leader()
@@ -483,7 +522,7 @@ class ScalableTopicController:
         layout, _ = await self._read_layout()
         if await self.store.get(self.paths.subscription(name)) is not None:
             raise AlreadyExists(f"{self.topic} subscription {name}")
-        for segment in layout.active_segments():
+        for segment in layout:
             await self.ops.create_segment(segment_name(self.topic, segment), [name])
         record = json.dumps({"createdAtMs": self.clock.wall_ms()}).encode()
         try:

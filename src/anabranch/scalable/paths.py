@@ -1,7 +1,7 @@
 """Metadata-store paths of a scalable topic (DESIGN.md §3.4).
 
     /topics/{t}/{ns}/{topic}                                  the layout (ScalableTopicMetadata)
-    /topics/{t}/{ns}/{topic}/controller                       ephemeral: the leader's broker URL
+    /topics/{t}/{ns}/{topic}/controller                       ephemeral: the leader's URLs (JSON)
     /topics/{t}/{ns}/{topic}/pending-op                       a split/merge in progress
     /topics/{t}/{ns}/{topic}/sealed/{segmentId}               a sealed segment's dedup snapshot
     /topics/{t}/{ns}/{topic}/subscriptions/{sub}              a subscription
@@ -15,6 +15,7 @@ Example:
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 from anabranch.core.names import NamespaceName, TopicDomain, TopicName
@@ -70,3 +71,36 @@ class TopicPaths:
 
     def consumer(self, subscription: str, name: str) -> str:
         return f"{self.consumers(subscription)}/{name}"
+
+
+@dataclass(frozen=True, slots=True)
+class LeaderAddress:
+    """The value of a topic's ``.../controller`` key: the leader broker's addresses.
+
+    Stored as JSON ``{"http": ..., "pulsar": ...}``: admin mutations are redirected (307)
+    to ``http``; binary clients (the DAG's ``controller_broker_url``, a consumer's
+    SCALABLE_TOPIC_SUBSCRIBE) go to ``pulsar``. A plain string (the older form) reads as an
+    HTTP URL.
+
+    Example:
+        >>> a = LeaderAddress("http://b1:8080", "pulsar://b1:6650")
+        >>> LeaderAddress.decode(a.encode()) == a, LeaderAddress.decode(b"http://x:1").pulsar
+        (True, '')
+    """
+
+    http: str
+    pulsar: str = ""
+
+    def encode(self) -> bytes:
+        return json.dumps({"http": self.http, "pulsar": self.pulsar}).encode()
+
+    @classmethod
+    def decode(cls, data: bytes) -> LeaderAddress:
+        text = data.decode()
+        if text.startswith("{"):
+            try:
+                doc = json.loads(text)
+                return cls(str(doc.get("http") or ""), str(doc.get("pulsar") or ""))
+            except (ValueError, AttributeError):
+                pass
+        return cls(text)

@@ -59,6 +59,11 @@ class SegmentOps(Protocol):
         ``{producer_name: last_persisted_sequence_id}``."""
         ...
 
+    async def seed_dedup(self, segment: SegmentName, parent_snapshots: list[bytes]) -> None:
+        """A split/merge child, before the layout names it: reject sequence ids its parents
+        persisted (``parent_snapshots`` as :meth:`terminate_segment` returned them)."""
+        ...
+
     async def segment_subscriptions(self, segment: SegmentName) -> list[str]:
         """Sorted names of the segment's subscriptions (its cursors)."""
         ...
@@ -180,6 +185,10 @@ class StorageSegmentOps:
                 dedup_snapshot_from_entry(entry.data, marks)
             position = entries[-1].position.next()
         return encode_dedup_snapshot(marks)
+
+    async def seed_dedup(self, segment: SegmentName, parent_snapshots: list[bytes]) -> None:
+        # No topic lives here: a broker seeds a child from ``.../sealed/{id}`` when it loads.
+        return None
 
     async def segment_subscriptions(self, segment: SegmentName) -> list[str]:
         ledger = await self._ledger(segment)

@@ -4,12 +4,17 @@ It creates a :class:`~anabranch.scalable.controller.ScalableTopicController` per
 first use (each one joins that topic's leader election under this broker's metadata
 session), answers reads from the metadata store directly (any broker can), and sends
 mutations to the local controller. When the local controller is not the leader, a
-mutation raises :class:`~anabranch.errors.NotLeader` carrying the leader's URL, which the
-admin layer turns into HTTP 307.
+mutation raises :class:`~anabranch.errors.NotLeader` carrying the leader's HTTP URL, which
+the admin layer turns into HTTP 307; :meth:`ScalableTopicService.leader_address` gives the
+leader's pulsar URL too (the binary protocol's redirect).
+
+One instance per broker, owned by the ``BrokerService``: the admin app and the binary
+sessions share it, so a split seals a segment through the topic the broker has loaded.
 
 Example:
     >>> async def demo(store, ops, clock) -> None:
-    ...     service = ScalableTopicService(store, ops, clock, "http://127.0.0.1:8080")
+    ...     service = ScalableTopicService(store, ops, clock, "http://127.0.0.1:8080",
+    ...                                    pulsar_url="pulsar://127.0.0.1:6650")
     ...     await service.start()
     ...     await service.create("topic://public/default/orders", 2)
     ...     layout = await service.get_metadata("topic://public/default/orders")
@@ -19,21 +24,26 @@ Example:
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from anabranch import limits
 from anabranch.clock import Clock
+from anabranch.core.assignment import PushAssignment, SubscriptionAssignment
 from anabranch.core.names import NamespaceName, TopicDomain, TopicName
 from anabranch.core.segment_layout import SegmentLayout, segment_name
 from anabranch.errors import Closed, InvalidArgument, NotFound, NotLeader
 from anabranch.metadata.api import MetadataStore, Session
-from anabranch.scalable.controller import ScalableTopicController
-from anabranch.scalable.paths import TopicPaths, namespace_path
+from anabranch.scalable.controller import ScalableCounters, ScalableTopicController
+from anabranch.scalable.paths import LeaderAddress, TopicPaths, namespace_path
 from anabranch.scalable.segment_ops import SegmentOps
-from anabranch.scalable.subscription_coordinator import AssignmentListener
 
 log = logging.getLogger(__name__)
+
+TopicAssignmentListener = Callable[[TopicName, str, PushAssignment], None]
+"""``(topic, subscription, push)``: deliver an assignment to a connected consumer."""
 
 
 def scalable_topic_name(text: str | TopicName) -> TopicName:
@@ -59,15 +69,22 @@ class ScalableTopicService:
         clock: Clock,
         broker_url: str,
         *,
+        pulsar_url: str = "",
         session: Session | None = None,
         grace_period_ms: int = limits.SCALABLE_CONSUMER_GRACE_PERIOD_MS,
-        on_assignment: AssignmentListener | None = None,
+        drain_poll_interval_s: float = limits.SCALABLE_DRAIN_POLL_INTERVAL_S,
+        on_assignment: TopicAssignmentListener | None = None,
     ) -> None:
         self.store = store
         self.ops = ops
         self.clock = clock
         self.broker_url = broker_url
+        """This broker's HTTP URL (admin redirects); set before the first controller."""
+        self.pulsar_url = pulsar_url
+        """This broker's ``pulsar://`` URL (binary redirects and the DAG)."""
         self.grace_period_ms = grace_period_ms
+        self.drain_poll_interval_s = drain_poll_interval_s
+        self.counters = ScalableCounters()
         self._on_assignment = on_assignment
         self._session = session
         self._own_session = session is None
@@ -98,12 +115,29 @@ class ScalableTopicService:
                     self.clock,
                     self._session,
                     broker_url=self.broker_url,
+                    pulsar_url=self.pulsar_url,
+                    counters=self.counters,
                     grace_period_ms=self.grace_period_ms,
-                    on_assignment=self._on_assignment,
+                    on_assignment=functools.partial(self._deliver, name),
+                    drain_poll_interval_s=self.drain_poll_interval_s,
                 )
                 await controller.start()
                 self._controllers[name] = controller
             return controller
+
+    def _deliver(self, topic: TopicName, subscription: str, push: PushAssignment) -> None:
+        self.counters.assignment_changes += 1
+        if self._on_assignment is not None:
+            self._on_assignment(topic, subscription, push)
+
+    def local_controllers(self) -> list[ScalableTopicController]:
+        """The controllers running on this broker (leaders or followers)."""
+        return list(self._controllers.values())
+
+    def assignment(self, topic: TopicName, subscription: str) -> SubscriptionAssignment | None:
+        """The local leader's assignment state of ``subscription`` (None if not leading it)."""
+        controller = self._controllers.get(topic)
+        return controller.assignment(subscription) if controller is not None else None
 
     async def _leader(self, topic: str | TopicName) -> ScalableTopicController:
         controller = await self.controller(topic)
@@ -133,10 +167,15 @@ class ScalableTopicService:
         await self.get_metadata(name)
         return await self.store.list_children(TopicPaths(name).subscriptions)
 
-    async def leader_url(self, topic: str | TopicName) -> str | None:
-        """The controller leader's broker URL (None while there is none)."""
+    async def leader_address(self, topic: str | TopicName) -> LeaderAddress | None:
+        """The controller leader's HTTP and pulsar URLs (None while there is none)."""
         record = await self.store.get(TopicPaths(scalable_topic_name(topic)).controller)
-        return record.value.decode() if record is not None else None
+        return LeaderAddress.decode(record.value) if record is not None else None
+
+    async def leader_url(self, topic: str | TopicName) -> str | None:
+        """The controller leader's HTTP URL (None while there is none)."""
+        address = await self.leader_address(topic)
+        return address.http if address is not None else None
 
     async def stats(self, topic: str | TopicName) -> dict[str, Any]:
         """Layout summary, subscriptions and per-segment backlog, for the admin API."""

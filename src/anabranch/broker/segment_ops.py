@@ -1,0 +1,90 @@
+"""The broker's :class:`~anabranch.scalable.segment_ops.SegmentOps`: segment topics through
+the topics this broker has loaded.
+
+The controller creates, seals, inspects and deletes segment topics through this object,
+so every step acts on the broker's own :class:`~anabranch.broker.topic.PersistentTopic`
+(never on a second handle of its managed ledger, which would fence the broker's one):
+
+* ``create_segment`` loads the segment topic and opens each subscription's cursor at
+  EARLIEST (existing cursors stay where they are);
+* ``terminate_segment`` seals it through the topic: in-flight appends finish, later
+  sends fail with ``TopicTerminated``, consumers that read everything get
+  ``REACHED_END_OF_TOPIC``; it returns the topic's dedup marks
+  ``{producer: last persisted sequence id}`` (``{}`` when deduplication is off);
+* ``seed_dedup`` merges the parents' marks into a child before the layout names it;
+* backlog, subscriptions, removal and deletion go through the loaded topic.
+
+Example:
+    >>> async def demo(service: BrokerService, segment: SegmentName) -> None:
+    ...     ops = BrokerSegmentOps(service)
+    ...     await ops.create_segment(segment, ["billing"])
+    ...     marks = decode_dedup_snapshot(await ops.terminate_segment(segment))
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from anabranch.core.names import SegmentName
+from anabranch.protocol._generated import pulsar_api_pb2 as pb
+from anabranch.scalable.segment_ops import decode_dedup_snapshot, encode_dedup_snapshot
+from anabranch.storage.api import EARLIEST
+
+if TYPE_CHECKING:
+    from anabranch.broker.service import BrokerService
+    from anabranch.broker.topic import PersistentTopic
+
+log = logging.getLogger(__name__)
+
+
+class BrokerSegmentOps:
+    """:class:`~anabranch.scalable.segment_ops.SegmentOps` over one broker's topics."""
+
+    def __init__(self, service: BrokerService) -> None:
+        self.service = service
+
+    async def _topic(self, segment: SegmentName) -> PersistentTopic:
+        # Segment topics need no registration: loading one creates it if absent.
+        return await self.service.get_topic(str(segment), create=True)
+
+    async def create_segment(self, segment: SegmentName, subscriptions: list[str]) -> None:
+        topic = await self._topic(segment)
+        for name in subscriptions:
+            if name not in topic.subscriptions:
+                # The type is the next consumer's (a subscription without consumers takes it).
+                await topic.get_or_create_subscription(
+                    name, pb.CommandSubscribe.Exclusive, EARLIEST
+                )
+
+    async def terminate_segment(self, segment: SegmentName) -> bytes:
+        topic = await self._topic(segment)
+        await topic.terminate()
+        await topic.wait_inflight()  # their dedup marks count: they are in the ledger
+        return encode_dedup_snapshot(topic.dedup.snapshot() if topic.dedup is not None else {})
+
+    async def seed_dedup(self, segment: SegmentName, parent_snapshots: list[bytes]) -> None:
+        topic = await self._topic(segment)
+        topic.seed_dedup([decode_dedup_snapshot(s) for s in parent_snapshots])
+
+    async def segment_subscriptions(self, segment: SegmentName) -> list[str]:
+        topic = await self._topic(segment)
+        return sorted(c.name for c in topic.ledger.cursors())
+
+    async def segment_backlog(self, segment: SegmentName, subscription: str) -> int:
+        topic = await self._topic(segment)
+        for cursor in topic.ledger.cursors():
+            if cursor.name == subscription:
+                return cursor.backlog()
+        return 0
+
+    async def remove_subscription(self, segment: SegmentName, subscription: str) -> None:
+        topic = await self._topic(segment)
+        if subscription in topic.subscriptions or any(
+            c.name == subscription for c in topic.ledger.cursors()
+        ):
+            await topic.remove_subscription(subscription)
+
+    async def delete_segment(self, segment: SegmentName) -> None:
+        await self._topic(segment)  # load it (creating it if absent) so there is one owner
+        await self.service.delete_topic(str(segment))

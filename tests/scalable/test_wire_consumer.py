@@ -1,0 +1,180 @@
+"""The consumer controller over the wire (commands 73-75) against an in-process broker."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from anabranch.aio import Client
+from anabranch.core.names import TopicName
+from anabranch.protocol._generated import pulsar_api_pb2 as pb
+from anabranch.scalable.paths import TopicPaths
+from anabranch.scalable.segment_ops import StorageSegmentOps
+from anabranch.scalable.service import ScalableTopicService
+from anabranch.storage.memory import MemoryManagedLedgerFactory
+from anabranch.testing.broker import InProcessBroker
+from tests.scalable.wire import RawClient, is_assignment_update, segment_ids
+
+TOPIC = "topic://public/default/orders"
+GRACE_S = 0.4
+
+
+@pytest.fixture
+async def broker(tmp_path: Path) -> AsyncIterator[InProcessBroker]:
+    async with InProcessBroker(tmp_path, metadata="memory", consumer_grace_period_s=GRACE_S) as b:
+        b.service.scalable.drain_poll_interval_s = 0.05
+        yield b
+
+
+@pytest.fixture
+async def client(broker: InProcessBroker) -> AsyncIterator[RawClient]:
+    c = await RawClient.connect(broker.port)
+    try:
+        yield c
+    finally:
+        await c.close()
+
+
+def covered(assignment: pb.ScalableConsumerAssignment) -> list[tuple[int, int]]:
+    return sorted((s.hash_start, s.hash_end) for s in assignment.segments)
+
+
+async def test_subscribe_returns_an_assignment_covering_the_keyspace(
+    broker: InProcessBroker, client: RawClient
+) -> None:
+    await broker.service.scalable.create(TOPIC, 4)
+    response = await client.subscribe(1, TOPIC, "billing", "w1", 10)
+    assert not response.HasField("error"), response.message
+    assignment = response.assignment
+    assert assignment.layout_epoch == 0
+    assert segment_ids(assignment) == [0, 1, 2, 3]
+    assert covered(assignment) == [
+        (0, 0x3FFF),
+        (0x4000, 0x7FFF),
+        (0x8000, 0xBFFF),
+        (0xC000, 0xFFFF),
+    ]
+    assert assignment.segments[1].segment_topic == "segment://public/default/orders/4000-7fff-1"
+    # The subscription exists now, with a cursor on every segment and a durable session.
+    paths = TopicPaths(TopicName.parse(TOPIC))
+    assert await broker.service.store.get(paths.consumer("billing", "w1")) is not None
+    segment = broker.service.loaded_topic("segment://public/default/orders/0000-3fff-0")
+    assert segment is not None and "billing" in segment.subscriptions
+
+
+async def test_two_consumers_split_the_segments_deterministically(
+    broker: InProcessBroker, client: RawClient
+) -> None:
+    await broker.service.scalable.create(TOPIC, 4)
+    other = await RawClient.connect(broker.port)
+    try:
+        first = await client.subscribe(1, TOPIC, "billing", "w-b", 1)
+        assert segment_ids(first.assignment) == [0, 1, 2, 3]
+        second = await other.subscribe(1, TOPIC, "billing", "w-a", 1)
+        # Consumers sorted by name, segments by range, dealt round-robin.
+        assert segment_ids(second.assignment) == [0, 2]
+        assert segment_ids(await client.assignment_update(1)) == [1, 3]
+    finally:
+        await other.close()
+
+
+async def test_reconnect_within_grace_keeps_segments_without_rebalance(
+    broker: InProcessBroker, client: RawClient
+) -> None:
+    await broker.service.scalable.create(TOPIC, 2)
+    assert segment_ids((await client.subscribe(1, TOPIC, "s", "w1", 1)).assignment) == [0, 1]
+    leaving = await RawClient.connect(broker.port)
+    assert segment_ids((await leaving.subscribe(1, TOPIC, "s", "w2", 5)).assignment) == [1]
+    assert segment_ids(await client.assignment_update(1)) == [0]
+    await leaving.close()
+    back = await RawClient.connect(broker.port)
+    try:
+        again = await back.subscribe(9, TOPIC, "s", "w2", 6)
+        assert segment_ids(again.assignment) == [1]
+        # w1 hears nothing: no rebalance happened, and none after the old grace deadline.
+        await client.none(is_assignment_update(1), within=GRACE_S * 2)
+    finally:
+        await back.close()
+
+
+async def test_grace_expiry_rebalances_to_the_survivor(
+    broker: InProcessBroker, client: RawClient
+) -> None:
+    await broker.service.scalable.create(TOPIC, 2)
+    await client.subscribe(1, TOPIC, "s", "w1", 1)
+    leaving = await RawClient.connect(broker.port)
+    await leaving.subscribe(1, TOPIC, "s", "w2", 1)
+    assert segment_ids(await client.assignment_update(1)) == [0]
+    await leaving.close()
+    # Within the grace period nothing moves; after it, w1 owns everything again.
+    update = await client.assignment_update(1, wait_s=GRACE_S * 10)
+    assert segment_ids(update) == [0, 1]
+    paths = TopicPaths(TopicName.parse(TOPIC))
+    assert await broker.service.store.get(paths.consumer("s", "w2")) is None
+
+
+async def test_children_assigned_only_after_the_parent_drains(
+    broker: InProcessBroker, client: RawClient
+) -> None:
+    await broker.service.scalable.create(TOPIC, 1)
+    assert segment_ids((await client.subscribe(1, TOPIC, "s", "w1", 1)).assignment) == [0]
+    parent = "segment://public/default/orders/0000-ffff-0"
+    async with Client(broker.service_url) as pulsar:
+        producer = await pulsar.create_producer(parent)
+        await producer.send(b"before the split", key="k")
+        await producer.close()
+    await broker.service.scalable.split(TOPIC, 0)
+    # The parent still has a backlog for "s": the children wait.
+    await client.none(is_assignment_update(1), within=0.3)
+    async with Client(broker.service_url) as pulsar:
+        consumer = await pulsar.subscribe(parent, "s")
+        message = await consumer.receive()
+        assert message is not None and message.value == b"before the split"
+        await consumer.acknowledge(message)
+        await consumer.close()
+    update = await client.assignment_update(1)
+    assert update.layout_epoch == 1
+    assert segment_ids(update) == [1, 2]  # the drained parent retired
+
+
+async def test_refusals_are_per_request(broker: InProcessBroker, client: RawClient) -> None:
+    bad_sub = await client.subscribe(1, TOPIC, "bad sub", "w1", 1)
+    assert bad_sub.error == pb.InvalidTopicName and not bad_sub.HasField("assignment")
+    bad_topic = await client.subscribe(2, "topic://public/default/a b", "s", "w1", 1)
+    assert bad_topic.error == pb.InvalidTopicName
+    missing = await client.subscribe(3, TOPIC, "s", "w1", 1)
+    assert missing.error == pb.TopicNotFound
+    assert await broker.service.store.get(TopicPaths(TopicName.parse(TOPIC)).layout) is None
+    await broker.service.scalable.create(TOPIC, 1)
+    assert not (await client.subscribe(4, TOPIC, "s", "w1", 1)).HasField("error")
+    busy = await client.subscribe(5, TOPIC, "s", "w2", 1)
+    assert busy.error == pb.ConsumerBusy
+
+
+async def test_non_leader_answers_with_the_leader_url(
+    broker: InProcessBroker, client: RawClient
+) -> None:
+    """Another broker (its own metadata session and address) leads the topic: this one
+    answers ServiceNotReady naming the leader's pulsar URL, and writes nothing."""
+    leader = ScalableTopicService(
+        broker.service.store,
+        StorageSegmentOps(MemoryManagedLedgerFactory()),
+        broker.service.clock,
+        "http://leader:8080",
+        pulsar_url="pulsar://leader:6650",
+    )
+    await leader.start()
+    try:
+        await leader.create(TOPIC, 1)
+        response = await client.subscribe(1, TOPIC, "s", "w1", 1)
+        assert response.error == pb.ServiceNotReady
+        assert response.message.endswith("the leader is pulsar://leader:6650"), response.message
+        paths = TopicPaths(TopicName.parse(TOPIC))
+        assert await broker.service.store.get(paths.subscription("s")) is None
+        # The DAG names the leader as the controller too.
+        update = await client.lookup(1, TOPIC)
+        assert update.dag.controller_broker_url == "pulsar://leader:6650"
+    finally:
+        await leader.close()
