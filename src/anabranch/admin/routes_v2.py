@@ -288,8 +288,18 @@ async def reset_cursor(admin: AdminService, request: web.Request) -> object:
 
 # --- lookup and health ------------------------------------------------------------------------
 
+_LOOKUP_PARTS = ("domain", "tenant", "namespace", "topic")
+
 
 async def lookup(admin: AdminService, request: web.Request) -> object:
+    from anabranch.admin.routes_cluster import cluster_lookup  # cluster mode: the owner
+
+    topic = "{}://{}/{}/{}".format(*(param(request, k) for k in _LOOKUP_PARTS))
+    owner = await cluster_lookup(admin, topic, request)
+    if isinstance(owner, web.Response):
+        return owner
+    if owner is not None:
+        return _struct(owner)
     data = admin.lookup(
         param(request, "domain"),
         param(request, "tenant"),

@@ -2,8 +2,12 @@
 GET_TOPICS_OF_NAMESPACE, GET_SCHEMA and GET_OR_CREATE_SCHEMA.
 
 Each answers with its own response type, failures included (the official clients expect
-``response=Failed`` / ``error_code`` in these responses rather than a bare ERROR). This
-broker owns every topic, so LOOKUP always answers Connect to itself, authoritatively.
+``response=Failed`` / ``error_code`` in these responses rather than a bare ERROR). A
+standalone broker owns every topic, so LOOKUP answers Connect to itself, authoritatively.
+In cluster mode (``service.ownership`` is a ``ClusterOwnership``) LOOKUP answers Connect
+to the topic's owner, or Redirect (authoritative) to the broker chosen for an unowned
+topic; that broker claims it when asked authoritatively. PARTITIONED_METADATA is answered
+by any broker from the shared metadata store.
 
 Example:
     >>> # a LOOKUP for any valid topic -> LOOKUP_RESPONSE(Connect, "pulsar://host:port")
@@ -14,6 +18,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
+from anabranch.broker.cluster.ownership import ClusterOwnership, LookupAnswer
 from anabranch.broker.error_codes import server_error
 from anabranch.broker.service import canonical_topic
 from anabranch.core.names import NamespaceName, TopicName
@@ -57,7 +62,12 @@ async def handle_partitioned_metadata(
 
 async def handle_lookup(session: Session, cmd: pb.CommandLookupTopic) -> None:
     try:
-        canonical_topic(cmd.topic)
+        name = str(canonical_topic(cmd.topic))
+        ownership = session.service.ownership
+        if isinstance(ownership, ClusterOwnership):
+            answer = await ownership.lookup(name, authoritative=cmd.authoritative)
+            session.write(_lookup_answer(cmd.request_id, answer))
+            return
         session.write(commands.lookup_response(cmd.request_id, session.service.advertised_url))
     except Exception as err:
         _log_unexpected(err, "LOOKUP")
@@ -68,6 +78,17 @@ async def handle_lookup(session: Session, cmd: pb.CommandLookupTopic) -> None:
             message=str(err),
         )
         session.write(pb.BaseCommand(type=T.LOOKUP_RESPONSE, lookupTopicResponse=body))
+
+
+def _lookup_answer(request_id: int, answer: LookupAnswer) -> pb.BaseCommand:
+    kind = pb.CommandLookupTopicResponse
+    body = kind(
+        request_id=request_id,
+        brokerServiceUrl=answer.pulsar_url,
+        response=kind.Redirect if answer.redirect else kind.Connect,
+        authoritative=True,
+    )
+    return pb.BaseCommand(type=T.LOOKUP_RESPONSE, lookupTopicResponse=body)
 
 
 async def handle_get_topics_of_namespace(

@@ -2,11 +2,13 @@
 
 Example:
     $ anabranch standalone --data-dir ./data
+    $ anabranch broker --config broker-1.toml      # a cluster broker (etcd metadata)
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import signal
 from pathlib import Path
 from typing import Annotated
@@ -53,6 +55,63 @@ async def _run_standalone(cfg: BrokerConfig) -> None:
         loop.add_signal_handler(sig, stop.set)
     node = await Standalone.start(cfg)
     console.print(f"[green]anabranch standalone[/] ready: {node.describe()}")
+    try:
+        await stop.wait()
+    finally:
+        console.print("shutting down ...")
+        await node.stop()
+
+
+@app.command()
+def broker(
+    *,
+    config: Annotated[Path | None, typer.Option(help="TOML config file.")] = None,
+    metadata_url: Annotated[
+        str | None, typer.Option(help="Shared metadata store, e.g. etcd://127.0.0.1:2379.")
+    ] = None,
+    data_dir: Annotated[Path | None, typer.Option(help="Where ledgers live.")] = None,
+    port: Annotated[int | None, typer.Option(help="Binary protocol port.")] = None,
+    http_port: Annotated[int | None, typer.Option(help="Admin HTTP port.")] = None,
+    advertised_address: Annotated[
+        str | None, typer.Option(help="Host clients and other brokers reach this broker at.")
+    ] = None,
+) -> None:
+    """Run one broker of a cluster sharing an etcd metadata store.
+
+    Settings come from the config file, then ``ANABRANCH_*`` env vars, then these flags
+    (e.g. ``ANABRANCH_METADATA_URL=etcd://10.0.0.5:2379``).
+    """
+    cfg = BrokerConfig.load(
+        config,
+        metadata_url=metadata_url,
+        data_dir=data_dir,
+        port=port,
+        http_port=http_port,
+        advertised_address=advertised_address,
+    )
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    if not cfg.metadata_url.startswith("etcd://"):
+        console.print(
+            f"[red]a cluster broker needs an etcd:// metadata URL, not {cfg.metadata_url}"
+        )
+        raise typer.Exit(2)
+    from anabranch.broker.server import event_loop_factory
+
+    with asyncio.Runner(loop_factory=event_loop_factory(cfg.use_uvloop)) as runner:
+        runner.run(_run_broker(cfg))
+
+
+async def _run_broker(cfg: BrokerConfig) -> None:
+    from anabranch.broker.cluster.node import ClusterNode
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    node = await ClusterNode.start(cfg)
+    console.print(f"[green]anabranch broker[/] ready: {node.describe()}")
     try:
         await stop.wait()
     finally:

@@ -1,0 +1,124 @@
+"""A cluster broker: a standalone broker wired to the shared store, plus ownership.
+
+It starts like :class:`~anabranch.broker.standalone.Standalone` (the metadata URL is
+``etcd://...``; ledgers live under ``data_dir``, which every broker of a one-machine
+cluster shares), creates the cluster, tenant ``public`` and namespace ``public/default``
+idempotently (create-if-absent, so whichever broker starts first wins and the others
+leave the records alone), and installs a :class:`ClusterOwnership` as the service's
+ownership gate *before* the binary server accepts connections, so no topic is ever served
+unowned. Segments of scalable topics are owned like any topic: the DAG watch reports
+each segment's owner (``service.segment_broker_url``).
+
+Shutdown hands every owned topic back (closing it, then deleting the records with the
+session) before the standalone shutdown runs, so clients move on at once instead of after
+the session TTL.
+
+Example:
+    >>> async def run(cfg: BrokerConfig) -> None:
+    ...     node = await ClusterNode.start(cfg)    # cfg.metadata_url = "etcd://127.0.0.1:2379"
+    ...     print(node.describe())
+    ...     await node.stop()
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from anabranch import limits
+from anabranch.broker.cluster.ownership import ClusterOwnership
+from anabranch.broker.config import BrokerConfig
+from anabranch.broker.service import BrokerService
+from anabranch.broker.standalone import Standalone
+from anabranch.core.names import SegmentName
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ClusterNode:
+    """A running cluster broker."""
+
+    standalone: Standalone
+    ownership: ClusterOwnership
+
+    @classmethod
+    async def start(
+        cls,
+        config: BrokerConfig,
+        *,
+        keepalive_interval_s: float = limits.KEEPALIVE_INTERVAL_S,
+        handshake_timeout_s: float = limits.HANDSHAKE_TIMEOUT_S,
+    ) -> ClusterNode:
+        """Start serving and join the cluster (registry record, ownership)."""
+        holder: list[ClusterOwnership] = []
+        started: list[Standalone] = []
+
+        def install(service: BrokerService) -> None:
+            ownership = ClusterOwnership(
+                service.store,
+                service,
+                cluster=config.cluster_name,
+                session_ttl_s=config.session_ttl_s,
+                load_report_interval_s=config.load_report_interval_s,
+                connections=lambda: len(started[0].server.sessions) if started else 0,
+            )
+            service.ownership = ownership
+            _install_segment_resolver(service, ownership)
+            holder.append(ownership)
+
+        standalone = await Standalone.start(
+            config,
+            keepalive_interval_s=keepalive_interval_s,
+            handshake_timeout_s=handshake_timeout_s,
+            prepare=install,
+        )
+        started.append(standalone)
+        ownership = holder[0]
+        try:
+            http_url = standalone.http_url or f"http://{config.advertised_address}:0"
+            await ownership.start(standalone.service_url, http_url)
+        except BaseException:
+            await standalone.stop()
+            raise
+        return cls(standalone, ownership)
+
+    @property
+    def service(self) -> BrokerService:
+        return self.standalone.service
+
+    @property
+    def service_url(self) -> str:
+        return self.standalone.service_url
+
+    @property
+    def http_url(self) -> str | None:
+        return self.standalone.http_url
+
+    def describe(self) -> str:
+        """One line for the operator."""
+        return (
+            f"cluster {self.ownership.cluster} broker {self.ownership.broker_id}: "
+            + self.standalone.describe()
+        )
+
+    async def stop(self) -> None:
+        """Hand owned topics back, leave the cluster, then the standalone shutdown."""
+        self.standalone.server.stop_accepting()
+        try:
+            await self.ownership.stop()
+        finally:
+            await self.standalone.stop()
+
+
+def _install_segment_resolver(service: BrokerService, ownership: ClusterOwnership) -> None:
+    """Point the DAG watch's ``segment_brokers`` at the segments' owners (the seam the
+    scalable-topic service exposes; absent on a broker without scalable topics)."""
+    if not hasattr(service, "segment_broker_url"):
+        return
+
+    async def segment_broker_url(segment: SegmentName) -> str:
+        answer = await ownership.lookup(str(segment))
+        return answer.pulsar_url
+
+    service.segment_broker_url = segment_broker_url

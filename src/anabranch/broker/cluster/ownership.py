@@ -1,0 +1,466 @@
+"""Topic ownership in a cluster: one owner per topic, bound to the owner's session.
+
+Theory of operation
+-------------------
+Each broker holds one metadata session (an etcd lease). Under it, it keeps its registry
+record (``/brokers/<id>``, rewritten every ``load_report_interval_s`` with its load) and
+the ownership record of every topic it owns (:mod:`.records`). Records are created and
+taken over only by compare-and-set, so however lookups race, one broker wins each topic.
+
+* **Claim** (:meth:`ClusterOwnership.claim`, called by ``BrokerService.get_topic`` before
+  a topic loads): absent record → create it (``MUST_NOT_EXIST``); a ``released`` record
+  meant for us (or for anyone, or for a broker that is gone) → CAS on its version; owned
+  by another broker → :class:`~anabranch.errors.NotOwner` (ServiceNotReady on the wire,
+  307 to the owner over HTTP). Loading then opens the managed ledger for recovery, which
+  fences the previous owner's writer (DESIGN.md §4).
+* **Lookup** (:meth:`ClusterOwnership.lookup`): an owned topic answers Connect to its
+  owner. An unowned topic is assigned to the least-loaded live broker (:mod:`.placement`):
+  if that is us we claim it and answer Connect; otherwise Redirect (authoritative) to it,
+  and an authoritative lookup always claims locally, so the chosen broker's CAS decides.
+* **Session loss.** A broker stops serving the moment its session's local deadline
+  passes (``serving`` is checked on every SEND and every topic load), then closes what it
+  owned and opens a new session. The local deadline is counted from *before* the last
+  successful keepalive was sent, so it passes before etcd drops the lease and anyone else
+  can claim the topics. A broker paused past its TTL (SIGSTOP) wakes with the deadline
+  passed; anything it still tries to append fails because the new owner's recovery-open
+  fenced the ledger.
+* **Unload** (:meth:`ClusterOwnership.unload`): owned → ``releasing`` (stop serving, close
+  the topic so its clients reconnect) → ``released`` with a ``target`` broker, which takes
+  the topic over by CAS when its clients arrive.
+
+Example:
+    >>> async def demo(store: MetadataStore, service: BrokerService) -> None:
+    ...     ownership = ClusterOwnership(store, service, cluster="c1", session_ttl_s=10.0)
+    ...     service.ownership = ownership
+    ...     await ownership.start("pulsar://10.0.0.1:6650", "http://10.0.0.1:8080")
+    ...     answer = await ownership.lookup("persistent://public/default/t")
+    ...     await ownership.stop()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from anabranch import limits
+from anabranch.broker.cluster.placement import choose_broker
+from anabranch.broker.cluster.records import (
+    BROKERS_PREFIX,
+    OWNERSHIP_PREFIX,
+    BrokerRecord,
+    OwnerRecord,
+    OwnerState,
+    broker_path,
+    decode_broker,
+    decode_owner,
+    encode,
+    ownership_path,
+    topic_of_ownership_path,
+)
+from anabranch.errors import (
+    AnabranchError,
+    BadVersion,
+    Closed,
+    InvalidArgument,
+    MetadataError,
+    NotOwner,
+    SessionExpired,
+)
+from anabranch.metadata.api import MUST_NOT_EXIST, MetadataStore, Session
+
+if TYPE_CHECKING:
+    from anabranch.broker.service import BrokerService
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class LookupAnswer:
+    """Where a client should go for a topic.
+
+    ``redirect`` False: connect to ``pulsar_url`` (the owner). True: ask ``pulsar_url``
+    again with ``authoritative`` set (it was chosen to own the topic and will claim it).
+    """
+
+    pulsar_url: str
+    http_url: str
+    redirect: bool = False
+
+
+class ClusterOwnership:
+    """One broker's session, registry record and topic ownerships (module docstring)."""
+
+    def __init__(
+        self,
+        store: MetadataStore,
+        service: BrokerService,
+        *,
+        cluster: str,
+        session_ttl_s: float,
+        load_report_interval_s: float = 5.0,
+        connections: Callable[[], int] = lambda: 0,
+    ) -> None:
+        self._store = store
+        self._service = service
+        self.cluster = cluster
+        self.session_ttl_s = session_ttl_s
+        self.load_report_interval_s = load_report_interval_s
+        self._connections = connections
+        self._session: Session | None = None
+        self._owned: dict[str, int] = {}
+        """Topic → version of its ownership record as we last wrote it."""
+        self._ready = asyncio.Event()
+        self._stopping = False
+        self._tasks: list[asyncio.Task[None]] = []
+        self._recent: deque[tuple[float, str]] = deque(maxlen=limits.CLUSTER_RECENT_ASSIGNMENTS_MAX)
+        self._rates: tuple[float, int, int] = (time.monotonic(), 0, 0)
+        self.me = BrokerRecord(broker_id="", pulsar_url="", http_url="", cluster=cluster)
+        self.sessions_lost = 0
+        """How many times this broker lost its metadata session (each unloads everything)."""
+        self.sends_refused = 0
+
+    # --- lifecycle --------------------------------------------------------------------------
+
+    async def start(self, pulsar_url: str, http_url: str) -> None:
+        """Open the session, register this broker and start the guard and load reports."""
+        broker_id = pulsar_url.split("://", 1)[-1]
+        self.me = BrokerRecord(
+            broker_id=broker_id, pulsar_url=pulsar_url, http_url=http_url, cluster=self.cluster
+        )
+        self._session = await self._store.open_session(self.session_ttl_s)
+        await self._register()
+        self._ready.set()
+        self._tasks = [
+            asyncio.ensure_future(self._guard_session()),
+            asyncio.ensure_future(self._report_load()),
+        ]
+        log.info("broker %s joined cluster %s", broker_id, self.cluster)
+
+    async def stop(self) -> None:
+        """Hand every owned topic back (closing it), deregister and close the session."""
+        self._stopping = True
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(BaseException):
+                await task
+        owned = list(self._owned)
+        self._owned.clear()
+        await self._unload_all(owned)
+        session, self._session = self._session, None
+        if session is not None:
+            with contextlib.suppress(AnabranchError):
+                await session.close()  # deletes the registry and ownership records
+
+    @property
+    def broker_id(self) -> str:
+        return self.me.broker_id
+
+    def owned_topics(self) -> list[str]:
+        """Topics this broker owns now."""
+        return sorted(self._owned)
+
+    # --- the gate BrokerService consults ----------------------------------------------------
+
+    def serving(self, topic: str) -> bool:
+        session = self._session
+        if topic in self._owned and session is not None and not session.expired:
+            return True
+        self.sends_refused += 1
+        return False
+
+    async def claim(self, topic: str) -> None:
+        """Own ``topic`` or raise NotOwner (see the module docstring)."""
+        if topic in self._owned and self._alive():
+            return
+        path = ownership_path(topic)
+        for _ in range(limits.CLUSTER_CLAIM_ATTEMPTS_MAX):
+            session = await self._live_session(topic)
+            record = await self._store.get(path)
+            expected = MUST_NOT_EXIST
+            if record is not None:
+                owner = decode_owner(record.value)
+                if self._is_mine(owner, session):
+                    self._owned[topic] = record.stat.version
+                    return
+                if not await self._may_take(owner):
+                    raise _not_owner(topic, owner)
+                expected = record.stat.version
+            mine = OwnerRecord(
+                self.me.broker_id, self.me.pulsar_url, self.me.http_url, session=session.id
+            )
+            try:
+                stat = await self._store.put(path, encode(mine), expected, session=session)
+            except BadVersion:
+                continue  # someone else moved first: look again
+            except SessionExpired:
+                raise NotOwner(topic, None) from None
+            self._owned[topic] = stat.version
+            log.info("%s: now owned by %s", topic, self.me.broker_id)
+            return
+        raise NotOwner(topic, None)
+
+    # --- lookup -----------------------------------------------------------------------------
+
+    async def lookup(self, topic: str, *, authoritative: bool = False) -> LookupAnswer:
+        """Where ``topic`` is served; assigns an unowned topic (module docstring)."""
+        path = ownership_path(topic)
+        for _ in range(limits.CLUSTER_CLAIM_ATTEMPTS_MAX):
+            session = await self._live_session(topic)
+            record = await self._store.get(path)
+            owner = None if record is None else decode_owner(record.value)
+            if owner is not None and owner.state is OwnerState.OWNED:
+                if self._is_mine(owner, session):
+                    return LookupAnswer(self.me.pulsar_url, self.me.http_url)
+                if owner.broker_id == self.me.broker_id:
+                    raise NotOwner(topic, None)  # our previous session's record: wait it out
+                return LookupAnswer(owner.pulsar_url, owner.http_url)
+            if owner is not None and owner.state is OwnerState.RELEASING:
+                raise NotOwner(topic, None)
+            target = await self._target_for(topic, owner, authoritative)
+            if target is not None:
+                return LookupAnswer(target.pulsar_url, target.http_url, redirect=True)
+            try:
+                await self.claim(topic)
+            except NotOwner as err:
+                if err.owner_url and err.leader_url:
+                    return LookupAnswer(err.owner_url, err.leader_url)
+                raise
+            return LookupAnswer(self.me.pulsar_url, self.me.http_url)
+        raise NotOwner(topic, None)
+
+    async def _target_for(
+        self, topic: str, owner: OwnerRecord | None, authoritative: bool
+    ) -> BrokerRecord | None:
+        """The other broker an unowned topic goes to, or None to claim it here."""
+        if authoritative:
+            return None
+        live = {b.broker_id: b for b in await self.live_brokers()}
+        if owner is not None and owner.target is not None:
+            target = live.get(owner.target)
+            return None if target is None or target.broker_id == self.me.broker_id else target
+        choice = choose_broker(topic, self._loads(live))
+        if choice is None or choice == self.me.broker_id:
+            return None
+        self._recent.append((time.monotonic(), choice))
+        return live[choice]
+
+    def _loads(self, live: dict[str, BrokerRecord]) -> dict[str, int]:
+        horizon = time.monotonic() - 2 * self.load_report_interval_s
+        while self._recent and self._recent[0][0] < horizon:
+            self._recent.popleft()
+        loads = {broker_id: record.owned_topics for broker_id, record in live.items()}
+        loads[self.me.broker_id] = len(self._owned)
+        for _, broker_id in self._recent:
+            if broker_id in loads:
+                loads[broker_id] += 1
+        return loads
+
+    async def owner(self, topic: str) -> OwnerRecord | None:
+        """The ownership record of ``topic`` (None when unowned)."""
+        record = await self._store.get(ownership_path(topic))
+        return None if record is None else decode_owner(record.value)
+
+    async def live_brokers(self) -> list[BrokerRecord]:
+        """Registered brokers of this cluster, by id."""
+        page = await self._store.list_prefix(BROKERS_PREFIX)
+        brokers = []
+        for record in page.records:
+            try:
+                broker = decode_broker(record.value)
+            except InvalidArgument:
+                log.warning("ignoring a bad broker record at %s", record.path)
+                continue
+            if broker.cluster == self.cluster:
+                brokers.append(broker)
+        return sorted(brokers, key=lambda b: b.broker_id)
+
+    async def ownerships(self, prefix: str = "") -> dict[str, OwnerRecord]:
+        """Every ownership record whose topic name starts with ``prefix`` (e.g.
+        ``persistent://t/ns/``): topic → record."""
+        out: dict[str, OwnerRecord] = {}
+        start: str | None = None
+        path_prefix = (
+            OWNERSHIP_PREFIX + prefix.replace("://", "/", 1) if prefix else OWNERSHIP_PREFIX
+        )
+        while True:
+            page = await self._store.list_prefix(path_prefix, start_after=start)
+            for record in page.records:
+                with contextlib.suppress(InvalidArgument):
+                    out[topic_of_ownership_path(record.path)] = decode_owner(record.value)
+            if not page.more or not page.records:
+                return out
+            start = page.records[-1].path
+
+    # --- unload -----------------------------------------------------------------------------
+
+    async def unload(self, topic: str, destination: str | None = None) -> str | None:
+        """Stop serving ``topic`` and hand it to ``destination`` (default: the least-loaded
+        other live broker; None when there is none). Returns the target broker id.
+
+        NotOwner (307 over HTTP) when another broker owns it; nothing to do when unowned.
+        """
+        if topic not in self._owned:
+            owner = await self.owner(topic)
+            if owner is not None and owner.broker_id != self.me.broker_id:
+                raise _not_owner(topic, owner)
+            await self._service.unload_topic(topic)
+            return None
+        live = {b.broker_id: b for b in await self.live_brokers()}
+        if destination is not None and destination not in live:
+            raise InvalidArgument(f"broker {destination} is not a live broker of {self.cluster}")
+        if destination is None:
+            others = {k: v for k, v in self._loads(live).items() if k != self.me.broker_id}
+            destination = choose_broker(topic, others)
+        version = self._owned.pop(topic)  # from here on every SEND is refused
+        path = ownership_path(topic)
+        session = await self._live_session(topic)
+        releasing = OwnerRecord(
+            self.me.broker_id,
+            self.me.pulsar_url,
+            self.me.http_url,
+            OwnerState.RELEASING,
+            destination,
+            session.id,
+        )
+        try:
+            stat = await self._store.put(path, encode(releasing), version, session=session)
+            await self._service.unload_topic(topic)
+            if destination is None or destination == self.me.broker_id:
+                await self._store.delete(path, stat.version)
+            else:
+                released = OwnerRecord(
+                    self.me.broker_id,
+                    self.me.pulsar_url,
+                    self.me.http_url,
+                    OwnerState.RELEASED,
+                    destination,
+                    session.id,
+                )
+                await self._store.put(path, encode(released), stat.version, session=session)
+        except (BadVersion, SessionExpired) as err:
+            log.warning("%s: unload lost the record to another broker (%s)", topic, err)
+            await self._service.unload_topic(topic)
+        log.info("%s: unloaded from %s towards %s", topic, self.me.broker_id, destination)
+        return destination
+
+    # --- internals --------------------------------------------------------------------------
+
+    def _alive(self) -> bool:
+        return self._session is not None and not self._session.expired
+
+    def _is_mine(self, owner: OwnerRecord, session: Session) -> bool:
+        return (
+            owner.broker_id == self.me.broker_id
+            and owner.session == session.id
+            and owner.state is OwnerState.OWNED
+        )
+
+    async def _may_take(self, owner: OwnerRecord) -> bool:
+        if owner.state is not OwnerState.RELEASED:
+            return False
+        if owner.target is None or owner.target == self.me.broker_id:
+            return True
+        return owner.target not in {b.broker_id for b in await self.live_brokers()}
+
+    async def _live_session(self, topic: str) -> Session:
+        if self._stopping:
+            raise Closed("the broker is shutting down")
+        if not self._ready.is_set():
+            try:
+                await asyncio.wait_for(self._ready.wait(), self.session_ttl_s)
+            except TimeoutError:
+                raise NotOwner(topic, None) from None
+        session = self._session
+        if session is None or session.expired:
+            raise NotOwner(topic, None)
+        return session
+
+    async def _register(self) -> None:
+        session = self._session
+        if session is None:
+            return
+        topics = self._service.loaded_topics()
+        now = time.monotonic()
+        msg_in = sum(int(getattr(t, "msg_in_counter", 0)) for t in topics)
+        msg_out = sum(int(getattr(t, "msg_out_counter", 0)) for t in topics)
+        then, last_in, last_out = self._rates
+        elapsed = max(now - then, 1e-3)
+        self._rates = (now, msg_in, msg_out)
+        self.me = BrokerRecord(
+            broker_id=self.me.broker_id,
+            pulsar_url=self.me.pulsar_url,
+            http_url=self.me.http_url,
+            cluster=self.cluster,
+            owned_topics=len(self._owned),
+            loaded_topics=len(topics),
+            connections=self._connections(),
+            msg_rate_in=max(0.0, (msg_in - last_in) / elapsed),
+            msg_rate_out=max(0.0, (msg_out - last_out) / elapsed),
+            reported_ms=int(time.time() * 1000),
+        )
+        await self._store.put(broker_path(self.me.broker_id), encode(self.me), session=session)
+
+    async def _report_load(self) -> None:
+        while True:
+            await asyncio.sleep(self.load_report_interval_s)
+            if not self._ready.is_set():
+                continue
+            try:
+                await self._register()
+            except (MetadataError, Closed) as err:
+                log.warning("load report failed: %s", err)
+
+    async def _guard_session(self) -> None:
+        """Stop serving at the session's deadline, then rejoin with a new session."""
+        while not self._stopping:
+            session = self._session
+            # The deadline passes by the clock alone (no event fires when it does): poll.
+            while session is not None and not session.expired:  # noqa: ASYNC110
+                await asyncio.sleep(limits.CLUSTER_SESSION_POLL_S)
+            self.sessions_lost += 1
+            self._ready.clear()
+            lost = list(self._owned)
+            self._owned.clear()
+            log.warning(
+                "broker %s lost its metadata session: unloading %d topics",
+                self.me.broker_id,
+                len(lost),
+            )
+            await self._unload_all(lost)
+            self._session = await self._reopen_session()
+            with contextlib.suppress(MetadataError, Closed):
+                await self._register()
+            self._ready.set()
+
+    async def _reopen_session(self) -> Session:
+        while True:
+            try:
+                return await self._store.open_session(self.session_ttl_s)
+            except (MetadataError, Closed) as err:
+                log.warning("cannot open a metadata session yet: %s", err)
+                await asyncio.sleep(limits.CLUSTER_SESSION_RETRY_S)
+
+    async def _unload_all(self, topics: list[str]) -> None:
+        semaphore = asyncio.Semaphore(limits.CLUSTER_UNLOAD_CONCURRENCY_MAX)
+
+        async def one(topic: str) -> None:
+            async with semaphore:
+                try:
+                    await self._service.unload_topic(topic)
+                except Exception as err:  # fenced ledgers etc.: the topic is gone anyway
+                    log.warning("%s: closing after ownership loss failed: %s", topic, err)
+
+        await asyncio.gather(*(one(topic) for topic in topics))
+
+
+def _not_owner(topic: str, owner: OwnerRecord) -> NotOwner:
+    if owner.state is OwnerState.OWNED:
+        return NotOwner(topic, owner.http_url, owner.pulsar_url)
+    return NotOwner(topic, None)

@@ -1,0 +1,32 @@
+"""Which live broker gets an unowned topic: the least loaded, ties broken per topic.
+
+Pure: the lookup handler passes the live brokers with their load (the owned-topic count
+they last reported plus the assignments it made since) and gets one broker id back.
+Among equally loaded brokers the choice is by rendezvous hashing of (topic, broker), so
+brokers with the same view agree and a batch of new topics spreads evenly.
+
+Example:
+    >>> choose_broker("persistent://t/ns/a", {"b1": 3, "b2": 1, "b3": 1}) in ("b2", "b3")
+    True
+    >>> choose_broker("persistent://t/ns/a", {}) is None
+    True
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import mmh3
+
+
+def rendezvous_score(topic: str, broker_id: str) -> int:
+    """A stable pseudo-random score of a (topic, broker) pair (murmur3: CRC would make
+    the order of two brokers the same for every topic of equal length)."""
+    return int(mmh3.hash(f"{topic}\x00{broker_id}".encode(), signed=False))
+
+
+def choose_broker(topic: str, loads: Mapping[str, int]) -> str | None:
+    """The broker with the smallest load; None when there is none."""
+    if not loads:
+        return None
+    return min(loads, key=lambda broker: (loads[broker], rendezvous_score(topic, broker), broker))

@@ -1,0 +1,321 @@
+"""A real cluster for tests: one etcd and N ``anabranch broker`` subprocesses.
+
+Every process runs on free loopback ports; the brokers share one data directory (ledgers)
+and the etcd store. Faults are signals to one PID: :meth:`ClusterBroker.kill` (SIGKILL),
+:meth:`~ClusterBroker.pause` / :meth:`~ClusterBroker.resume` (SIGSTOP / SIGCONT), and
+:meth:`~ClusterBroker.restart` (the same command line, ports and data). ``start`` waits
+until every broker answers CONNECT *and* is listed in the cluster's broker registry.
+
+Each broker's settings are a TOML file under ``root`` (``broker-<i>.toml``), its output
+``broker-<i>.log``; short ``session_ttl_s`` make failover tests quick.
+
+Example:
+    >>> async def demo(tmp_path: Path) -> None:
+    ...     async with LocalCluster(tmp_path, brokers=3, session_ttl_s=3.0) as cluster:
+    ...         owner = await cluster.owner_of("persistent://public/default/t")
+    ...         owner.kill()
+    ...         await cluster.wait_registered(2)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import aiohttp
+
+from anabranch.testing.broker import _handshake, free_port
+from anabranch.testing.etcd import EtcdServer
+
+READY_TIMEOUT_S = 60.0
+"""How long a broker may take to serve and register (a loaded 2-core CI box: ~2 s)."""
+
+
+class ClusterBroker:
+    """One broker subprocess of a :class:`LocalCluster`."""
+
+    def __init__(self, root: Path, index: int, settings: dict[str, Any]) -> None:
+        self.index = index
+        self.host = str(settings["advertised_address"])
+        self.port = int(settings["port"])
+        self.http_port = int(settings["http_port"])
+        self.config_path = root / f"broker-{index}.toml"
+        self.log_path = root / f"broker-{index}.log"
+        self.config_path.write_text(_toml(settings))
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def broker_id(self) -> str:
+        """``host:port``, the broker's id in the registry."""
+        return f"{self.host}:{self.port}"
+
+    @property
+    def service_url(self) -> str:
+        return f"pulsar://{self.host}:{self.port}"
+
+    @property
+    def http_url(self) -> str:
+        return f"http://{self.host}:{self.http_port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process is not None else None
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    async def start(self) -> None:
+        """Launch (if not running) and wait until it answers CONNECT."""
+        if self.running:
+            return
+        env = {k: v for k, v in os.environ.items() if not k.startswith("ANABRANCH_")}
+        args = [
+            sys.executable,
+            "-m",
+            "anabranch.cli.main",
+            "broker",
+            "--config",
+            str(self.config_path),
+        ]
+        self.process = await asyncio.to_thread(self._spawn, args, env)
+        try:
+            await self._wait_serving()
+        except BaseException:
+            self.kill()
+            raise
+
+    def _spawn(self, args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+        with open(self.log_path, "ab") as log_file:
+            return subprocess.Popen(args, stdout=log_file, stderr=log_file, env=env)
+
+    async def _wait_serving(self) -> None:
+        loop = asyncio.get_running_loop()
+        end = loop.time() + READY_TIMEOUT_S
+        while True:
+            if self.process is None or self.process.poll() is not None:
+                code = None if self.process is None else self.process.returncode
+                raise RuntimeError(f"broker {self.index} exited ({code}); see {self.log_path}")
+            try:
+                await _handshake(self.host, self.port)
+                return
+            except (OSError, asyncio.IncompleteReadError, ConnectionError):
+                if loop.time() > end:
+                    message = f"broker {self.index} not serving; see {self.log_path}"
+                    raise TimeoutError(message) from None
+                await asyncio.sleep(0.1)
+
+    def _signal(self, sig: signal.Signals) -> None:
+        if self.process is not None and self.process.poll() is None:
+            os.kill(self.process.pid, sig)
+
+    def kill(self) -> None:
+        """SIGKILL (a crash) and reap."""
+        if self.process is not None and self.process.poll() is None:
+            os.kill(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+
+    def pause(self) -> None:
+        """SIGSTOP: the process keeps its sockets but runs nothing (a long GC pause)."""
+        self._signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """SIGCONT after :meth:`pause`."""
+        self._signal(signal.SIGCONT)
+
+    async def stop(self) -> None:
+        """SIGTERM (clean shutdown: topics handed back) and wait; SIGKILL after 60 s."""
+        process = self.process
+        if process is None or process.poll() is not None:
+            return
+        self.resume()
+        os.kill(process.pid, signal.SIGTERM)
+        try:
+            await asyncio.to_thread(process.wait, 60.0)
+        except subprocess.TimeoutExpired:
+            self.kill()
+
+    async def restart(self) -> None:
+        """Clean stop, then start again with the same ports, config and data."""
+        await self.stop()
+        await self.start()
+
+
+class LocalCluster:
+    """etcd + ``brokers`` cluster brokers under ``root`` (see the module docstring).
+
+    ``broker_settings`` are extra BrokerConfig fields written into every broker's TOML.
+    """
+
+    def __init__(
+        self,
+        root: Path,
+        brokers: int = 3,
+        *,
+        cluster_name: str = "test-cluster",
+        session_ttl_s: float = 3.0,
+        load_report_interval_s: float = 1.0,
+        fsync: str = "always",
+        host: str = "127.0.0.1",
+        **broker_settings: Any,
+    ) -> None:
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.cluster_name = cluster_name
+        self.session_ttl_s = session_ttl_s
+        self.host = host
+        self.data_dir = self.root / "data"
+        self.etcd: EtcdServer | None = None
+        self._count = brokers
+        self._settings = {
+            "cluster_name": cluster_name,
+            "data_dir": str(self.data_dir),
+            "bind_address": host,
+            "advertised_address": host,
+            "fsync": fsync,
+            "session_ttl_s": session_ttl_s,
+            "load_report_interval_s": load_report_interval_s,
+            **broker_settings,
+        }
+        self.brokers: list[ClusterBroker] = []
+
+    async def start(self) -> None:
+        """Start etcd, then every broker; wait until all are registered."""
+        self.etcd = await asyncio.to_thread(EtcdServer.start, self.root / "etcd")
+        for index in range(self._count):
+            settings = {
+                **self._settings,
+                "metadata_url": f"etcd://{self.etcd.endpoint}",
+                "port": free_port(self.host),
+                "http_port": free_port(self.host),
+            }
+            self.brokers.append(ClusterBroker(self.root, index, settings))
+        try:
+            await asyncio.gather(*(broker.start() for broker in self.brokers))
+            await self.wait_registered(self._count)
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def stop(self) -> None:
+        """SIGKILL every broker (tests end fast; clean stops are tested on purpose), then
+        stop etcd."""
+        for broker in self.brokers:
+            broker.resume()
+            broker.kill()
+        if self.etcd is not None:
+            await asyncio.to_thread(self.etcd.stop)
+            self.etcd = None
+
+    async def __aenter__(self) -> LocalCluster:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+    # --- views ------------------------------------------------------------------------------
+
+    @property
+    def service_url(self) -> str:
+        """``pulsar://h:p1,h:p2,...``: every broker (a client picks one to bootstrap)."""
+        return "pulsar://" + ",".join(b.broker_id for b in self.brokers)
+
+    def live(self) -> list[ClusterBroker]:
+        """Brokers whose process is running (paused ones included)."""
+        return [b for b in self.brokers if b.running]
+
+    def by_id(self, broker_id: str) -> ClusterBroker:
+        for broker in self.brokers:
+            if broker.broker_id == broker_id:
+                return broker
+        raise KeyError(broker_id)
+
+    def by_url(self, url: str) -> ClusterBroker:
+        """The broker of a ``pulsar://`` or ``http://`` URL."""
+        host_port = url.split("://", 1)[-1].rstrip("/")
+        for broker in self.brokers:
+            if host_port in (broker.broker_id, f"{broker.host}:{broker.http_port}"):
+                return broker
+        raise KeyError(url)
+
+    # --- HTTP helpers -------------------------------------------------------------------------
+
+    async def http(
+        self, method: str, path: str, *, via: ClusterBroker | None = None, **kwargs: Any
+    ) -> tuple[int, Any]:
+        """One admin request at ``via`` (default: the first running broker); no redirects
+        followed. Returns (status, JSON body or text or None)."""
+        broker = via or self.live()[0]
+        timeout = aiohttp.ClientTimeout(total=30.0)
+        async with (
+            aiohttp.ClientSession(timeout=timeout) as session,
+            session.request(
+                method, broker.http_url + path, allow_redirects=False, **kwargs
+            ) as response,
+        ):
+            text = await response.text()
+            body: Any = text
+            if response.content_type == "application/json" and text:
+                body = await response.json()
+            if response.status in (301, 302, 307, 308):
+                body = response.headers.get("Location")
+            return response.status, body
+
+    async def owner_of(self, topic: str, *, via: ClusterBroker | None = None) -> ClusterBroker:
+        """The broker serving ``topic`` per HTTP lookup (assigning it if unowned)."""
+        domain, rest = topic.split("://", 1)
+        status, body = await self.http("GET", f"/lookup/v2/topic/{domain}/{rest}", via=via)
+        if status == 307:  # an unowned topic: the chosen broker claims it
+            target = self.by_url(str(body).split("/lookup/", 1)[0])
+            path = str(body)[len(target.http_url) :]
+            status, body = await self.http("GET", path, via=target)
+        if status != 200:
+            raise RuntimeError(f"lookup of {topic} failed: {status} {body}")
+        return self.by_url(str(body["brokerUrl"]))
+
+    async def registered(self, *, via: ClusterBroker | None = None) -> list[str]:
+        """Broker ids in the registry."""
+        status, body = await self.http("GET", f"/admin/v2/brokers/{self.cluster_name}", via=via)
+        if status != 200:
+            raise RuntimeError(f"broker list failed: {status} {body}")
+        return [str(b) for b in body]
+
+    async def wait_registered(self, count: int, timeout_s: float = READY_TIMEOUT_S) -> list[str]:
+        """Wait until exactly ``count`` brokers are registered; returns their ids."""
+        loop = asyncio.get_running_loop()
+        end = loop.time() + timeout_s
+        last: list[str] = []
+        while True:
+            with contextlib.suppress(OSError, RuntimeError, aiohttp.ClientError, IndexError):
+                last = await self.registered()
+                if len(last) == count:
+                    return last
+            if loop.time() > end:
+                raise TimeoutError(f"{count} brokers not registered after {timeout_s}s: {last}")
+            await asyncio.sleep(0.1)
+
+
+def _toml(settings: dict[str, Any]) -> str:
+    lines = []
+    for key, value in settings.items():
+        if isinstance(value, bool):
+            lines.append(f"{key} = {'true' if value else 'false'}")
+        elif isinstance(value, int | float):
+            lines.append(f"{key} = {value}")
+        else:
+            escaped = str(value).replace("\\", "\\\\").replace('"', '\\"')
+            lines.append(f'{key} = "{escaped}"')
+    return "\n".join(lines) + "\n"
