@@ -5,7 +5,9 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import aiohttp
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from anabranch.aio import Client
 from anabranch.core.names import TopicName
@@ -178,3 +180,44 @@ async def test_non_leader_answers_with_the_leader_url(
         assert update.dag.controller_broker_url == "pulsar://leader:6650"
     finally:
         await leader.close()
+
+
+async def test_scalable_metrics(broker: InProcessBroker, client: RawClient) -> None:
+    await broker.service.scalable.create(TOPIC, 2)
+    await broker.service.scalable.split(TOPIC, 0)
+    await client.lookup(1, TOPIC)
+    await client.subscribe(1, TOPIC, "s", "w1", 1)
+    async with Client(broker.service_url) as pulsar:
+        producer = await pulsar.create_producer("segment://public/default/orders/8000-ffff-1")
+        await producer.send(b"x")
+    async with aiohttp.ClientSession() as http, http.get(f"{broker.http_url}/metrics") as resp:
+        text = await resp.text()
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+    labels = {"cluster": "standalone", "namespace": "public/default", "topic": TOPIC}
+
+    def value(name: str, **extra: str) -> float:
+        return samples[(name, tuple(sorted({**labels, **extra}.items())))]
+
+    assert value("anabranch_scalable_segments", state="active") == 3
+    assert value("anabranch_scalable_segments", state="sealed") == 1
+    assert value("anabranch_scalable_layout_epoch") == 1
+    broker_labels = (("cluster", "standalone"),)
+    assert samples[("anabranch_scalable_splits_total", broker_labels)] == 1
+    assert samples[("anabranch_scalable_merges_total", broker_labels)] == 0
+    assert samples[("anabranch_scalable_controller_elections_total", broker_labels)] == 1
+    assert samples[("anabranch_scalable_assignment_changes_total", broker_labels)] >= 1
+    assert samples[("anabranch_scalable_watch_sessions", broker_labels)] == 1
+    assert samples[("anabranch_scalable_consumers", broker_labels)] == 1
+    # A segment is a topic: its counters and backlog are the per-topic families.
+    segment = {**labels, "topic": "segment://public/default/orders/8000-ffff-1"}
+    key = ("anabranch_in_messages_total", tuple(sorted(segment.items())))
+    assert samples[key] == 1
+    key = (
+        "anabranch_subscription_back_log",
+        tuple(sorted({**segment, "subscription": "s"}.items())),
+    )
+    assert samples[key] == 1

@@ -44,9 +44,36 @@ class RawClient:
         except ConnectionError:
             pass
 
-    async def send(self, command: pb.BaseCommand) -> None:
-        self.writer.write(self.conn.send(command))
+    async def send(
+        self,
+        command: pb.BaseCommand,
+        metadata: pb.MessageMetadata | None = None,
+        payload: bytes = b"",
+    ) -> None:
+        self.writer.write(self.conn.send(command, metadata, payload))
         await self.writer.drain()
+
+    # --- producing and consuming on segment topics ----------------------------------------
+
+    async def producer(self, topic: str, producer_id: int, name: str) -> pb.CommandProducerSuccess:
+        await self.send(commands.producer(topic, producer_id, producer_id, name))
+        frame = await self.next(
+            lambda f: f.type in (T.PRODUCER_SUCCESS, T.ERROR) and (f.body.request_id == producer_id)
+        )
+        assert frame.type == T.PRODUCER_SUCCESS, frame.command
+        return frame.command.producer_success
+
+    async def produce(self, producer_id: int, name: str, sequence_id: int, payload: bytes) -> Frame:
+        """One SEND; returns its SEND_RECEIPT or SEND_ERROR."""
+        md = pb.MessageMetadata(producer_name=name, sequence_id=sequence_id, publish_time=1)
+        await self.send(commands.send(producer_id, sequence_id), md, payload)
+        return await self.next(
+            lambda f: (
+                f.type in (T.SEND_RECEIPT, T.SEND_ERROR)
+                and f.body.producer_id == producer_id
+                and f.body.sequence_id == sequence_id
+            )
+        )
 
     async def _read(self) -> None:
         try:

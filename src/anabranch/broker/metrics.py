@@ -205,6 +205,69 @@ def _namespace_of(topic: str) -> str:
     return "/".join(rest.split("/")[:2])
 
 
+class ScalableCollector(Collector):
+    """Scalable-topic families: segments per topic (of the topics this broker's controller
+    leads), split/merge/leadership/assignment counters and the open watch sessions and
+    consumers. Per-segment rates and backlog are the per-topic families above: a loaded
+    segment is a topic labelled with its ``segment://`` name.
+
+    Example:
+        >>> # registry.register(ScalableCollector(service))
+    """
+
+    def __init__(self, service: BrokerService) -> None:
+        self.service = service
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        prefix = "anabranch_scalable"
+        cluster = self.service.config.cluster_name
+        scalable = self.service.scalable
+        segments = GaugeMetricFamily(
+            f"{prefix}_segments",
+            "Segments of a scalable topic led by this broker, by state (active/sealed).",
+            labels=[*TOPIC_LABELS, "state"],
+        )
+        epochs = GaugeMetricFamily(
+            f"{prefix}_layout_epoch",
+            "Layout epoch of a scalable topic led here.",
+            labels=TOPIC_LABELS,
+        )
+        for controller in scalable.local_controllers():
+            layout = controller.layout
+            if not controller.is_leader or layout is None:
+                continue
+            name = str(controller.topic)
+            labels = [cluster, _namespace_of(name), name]
+            segments.add_metric([*labels, "active"], len(layout.active_segments()))
+            segments.add_metric([*labels, "sealed"], len(layout.sealed_segments()))
+            epochs.add_metric(labels, layout.epoch)
+        yield segments
+        yield epochs
+        c = scalable.counters
+        for name, text, value in (
+            ("splits", "Segment splits completed by this broker's controllers.", c.splits),
+            ("merges", "Segment merges completed by this broker's controllers.", c.merges),
+            ("controller_elections", "Controller leaderships acquired by this broker "
+             "(each fail-over to it counts one).", c.leader_elections),
+            ("assignment_changes", "Assignment pushes to stream/checkpoint consumers.",
+             c.assignment_changes),
+        ):  # fmt: skip
+            counter = CounterMetricFamily(f"{prefix}_{name}", text, labels=["cluster"])
+            counter.add_metric([cluster], value)
+            yield counter
+        endpoint = self.service.scalable_endpoint
+        for name, text, value in (
+            ("watch_sessions", "Open DAG-watch sessions.", endpoint.watch_count()),
+            ("consumers", "Connected stream/checkpoint consumers.", endpoint.consumer_count()),
+        ):
+            gauge = GaugeMetricFamily(f"{prefix}_{name}", text, labels=["cluster"])
+            gauge.add_metric([cluster], value)
+            yield gauge
+
+
 def broker_registry(service: BrokerService) -> CollectorRegistry:
     """A registry (not the global one: several brokers may share a process in tests) with
     this broker's collector.
@@ -224,6 +287,8 @@ def broker_registry(service: BrokerService) -> CollectorRegistry:
             monotonic=service.clock.monotonic,
         )
     )
+    if getattr(service, "scalable", None) is not None:
+        registry.register(ScalableCollector(service))
     return registry
 
 

@@ -242,8 +242,18 @@ class ScalableTopicController:
                 if record.stat.session_id == self.session.id:
                     # Our own session holds it (this controller was re-created): keep it.
                     await self._became_leader(record.stat.create_revision)
-                else:
-                    self._leader = LeaderAddress.decode(record.value)
+                    return
+                holder = LeaderAddress.decode(record.value)
+                if self._is_stale_self(holder):
+                    # A previous incarnation of this broker (same addresses, which only one
+                    # live process can be bound to) died holding it: do not wait for its
+                    # session to expire. The Check makes this a no-op if it changed meanwhile.
+                    log.info("%s: removing the controller key of a dead predecessor", self.topic)
+                    with contextlib.suppress(BadVersion):
+                        guard = Check(path, expected_create_revision=record.stat.create_revision)
+                        await self.store.commit([guard, Delete(path)])
+                    continue
+                self._leader = holder
                 return
             try:
                 stat = await self.store.put(
@@ -254,6 +264,9 @@ class ScalableTopicController:
             self._watch_from = stat.mod_revision + 1
             await self._became_leader(stat.create_revision)
             return
+
+    def _is_stale_self(self, holder: LeaderAddress) -> bool:
+        return bool(self.broker_url and self.pulsar_url) and holder == self.address
 
     async def _became_leader(self, token: int) -> None:
         self._token = token
@@ -337,6 +350,11 @@ class ScalableTopicController:
         """The current layout as stored (NotFound if the topic does not exist)."""
         layout, _ = await self._read_layout()
         return layout
+
+    @property
+    def layout(self) -> SegmentLayout | None:
+        """The layout as this controller last read or wrote it (no I/O; for metrics)."""
+        return self._layout
 
     def _segment(self, layout: SegmentLayout, segment_id: int) -> SegmentName:
         return segment_name(self.topic, layout.segment(segment_id))
