@@ -1,0 +1,372 @@
+"""The connector's I/O: one event-loop thread and one client per service URL per process, the
+layout and segment-end probes the driver uses, and the range reader and router the executors use.
+
+Spark calls the connector from plain threads, so every coroutine runs on a module-level loop
+thread (:func:`run`). Clients are cached per process (:func:`client_for`); Spark's Python worker
+reuse keeps them across micro-batches. Nothing here is ever pickled: reader and writer objects
+hold only options and call these functions when they run.
+
+Example::
+
+    client = client_for("pulsar://127.0.0.1:6650")
+    end = run(segment_end(client, "segment://public/default/t/0000-ffff-0"))
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import threading
+from collections.abc import Coroutine
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from anabranch.admin.client import AdminClient, AdminHttpError
+from anabranch.client.client import Client
+from anabranch.client.message import Message
+from anabranch.client.message_id import MessageId
+from anabranch.client.producer import Producer
+from anabranch.client.reader import Reader
+from anabranch.core.hash_range import HashRange, segment_hash
+from anabranch.core.names import TopicName
+from anabranch.core.segment_layout import SegmentLayout, segment_name
+from anabranch.errors import AnabranchError, TopicTerminated
+from pyspark_anabranch.planning import (
+    FIRST_POSITION,
+    DataLoss,
+    encode_position,
+    resume_entry,
+)
+
+T = TypeVar("T")
+
+_lock = threading.Lock()
+_loop: asyncio.AbstractEventLoop | None = None
+_clients: dict[tuple[str, tuple[tuple[str, float], ...]], Client] = {}
+_admins: dict[str, AdminClient] = {}
+
+
+def _loop_thread() -> asyncio.AbstractEventLoop:
+    global _loop
+    with _lock:
+        if _loop is None or _loop.is_closed():
+            loop = asyncio.new_event_loop()
+            thread = threading.Thread(
+                target=loop.run_forever, name="anabranch-spark-loop", daemon=True
+            )
+            thread.start()
+            _loop = loop
+            atexit.register(_shutdown)
+        return _loop
+
+
+def run(coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+    """Run ``coro`` on the process's connector loop and wait for its result."""
+    future = asyncio.run_coroutine_threadsafe(coro, _loop_thread())
+    return future.result(timeout)
+
+
+def client_for(service_url: str, **options: float) -> Client:
+    """The process's cached client for ``service_url`` (created on first use)."""
+    key = (service_url, tuple(sorted(options.items())))
+    with _lock:
+        client = _clients.get(key)
+    if client is None:
+
+        async def make() -> Client:
+            return Client(service_url, **options)  # type: ignore[arg-type]
+
+        client = run(make())
+        with _lock:
+            client = _clients.setdefault(key, client)
+    return client
+
+
+def admin_for(admin_url: str) -> AdminClient:
+    """The process's cached admin client for ``admin_url``."""
+    with _lock:
+        admin = _admins.get(admin_url)
+    if admin is None:
+
+        async def make() -> AdminClient:
+            return AdminClient(admin_url)
+
+        admin = run(make())
+        with _lock:
+            admin = _admins.setdefault(admin_url, admin)
+    return admin
+
+
+def _shutdown() -> None:
+    loop = _loop
+    if loop is None or loop.is_closed():
+        return
+
+    async def close_all() -> None:
+        for client in list(_clients.values()):
+            await client.close()
+        for admin in list(_admins.values()):
+            await admin.close()
+
+    try:
+        asyncio.run_coroutine_threadsafe(close_all(), loop).result(10)
+    except Exception:  # noqa: S110 - best effort at interpreter exit
+        pass
+    _clients.clear()
+    _admins.clear()
+
+
+def message_position(msg: Message) -> int:
+    """The position (see :mod:`pyspark_anabranch.planning`) of a received message."""
+    mid = msg.message_id
+    return encode_position(mid.ledger_id, mid.entry_id, mid.batch_index)
+
+
+def position_after(mid: MessageId) -> int:
+    """The next position after the message ``mid`` (0 when ``mid`` says "no message")."""
+    if mid.entry_id < 0 or mid.ledger_id < 0:
+        return FIRST_POSITION
+    return encode_position(mid.ledger_id, mid.entry_id, mid.batch_index) + 1
+
+
+# --- driver side ------------------------------------------------------------------------------
+
+
+async def fetch_layout(admin: AdminClient, topic: str) -> SegmentLayout:
+    """The scalable topic's layout (``topic`` is ``t/ns/x``)."""
+    doc = await admin.get_scalable_topic(f"topic://{topic}")
+    return SegmentLayout.from_dict(doc)
+
+
+def segment_topic(topic: str, layout: SegmentLayout, segment_id: int) -> str:
+    """The ``segment://`` name of one of the topic's segments."""
+    return str(segment_name(TopicName.parse(f"topic://{topic}"), layout.segments[segment_id]))
+
+
+def segment_topic_of(topic: str, hash_range: tuple[int, int], segment_id: int) -> str:
+    """The ``segment://`` name from its parts (what a pickled partition carries)."""
+    lo, hi = hash_range
+    return f"segment://{topic}/{HashRange(lo, hi).to_hex()}-{segment_id}"
+
+
+@dataclass
+class EndProbe:
+    """Driver-side: current end positions of segments; a reader per segment kept open (the
+    driver process is long-lived), final ends of sealed segments remembered forever."""
+
+    client: Client
+    readers: dict[str, Reader] = field(default_factory=dict)
+    finals: dict[str, int] = field(default_factory=dict)
+
+    async def end(self, name: str, sealed: bool) -> int:
+        if name in self.finals:
+            return self.finals[name]
+        reader = self.readers.get(name)
+        if reader is None:
+            reader = await self.client.create_reader(name, "latest", receiver_queue_size=1)
+            self.readers[name] = reader
+        last = await reader._consumer.get_last_message_id()
+        end = position_after(last)
+        if sealed:
+            self.finals[name] = end
+            self.readers.pop(name, None)
+            await reader.close()
+        return end
+
+    async def close(self) -> None:
+        readers, self.readers = self.readers, {}
+        for reader in readers.values():
+            await reader.close()
+
+
+async def segment_end(client: Client, name: str) -> int:
+    """One segment's current end (next position after its last readable message)."""
+    reader = await client.create_reader(name, "latest", receiver_queue_size=1)
+    try:
+        return position_after(await reader._consumer.get_last_message_id())
+    finally:
+        await reader.close()
+
+
+async def scan(
+    client: Client, name: str, start: int, end: int, max_count: int, timeout_s: float
+) -> list[tuple[int, int]]:
+    """``(position, value size)`` of up to ``max_count`` messages in ``[start, end)``: the
+    driver uses it to cut a range at a record or byte limit."""
+    out: list[tuple[int, int]] = []
+    if max_count <= 0 or end <= start:
+        return out
+    async with RangeReader(client, name, start, end, timeout_s) as reader:
+        while len(out) < max_count:
+            msg = await reader.next()
+            if msg is None:
+                break
+            out.append((message_position(msg), len(msg.value)))
+    return out
+
+
+# --- executor side ----------------------------------------------------------------------------
+
+
+class RangeReader:
+    """Messages of one segment with positions in ``[start, end)``, in order.
+
+    ``end - 1`` is always a real message's position (ends come from message ids), so the
+    reader stops on it without waiting. A message that does not arrive within ``timeout_s``
+    raises; resuming inside an entry that no longer exists raises :class:`DataLoss`.
+    """
+
+    def __init__(self, client: Client, name: str, start: int, end: int, timeout_s: float) -> None:
+        self.client = client
+        self.name = name
+        self.start = start
+        self.end = end
+        self.timeout_s = timeout_s
+        self.reader: Reader | None = None
+        self.done = end <= start
+        self._first = True
+
+    async def __aenter__(self) -> RangeReader:
+        if not self.done:
+            entry = resume_entry(self.start)
+            begin: MessageId | str = "earliest" if entry is None else MessageId(*entry)
+            self.reader = await self.client.create_reader(
+                self.name, begin, start_inclusive=entry is not None
+            )
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self.reader is not None:
+            await self.reader.close()
+            self.reader = None
+
+    async def next(self) -> Message | None:
+        """The next message of the range, or None once the range is exhausted."""
+        while not self.done:
+            assert self.reader is not None
+            msg = await self.reader.read_next(self.timeout_s)
+            if msg is None:
+                raise AnabranchError(
+                    f"{self.name}: no message within {self.timeout_s}s while reading "
+                    f"[{self.start}, {self.end})"
+                )
+            pos = message_position(msg)
+            if self._first:
+                self._first = False
+                entry = resume_entry(self.start)
+                mid = msg.message_id
+                if entry is not None and (mid.ledger_id, mid.entry_id) != entry:
+                    raise DataLoss(
+                        f"{self.name}: position {self.start} is gone (first available entry "
+                        f"is {mid.ledger_id}:{mid.entry_id})"
+                    )
+            if pos >= self.end:
+                self.done = True
+                return None
+            if pos >= self.end - 1:
+                self.done = True
+            if pos < self.start:
+                continue
+            return msg
+        return None
+
+
+# --- the sink's router ------------------------------------------------------------------------
+
+
+_Queued = tuple[
+    "asyncio.Future[MessageId]", bytes, str | None, dict[str, str] | None, int | None
+]
+
+
+class KeyRouter:
+    """Produces to a scalable topic by routing each key to its active segment (rows without a
+    key go round-robin); reloads the layout and resends when a segment was sealed under it.
+
+    Used by the sink until the client's own scalable producer is available to it.
+    """
+
+    def __init__(self, client: Client, admin: AdminClient, topic: str) -> None:
+        self.client = client
+        self.admin = admin
+        self.topic = topic
+        self.layout: SegmentLayout | None = None
+        self.producers: dict[int, Producer] = {}
+        self._rr = 0
+        self.pending: list[_Queued] = []
+
+    async def _refresh(self) -> SegmentLayout:
+        try:
+            self.layout = await fetch_layout(self.admin, self.topic)
+        except AdminHttpError as err:
+            if err.status != 404:
+                raise
+            await self.admin.create_scalable_topic(f"topic://{self.topic}")
+            self.layout = await fetch_layout(self.admin, self.topic)
+        for sid in [s for s in self.producers if not self.layout.segments[s].is_active]:
+            producer = self.producers.pop(sid)
+            await producer.close()
+        return self.layout
+
+    async def _producer_for(self, key: str | None) -> Producer:
+        layout = self.layout or await self._refresh()
+        if key is None:
+            active = layout.active_segments()
+            seg = active[self._rr % len(active)]
+            self._rr += 1
+        else:
+            seg = layout.find_active(segment_hash(key))
+        producer = self.producers.get(seg.segment_id)
+        if producer is None:
+            name = segment_topic(self.topic, layout, seg.segment_id)
+            try:
+                made = await self.client.create_producer(name)
+            except TopicTerminated:  # sealed since our layout was read
+                await asyncio.sleep(0.1)
+                await self._refresh()
+                return await self._producer_for(key)
+            assert isinstance(made, Producer)
+            producer = made
+            self.producers[seg.segment_id] = producer
+        return producer
+
+    async def send(
+        self,
+        value: bytes,
+        key: str | None,
+        properties: dict[str, str] | None,
+        event_time: int | None,
+    ) -> None:
+        """Queue one message (flush waits for all)."""
+        producer = await self._producer_for(key)
+        fut = await producer.send_async(
+            value, key=key, properties=properties, event_time=event_time
+        )
+        self.pending.append((fut, value, key, properties, event_time))
+
+    async def flush(self) -> int:
+        """Wait until every queued message is stored; resend those refused by a sealed segment.
+        Returns how many messages were stored."""
+        stored = 0
+        for _attempt in range(20):
+            pending, self.pending = self.pending, []
+            if not pending:
+                return stored
+            retry: list[tuple[bytes, str | None, dict[str, str] | None, int | None]] = []
+            for fut, value, key, props, etime in pending:
+                try:
+                    await fut
+                    stored += 1
+                except TopicTerminated:
+                    retry.append((value, key, props, etime))
+            if retry:
+                await asyncio.sleep(0.2)
+                await self._refresh()
+                for value, key, props, etime in retry:
+                    await self.send(value, key, props, etime)
+        raise AnabranchError(f"{self.topic}: could not route messages after repeated seals")
+
+    async def close(self) -> None:
+        producers, self.producers = self.producers, {}
+        for producer in producers.values():
+            await producer.close()

@@ -1,0 +1,605 @@
+"""The Spark data source: streaming and batch readers, and the at-least-once sink.
+
+Driver-side calls (``initialOffset``, ``latestOffset``, ``partitions``, ``commit``) use the
+admin API for layouts and short-lived readers for segment ends; ``read`` runs on executors on a
+*pickled* reader that holds only options, and gets its client from the per-process cache in
+:mod:`pyspark_anabranch._io`. Planning decisions are in :mod:`pyspark_anabranch.planning`.
+
+Example::
+
+    df = (spark.readStream.format("anabranch")
+          .option("serviceUrl", "pulsar://localhost:6650").option("topic", "orders").load())
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceArrowWriter,
+    DataSourceReader,
+    DataSourceStreamArrowWriter,
+    DataSourceStreamReader,
+    InputPartition,
+    WriterCommitMessage,
+)
+from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxBytes,
+    ReadMaxRows,
+    ReadMinRows,
+    SupportsTriggerAvailableNow,
+)
+from pyspark.sql.types import (
+    BinaryType,
+    IntegerType,
+    LongType,
+    MapType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+from anabranch.client.client import Client
+from anabranch.client.message_id import MessageId
+from anabranch.core.segment_layout import SegmentLayout
+from anabranch.limits import PRODUCER_PENDING_MESSAGES_MAX
+from pyspark_anabranch import _io
+from pyspark_anabranch.options import SinkOptions, SourceOptions, topic_key
+from pyspark_anabranch.planning import (
+    FIRST_POSITION,
+    Frontier,
+    Range,
+    TopicFrontier,
+    allocate,
+    batch_ranges,
+    cut_by_bytes,
+    decode_position,
+    encode_position,
+    earliest_frontier,
+    expand_topic,
+    latest_frontier,
+    should_wait,
+    stream_ranges,
+)
+
+log = logging.getLogger("pyspark_anabranch")
+
+READ_CHUNK_ROWS = 8192
+"""Messages per Arrow record batch yielded by ``read``."""
+
+
+def source_schema(include_properties: bool = False) -> StructType:
+    """The fixed output schema (DESIGN.md §3.7)."""
+    fields = [
+        StructField("key", BinaryType(), True),
+        StructField("value", BinaryType(), True),
+        StructField("topic", StringType(), False),
+        StructField("segmentId", LongType(), False),
+        StructField("segmentEpoch", IntegerType(), False),
+        StructField("position", LongType(), False),
+        StructField("publishTime", TimestampType(), True),
+        StructField("eventTime", TimestampType(), True),
+    ]
+    if include_properties:
+        fields.append(StructField("properties", MapType(StringType(), StringType()), True))
+    return StructType(fields)
+
+
+@dataclass(frozen=True)
+class SegmentRange(InputPartition):  # type: ignore[misc]
+    """One Spark partition: positions ``[start, end)`` of one segment (picklable, no client)."""
+
+    topic: str
+    segment_id: int
+    hash_start: int
+    hash_end: int
+    epoch: int
+    start: int
+    end: int
+
+    @property
+    def segment(self) -> str:
+        return _io.segment_topic_of(self.topic, (self.hash_start, self.hash_end), self.segment_id)
+
+
+def _partition(layout: SegmentLayout, r: Range) -> SegmentRange:
+    seg = layout.segments[r.segment_id]
+    return SegmentRange(
+        r.topic,
+        r.segment_id,
+        seg.hash_range.start,
+        seg.hash_range.end,
+        seg.created_at_epoch,
+        r.start,
+        r.end,
+    )
+
+
+# --- shared reading ---------------------------------------------------------------------------
+
+
+def read_range(opts: SourceOptions, part: SegmentRange) -> Iterator[pa.RecordBatch]:
+    """Arrow batches of one partition's messages (runs on an executor)."""
+    schema = to_arrow_schema(source_schema(opts.include_properties), timezone="UTC")
+    client = _io.client_for(opts.service_url, **opts.client)
+    reader = _io.RangeReader(client, part.segment, part.start, part.end, opts.poll_timeout_s)
+    _io.run(reader.__aenter__())
+    try:
+        while True:
+            cols = _io.run(_chunk(reader, opts.include_properties))
+            if cols is None:
+                return
+            yield _batch(schema, part, cols, opts.include_properties)
+    finally:
+        _io.run(reader.__aexit__())
+
+
+async def _chunk(reader: _io.RangeReader, with_props: bool) -> dict[str, list[Any]] | None:
+    keys: list[bytes | None] = []
+    values: list[bytes] = []
+    positions: list[int] = []
+    publish: list[int] = []
+    event: list[int | None] = []
+    props: list[list[tuple[str, str]] | None] = []
+    for _ in range(READ_CHUNK_ROWS):
+        msg = await reader.next()
+        if msg is None:
+            break
+        keys.append(None if msg.key is None else msg.key.encode())
+        values.append(msg.value)
+        mid = msg.message_id
+        positions.append(encode_position(mid.ledger_id, mid.entry_id, mid.batch_index))
+        publish.append(msg.publish_time * 1000)
+        event.append(None if msg.event_time is None else msg.event_time * 1000)
+        if with_props:
+            props.append(list(msg.properties.items()))
+    if not values:
+        return None
+    return {
+        "key": keys,
+        "value": values,
+        "position": positions,
+        "publishTime": publish,
+        "eventTime": event,
+        "properties": props,
+    }
+
+
+def _batch(
+    schema: pa.Schema, part: SegmentRange, cols: dict[str, list[Any]], with_props: bool
+) -> pa.RecordBatch:
+    n = len(cols["value"])
+    ts = schema.field("publishTime").type
+    arrays = [
+        pa.array(cols["key"], pa.binary()),
+        pa.array(cols["value"], pa.binary()),
+        pa.array([f"topic://{part.topic}"] * n, pa.string()),
+        pa.array([part.segment_id] * n, pa.int64()),
+        pa.array([part.epoch] * n, pa.int32()),
+        pa.array(cols["position"], pa.int64()),
+        pa.array(cols["publishTime"], pa.int64()).cast(ts),
+        pa.array(cols["eventTime"], pa.int64()).cast(ts),
+    ]
+    if with_props:
+        arrays.append(pa.array(cols["properties"], schema.field("properties").type))
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+# --- driver-side helpers ----------------------------------------------------------------------
+
+
+class _Driver:
+    """What the long-lived driver-side reader process keeps: a client, end probes, layouts."""
+
+    def __init__(self, opts: SourceOptions) -> None:
+        self.opts = opts
+        self.client: Client = _io.client_for(opts.service_url, **opts.client)
+        self.admin = _io.admin_for(opts.admin_url)
+        self.probe = _io.EndProbe(self.client)
+
+    def layouts(self) -> dict[str, SegmentLayout]:
+        async def fetch() -> dict[str, SegmentLayout]:
+            return {t: await _io.fetch_layout(self.admin, t) for t in self.opts.topics}
+
+        return _io.run(fetch())
+
+    def ends(self, topic: str, layout: SegmentLayout, ids: Sequence[int]) -> dict[int, int]:
+        async def probe() -> dict[int, int]:
+            out: dict[int, int] = {}
+            for sid in ids:
+                seg = layout.segments[sid]
+                name = _io.segment_topic(topic, layout, sid)
+                out[sid] = await self.probe.end(name, sealed=not seg.is_active)
+            return out
+
+        return _io.run(probe())
+
+    def sealed_finals(self, topic: str, layout: SegmentLayout, frontier: TopicFrontier) -> dict[int, int]:
+        """Final ends of the sealed segments in ``frontier`` and their sealed descendants."""
+        ids: set[int] = set()
+        for sid in frontier.segs:
+            if sid in layout.segments:
+                ids.add(sid)
+                ids |= layout.descendants(sid)
+        sealed = sorted(i for i in ids if not layout.segments[i].is_active)
+        return self.ends(topic, layout, sealed)
+
+    def scan(self, topic: str, layout: SegmentLayout, sid: int, lo: int, hi: int, n: int) -> list[tuple[int, int]]:
+        name = _io.segment_topic(topic, layout, sid)
+        return _io.run(_io.scan(self.client, name, lo, hi, n, self.opts.poll_timeout_s))
+
+
+def _initial(opts: SourceOptions, spec: str, layouts: Mapping[str, SegmentLayout]) -> Frontier:
+    if spec == "earliest":
+        return Frontier({t: earliest_frontier(layouts[t]) for t in opts.topics})
+    if spec == "latest":
+        return Frontier.symbolic_latest()
+    frontier = Frontier.from_json(spec)
+    missing = set(opts.topics) - set(frontier.topics)
+    extra = set(frontier.topics) - set(opts.topics)
+    if extra:
+        raise ValueError(f"startingOffsets names topics not subscribed: {sorted(extra)}")
+    topics = dict(frontier.topics)
+    for t in missing:  # a topic not named in the JSON starts at earliest
+        topics[t] = earliest_frontier(layouts[t])
+    return Frontier(topics)
+
+
+class AnabranchStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # type: ignore[misc]
+    """Micro-batch reader (see the module docstring). Holds no client when pickled."""
+
+    def __init__(self, opts: SourceOptions) -> None:
+        self.opts = opts
+        self._driver: _Driver | None = None
+        self._target: tuple[dict[str, SegmentLayout], dict[str, dict[int, int]]] | None = None
+        self._last_batch_s = time.monotonic()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"opts": self.opts}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["opts"])  # type: ignore[misc]
+
+    @property
+    def driver(self) -> _Driver:
+        if self._driver is None:
+            self._driver = _Driver(self.opts)
+        return self._driver
+
+    # --- offsets ---------------------------------------------------------------------------
+
+    def initialOffset(self) -> dict[str, Any]:
+        spec = self.opts.starting_offsets
+        layouts = {} if spec == "latest" else self.driver.layouts()
+        return _initial(self.opts, spec, layouts).to_dict()
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        if self.opts.max_records is not None:
+            return ReadMaxRows(self.opts.max_records)
+        if self.opts.max_bytes is not None:
+            return ReadMaxBytes(self.opts.max_bytes)
+        if self.opts.min_records is not None:
+            return ReadMinRows(self.opts.min_records)
+        return ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        layouts = self.driver.layouts()
+        ends: dict[str, dict[int, int]] = {}
+        for topic, layout in layouts.items():
+            ends[topic] = self.driver.ends(topic, layout, sorted(layout.segments))
+        self._target = (layouts, ends)
+
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+        begin = Frontier.from_dict(start)
+        if self._target is not None:
+            layouts, target_ends = self._target
+        else:
+            layouts, target_ends = self.driver.layouts(), {}
+        if begin.latest:  # resolve the symbolic start: batch 0 reads nothing
+            topics = {}
+            for topic, layout in layouts.items():
+                active = [s.segment_id for s in layout.active_segments()]
+                ends = target_ends.get(topic) or self.driver.ends(topic, layout, active)
+                topics[topic] = latest_frontier(layout, ends)
+            self._last_batch_s = time.monotonic()
+            return Frontier(topics).to_dict()
+        end_topics: dict[str, TopicFrontier] = {}
+        backlog: dict[tuple[str, int], tuple[int, int]] = {}
+        for topic, tf in begin.topics.items():
+            layout = layouts[topic]
+            if target_ends:
+                finals = {
+                    sid: target_ends[topic][sid]
+                    for sid in layout.segments
+                    if not layout.segments[sid].is_active
+                }
+            else:
+                finals = self.driver.sealed_finals(topic, layout, tf)
+            expanded = expand_topic(
+                topic, tf, layout, finals, fail_on_data_loss=self.opts.fail_on_data_loss
+            )
+            live = [sid for sid in expanded.segs if sid in layout.segments]
+            ends = (
+                {sid: target_ends[topic].get(sid, FIRST_POSITION) for sid in live}
+                if target_ends
+                else self.driver.ends(topic, layout, live)
+            )
+            segs = dict(expanded.segs)
+            for sid in live:
+                if ends[sid] > segs[sid]:
+                    backlog[(topic, sid)] = (segs[sid], ends[sid])
+            end_topics[topic] = expanded.with_segs(segs)
+        caps = self._admit(layouts, backlog, limit)
+        if caps is None:
+            return start  # minRecordsPerTrigger: wait for more
+        for (topic, sid), stop in caps.items():
+            segs = dict(end_topics[topic].segs)
+            segs[sid] = stop
+            end_topics[topic] = end_topics[topic].with_segs(segs)
+        result = Frontier(end_topics).to_dict()
+        if Frontier.from_dict(result) == begin:
+            return start
+        self._last_batch_s = time.monotonic()
+        return result
+
+    def _admit(
+        self,
+        layouts: Mapping[str, SegmentLayout],
+        backlog: Mapping[tuple[str, int], tuple[int, int]],
+        limit: ReadLimit,
+    ) -> dict[tuple[str, int], int] | None:
+        """Where each segment's range stops under the read limit (None: wait for more)."""
+        full = {key: hi for key, (_lo, hi) in backlog.items()}
+        if isinstance(limit, ReadAllAvailable) or not backlog:
+            return full
+        max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else self.opts.max_records
+        max_bytes = limit.max_bytes if isinstance(limit, ReadMaxBytes) else self.opts.max_bytes
+        min_rows = limit.min_rows if isinstance(limit, ReadMinRows) else self.opts.min_records
+        cap = max(x for x in (max_rows, min_rows, 1) if x is not None)
+        if max_bytes is not None and max_rows is None:
+            cap = max(cap, 10_000)
+        scans = {
+            key: self.driver.scan(key[0], layouts[key[0]], key[1], lo, hi, cap)
+            for key, (lo, hi) in backlog.items()
+        }
+        if min_rows is not None:
+            waited_ms = int((time.monotonic() - self._last_batch_s) * 1000)
+            total = sum(len(v) for v in scans.values())
+            if should_wait(total, min_rows, waited_ms, self.opts.max_trigger_delay_ms):
+                return None
+        counts = {key: len(v) for key, v in scans.items()}
+        if max_rows is not None:
+            counts = allocate(max_rows, counts)
+        if max_bytes is not None:
+            sizes = {key: sum(s for _p, s in scans[key][: counts[key]]) for key in scans}
+            budget = allocate(max_bytes, sizes)
+            counts = {
+                key: cut_by_bytes([s for _p, s in scans[key][: counts[key]]], budget[key] or 1)
+                if counts[key]
+                else 0
+                for key in scans
+            }
+        out: dict[tuple[str, int], int] = {}
+        for key, (lo, hi) in backlog.items():
+            n = counts[key]
+            if max_rows is None and max_bytes is None:
+                out[key] = hi
+            elif n == 0:
+                out[key] = lo
+            elif n >= len(scans[key]) and len(scans[key]) < cap:
+                out[key] = hi  # the whole backlog was scanned and fits
+            else:
+                out[key] = scans[key][n - 1][0] + 1
+        return out
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
+        ranges = stream_ranges(Frontier.from_dict(start), Frontier.from_dict(end))
+        if not ranges:
+            return []
+        layouts = self.driver.layouts()
+        return [_partition(layouts[r.topic], r) for r in ranges]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, SegmentRange)
+        return read_range(self.opts, partition)
+
+    def commit(self, end: dict[str, Any]) -> None:
+        if self.opts.ack_subscription is None:
+            return
+        try:
+            frontier = Frontier.from_dict(end)
+            if not frontier.latest:
+                _io.run(self._ack(frontier))
+        except Exception as err:  # best effort: the checkpoint is the truth
+            log.warning("ackSubscription %s: %s", self.opts.ack_subscription, err)
+
+    async def _ack(self, frontier: Frontier) -> None:
+        sub = self.opts.ack_subscription
+        assert sub is not None
+        admin = self.driver.admin
+        for topic, tf in frontier.topics.items():
+            layout = await _io.fetch_layout(admin, topic)
+            for sid, pos in tf.segs.items():
+                if pos == FIRST_POSITION or sid not in layout.segments:
+                    continue
+                name = _io.segment_topic(topic, layout, sid)
+                consumer = await self.driver.client.subscribe(
+                    name, sub, initial_position="earliest", receiver_queue_size=1
+                )
+                try:
+                    ledger_id, entry_id, _ = decode_position(pos - 1)
+                    await consumer.acknowledge_cumulative(MessageId(ledger_id, entry_id))
+                finally:
+                    await consumer.close()
+
+    def stop(self) -> None:
+        if self._driver is not None:
+            _io.run(self._driver.probe.close())
+
+
+class AnabranchBatchReader(DataSourceReader):  # type: ignore[misc]
+    """Batch read between ``startingOffsets`` and ``endingOffsets`` over the whole DAG."""
+
+    def __init__(self, opts: SourceOptions) -> None:
+        self.opts = opts
+
+    def partitions(self) -> Sequence[InputPartition]:
+        driver = _Driver(self.opts)
+        try:
+            layouts = driver.layouts()
+            start = _initial(self.opts, self.opts.starting_offsets, layouts)
+            out: list[InputPartition] = []
+            for topic in self.opts.topics:
+                layout = layouts[topic]
+                ends = driver.ends(topic, layout, sorted(layout.segments))
+                if self.opts.ending_offsets == "latest":
+                    end_tf = latest_frontier(layout, ends)
+                else:
+                    end_tf = Frontier.from_json(self.opts.ending_offsets).topics[topic]
+                ranges = batch_ranges(topic, layout, start.topics[topic], end_tf, ends)
+                out.extend(_partition(layout, r) for r in ranges)
+            return out
+        finally:
+            _io.run(driver.probe.close())
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, SegmentRange)
+        return read_range(self.opts, partition)
+
+
+# --- the sink ---------------------------------------------------------------------------------
+
+
+@dataclass
+class SinkCommit(WriterCommitMessage):  # type: ignore[misc]
+    """What a task reports to the driver: how many rows it stored."""
+
+    rows: int
+
+
+def _column(batch: pa.RecordBatch, name: str) -> pa.Array | None:
+    index = batch.schema.get_field_index(name)
+    return None if index < 0 else batch.column(index)
+
+
+def write_batches(opts: SinkOptions, batches: Iterator[pa.RecordBatch]) -> SinkCommit:
+    """Produce every row (routed by ``key``) and wait until all are stored (runs on executors)."""
+    client = _io.client_for(opts.service_url, **opts.client)
+    admin = _io.admin_for(opts.admin_url)
+    routers: dict[str, _io.KeyRouter] = {}
+    total = 0
+    try:
+        for batch in batches:
+            rows = _rows(opts, batch)
+            for start in range(0, len(rows), PRODUCER_PENDING_MESSAGES_MAX // 2):
+                chunk = rows[start : start + PRODUCER_PENDING_MESSAGES_MAX // 2]
+                _io.run(_send(client, admin, routers, chunk))
+        for router in routers.values():
+            total += _io.run(router.flush())
+    finally:
+        for router in routers.values():
+            _io.run(router.close())
+    return SinkCommit(total)
+
+
+_Row = tuple[str, bytes, str | None, dict[str, str] | None, int | None]
+
+
+def _rows(opts: SinkOptions, batch: pa.RecordBatch) -> list[_Row]:
+    value = _column(batch, "value")
+    if value is None:
+        raise ValueError("the anabranch sink needs a 'value' column (binary or string)")
+    n = batch.num_rows
+    values = [v if isinstance(v, bytes) else str(v).encode() for v in value.to_pylist()]
+    key_col = _column(batch, "key")
+    keys: list[Any] = key_col.to_pylist() if key_col is not None else [None] * n
+    keys = [k.decode() if isinstance(k, bytes) else k for k in keys]
+    prop_col = _column(batch, "properties")
+    props: list[Any] = prop_col.to_pylist() if prop_col is not None else [None] * n
+    props = [dict(p) if p is not None else None for p in props]
+    ev_col = _column(batch, "eventTime")
+    if ev_col is not None:
+        micros = pc.cast(ev_col, pa.int64())
+        events: list[Any] = [None if e is None else e // 1000 for e in micros.to_pylist()]
+    else:
+        events = [None] * n
+    if opts.topic is not None:
+        topics = [opts.topic] * n
+    else:
+        topic_col = _column(batch, "topic")
+        if topic_col is None:
+            raise ValueError("the anabranch sink needs the topic option or a 'topic' column")
+        topics = [topic_key(t) for t in topic_col.to_pylist()]
+    return list(zip(topics, values, keys, props, events, strict=True))
+
+
+async def _send(
+    client: Client, admin: Any, routers: dict[str, _io.KeyRouter], rows: list[_Row]
+) -> None:
+    for topic, value, key, props, event in rows:
+        router = routers.get(topic)
+        if router is None:
+            router = routers[topic] = _io.KeyRouter(client, admin, topic)
+        await router.send(value, key, props, event)
+
+
+class AnabranchStreamWriter(DataSourceStreamArrowWriter):  # type: ignore[misc]
+    """At-least-once streaming sink: rows are stored before the task's commit message."""
+
+    def __init__(self, opts: SinkOptions) -> None:
+        self.opts = opts
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> SinkCommit:
+        return write_batches(self.opts, iterator)
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        rows = sum(m.rows for m in messages if isinstance(m, SinkCommit))
+        log.info("anabranch sink: batch %d stored %d rows", batchId, rows)
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        log.warning("anabranch sink: batch %d aborted (rows already stored stay)", batchId)
+
+
+class AnabranchBatchWriter(DataSourceArrowWriter):  # type: ignore[misc]
+    """At-least-once batch sink (``df.write.format("anabranch")``)."""
+
+    def __init__(self, opts: SinkOptions) -> None:
+        self.opts = opts
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> SinkCommit:
+        return write_batches(self.opts, iterator)
+
+
+class DefaultSource(DataSource):  # type: ignore[misc]
+    """``format("anabranch")``: scalable topics as a Spark source and sink."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "anabranch"
+
+    def schema(self) -> StructType:
+        raw = {k.lower(): v for k, v in self.options.items()}.get("includeproperties", "false")
+        return source_schema(raw.strip().lower() in ("true", "1", "yes"))
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return AnabranchBatchReader(SourceOptions.parse(self.options, batch=True))
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return AnabranchStreamReader(SourceOptions.parse(self.options))
+
+    def writer(self, schema: StructType, overwrite: bool) -> AnabranchBatchWriter:
+        return AnabranchBatchWriter(SinkOptions.parse(self.options))
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> AnabranchStreamWriter:
+        return AnabranchStreamWriter(SinkOptions.parse(self.options))
