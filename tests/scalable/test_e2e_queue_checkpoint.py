@@ -310,3 +310,44 @@ async def test_latest_checkpoint_skips_old_data(world: World) -> None:
         _assert_in_order_exactly_once(messages, new)
     finally:
         await reader.close()
+
+
+async def test_queue_ack_timeout_redelivers_then_dead_letters(world: World) -> None:
+    topic = "topic://public/default/q-timeout"
+    await world.create(topic, 2)
+    options = QueueConsumerOptions(
+        initial_position=InitialPosition.EARLIEST, ack_timeout_s=0.1, max_redeliveries=1
+    )
+
+    async def dlq_producer(name: str) -> Producer:
+        producer = await world.client.create_producer(name, batching=False)
+        assert isinstance(producer, Producer)
+        return producer
+
+    queue = QueueConsumer(
+        world.client._pool, await world.source(topic), "slow", options, dlq_producer
+    )
+    await queue._start()
+    dlq = await world.client.subscribe(
+        queue.dead_letter_topic, "audit", initial_position="earliest"
+    )
+    try:
+        await world.produce(topic, 1)
+        first = await queue.receive(timeout=RECEIVE_TIMEOUT_S)
+        assert first is not None and first.redelivery_count == 0
+        # Everything else is acked at once; only ``first`` times out.
+        for _ in range(world.total() - 1):
+            msg = await queue.receive(timeout=RECEIVE_TIMEOUT_S)
+            assert msg is not None and msg.value != first.value
+            await queue.acknowledge(msg)
+        again = await queue.receive(timeout=RECEIVE_TIMEOUT_S)
+        assert again is not None and again.value == first.value
+        assert again.redelivery_count == 1
+        assert again.message_id == first.message_id
+        # Its next timeout exceeds max_redeliveries: dead-lettered instead of delivered.
+        assert await queue.receive(timeout=1.0) is None
+        dead = await dlq.receive(timeout=RECEIVE_TIMEOUT_S)
+        assert dead is not None and dead.value == first.value
+    finally:
+        await dlq.close()
+        await queue.close()

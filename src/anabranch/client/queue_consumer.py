@@ -405,6 +405,8 @@ class QueueConsumer:
             if consumer is None:
                 continue  # its segment was retired meanwhile
             consumer._on_dequeued(raw)
+            if self.options.ack_timeout_s:
+                consumer._wake_timer.set()  # its timer may sleep a whole tick otherwise
             msg = in_segment(raw, consumer.segment_id, self.topic)
             limit = self.options.max_redeliveries
             if limit and msg.redelivery_count > limit:
