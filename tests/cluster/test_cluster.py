@@ -1,0 +1,330 @@
+"""Three brokers on one etcd: lookup and ownership, admin redirects, unload, failover.
+
+The cluster (``anabranch.testing.cluster.LocalCluster``: real ``anabranch broker``
+subprocesses sharing one data directory) starts once for the module; tests that kill or
+pause a broker bring it back before they end, so every test starts with three brokers.
+Deduplication is on in ``public/default``, so "no duplicates" is checked on what is
+stored (read back from the earliest position), not on redeliveries to a consumer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pulsar
+import pytest
+
+from anabranch.aio import Client
+from anabranch.client.connection import ConnectionPool
+from anabranch.testing.cluster import ClusterBroker, LocalCluster
+
+SESSION_TTL_S = 3.0
+TAKEOVER_SLACK_S = 6.0
+"""What failover may take beyond the session TTL: the client's reconnect backoff, the
+new owner's ledger recovery, a loaded 2-core CI machine."""
+
+_names = itertools.count()
+
+
+def fresh_topic(prefix: str) -> str:
+    return f"persistent://public/default/{prefix}-{next(_names)}-{time.time_ns() % 10**6}"
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    root: Path = tmp_path_factory.mktemp("cluster")
+    local = LocalCluster(root, brokers=3, session_ttl_s=SESSION_TTL_S)
+    asyncio.run(local.start())
+    try:
+        status, body = asyncio.run(
+            local.http("POST", "/admin/v2/namespaces/public/default/deduplication", json=True)
+        )
+        assert status == 204, body
+        yield local
+    finally:
+        asyncio.run(local.stop())
+
+
+@pytest.fixture
+async def three_brokers(cluster: LocalCluster) -> AsyncIterator[LocalCluster]:
+    """The cluster, with every broker running again after the test."""
+    yield cluster
+    for broker in cluster.brokers:
+        broker.resume()
+        if not broker.running:
+            await broker.start()
+    await cluster.wait_registered(3)
+
+
+def others(cluster: LocalCluster, broker: ClusterBroker) -> list[ClusterBroker]:
+    return [b for b in cluster.brokers if b is not broker]
+
+
+async def read_all(url: str, topic: str) -> list[bytes]:
+    """Every stored message of ``topic``, from the earliest."""
+    async with Client(url) as client:
+        reader = await client.create_reader(topic, "earliest")
+        out: list[bytes] = []
+        while (msg := await reader.read_next(timeout=3.0)) is not None:
+            out.append(msg.value)
+        return out
+
+
+# --- lookup and ownership -------------------------------------------------------------------
+
+
+def official_round_trip(url: str, topic: str, count: int) -> list[bytes]:
+    client = pulsar.Client(url, operation_timeout_seconds=30)
+    try:
+        consumer = client.subscribe(topic, "official")
+        producer = client.create_producer(topic)
+        for i in range(count):
+            producer.send(f"m{i}".encode())
+        return [consumer.receive(10_000).data() for _ in range(count)]
+    finally:
+        client.close()
+
+
+async def test_official_client_at_any_broker_reaches_the_owner(cluster: LocalCluster) -> None:
+    topic = fresh_topic("official")
+    owner = await cluster.owner_of(topic)
+    for broker in cluster.brokers:  # the owner and both non-owners as bootstrap
+        got = await asyncio.to_thread(official_round_trip, broker.service_url, topic, 5)
+        assert got == [f"m{i}".encode() for i in range(5)]
+    # Only the owner serves it: stats there, a 307 to the owner from the others.
+    short = topic.split("://", 1)[1]
+    status, stats = await cluster.http("GET", f"/admin/v2/persistent/{short}/stats", via=owner)
+    assert status == 200 and stats["msgInCounter"] == 15
+    for other in others(cluster, owner):
+        status, location = await cluster.http(
+            "GET", f"/admin/v2/persistent/{short}/stats", via=other
+        )
+        assert status == 307
+        assert location == f"{owner.http_url}/admin/v2/persistent/{short}/stats"
+    assert await cluster.owner_of(topic) is owner
+
+
+async def test_our_client_at_a_non_owner_reaches_the_owner(cluster: LocalCluster) -> None:
+    topic = fresh_topic("ours")
+    owner = await cluster.owner_of(topic)
+    bootstrap = others(cluster, owner)[0]
+    async with Client(bootstrap.service_url) as client:
+        consumer = await client.subscribe(topic, "ours", initial_position="earliest")
+        producer = await client.create_producer(topic)
+        for i in range(10):
+            await producer.send(f"v{i}".encode())
+        got = []
+        for _ in range(10):
+            msg = await consumer.receive(timeout=10)
+            assert msg is not None
+            got.append(msg.value)
+            await consumer.acknowledge(msg)
+    assert got == [f"v{i}".encode() for i in range(10)]
+    assert await cluster.owner_of(topic) is owner
+
+
+async def test_concurrent_lookups_at_every_broker_agree_on_one_owner(
+    cluster: LocalCluster,
+) -> None:
+    topics = [fresh_topic("race") for _ in range(12)]
+    pools = [ConnectionPool(b.service_url) for b in cluster.brokers]
+    try:
+        answers = await asyncio.gather(*(pool.lookup(topic) for topic in topics for pool in pools))
+    finally:
+        await asyncio.gather(*(pool.close() for pool in pools))
+    owners: dict[str, set[tuple[str, int]]] = {}
+    for (topic, _), address in zip(itertools.product(topics, pools), answers, strict=True):
+        owners.setdefault(topic, set()).add(address)
+    for topic, addresses in owners.items():
+        assert len(addresses) == 1, f"{topic} has owners {addresses}"
+        [(host, port)] = addresses
+        assert (await cluster.owner_of(topic)).broker_id == f"{host}:{port}"
+    spread = {next(iter(a)) for a in owners.values()}
+    assert len(spread) >= 2, "12 new topics all went to one broker"
+
+
+# --- unload ------------------------------------------------------------------------------------
+
+
+async def test_unload_through_admin_moves_the_topic(three_brokers: LocalCluster) -> None:
+    cluster = three_brokers
+    topic = fresh_topic("unload")
+    short = topic.split("://", 1)[1]
+    owner = await cluster.owner_of(topic)
+    bootstrap = others(cluster, owner)[0]
+    async with Client(bootstrap.service_url) as client:
+        producer = await client.create_producer(topic)
+        for i in range(5):
+            await producer.send(f"before-{i}".encode())
+        # At a non-owner the mutation is redirected to the owner.
+        status, location = await cluster.http(
+            "PUT", f"/admin/v2/persistent/{short}/unload", via=bootstrap
+        )
+        assert status == 307 and location.startswith(owner.http_url)
+        status, _ = await cluster.http("PUT", f"/admin/v2/persistent/{short}/unload", via=owner)
+        assert status == 204
+        for i in range(5):  # the producer follows the topic to its new owner
+            await producer.send(f"after-{i}".encode())
+    new_owner = await cluster.owner_of(topic)
+    assert new_owner is not owner
+    stored = await read_all(bootstrap.service_url, topic)
+    assert stored == [f"before-{i}".encode() for i in range(5)] + [
+        f"after-{i}".encode() for i in range(5)
+    ]
+
+
+async def test_clean_stop_hands_topics_over_without_waiting_for_the_ttl(
+    three_brokers: LocalCluster,
+) -> None:
+    cluster = three_brokers
+    topic = fresh_topic("handover")
+    owner = await cluster.owner_of(topic)
+    bootstrap = others(cluster, owner)[0]
+    async with Client(bootstrap.service_url) as client:
+        producer = await client.create_producer(topic)
+        await producer.send(b"one")
+        await owner.stop()
+        started = time.monotonic()
+        await producer.send(b"two")
+        elapsed = time.monotonic() - started
+    assert elapsed < SESSION_TTL_S, f"handover took {elapsed:.1f}s"
+    assert await read_all(bootstrap.service_url, topic) == [b"one", b"two"]
+
+
+# --- failover -----------------------------------------------------------------------------------
+
+
+class Traffic:
+    """A producer sending numbered messages and a consumer acknowledging them."""
+
+    def __init__(self, client: Client, topic: str) -> None:
+        self.client = client
+        self.topic = topic
+        self.acked: list[bytes] = []
+        """Messages whose send was acknowledged by the broker, in order."""
+        self.ack_times: list[float] = []
+        self.received: set[bytes] = set()
+        self._stop = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def start(self) -> None:
+        self.producer = await self.client.create_producer(self.topic, batching=False)
+        self.consumer = await self.client.subscribe(
+            self.topic, "traffic", initial_position="earliest"
+        )
+        self._tasks = [
+            asyncio.ensure_future(self._produce()),
+            asyncio.ensure_future(self._consume()),
+        ]
+
+    async def _produce(self) -> None:
+        for i in itertools.count():
+            if self._stop.is_set():
+                return
+            value = f"msg-{i:06d}".encode()
+            await self.producer.send(value)
+            self.acked.append(value)
+            self.ack_times.append(time.monotonic())
+            await asyncio.sleep(0.01)
+
+    async def _consume(self) -> None:
+        while not self._stop.is_set():
+            msg = await self.consumer.receive(timeout=0.5)
+            if msg is not None:
+                self.received.add(msg.value)
+                await self.consumer.acknowledge(msg)
+
+    def first_ack_after(self, instant: float) -> float | None:
+        return next((t for t in self.ack_times if t > instant), None)
+
+    async def wait_acks_after(self, instant: float, count: int, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while sum(t > instant for t in self.ack_times) < count:
+            assert time.monotonic() < deadline, "the producer did not recover in time"
+            for task in self._tasks:
+                if task.done():
+                    task.result()  # surface a failure of the traffic itself
+            await asyncio.sleep(0.05)
+
+    async def stop(self) -> None:
+        self._stop.set()
+        await asyncio.gather(*self._tasks)
+
+    async def drain(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not set(self.acked) <= self.received and time.monotonic() < deadline:
+            msg = await self.consumer.receive(timeout=0.5)
+            if msg is not None:
+                self.received.add(msg.value)
+                await self.consumer.acknowledge(msg)
+
+
+async def test_sigkill_of_the_owner_moves_the_topic_without_losing_acked_messages(
+    three_brokers: LocalCluster,
+) -> None:
+    cluster = three_brokers
+    topic = fresh_topic("sigkill")
+    owner = await cluster.owner_of(topic)
+    bootstrap = others(cluster, owner)[0]
+    async with Client(bootstrap.service_url) as client:
+        traffic = Traffic(client, topic)
+        await traffic.start()
+        await traffic.wait_acks_after(time.monotonic(), 30, timeout_s=30)
+        owner.kill()
+        killed_at = time.monotonic()
+        await traffic.wait_acks_after(killed_at, 30, timeout_s=SESSION_TTL_S + 30)
+        first = traffic.first_ack_after(killed_at)
+        await traffic.stop()
+        await traffic.drain(timeout_s=20)
+    assert first is not None and first - killed_at < SESSION_TTL_S + TAKEOVER_SLACK_S
+    new_owner = await cluster.owner_of(topic, via=bootstrap)
+    assert new_owner is not owner
+    assert set(traffic.acked) <= traffic.received, "a consumer missed acknowledged messages"
+    stored = await read_all(bootstrap.service_url, topic)
+    assert len(stored) == len(set(stored)), "duplicates stored despite deduplication"
+    assert set(traffic.acked) <= set(stored)
+    assert stored == sorted(stored), "stored out of send order"
+
+
+async def test_sigstop_past_the_ttl_then_sigcont_the_old_owner_no_longer_serves(
+    three_brokers: LocalCluster,
+) -> None:
+    cluster = three_brokers
+    topic = fresh_topic("sigstop")
+    short = topic.split("://", 1)[1]
+    owner = await cluster.owner_of(topic)
+    bootstrap, spare = others(cluster, owner)
+    async with Client(bootstrap.service_url) as client:
+        traffic = Traffic(client, topic)
+        await traffic.start()
+        await traffic.wait_acks_after(time.monotonic(), 20, timeout_s=30)
+        owner.pause()
+        paused_at = time.monotonic()
+        try:
+            # While it sleeps its session runs out and another broker takes the topic:
+            # opening the ledger for recovery fences the sleeping broker's writer.
+            await asyncio.sleep(SESSION_TTL_S + 1.0)
+            async with Client(spare.service_url) as other_client:
+                other = await other_client.create_producer(topic, producer_name="during-pause")
+                await other.send(b"written-by-the-new-owner")
+            new_owner = await cluster.owner_of(topic, via=spare)
+            assert new_owner is not owner
+        finally:
+            owner.resume()
+        await traffic.wait_acks_after(paused_at, 20, timeout_s=30)
+        await traffic.stop()
+        await traffic.drain(timeout_s=20)
+    # The woken broker answers for the topic with the new owner, and serves nothing of it.
+    status, location = await cluster.http("GET", f"/admin/v2/persistent/{short}/stats", via=owner)
+    assert status == 307 and location.startswith(new_owner.http_url)
+    assert await cluster.owner_of(topic, via=owner) is new_owner
+    stored = await read_all(bootstrap.service_url, topic)
+    assert len(stored) == len(set(stored))
+    assert set(traffic.acked) <= set(stored)
+    assert b"written-by-the-new-owner" in stored
+    log = owner.log_path.read_text()
+    assert "lost its metadata session" in log
