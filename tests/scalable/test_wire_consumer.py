@@ -221,3 +221,20 @@ async def test_scalable_metrics(broker: InProcessBroker, client: RawClient) -> N
         tuple(sorted({**segment, "subscription": "s"}.items())),
     )
     assert samples[key] == 1
+
+
+async def test_checkpoint_group_gets_every_segment_and_no_cursors(
+    broker: InProcessBroker, client: RawClient
+) -> None:
+    await broker.service.scalable.create(TOPIC, 1)
+    await broker.service.scalable.split(TOPIC, 0)
+    response = await client.subscribe(1, TOPIC, "cp", "r1", 1, consumer_type=pb.CHECKPOINT)
+    assert not response.HasField("error"), response.message
+    assert segment_ids(response.assignment) == [1, 0, 2]  # sealed 0 too, dealt by range
+    for segment in ("0000-ffff-0", "0000-7fff-1", "8000-ffff-2"):
+        topic = broker.service.loaded_topic(f"segment://public/default/orders/{segment}")
+        assert topic is None or "cp" not in [c.name for c in topic.ledger.cursors()]
+    # The sealed segment never "drains" for a checkpoint group: it stays assigned.
+    await client.none(is_assignment_update(1), within=0.3)
+    stream = await client.subscribe(2, TOPIC, "cp", "w1", 2)
+    assert stream.error == pb.NotAllowedError

@@ -32,8 +32,11 @@ session (no answer; an unknown id is ignored). A closed connection ends all its 
 
 *Consumer controller.* ``SCALABLE_TOPIC_SUBSCRIBE{request_id, topic, subscription,
 consumer_name, consumer_id, consumer_type}`` registers a STREAM or CHECKPOINT consumer with
-the topic's controller leader (the subscription is created if missing: a cursor at
-EARLIEST on every segment of the DAG). The answer is
+the topic's controller leader. A missing subscription is created with the consumer's type:
+STREAM puts a cursor at EARLIEST on every segment of the DAG and assigns a child segment
+only once its ancestors are drained for the subscription (drained sealed segments then
+leave the assignment); CHECKPOINT (a group of checkpoint readers) creates no cursors and
+deals every segment of the DAG, sealed ones included. The answer is
 ``SCALABLE_TOPIC_SUBSCRIBE_RESPONSE{request_id, assignment}`` with ``assignment{layout_epoch,
 segments[{segment_id, hash_start, hash_end, segment_topic}]}``: the segments this consumer
 reads, as ``segment://`` topics to subscribe to (in deal order). Later changes of that
@@ -41,7 +44,7 @@ consumer's share arrive as ``SCALABLE_TOPIC_ASSIGNMENT_UPDATE{consumer_id, assig
 (the full share each time; it may be empty). Errors come in the response's ``error`` and
 ``message`` (no assignment): InvalidTopicName (bad topic, subscription or consumer name;
 nothing written), TopicNotFound, ConsumerBusy (``consumer_id`` already used on this
-connection), TooManyRequests (over ``limits.SCALABLE_CONSUMERS_PER_CONNECTION_MAX``),
+connection), NotAllowedError (the subscription exists with the other type), TooManyRequests (over ``limits.SCALABLE_CONSUMERS_PER_CONNECTION_MAX``),
 ServiceNotReady (not the leader, below).
 
 When the connection drops, each of its consumers starts its grace period
@@ -82,6 +85,7 @@ from anabranch.core.names import TopicDomain, TopicName, validate_component
 from anabranch.core.segment_layout import SegmentLayout, segment_name
 from anabranch.errors import AlreadyExists, AnabranchError, NotFound, NotLeader
 from anabranch.protocol._generated import pulsar_api_pb2 as pb
+from anabranch.scalable.controller import CHECKPOINT, STREAM
 from anabranch.scalable.dag_watch import ListenerHandle
 from anabranch.scalable.service import scalable_topic_name
 
@@ -433,8 +437,9 @@ class ScalableEndpoint:
         try:
             await self.service.scalable.get_metadata(topic)
             controller = await self.service.scalable.controller(topic)
+            kind = CHECKPOINT if consumer.consumer_type == pb.CHECKPOINT else STREAM
             segments = await controller.register_consumer(
-                consumer.subscription, consumer.name, consumer_id
+                consumer.subscription, consumer.name, consumer_id, kind=kind
             )
             # No await from here on: no push can slip between the state read and the answer.
             state = controller.assignment(consumer.subscription)

@@ -149,6 +149,19 @@ class ScalableCounters:
     """Assignment pushes to consumers (each one is a changed share or a (re)registration)."""
 
 
+STREAM = "STREAM"
+CHECKPOINT = "CHECKPOINT"
+"""Subscription kinds (the wire's ``ScalableConsumerType``), kept in the subscription record."""
+
+
+def _subscription_kind(record: bytes) -> str:
+    try:
+        kind = json.loads(record).get("type", STREAM)
+    except (ValueError, AttributeError):
+        return STREAM
+    return CHECKPOINT if kind == CHECKPOINT else STREAM
+
+
 def _ignore_assignment(subscription: str, push: PushAssignment) -> None:
     log.debug("assignment of %s not delivered (no listener): %s", subscription, push)
 
@@ -478,12 +491,15 @@ class ScalableTopicController:
             return
         for name in await self.store.list_children(self.paths.subscriptions):
             consumers = await self.store.list_children(self.paths.consumers(name))
+            record = await self.store.get(self.paths.subscription(name))
+            kind = _subscription_kind(record.value) if record is not None else STREAM
             state, instructions = SubscriptionAssignment.restore(
                 name,
                 layout,
                 consumers,
                 now_ms=self._now_ms(),
                 grace_period_ms=self.grace_period_ms,
+                ordered=kind == STREAM,
             )
             await self._add_coordinator(state, instructions)
 
@@ -536,18 +552,21 @@ class ScalableTopicController:
             self._require_leader()
             await self._create_subscription(name)
 
-    async def _create_subscription(self, name: str) -> None:
+    async def _create_subscription(self, name: str, kind: str = STREAM) -> None:
         layout, _ = await self._read_layout()
         if await self.store.get(self.paths.subscription(name)) is not None:
             raise AlreadyExists(f"{self.topic} subscription {name}")
-        for segment in layout:
-            await self.ops.create_segment(segment_name(self.topic, segment), [name])
-        record = json.dumps({"createdAtMs": self.clock.wall_ms()}).encode()
+        if kind == STREAM:  # a checkpoint group keeps its positions itself: no cursors
+            for segment in layout:
+                await self.ops.create_segment(segment_name(self.topic, segment), [name])
+        record = json.dumps({"createdAtMs": self.clock.wall_ms(), "type": kind}).encode()
         try:
             await self._commit([Put(self.paths.subscription(name), record, MUST_NOT_EXIST)])
         except BadVersion:
             raise AlreadyExists(f"{self.topic} subscription {name}") from None
-        state, instructions = SubscriptionAssignment.create(name, layout, self.grace_period_ms)
+        state, instructions = SubscriptionAssignment.create(
+            name, layout, self.grace_period_ms, ordered=kind == STREAM
+        )
         await self._add_coordinator(state, instructions)
 
     async def delete_subscription(self, name: str) -> None:
@@ -567,7 +586,7 @@ class ScalableTopicController:
                 await self._commit([Delete(self.paths.consumer(name, consumer))])
             await self._commit([Delete(self.paths.subscription(name))])
 
-    async def _coordinator(self, subscription: str) -> SubscriptionCoordinator:
+    async def _coordinator(self, subscription: str, kind: str = STREAM) -> SubscriptionCoordinator:
         self._require_leader()
         coordinator = self._coordinators.get(subscription)
         if coordinator is None:
@@ -575,16 +594,30 @@ class ScalableTopicController:
                 coordinator = self._coordinators.get(subscription)
                 if coordinator is None:
                     # Subscribing to a missing subscription creates it, as in Pulsar.
-                    await self._create_subscription(subscription)
+                    await self._create_subscription(subscription, kind)
                     coordinator = self._coordinators[subscription]
+        if coordinator.state.ordered != (kind == STREAM):
+            other = STREAM if coordinator.state.ordered else CHECKPOINT
+            raise NotAllowed(f"{self.topic} subscription {subscription} is a {other} subscription")
         return coordinator
 
     async def register_consumer(
-        self, subscription: str, consumer: str, consumer_id: int | None = None
+        self,
+        subscription: str,
+        consumer: str,
+        consumer_id: int | None = None,
+        *,
+        kind: str = STREAM,
     ) -> tuple[int, ...]:
         """Register (or re-register) a consumer; returns its segment ids. Every consumer
-        whose share changed also gets a push through ``on_assignment``."""
-        coordinator = await self._coordinator(subscription)
+        whose share changed also gets a push through ``on_assignment``.
+
+        ``kind`` is ``"STREAM"`` (per-segment cursors; a child is assigned once its
+        ancestors are drained for the subscription; drained sealed segments retire) or
+        ``"CHECKPOINT"`` (a consumer group of checkpoint readers: no cursors, every segment
+        of the DAG is dealt, the readers order parents before children themselves). A
+        subscription keeps the kind it was created with (NotAllowed otherwise)."""
+        coordinator = await self._coordinator(subscription, kind)
         await coordinator.handle(ConsumerRegistered(consumer, self._now_ms(), consumer_id))
         return coordinator.state.assignment.get(consumer, ())
 

@@ -122,7 +122,9 @@ class SubscriptionCoordinator:
                         # A broken connection must not stop the other consumers' pushes.
                         log.exception("pushing an assignment of %s failed", self.subscription)
                 case PollDrain(_, segment_ids):
-                    self._set_drains(segment_ids)
+                    # Unordered (checkpoint) subscriptions have no cursors to drain: their
+                    # sealed segments stay assigned, the readers order them themselves.
+                    self._set_drains(segment_ids if self.state.ordered else ())
                 case ScheduleTick():
                     pass  # the timer below always follows the state's earliest deadline
         self._arm_timer()
