@@ -56,6 +56,9 @@ from anabranch.limits import CONSUMER_RECEIVER_QUEUE_MESSAGES
 
 log = logging.getLogger(__name__)
 
+OPEN_RETRY_S = 0.5
+"""Pause before retrying to open segments after a failure (e.g. a broker restarting)."""
+
 
 class CheckpointConsumer:
     """Reads every segment of a scalable topic in DAG order (see the module docstring)."""
@@ -190,21 +193,28 @@ class CheckpointConsumer:
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         change: asyncio.Task[SegmentLayout] | None = None
+        retry_s: float | None = None
         try:
             while not self._closed:
                 if change is None:
                     change = loop.create_task(self._source.wait_for_change(self._layout.epoch))
                 woke = loop.create_task(self._wake.wait())
-                await asyncio.wait({change, woke}, return_when=asyncio.FIRST_COMPLETED)
+                await asyncio.wait(
+                    {change, woke}, timeout=retry_s, return_when=asyncio.FIRST_COMPLETED
+                )
                 woke.cancel()
                 self._wake.clear()
                 if change.done():
-                    layout = change.result()  # Closed ends the pump
-                    change = None
-                    self._adopt(layout, {})
+                    finished, change = change, None
+                    self._adopt(finished.result(), {})  # Closed ends the pump
                 for seg_id in self._finish_drained():
                     await self._close_reader(seg_id)
-                await self._open_ready()
+                try:
+                    await self._open_ready()
+                    retry_s = None
+                except AnabranchError as err:
+                    log.warning("%s: opening segments failed (retrying): %s", self, err)
+                    retry_s = OPEN_RETRY_S
         except (Closed, asyncio.CancelledError):
             pass
         except Exception:

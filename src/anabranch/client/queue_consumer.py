@@ -271,6 +271,8 @@ class QueueConsumer:
         self._segments: dict[int, SegmentConsumer] = {}
         self._by_consumer_id: dict[int, SegmentConsumer] = {}
         self._outstanding: dict[int, set[MessageId]] = {}
+        self._retired: set[int] = set()
+        self._initial: frozenset[int] = frozenset()
         self._epoch = -1
         self._watcher: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
@@ -293,18 +295,27 @@ class QueueConsumer:
 
     async def _start(self) -> None:
         layout = self._source.layout
+        self._initial = frozenset(layout.segments)
         try:
-            await self._follow(layout, self.options.initial_position)
+            await self._follow(layout)
         except BaseException:
             await self.close()
             raise
         self._watcher = asyncio.get_running_loop().create_task(self._watch())
 
-    async def _follow(self, layout: SegmentLayout, position: InitialPosition) -> None:
-        """Subscribe to segments new in ``layout``; close those that left it."""
-        self._epoch = layout.epoch
+    def _position_for(self, segment_id: int) -> InitialPosition:
+        """Segments of the first layout seen use ``initial_position``; later ones EARLIEST."""
+        if segment_id in self._initial:
+            return self.options.initial_position
+        return InitialPosition.EARLIEST
+
+    async def _follow(self, layout: SegmentLayout) -> None:
+        """Subscribe to segments new in ``layout`` (or not subscribed yet after an error);
+        close those that left it."""
+        self._epoch = max(self._epoch, layout.epoch)
         topic = self._source.topic
-        new = [s for s in layout if s.segment_id not in self._segments]
+        skip = self._segments.keys() | self._retired
+        new = [s for s in layout if s.segment_id not in skip]
         consumers = [
             SegmentConsumer(
                 s.segment_id,
@@ -312,7 +323,7 @@ class QueueConsumer:
                 self._pool,
                 str(segment_name(topic, s)),
                 self.subscription,
-                self.options.segment_options(position),
+                self.options.segment_options(self._position_for(s.segment_id)),
                 inbox=self._inbox,
             )
             for s in new
@@ -337,6 +348,7 @@ class QueueConsumer:
 
     async def _retire(self, consumer: SegmentConsumer) -> None:
         self._forget(consumer)
+        self._retired.add(consumer.segment_id)
         self._outstanding.pop(consumer.segment_id, None)
         with contextlib.suppress(AnabranchError):
             await consumer.close()
@@ -360,10 +372,13 @@ class QueueConsumer:
                 woke.cancel()
                 self._wake.clear()
                 if change.done():
-                    layout = change.result()  # Closed ends the watcher
-                    change = None
-                    await self._follow(layout, InitialPosition.EARLIEST)
-                await self._retire_drained()
+                    finished, change = change, None
+                    finished.result()  # Closed ends the watcher
+                try:
+                    await self._follow(self._source.layout)
+                    await self._retire_drained()
+                except AnabranchError as err:
+                    log.warning("%s: following the DAG failed (retrying): %s", self, err)
         except (Closed, asyncio.CancelledError):
             pass
         except Exception:
