@@ -12,13 +12,23 @@ Example::
 
 __version__ = "0.1.0"
 
+from anabranch.client.checkpoint import Checkpoint
 from anabranch.client.consumer import InitialPosition, SubscriptionType
 from anabranch.client.message import Message
 from anabranch.client.message_id import MessageId
-from anabranch.client.sync import Client, Consumer, Producer, Reader
+from anabranch.client.sync import (
+    CheckpointConsumer,
+    Client,
+    Consumer,
+    Producer,
+    QueueConsumer,
+    Reader,
+)
 from anabranch.protocol.compression import CompressionType
 
 __all__ = [
+    "Checkpoint",
+    "CheckpointConsumer",
     "Client",
     "CompressionType",
     "Consumer",
@@ -26,6 +36,7 @@ __all__ = [
     "Message",
     "MessageId",
     "Producer",
+    "QueueConsumer",
     "Reader",
     "SubscriptionType",
     "__version__",

@@ -8,6 +8,8 @@ Example::
         reader = await client.create_reader("persistent://public/default/t", MessageId.earliest())
 """
 
+from anabranch.client.checkpoint import Checkpoint
+from anabranch.client.checkpoint_consumer import CheckpointConsumer
 from anabranch.client.client import Client
 from anabranch.client.consumer import (
     Consumer,
@@ -19,10 +21,13 @@ from anabranch.client.consumer import (
 from anabranch.client.message import Message
 from anabranch.client.message_id import MessageId
 from anabranch.client.producer import PartitionedProducer, Producer, ProducerOptions
+from anabranch.client.queue_consumer import QueueConsumer, QueueConsumerOptions
 from anabranch.client.reader import Reader
 from anabranch.protocol.compression import CompressionType
 
 __all__ = [
+    "Checkpoint",
+    "CheckpointConsumer",
     "Client",
     "CompressionType",
     "Consumer",
@@ -34,6 +39,8 @@ __all__ = [
     "PartitionedProducer",
     "Producer",
     "ProducerOptions",
+    "QueueConsumer",
+    "QueueConsumerOptions",
     "Reader",
     "SubscriptionType",
 ]

@@ -26,7 +26,6 @@ from anabranch.client.queue_consumer import (
     ORIGIN_MESSAGE_ID,
     REAL_TOPIC,
     QueueConsumer,
-    QueueConsumerOptions,
 )
 from anabranch.core.hash_range import segment_hash
 from anabranch.core.names import TopicName
@@ -115,7 +114,9 @@ async def world(tmp_path: Path) -> AsyncIterator[World]:
     async with InProcessBroker(tmp_path, ledgers="memory") as broker:
         assert broker.http_url is not None
         async with AdminClient(broker.http_url) as admin, Client(broker.service_url) as client:
-            yield World(broker, admin, client)
+            w = World(broker, admin, client)
+            client.layout_source_factory = w.source
+            yield w
 
 
 def _parse(msg: Message) -> tuple[str, int]:
@@ -150,9 +151,9 @@ def _assert_in_order_exactly_once(messages: list[Message], sent: dict[str, list[
 async def test_queue_consumer_receives_everything_across_a_split(world: World) -> None:
     topic = "topic://public/default/q-split"
     await world.create(topic, 2)
-    options = QueueConsumerOptions(initial_position=InitialPosition.EARLIEST)
-    queue = QueueConsumer(world.client._pool, await world.source(topic), "jobs", options)
-    await queue._start()
+    queue = await world.client.subscribe_queue(
+        topic, "jobs", initial_position=InitialPosition.EARLIEST
+    )
     try:
         await world.produce(topic, 3)
         await world.admin.split_segment(topic, 0)
@@ -175,19 +176,13 @@ async def test_queue_consumer_receives_everything_across_a_split(world: World) -
 async def test_queue_nack_redelivers_with_count_then_dead_letters(world: World) -> None:
     topic = "topic://public/default/q-dlq"
     await world.create(topic, 1)
-    options = QueueConsumerOptions(
-        initial_position=InitialPosition.EARLIEST, nack_redelivery_delay_s=0.05, max_redeliveries=2
+    queue = await world.client.subscribe_queue(
+        topic,
+        "work",
+        initial_position=InitialPosition.EARLIEST,
+        nack_redelivery_delay_s=0.05,
+        max_redeliveries=2,
     )
-
-    async def dlq_producer(name: str) -> Producer:
-        producer = await world.client.create_producer(name, batching=False)
-        assert isinstance(producer, Producer)
-        return producer
-
-    queue = QueueConsumer(
-        world.client._pool, await world.source(topic), "work", options, dlq_producer
-    )
-    await queue._start()
     dlq = await world.client.subscribe(
         queue.dead_letter_topic, "audit", initial_position=InitialPosition.EARLIEST
     )
@@ -239,10 +234,7 @@ async def test_earliest_checkpoint_consumer_replays_the_dag_in_order(world: Worl
     layout = await world.layout(topic)
     assert layout.epoch == 3
 
-    reader = CheckpointConsumer(
-        world.client._pool, await world.source(topic), Checkpoint.earliest()
-    )
-    await reader._start()
+    reader = await world.client.create_checkpoint_consumer(topic, Checkpoint.earliest())
     try:
         messages = await _drain(reader, world.total())
         _assert_in_order_exactly_once(messages, world.sent)
@@ -267,8 +259,7 @@ async def test_checkpoint_resumes_across_a_split_without_loss_or_duplicates(worl
     topic = "topic://public/default/cp-resume"
     await world.create(topic, 2)
     await world.produce(topic, 4, batching=True)
-    first = CheckpointConsumer(world.client._pool, await world.source(topic), Checkpoint.earliest())
-    await first._start()
+    first = await world.client.create_checkpoint_consumer(topic, Checkpoint.earliest())
     head = [await first.receive(timeout=RECEIVE_TIMEOUT_S) for _ in range(world.total() // 2 + 1)]
     saved = first.checkpoint().to_bytes()
     await first.close()
@@ -277,8 +268,7 @@ async def test_checkpoint_resumes_across_a_split_without_loss_or_duplicates(worl
     await world.produce(topic, 3, batching=True)
     cp = Checkpoint.from_bytes(saved)
     assert cp.epoch == 0
-    second = CheckpointConsumer(world.client._pool, await world.source(topic), cp)
-    await second._start()
+    second = await world.client.create_checkpoint_consumer(topic, cp)
     try:
         tail = await _drain(second, world.total() - len(head))
         got = [m for m in head if m is not None] + tail
@@ -297,8 +287,7 @@ async def test_latest_checkpoint_skips_old_data(world: World) -> None:
     await world.admin.split_segment(topic, 0)
     await world.produce(topic, 2)
     old = {k: list(v) for k, v in world.sent.items()}
-    reader = CheckpointConsumer(world.client._pool, await world.source(topic), Checkpoint.latest())
-    await reader._start()
+    reader = await world.client.create_checkpoint_consumer(topic, Checkpoint.latest())
     try:
         cp = reader.checkpoint()
         assert cp.position(0).complete
@@ -315,19 +304,14 @@ async def test_latest_checkpoint_skips_old_data(world: World) -> None:
 async def test_queue_ack_timeout_redelivers_then_dead_letters(world: World) -> None:
     topic = "topic://public/default/q-timeout"
     await world.create(topic, 2)
-    options = QueueConsumerOptions(
-        initial_position=InitialPosition.EARLIEST, ack_timeout_s=0.1, max_redeliveries=1
+    queue = await world.client.subscribe_queue(
+        topic,
+        "slow",
+        initial_position=InitialPosition.EARLIEST,
+        ack_timeout_s=0.1,
+        max_redeliveries=1,
+        dead_letter_topic="persistent://public/default/slow-letters",
     )
-
-    async def dlq_producer(name: str) -> Producer:
-        producer = await world.client.create_producer(name, batching=False)
-        assert isinstance(producer, Producer)
-        return producer
-
-    queue = QueueConsumer(
-        world.client._pool, await world.source(topic), "slow", options, dlq_producer
-    )
-    await queue._start()
     dlq = await world.client.subscribe(
         queue.dead_letter_topic, "audit", initial_position="earliest"
     )

@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import asyncio
 import random as _random
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import Any
 
+from anabranch.client.checkpoint import Checkpoint
+from anabranch.client.checkpoint_consumer import CheckpointConsumer
 from anabranch.client.connection import ConnectionPool
 from anabranch.client.consumer import Consumer, ConsumerOptions, PartitionedConsumer, subscribe
 from anabranch.client.message_id import MessageId
@@ -29,10 +31,15 @@ from anabranch.client.producer import (
     ProducerOptions,
     create_producer,
 )
+from anabranch.client.queue_consumer import LayoutSource, QueueConsumer, QueueConsumerOptions
 from anabranch.client.reader import Reader, start_position
 from anabranch.core.names import SegmentName, TopicDomain, parse_name
-from anabranch.errors import InvalidArgument
-from anabranch.limits import CLIENT_OPERATION_TIMEOUT_S, KEEPALIVE_INTERVAL_S
+from anabranch.errors import InvalidArgument, NotAllowed
+from anabranch.limits import (
+    CLIENT_OPERATION_TIMEOUT_S,
+    CONSUMER_RECEIVER_QUEUE_MESSAGES,
+    KEEPALIVE_INTERVAL_S,
+)
 
 
 def _persistent_topic(topic: str) -> str:
@@ -69,8 +76,15 @@ class Client:
             random=random,
         )
         self._handlers: list[
-            Producer | PartitionedProducer | Consumer | PartitionedConsumer | Reader
+            Producer
+            | PartitionedProducer
+            | Consumer
+            | PartitionedConsumer
+            | Reader
+            | QueueConsumer
+            | CheckpointConsumer
         ] = []
+        self.layout_source_factory: Callable[[str], Awaitable[LayoutSource]] | None = None
 
     async def __aenter__(self) -> Client:
         return self
@@ -136,6 +150,63 @@ class Client:
         await reader._start()
         self._handlers.append(reader)
         return reader
+
+    async def subscribe_queue(self, topic: str, subscription: str, **options: Any) -> QueueConsumer:
+        """A queue consumer of a scalable topic: Shared on every segment, individual acks.
+
+        Options are the fields of ``QueueConsumerOptions`` (``initial_position``,
+        ``ack_timeout_s``, ``nack_redelivery_delay_s``, ``max_redeliveries``,
+        ``dead_letter_topic``, ...).
+
+        Example::
+
+            queue = await client.subscribe_queue("topic://public/default/jobs", "work",
+                                                 max_redeliveries=5)
+        """
+        opts = QueueConsumerOptions.from_kwargs(options)
+        source = await self._layout_source(topic)
+        consumer = QueueConsumer(self._pool, source, subscription, opts, self._plain_producer)
+        await consumer._start()
+        self._handlers.append(consumer)
+        return consumer
+
+    async def create_checkpoint_consumer(
+        self,
+        topic: str,
+        start: Checkpoint | None = None,
+        *,
+        consumer_name: str | None = None,
+        receiver_queue_size: int = CONSUMER_RECEIVER_QUEUE_MESSAGES,
+    ) -> CheckpointConsumer:
+        """An unmanaged reader of a scalable topic's whole DAG from ``start`` (default
+        ``Checkpoint.earliest()``); ``checkpoint()`` tells where it is.
+
+        Example::
+
+            reader = await client.create_checkpoint_consumer(topic, Checkpoint.latest())
+        """
+        source = await self._layout_source(topic)
+        consumer = CheckpointConsumer(
+            self._pool,
+            source,
+            Checkpoint.earliest() if start is None else start,
+            consumer_name=consumer_name,
+            receiver_queue_size=receiver_queue_size,
+        )
+        await consumer._start()
+        self._handlers.append(consumer)
+        return consumer
+
+    async def _layout_source(self, topic: str) -> LayoutSource:
+        if self.layout_source_factory is None:
+            raise NotAllowed("scalable topics need the DAG session (not available yet)")
+        return await self.layout_source_factory(topic)
+
+    async def _plain_producer(self, topic: str) -> Producer:
+        producer = await self.create_producer(topic)
+        if not isinstance(producer, Producer):
+            raise InvalidArgument(f"{topic} is partitioned: not usable as a dead-letter topic")
+        return producer
 
     async def close(self) -> None:
         """Close every producer, consumer and reader, then the connections. Idempotent."""

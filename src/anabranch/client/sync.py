@@ -28,12 +28,15 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from anabranch.client import client as aclient
+from anabranch.client.checkpoint import Checkpoint
+from anabranch.client.checkpoint_consumer import CheckpointConsumer as AsyncCheckpointConsumer
 from anabranch.client.consumer import Consumer as AsyncConsumer
 from anabranch.client.consumer import PartitionedConsumer
 from anabranch.client.message import Message
 from anabranch.client.message_id import MessageId
 from anabranch.client.producer import PartitionedProducer
 from anabranch.client.producer import Producer as AsyncProducer
+from anabranch.client.queue_consumer import QueueConsumer as AsyncQueueConsumer
 from anabranch.client.reader import Reader as AsyncReader
 from anabranch.errors import Closed
 
@@ -236,6 +239,69 @@ class Reader:
         self._portal.call(self.inner.close)
 
 
+class QueueConsumer:
+    """Blocking twin of :class:`anabranch.client.queue_consumer.QueueConsumer`."""
+
+    def __init__(self, portal: Portal, inner: AsyncQueueConsumer) -> None:
+        self._portal = portal
+        self.inner = inner
+
+    @property
+    def topic(self) -> str:
+        """The scalable topic."""
+        return self.inner.topic
+
+    @property
+    def subscription(self) -> str:
+        """The subscription name."""
+        return self.inner.subscription
+
+    def receive(self, timeout: float | None = 1.0) -> Message | None:
+        """The next message from any segment, or None after ``timeout`` seconds."""
+        return self._portal.call(self.inner.receive, timeout)
+
+    def acknowledge(self, message: Message | MessageId) -> None:
+        """Acknowledge one message."""
+        self._portal.call(self.inner.acknowledge, message)
+
+    def negative_acknowledge(self, message: Message | MessageId) -> None:
+        """Ask for a later redelivery (or dead-letter it past ``max_redeliveries``)."""
+        self._portal.call(self.inner.negative_acknowledge, message)
+
+    def close(self) -> None:
+        """Close the consumer."""
+        self._portal.call(self.inner.close)
+
+
+class CheckpointConsumer:
+    """Blocking twin of :class:`anabranch.client.checkpoint_consumer.CheckpointConsumer`."""
+
+    def __init__(self, portal: Portal, inner: AsyncCheckpointConsumer) -> None:
+        self._portal = portal
+        self.inner = inner
+
+    @property
+    def topic(self) -> str:
+        """The scalable topic."""
+        return self.inner.topic
+
+    def receive(self, timeout: float | None = 1.0) -> Message | None:
+        """The next message in DAG order, or None after ``timeout`` seconds."""
+        return self._portal.call(self.inner.receive, timeout)
+
+    def checkpoint(self) -> Checkpoint:
+        """Where the consumer is now (a value to resume from)."""
+        return self._portal.call(self._checkpoint)
+
+    async def _checkpoint(self) -> Checkpoint:
+        # Read on the loop thread: the consumer's state is only touched there.
+        return self.inner.checkpoint()
+
+    def close(self) -> None:
+        """Close the consumer."""
+        self._portal.call(self.inner.close)
+
+
 class Client:
     """The blocking client (see the module docstring); a context manager."""
 
@@ -280,6 +346,18 @@ class Client:
         inner = self._portal.call(self._inner.create_reader, topic, start, **options)
         return Reader(self._portal, inner)
 
+    def subscribe_queue(self, topic: str, subscription: str, **options: Any) -> QueueConsumer:
+        """A queue consumer of a scalable topic (options as in ``anabranch.aio``)."""
+        inner = self._portal.call(self._inner.subscribe_queue, topic, subscription, **options)
+        return QueueConsumer(self._portal, inner)
+
+    def create_checkpoint_consumer(
+        self, topic: str, start: Checkpoint | None = None, **options: Any
+    ) -> CheckpointConsumer:
+        """A checkpoint consumer of a scalable topic from ``start`` (default earliest)."""
+        inner = self._portal.call(self._inner.create_checkpoint_consumer, topic, start, **options)
+        return CheckpointConsumer(self._portal, inner)
+
     def close(self) -> None:
         """Close everything and stop the loop thread. Idempotent."""
         try:
@@ -298,4 +376,12 @@ class Client:
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-__all__ = ["Client", "Consumer", "Portal", "Producer", "Reader"]
+__all__ = [
+    "CheckpointConsumer",
+    "Client",
+    "Consumer",
+    "Portal",
+    "Producer",
+    "QueueConsumer",
+    "Reader",
+]
