@@ -238,3 +238,21 @@ async def test_checkpoint_group_gets_every_segment_and_no_cursors(
     await client.none(is_assignment_update(1), within=0.3)
     stream = await client.subscribe(2, TOPIC, "cp", "w1", 2)
     assert stream.error == pb.NotAllowedError
+
+
+async def test_unsubscribe_rebalances_at_once(broker: InProcessBroker, client: RawClient) -> None:
+    broker.service.scalable.grace_period_ms = 60_000  # expiry cannot be what moves segments
+    await broker.service.scalable.create(TOPIC, 2)
+    await client.subscribe(1, TOPIC, "s", "w1", 1)
+    leaving = await RawClient.connect(broker.port)
+    try:
+        await leaving.subscribe(1, TOPIC, "s", "w2", 1)
+        assert segment_ids(await client.assignment_update(1)) == [0]
+        await leaving.unsubscribe(2, 1)
+        assert segment_ids(await client.assignment_update(1)) == [0, 1]
+        paths = TopicPaths(TopicName.parse(TOPIC))
+        assert await broker.service.store.get(paths.consumer("s", "w2")) is None
+        await leaving.unsubscribe(3, 1)  # again, and an unknown id: still SUCCESS
+        await leaving.unsubscribe(4, 99)
+    finally:
+        await leaving.close()

@@ -163,6 +163,11 @@ class RawClient:
         )
         return frame.command.scalableTopicSubscribeResponse
 
+    async def unsubscribe(self, request_id: int, consumer_id: int) -> None:
+        body = pb.CommandScalableTopicUnsubscribe(request_id=request_id, consumer_id=consumer_id)
+        await self.send(T(type=T.SCALABLE_TOPIC_UNSUBSCRIBE, scalableTopicUnsubscribe=body))
+        await self.next(lambda f: f.type == T.SUCCESS and f.body.request_id == request_id)
+
     async def assignment_update(
         self, consumer_id: int, wait_s: float = WAIT_S
     ) -> pb.ScalableConsumerAssignment:

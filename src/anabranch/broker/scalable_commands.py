@@ -44,10 +44,14 @@ consumer's share arrive as ``SCALABLE_TOPIC_ASSIGNMENT_UPDATE{consumer_id, assig
 (the full share each time; it may be empty). Errors come in the response's ``error`` and
 ``message`` (no assignment): InvalidTopicName (bad topic, subscription or consumer name;
 nothing written), TopicNotFound, ConsumerBusy (``consumer_id`` already used on this
-connection), NotAllowedError (the subscription exists with the other type), TooManyRequests (over ``limits.SCALABLE_CONSUMERS_PER_CONNECTION_MAX``),
-ServiceNotReady (not the leader, below).
+connection), NotAllowedError (the subscription exists with the other type),
+TooManyRequests (over ``limits.SCALABLE_CONSUMERS_PER_CONNECTION_MAX``), ServiceNotReady
+(not the leader, below).
 
-When the connection drops, each of its consumers starts its grace period
+``SCALABLE_TOPIC_UNSUBSCRIBE{request_id, consumer_id}`` (82) is a clean leave: the
+registration is dropped and the others are rebalanced at once; answered with SUCCESS, also
+for an unknown ``consumer_id`` (idempotent). When the connection drops instead, each of its
+consumers starts its grace period
 (``BrokerConfig.consumer_grace_period_s``): a SUBSCRIBE with the same ``consumer_name``
 within it gets the same segments and nobody else is told anything; when it expires the
 consumer is evicted and the others get updates.
@@ -84,6 +88,7 @@ from anabranch.core.assignment import PushAssignment
 from anabranch.core.names import TopicDomain, TopicName, validate_component
 from anabranch.core.segment_layout import SegmentLayout, segment_name
 from anabranch.errors import AlreadyExists, AnabranchError, NotFound, NotLeader
+from anabranch.protocol import commands
 from anabranch.protocol._generated import pulsar_api_pb2 as pb
 from anabranch.scalable.controller import CHECKPOINT, STREAM
 from anabranch.scalable.dag_watch import ListenerHandle
@@ -463,6 +468,19 @@ class ScalableEndpoint:
         self._consumers[(topic, consumer.subscription, consumer.name)] = (session, consumer_id)
         session.write(_subscribe_response(request_id, assignment=assignment))
 
+    async def unsubscribe(self, session: Session, cmd: pb.CommandScalableTopicUnsubscribe) -> None:
+        conn = self._connections.get(session)
+        consumer = conn.consumers.pop(int(cmd.consumer_id), None) if conn is not None else None
+        if consumer is not None:
+            key = (consumer.topic, consumer.subscription, consumer.name)
+            if self._consumers.get(key) == (session, consumer.consumer_id):
+                del self._consumers[key]
+            controller = await self.service.scalable.controller(consumer.topic)
+            await controller.unregister_consumer(
+                consumer.subscription, consumer.name, consumer.consumer_id
+            )
+        session.write(commands.success(int(cmd.request_id)))
+
     def deliver_assignment(self, topic: TopicName, subscription: str, push: PushAssignment) -> None:
         """The controller's push: write it on the consumer's connection, if it is here."""
         entry = self._consumers.get((topic, subscription, push.consumer))
@@ -535,6 +553,13 @@ async def handle_scalable_topic_subscribe(
 ) -> None:
     """SCALABLE_TOPIC_SUBSCRIBE → SCALABLE_TOPIC_SUBSCRIBE_RESPONSE, then assignment pushes."""
     await session.service.scalable_endpoint.subscribe(session, cmd)
+
+
+async def handle_scalable_topic_unsubscribe(
+    session: Session, cmd: pb.CommandScalableTopicUnsubscribe
+) -> None:
+    """SCALABLE_TOPIC_UNSUBSCRIBE → SUCCESS: a consumer leaves, the others rebalance now."""
+    await session.service.scalable_endpoint.unsubscribe(session, cmd)
 
 
 async def on_session_closed(session: Session) -> None:

@@ -32,7 +32,7 @@ CLIENT_COMMANDS: Final[frozenset[int]] = frozenset(
         # Broker-to-broker in upstream's legacy path: the calling broker is the "client".
         T.END_TXN_ON_PARTITION, T.END_TXN_ON_SUBSCRIPTION,
         T.SCALABLE_TOPIC_LOOKUP, T.SCALABLE_TOPIC_CLOSE, T.SCALABLE_TOPIC_SUBSCRIBE,
-        T.WATCH_SCALABLE_TOPICS, T.WATCH_SCALABLE_TOPICS_CLOSE,
+        T.SCALABLE_TOPIC_UNSUBSCRIBE, T.WATCH_SCALABLE_TOPICS, T.WATCH_SCALABLE_TOPICS_CLOSE,
     }
 )  # fmt: skip
 """Types a client (or a broker acting as one) may send to a broker."""
