@@ -6,10 +6,12 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
+import msgspec
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from anabranch.aio import Client
+from anabranch.broker.policies import AutoTopicCreationOverride
 from anabranch.core.names import TopicName
 from anabranch.protocol._generated import pulsar_api_pb2 as pb
 from anabranch.scalable.paths import TopicPaths
@@ -37,6 +39,14 @@ async def client(broker: InProcessBroker) -> AsyncIterator[RawClient]:
         yield c
     finally:
         await c.close()
+
+
+async def set_auto_creation(broker: InProcessBroker, *, allow: bool) -> None:
+    override = AutoTopicCreationOverride(allow_auto_topic_creation=allow)
+    await broker.service.policies.update_namespace_policies(
+        "public/default",
+        lambda p: msgspec.structs.replace(p, auto_topic_creation_override=override),
+    )
 
 
 def covered(assignment: pb.ScalableConsumerAssignment) -> list[tuple[int, int]]:
@@ -146,11 +156,13 @@ async def test_refusals_are_per_request(broker: InProcessBroker, client: RawClie
     assert bad_sub.error == pb.InvalidTopicName and not bad_sub.HasField("assignment")
     bad_topic = await client.subscribe(2, "topic://public/default/a b", "s", "w1", 1)
     assert bad_topic.error == pb.InvalidTopicName
+    await set_auto_creation(broker, allow=False)
     missing = await client.subscribe(3, TOPIC, "s", "w1", 1)
     assert missing.error == pb.TopicNotFound
     assert await broker.service.store.get(TopicPaths(TopicName.parse(TOPIC)).layout) is None
-    await broker.service.scalable.create(TOPIC, 1)
-    assert not (await client.subscribe(4, TOPIC, "s", "w1", 1)).HasField("error")
+    await set_auto_creation(broker, allow=True)
+    created = await client.subscribe(4, TOPIC, "s", "w1", 1)  # auto-created, 1 segment
+    assert segment_ids(created.assignment) == [0]
     busy = await client.subscribe(5, TOPIC, "s", "w2", 1)
     assert busy.error == pb.ConsumerBusy
 

@@ -32,11 +32,12 @@ session (no answer; an unknown id is ignored). A closed connection ends all its 
 
 *Consumer controller.* ``SCALABLE_TOPIC_SUBSCRIBE{request_id, topic, subscription,
 consumer_name, consumer_id, consumer_type}`` registers a STREAM or CHECKPOINT consumer with
-the topic's controller leader. A missing subscription is created with the consumer's type:
-STREAM puts a cursor at EARLIEST on every segment of the DAG and assigns a child segment
-only once its ancestors are drained for the subscription (drained sealed segments then
-leave the assignment); CHECKPOINT (a group of checkpoint readers) creates no cursors and
-deals every segment of the DAG, sealed ones included. The answer is
+the topic's controller leader (a missing topic is auto-created with 1 segment as for a
+lookup, when allowed; TopicNotFound otherwise). A missing subscription is created with the
+consumer's type: STREAM puts a cursor at EARLIEST on every segment of the DAG and assigns
+a child segment only once its ancestors are drained for the subscription (drained sealed
+segments then leave the assignment); CHECKPOINT (a group of checkpoint readers) creates no
+cursors and deals every segment of the DAG, sealed ones included. The answer is
 ``SCALABLE_TOPIC_SUBSCRIBE_RESPONSE{request_id, assignment}`` with ``assignment{layout_epoch,
 segments[{segment_id, hash_start, hash_end, segment_topic}]}``: the segments this consumer
 reads, as ``segment://`` topics to subscribe to (in deal order). Later changes of that
@@ -440,7 +441,7 @@ class ScalableEndpoint:
         )
         conn.consumers[consumer_id] = consumer  # reserved before any await
         try:
-            await self.service.scalable.get_metadata(topic)
+            await self._ensure_topic(topic, create_if_missing=True)
             controller = await self.service.scalable.controller(topic)
             kind = CHECKPOINT if consumer.consumer_type == pb.CHECKPOINT else STREAM
             segments = await controller.register_consumer(
