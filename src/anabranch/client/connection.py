@@ -68,6 +68,7 @@ _RESPONSE_BODIES: dict[int, str] = {
     T.PARTITIONED_METADATA_RESPONSE: "partitionMetadataResponse",
     T.GET_LAST_MESSAGE_ID_RESPONSE: "getLastMessageIdResponse",
     T.ACK_RESPONSE: "ackResponse",
+    T.SCALABLE_TOPIC_SUBSCRIBE_RESPONSE: "scalableTopicSubscribeResponse",
 }
 _PRODUCER_BODIES: dict[int, str] = {
     T.SEND_RECEIPT: "send_receipt",
@@ -79,6 +80,11 @@ _CONSUMER_BODIES: dict[int, str] = {
     T.CLOSE_CONSUMER: "close_consumer",
     T.REACHED_END_OF_TOPIC: "reachedEndOfTopic",
     T.ACTIVE_CONSUMER_CHANGE: "active_consumer_change",
+    T.SCALABLE_TOPIC_ASSIGNMENT_UPDATE: "scalableTopicAssignmentUpdate",
+}
+# DAG-watch pushes, routed by the client-chosen session id (scalable topics).
+_WATCH_BODIES: dict[int, str] = {
+    T.SCALABLE_TOPIC_UPDATE: "scalableTopicUpdate",
 }
 
 
@@ -134,6 +140,7 @@ class ClientConnection:
         self._pending: dict[int, asyncio.Future[Frame]] = {}
         self._producers: dict[int, Handler] = {}
         self._consumers: dict[int, Handler] = {}
+        self._watches: dict[int, Handler] = {}
         self._request_ids = itertools.count(1)
         self._closed = asyncio.Event()
         self._connected: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -169,7 +176,11 @@ class ClientConnection:
             asyncio.create_task(self._read_loop(reader)),
             asyncio.create_task(self._keepalive_loop()),
         ]
-        flags = pb.FeatureFlags(supports_auth_refresh=True, supports_broker_entry_metadata=True)
+        flags = pb.FeatureFlags(
+            supports_auth_refresh=True,
+            supports_broker_entry_metadata=True,
+            supports_scalable_topics=True,
+        )
         self._write(self._proto.send(commands.connect(CLIENT_VERSION, PROTOCOL_VERSION_MAX, flags)))
         try:
             await asyncio.wait_for(asyncio.shield(self._connected), self.operation_timeout_s)
@@ -213,9 +224,10 @@ class ClientConnection:
         for fut in pending.values():
             if not fut.done():
                 fut.set_exception(error)
-        handlers = [*self._producers.values(), *self._consumers.values()]
+        handlers = [*self._producers.values(), *self._consumers.values(), *self._watches.values()]
         self._producers.clear()
         self._consumers.clear()
+        self._watches.clear()
         for handler in handlers:
             handler.on_connection_closed(self)
 
@@ -283,6 +295,15 @@ class ClientConnection:
         self._check_open()
         self._consumers[consumer_id] = handler
 
+    def register_watch(self, session_id: int, handler: Handler) -> None:
+        """Route SCALABLE_TOPIC_UPDATE frames of this DAG-watch session to ``handler``."""
+        self._check_open()
+        self._watches[session_id] = handler
+
+    def unregister_watch(self, session_id: int) -> None:
+        """Stop routing this DAG-watch session's updates."""
+        self._watches.pop(session_id, None)
+
     def unregister_producer(self, producer_id: int) -> None:
         """Stop routing frames to this producer id."""
         self._producers.pop(producer_id, None)
@@ -342,6 +363,8 @@ class ClientConnection:
             handler = self._consumers.get(cid)
             if kind == T.CLOSE_CONSUMER:
                 self._consumers.pop(cid, None)
+        elif kind in _WATCH_BODIES:
+            handler = self._watches.get(int(getattr(frame.command, _WATCH_BODIES[kind]).session_id))
         else:
             log.debug("ignoring %s from %s", frame.type_name, self._peer())
             return
