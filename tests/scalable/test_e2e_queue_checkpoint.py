@@ -335,3 +335,21 @@ async def test_queue_ack_timeout_redelivers_then_dead_letters(world: World) -> N
     finally:
         await dlq.close()
         await queue.close()
+
+
+async def test_checkpoint_consumer_survives_a_connection_drop_mid_batch(world: World) -> None:
+    topic = "topic://public/default/cp-drop"
+    await world.create(topic, 2)
+    await world.produce(topic, 5, batching=True)
+    reader = await world.client.create_checkpoint_consumer(topic, Checkpoint.earliest())
+    try:
+        head = [await reader.receive(timeout=RECEIVE_TIMEOUT_S) for _ in range(7)]
+        assert any(m is not None and m.message_id.batch_index > 0 for m in head), "no batches"
+        for fut in list(world.client._pool._connections.values()):
+            await fut.result().close()
+        await world.admin.split_segment(topic, 0)
+        await world.produce(topic, 2, batching=True)
+        tail = await _drain(reader, world.total() - len(head))
+        _assert_in_order_exactly_once([m for m in head if m is not None] + tail, world.sent)
+    finally:
+        await reader.close()

@@ -263,7 +263,9 @@ class Consumer(ReconnectingHandler):
                 if self._last_dequeued is None and self._start_inclusive and not sentinel:
                     # The broker starts after the given id: name the entry before it.
                     start = MessageId(start.ledger_id, start.entry_id - 1, -1, start.partition)
-                body.start_message_id.CopyFrom(start.entry.to_proto())
+                # Inside a batch the broker starts at the entry; the filter skips the rest.
+                at = start if start.batch_index >= 0 else start.entry
+                body.start_message_id.CopyFrom(at.to_proto())
         return cmd
 
     async def _connect_once(self) -> None:
