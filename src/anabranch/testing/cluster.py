@@ -286,6 +286,34 @@ class LocalCluster:
             raise RuntimeError(f"lookup of {topic} failed: {status} {body}")
         return self.by_url(str(body["brokerUrl"]))
 
+    async def segment_owner(
+        self, segment: str, *, via: ClusterBroker | None = None
+    ) -> ClusterBroker | None:
+        """The broker whose ownership record holds ``segment://...`` (None: unowned or
+        not ``owned`` right now); assigns nothing."""
+        rest = segment.split("://", 1)[1]
+        status, body = await self.http("GET", f"/admin/v2/cluster/segments/{rest}/owner", via=via)
+        if status == 404:
+            return None
+        if status != 200:
+            raise RuntimeError(f"owner of {segment}: {status} {body}")
+        return self.by_url(str(body["pulsarUrl"])) if body["state"] == "owned" else None
+
+    async def http_follow(
+        self, method: str, path: str, *, via: ClusterBroker | None = None, **kwargs: Any
+    ) -> tuple[int, Any, ClusterBroker]:
+        """Like :meth:`http`, following up to 3 redirects to other brokers (admin
+        mutations at a non-owner or non-leader); returns the broker that answered too."""
+        broker = via or self.live()[0]
+        for _ in range(3):
+            status, body = await self.http(method, path, via=broker, **kwargs)
+            if status != 307:
+                return status, body, broker
+            location = str(body)
+            broker = self.by_url(location.split("/admin/", 1)[0].split("/lookup/", 1)[0])
+            path = location[len(broker.http_url) :]
+        return status, body, broker
+
     async def registered(self, *, via: ClusterBroker | None = None) -> list[str]:
         """Broker ids in the registry."""
         status, body = await self.http("GET", f"/admin/v2/brokers/{self.cluster_name}", via=via)

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 from anabranch import limits
 from anabranch.broker.cluster.ownership import ClusterOwnership
+from anabranch.broker.cluster.segments import ClusterSegmentOps
 from anabranch.broker.config import BrokerConfig
 from anabranch.broker.service import BrokerService
 from anabranch.broker.standalone import Standalone
@@ -65,6 +66,9 @@ class ClusterNode:
             )
             service.ownership = ownership
             _install_segment_resolver(service, ownership)
+            scalable = getattr(service, "scalable", None)
+            if scalable is not None:  # the controller's segment ops run on segment owners
+                scalable.ops = ClusterSegmentOps(scalable.ops, ownership)
             holder.append(ownership)
 
         standalone = await Standalone.start(
@@ -108,7 +112,12 @@ class ClusterNode:
         try:
             await self.ownership.stop()
         finally:
-            await self.standalone.stop()
+            try:
+                await self.standalone.stop()
+            finally:
+                ops = getattr(getattr(self.service, "scalable", None), "ops", None)
+                if isinstance(ops, ClusterSegmentOps):
+                    await ops.close()
 
 
 def _install_segment_resolver(service: BrokerService, ownership: ClusterOwnership) -> None:

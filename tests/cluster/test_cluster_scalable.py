@@ -1,0 +1,220 @@
+"""Scalable topics on three brokers: segments owned by different brokers, the DAG naming
+each segment's owner, a split asked at a non-leader (307), and a controller leader killed
+in the middle of a split, whose split another broker's controller finishes.
+
+The cluster starts once for the module; a test that kills a broker starts it again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from anabranch.aio import Client
+from anabranch.errors import TopicTerminated
+from anabranch.metadata.etcd import EtcdMetadataStore
+from anabranch.testing.cluster import ClusterBroker, LocalCluster
+from tests.scalable.wire import RawClient
+
+SESSION_TTL_S = 3.0
+SCALABLE_TAKEOVER_S = 40.0
+"""Bound on a new controller leader finishing a dead leader's split: the scalable
+service's own session TTL (limits.SCALABLE_SESSION_TTL_S, 10 s) plus recovery."""
+
+_names = itertools.count()
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    root: Path = tmp_path_factory.mktemp("scalable-cluster")
+    local = LocalCluster(root, brokers=3, session_ttl_s=SESSION_TTL_S)
+    asyncio.run(local.start())
+    try:
+        yield local
+    finally:
+        asyncio.run(local.stop())
+
+
+@pytest.fixture
+async def three_brokers(cluster: LocalCluster) -> AsyncIterator[LocalCluster]:
+    yield cluster
+    for broker in cluster.brokers:
+        broker.resume()
+        if not broker.running:
+            await broker.start()
+    await cluster.wait_registered(3)
+
+
+def segment_names(topic: str, layout: dict[str, Any]) -> dict[int, str]:
+    """Segment id → ``segment://`` name of every segment in a layout."""
+    base = topic.split("://", 1)[1]
+    return {
+        int(seg_id): f"segment://{base}/{s['hashRange']['start']:04x}-"
+        f"{s['hashRange']['end']:04x}-{seg_id}"
+        for seg_id, s in layout["segments"].items()
+    }
+
+
+async def create_topic(cluster: LocalCluster, segments: int) -> tuple[str, ClusterBroker]:
+    """A new scalable topic; returns it and its controller leader."""
+    topic = f"topic://public/default/scal-{next(_names)}-{time.time_ns() % 10**6}"
+    short = topic.split("://", 1)[1]
+    status, body, leader = await cluster.http_follow(
+        "PUT", f"/admin/v2/scalable/{short}?numInitialSegments={segments}"
+    )
+    assert status == 204, body
+    return topic, leader
+
+
+async def layout_of(cluster: LocalCluster, topic: str, via: ClusterBroker) -> dict[str, Any]:
+    status, layout = await cluster.http(
+        "GET", f"/admin/v2/scalable/{topic.split('://', 1)[1]}", via=via
+    )
+    assert status == 200, layout
+    return dict(layout)
+
+
+async def produce(url: str, segment: str, values: list[bytes]) -> None:
+    async with Client(url) as client:
+        producer = await client.create_producer(segment)
+        for value in values:
+            await producer.send(value)
+
+
+async def move_segment(
+    cluster: LocalCluster, segment: str, owner: ClusterBroker, to: ClusterBroker
+) -> None:
+    """Unload ``segment`` from ``owner`` towards ``to``; a producer makes ``to`` claim it."""
+    rest = segment.split("://", 1)[1]
+    status, body = await cluster.http(
+        "PUT", f"/admin/v2/segments/{rest}/unload?destinationBroker={to.broker_id}", via=owner
+    )
+    assert status == 204, body
+    await produce(to.service_url, segment, [b"moved"])
+    assert await cluster.segment_owner(segment) is to
+
+
+async def test_segments_on_different_brokers_split_at_a_non_leader(
+    three_brokers: LocalCluster,
+) -> None:
+    cluster = three_brokers
+    topic, leader = await create_topic(cluster, 2)
+    names = segment_names(topic, await layout_of(cluster, topic, leader))
+    owners = {i: await cluster.segment_owner(name) for i, name in names.items()}
+    assert all(owner is not None for owner in owners.values()), owners
+    if owners[0] is owners[1]:
+        other = next(b for b in cluster.brokers if b is not owners[0])
+        assert owners[1] is not None
+        await move_segment(cluster, names[1], owners[1], other)
+        owners[1] = other
+    assert owners[0] is not owners[1]
+
+    # A DAG watch at any broker names each segment's owner and the controller leader.
+    watcher = next(b for b in cluster.brokers if b is not leader)
+    raw = await RawClient.connect(watcher.port)
+    try:
+        update = await raw.lookup(1, topic)
+        assert not update.HasField("error"), update
+        brokers = {e.segment_id: e.broker_url for e in update.dag.segment_brokers}
+        assert brokers == {i: o.service_url for i, o in owners.items() if o is not None}
+        assert update.dag.controller_broker_url == leader.service_url
+
+        bootstrap = cluster.brokers[0].service_url
+        await produce(bootstrap, names[0], [b"p0-a", b"p0-b"])
+        await produce(bootstrap, names[1], [b"p1-a"])
+
+        # A split at a non-leader is redirected to the leader, who splits a segment that
+        # another broker owns (sealing it there).
+        short = topic.split("://", 1)[1]
+        status, location = await cluster.http(
+            "POST", f"/admin/v2/scalable/{short}/split/0", via=watcher
+        )
+        if watcher is not leader:
+            assert status == 307 and location.startswith(leader.http_url), (status, location)
+        status, layout, answered = await cluster.http_follow(
+            "POST", f"/admin/v2/scalable/{short}/split/0", via=watcher
+        )
+        assert status == 200 and answered is leader, (status, layout)
+        assert layout["epoch"] == 1 and layout["segments"]["0"]["state"] == "SEALED"
+        update = await raw.update(1)
+        names = segment_names(topic, layout)
+        reported = {e.segment_id: e.broker_url for e in update.dag.segment_brokers}
+        assert set(reported) == {0, 1, 2, 3}
+        for child in (2, 3):
+            owner = await cluster.segment_owner(names[child])
+            assert owner is not None and reported[child] == owner.service_url
+    finally:
+        await raw.close()
+
+    # The sealed parent keeps its messages and refuses new ones; children take writes.
+    with pytest.raises(TopicTerminated):
+        await produce(bootstrap, names[0], [b"too-late"])
+    async with Client(bootstrap) as client:
+        reader = await client.create_reader(names[0], "earliest")
+        stored = []
+        while (msg := await reader.read_next(timeout=3.0)) is not None:
+            stored.append(msg.value)
+    assert [v for v in stored if v.startswith(b"p0")] == [b"p0-a", b"p0-b"]
+    await produce(bootstrap, names[2], [b"child"])
+
+
+async def test_sigkill_of_the_controller_leader_mid_split(three_brokers: LocalCluster) -> None:
+    cluster = three_brokers
+    topic, leader = await create_topic(cluster, 1)
+    short = topic.split("://", 1)[1]
+    names = segment_names(topic, await layout_of(cluster, topic, leader))
+    owner = await cluster.segment_owner(names[0])
+    assert owner is not None
+    if owner is leader:
+        other = next(b for b in cluster.brokers if b is not leader)
+        await move_segment(cluster, names[0], owner, other)
+        owner = other
+    survivor = next(b for b in cluster.brokers if b not in (leader, owner))
+    assert cluster.etcd is not None
+    store = await EtcdMetadataStore.open(cluster.etcd.endpoint)
+    try:
+        # The segment's owner sleeps, so the leader's split stops half-way (its intent
+        # recorded, the parent not sealed yet); then the leader dies.
+        owner.pause()
+        split = asyncio.ensure_future(
+            cluster.http("POST", f"/admin/v2/scalable/{short}/split/0", via=leader)
+        )
+        pending = f"/topics/{short}/pending-op"
+        deadline = time.monotonic() + 20
+        while await store.get(pending) is None:
+            assert time.monotonic() < deadline, "the split never recorded its intent"
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.3)
+        leader.kill()
+        owner.resume()
+        split.cancel()
+        await asyncio.gather(split, return_exceptions=True)
+
+        # Another broker's controller (started by a request there) is elected once the
+        # dead leader's session expires, and finishes the split.
+        status, _ = await cluster.http("POST", f"/admin/v2/scalable/{short}/split/0", via=survivor)
+        assert status in (307, 503)
+        deadline = time.monotonic() + SCALABLE_TAKEOVER_S
+        while True:
+            layout = await layout_of(cluster, topic, survivor)
+            if layout["epoch"] == 1 and await store.get(pending) is None:
+                break
+            assert time.monotonic() < deadline, f"split not finished: {layout}"
+            await asyncio.sleep(0.2)
+    finally:
+        owner.resume()
+        await store.close()
+    assert layout["segments"]["0"]["state"] == "SEALED"
+    assert layout["segments"]["0"]["childIds"] == [1, 2]
+    names = segment_names(topic, layout)
+    await produce(survivor.service_url, names[1], [b"after-failover"])
+    child_owner = await cluster.segment_owner(names[1])
+    assert child_owner is not None and child_owner is not leader
+    with pytest.raises(TopicTerminated):
+        await produce(survivor.service_url, names[0], [b"too-late"])
