@@ -8,10 +8,11 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from anabranch.broker.scalable_commands import topics_hash
 from anabranch.protocol._generated import pulsar_api_pb2 as pb
 from anabranch.scalable.paths import TOPICS_ROOT
 from anabranch.testing.broker import InProcessBroker
-from tests.scalable.wire import RawClient, T
+from tests.scalable.wire import RawClient, T, namespace_update, watch_namespace
 
 TOPIC = "topic://public/default/orders"
 
@@ -154,3 +155,49 @@ async def test_connection_close_ends_its_sessions(broker: InProcessBroker) -> No
     await broker.service.scalable.split(TOPIC, 0)
     assert (await clients[1].update(7)).dag.epoch == 1
     await clients[1].close()
+
+
+async def test_namespace_watch_snapshot_then_diffs(
+    broker: InProcessBroker, client: RawClient
+) -> None:
+    scalable = broker.service.scalable
+    await scalable.create(TOPIC, 1)
+    first = await watch_namespace(client, 1, "public/default")
+    assert first.WhichOneof("event") == "snapshot" and list(first.snapshot.topics) == [TOPIC]
+    billing = await watch_namespace(client, 2, "public/default", {"team": "billing"})
+    assert list(billing.snapshot.topics) == []
+
+    other = "topic://public/default/other"
+    await (await scalable.controller(other)).create(1, {"team": "billing"})
+    for watch_id in (1, 2):
+        update = await namespace_update(client, watch_id)
+        assert (list(update.diff.added), list(update.diff.removed)) == ([other], [])
+    # Subscriptions, sessions and splits are not membership changes.
+    await scalable.split(TOPIC, 0)
+    await client.subscribe(1, TOPIC, "s", "w1", 1)
+    await scalable.delete(TOPIC)
+    removed = await namespace_update(client, 1)
+    assert (list(removed.diff.added), list(removed.diff.removed)) == ([], [TOPIC])
+    await client.none(lambda f: f.type == T.WATCH_SCALABLE_TOPICS_UPDATE, within=0.2)
+
+    # A client whose copy is current gets an empty diff instead of the snapshot.
+    again = await watch_namespace(client, 3, "public/default", current_hash=topics_hash([other]))
+    assert again.WhichOneof("event") == "diff" and not again.diff.added
+    await client.send(
+        T(
+            type=T.WATCH_SCALABLE_TOPICS_CLOSE,
+            watchScalableTopicsClose=pb.CommandWatchScalableTopicsClose(watch_id=1),
+        )
+    )
+    for _ in range(100):
+        if broker.service.scalable_endpoint.namespace_watch_count() == 2:
+            break
+        await broker.service.clock.sleep(0.01)
+    assert broker.service.scalable_endpoint.namespace_watch_count() == 2
+
+
+async def test_namespace_watch_refusals(client: RawClient) -> None:
+    assert (await watch_namespace(client, 1, "public/no such ns!")).error == pb.InvalidTopicName
+    assert (await watch_namespace(client, 1, "public/missing")).error == pb.TopicNotFound
+    assert not (await watch_namespace(client, 1, "public/default")).HasField("error")
+    assert (await watch_namespace(client, 1, "public/default")).error == pb.NotAllowedError

@@ -190,3 +190,29 @@ def is_assignment_update(consumer_id: int) -> Callable[[Frame], bool]:
 
 def segment_ids(assignment: pb.ScalableConsumerAssignment) -> list[int]:
     return [s.segment_id for s in assignment.segments]
+
+
+async def watch_namespace(
+    client: RawClient,
+    watch_id: int,
+    namespace: str,
+    filters: dict[str, str] | None = None,
+    current_hash: str | None = None,
+) -> pb.CommandWatchScalableTopicsUpdate:
+    body = pb.CommandWatchScalableTopics(watch_id=watch_id, namespace=namespace)
+    for key, value in (filters or {}).items():
+        body.property_filters.add(key=key, value=value)
+    if current_hash is not None:
+        body.current_hash = current_hash
+    await client.send(T(type=T.WATCH_SCALABLE_TOPICS, watchScalableTopics=body))
+    return await namespace_update(client, watch_id)
+
+
+async def namespace_update(client: RawClient, watch_id: int) -> pb.CommandWatchScalableTopicsUpdate:
+    frame = await client.next(
+        lambda f: (
+            f.type == T.WATCH_SCALABLE_TOPICS_UPDATE
+            and f.command.watchScalableTopicsUpdate.watch_id == watch_id
+        )
+    )
+    return frame.command.watchScalableTopicsUpdate

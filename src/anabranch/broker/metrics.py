@@ -261,6 +261,7 @@ class ScalableCollector(Collector):
         endpoint = self.service.scalable_endpoint
         for name, text, value in (
             ("watch_sessions", "Open DAG-watch sessions.", endpoint.watch_count()),
+            ("namespace_watches", "Open namespace watches.", endpoint.namespace_watch_count()),
             ("consumers", "Connected stream/checkpoint consumers.", endpoint.consumer_count()),
         ):
             gauge = GaugeMetricFamily(f"{prefix}_{name}", text, labels=["cluster"])

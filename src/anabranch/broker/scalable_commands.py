@@ -57,6 +57,16 @@ consumers starts its grace period
 within it gets the same segments and nobody else is told anything; when it expires the
 consumer is evicted and the others get updates.
 
+*Namespace watch.* ``WATCH_SCALABLE_TOPICS{watch_id, namespace, property_filters,
+current_hash?}`` (76) follows the namespace's scalable topics whose properties match every
+filter (AND; none: all topics). Answers are ``WATCH_SCALABLE_TOPICS_UPDATE{watch_id, ...}``
+(77): first a ``snapshot{topics}`` (sorted ``topic://`` names), or an empty ``diff`` when
+``current_hash`` equals :func:`topics_hash` of that set (the client's copy is current);
+then a ``diff{added, removed}`` on every change (apply ``removed`` first). Errors (no
+session kept): InvalidTopicName (bad namespace), TopicNotFound (no such namespace),
+NotAllowedError (``watch_id`` in use), TooManyRequests (the per-connection session limit,
+shared with DAG watches). ``WATCH_SCALABLE_TOPICS_CLOSE{watch_id}`` (78) ends it.
+
 *Redirects.* A SUBSCRIBE (or an auto-creating LOOKUP) on a broker whose controller is not
 the leader answers ``ServiceNotReady`` with the message
 ``"this broker is not the controller of topic://t/ns/x: the leader is pulsar://host:port"``
@@ -86,13 +96,16 @@ from typing import TYPE_CHECKING, Any
 
 from anabranch import limits
 from anabranch.core.assignment import PushAssignment
-from anabranch.core.names import TopicDomain, TopicName, validate_component
+from anabranch.core.names import NamespaceName, TopicDomain, TopicName, validate_component
 from anabranch.core.segment_layout import SegmentLayout, segment_name
-from anabranch.errors import AlreadyExists, AnabranchError, NotFound, NotLeader
+from anabranch.errors import AlreadyExists, AnabranchError, Closed, Compacted, NotFound, NotLeader
+from anabranch.metadata.api import EventKind
 from anabranch.protocol import commands
 from anabranch.protocol._generated import pulsar_api_pb2 as pb
+from anabranch.protocol.checksum import crc32c
 from anabranch.scalable.controller import CHECKPOINT, STREAM
 from anabranch.scalable.dag_watch import ListenerHandle
+from anabranch.scalable.paths import namespace_path
 from anabranch.scalable.service import scalable_topic_name
 
 if TYPE_CHECKING:
@@ -127,6 +140,17 @@ def parse_scalable_topic(text: str) -> TopicName:
     if name.domain is TopicDomain.PERSISTENT and name.partition is None:
         name = TopicName.parse(f"topic://{name.tenant}/{name.namespace}/{name.local_name}")
     return scalable_topic_name(name)
+
+
+def topics_hash(topics: list[str] | set[str]) -> str:
+    """CRC32C over the sorted names (upstream's ``TopicList.calculateHash``: the hash's
+    bytes, low byte first, in hex).
+
+    Example:
+        >>> topics_hash([])
+        '00000000'
+    """
+    return crc32c("".join(sorted(topics)).encode()).to_bytes(4, "little").hex()
 
 
 def not_leader_message(topic: TopicName, leader_pulsar_url: str | None) -> str:
@@ -252,6 +276,15 @@ class _Watch:
         self.wakeup.set()
 
 
+@dataclass(eq=False)
+class _NamespaceWatch:
+    watch_id: int
+    namespace: NamespaceName
+    filters: dict[str, str]
+    task: asyncio.Task[None] | None = None
+    closed: bool = False
+
+
 @dataclass(frozen=True, slots=True)
 class _Consumer:
     topic: TopicName
@@ -264,6 +297,7 @@ class _Consumer:
 @dataclass(eq=False)
 class _Connection:
     watches: dict[int, _Watch] = field(default_factory=dict)
+    namespace_watches: dict[int, _NamespaceWatch] = field(default_factory=dict)
     consumers: dict[int, _Consumer] = field(default_factory=dict)
 
 
@@ -286,6 +320,10 @@ class ScalableEndpoint:
         """Open DAG-watch sessions on this broker."""
         return sum(len(c.watches) for c in self._connections.values())
 
+    def namespace_watch_count(self) -> int:
+        """Open namespace watches on this broker."""
+        return sum(len(c.namespace_watches) for c in self._connections.values())
+
     def consumer_count(self) -> int:
         """Scalable consumers connected to this broker."""
         return len(self._consumers)
@@ -304,7 +342,7 @@ class ScalableEndpoint:
                 )
             )
             return
-        if len(conn.watches) >= limits.SCALABLE_WATCH_SESSIONS_PER_CONNECTION_MAX:
+        if _sessions(conn) >= limits.SCALABLE_WATCH_SESSIONS_PER_CONNECTION_MAX:
             limit = limits.SCALABLE_WATCH_SESSIONS_PER_CONNECTION_MAX
             session.write(
                 _update_error(session_id, pb.TooManyRequests, f"over {limit} watch sessions")
@@ -416,6 +454,119 @@ class ScalableEndpoint:
             with contextlib.suppress(asyncio.CancelledError):
                 await watch.pump
 
+    # --- namespace watch -------------------------------------------------------------------
+
+    async def watch_namespace(self, session: Session, cmd: pb.CommandWatchScalableTopics) -> None:
+        watch_id = int(cmd.watch_id)
+        conn = self._connection(session)
+
+        def refuse(code: int, message: str) -> None:
+            body = pb.CommandWatchScalableTopicsUpdate(watch_id=watch_id, message=message)
+            body.error = code  # type: ignore[assignment]
+            session.write(T(type=T.WATCH_SCALABLE_TOPICS_UPDATE, watchScalableTopicsUpdate=body))
+
+        if watch_id in conn.namespace_watches:
+            refuse(pb.NotAllowedError, f"namespace watch {watch_id} is already open")
+            return
+        if _sessions(conn) >= limits.SCALABLE_WATCH_SESSIONS_PER_CONNECTION_MAX:
+            limit = limits.SCALABLE_WATCH_SESSIONS_PER_CONNECTION_MAX
+            refuse(pb.TooManyRequests, f"over {limit} watch sessions")
+            return
+        try:
+            namespace = NamespaceName.parse(cmd.namespace)
+            await self.service.policies.namespace_policies(namespace)
+        except AnabranchError as err:
+            refuse(_code(err), str(err))
+            return
+        if session.closed:
+            return
+        filters = {kv.key: kv.value for kv in cmd.property_filters}
+        watch = _NamespaceWatch(watch_id, namespace, filters)
+        conn.namespace_watches[watch_id] = watch
+        current = cmd.current_hash if cmd.HasField("current_hash") else None
+        watch.task = asyncio.ensure_future(self._run_namespace_watch(session, watch, current))
+
+    async def _matching(self, watch: _NamespaceWatch) -> set[str]:
+        ns = watch.namespace
+        names = await self.service.store.list_children(namespace_path(ns))
+        topics = set()
+        for local in names:
+            topic = f"topic://{ns.tenant}/{ns.namespace}/{local}"
+            if watch.filters:
+                record = await self.service.store.get(f"{namespace_path(ns)}/{local}")
+                if record is None or not _matches(
+                    SegmentLayout.from_json(record.value), watch.filters
+                ):
+                    continue
+            topics.add(topic)
+        return topics
+
+    async def _run_namespace_watch(
+        self, session: Session, watch: _NamespaceWatch, current_hash: str | None
+    ) -> None:
+        store = self.service.store
+        ns = watch.namespace
+        prefix = namespace_path(ns) + "/"
+
+        def send(**fields: Any) -> None:
+            body = pb.CommandWatchScalableTopicsUpdate(watch_id=watch.watch_id, **fields)
+            session.write(T(type=T.WATCH_SCALABLE_TOPICS_UPDATE, watchScalableTopicsUpdate=body))
+
+        def send_diff(added: set[str], removed: set[str]) -> None:
+            diff = pb.ScalableTopicsDiff(added=sorted(added), removed=sorted(removed))
+            send(diff=diff)
+
+        sent: set[str] | None = None
+        while not watch.closed and not session.closed:
+            try:
+                revision = await store.current_revision()
+                topics = await self._matching(watch)
+                if sent is None:
+                    if current_hash is not None and current_hash == topics_hash(topics):
+                        send_diff(set(), set())
+                    else:
+                        send(snapshot=pb.ScalableTopicsSnapshot(topics=sorted(topics)))
+                elif topics != sent:
+                    send_diff(topics - sent, sent - topics)
+                sent = topics
+                events = store.watch(prefix, prefix=True, start_revision=revision + 1)
+                try:
+                    async for event in events:
+                        local = event.path[len(prefix) :]
+                        if "/" in local or not local:
+                            continue  # a controller, subscription or session key
+                        topic = f"topic://{ns.tenant}/{ns.namespace}/{local}"
+                        member = event.kind is EventKind.PUT and (
+                            not watch.filters
+                            or _matches(SegmentLayout.from_json(event.value), watch.filters)
+                        )
+                        if member and topic not in sent:
+                            sent = sent | {topic}
+                            send_diff({topic}, set())
+                        elif not member and topic in sent:
+                            sent = sent - {topic}
+                            send_diff(set(), {topic})
+                finally:
+                    await events.close()
+                return  # the store ended the watch: it is closing
+            except Compacted:
+                continue  # history gone: re-list and send the difference
+            except (Closed, asyncio.CancelledError):
+                return
+            except Exception:
+                log.exception(
+                    "%s: namespace watch of %s failed; re-listing", session.remote_address, ns
+                )
+                await self.service.clock.sleep(limits.SCALABLE_WATCH_RETRY_S)
+
+    async def close_namespace_watch(
+        self, session: Session, cmd: pb.CommandWatchScalableTopicsClose
+    ) -> None:
+        conn = self._connections.get(session)
+        watch = conn.namespace_watches.pop(int(cmd.watch_id), None) if conn is not None else None
+        if watch is not None:
+            await _end_namespace_watch(watch)
+
     # --- consumer controller -----------------------------------------------------------------
 
     async def subscribe(self, session: Session, cmd: pb.CommandScalableTopicSubscribe) -> None:
@@ -518,6 +669,8 @@ class ScalableEndpoint:
             return
         for watch in list(conn.watches.values()):
             await self._end_watch(watch)
+        for namespace_watch in list(conn.namespace_watches.values()):
+            await _end_namespace_watch(namespace_watch)
         for consumer in list(conn.consumers.values()):
             key = (consumer.topic, consumer.subscription, consumer.name)
             if self._consumers.get(key) == (session, consumer.consumer_id):
@@ -532,6 +685,26 @@ class ScalableEndpoint:
             for watch in list(conn.watches.values()):
                 await self._end_watch(watch)
             conn.watches.clear()
+            for namespace_watch in list(conn.namespace_watches.values()):
+                await _end_namespace_watch(namespace_watch)
+            conn.namespace_watches.clear()
+
+
+def _sessions(conn: _Connection) -> int:
+    return len(conn.watches) + len(conn.namespace_watches)
+
+
+def _matches(layout: SegmentLayout, filters: dict[str, str]) -> bool:
+    return all(layout.properties.get(k) == v for k, v in filters.items())
+
+
+async def _end_namespace_watch(watch: _NamespaceWatch) -> None:
+    watch.closed = True
+    task = watch.task
+    if task is not None and task is not asyncio.current_task():
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
 
 # --- the handlers session.py finds by name --------------------------------------------------
@@ -561,6 +734,20 @@ async def handle_scalable_topic_unsubscribe(
 ) -> None:
     """SCALABLE_TOPIC_UNSUBSCRIBE → SUCCESS: a consumer leaves, the others rebalance now."""
     await session.service.scalable_endpoint.unsubscribe(session, cmd)
+
+
+async def handle_watch_scalable_topics(
+    session: Session, cmd: pb.CommandWatchScalableTopics
+) -> None:
+    """WATCH_SCALABLE_TOPICS → a snapshot, then diffs (WATCH_SCALABLE_TOPICS_UPDATE)."""
+    await session.service.scalable_endpoint.watch_namespace(session, cmd)
+
+
+async def handle_watch_scalable_topics_close(
+    session: Session, cmd: pb.CommandWatchScalableTopicsClose
+) -> None:
+    """WATCH_SCALABLE_TOPICS_CLOSE: end a namespace watch (no answer)."""
+    await session.service.scalable_endpoint.close_namespace_watch(session, cmd)
 
 
 async def on_session_closed(session: Session) -> None:
