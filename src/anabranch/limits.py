@@ -165,6 +165,18 @@ OperationTimeout (upstream operationTimeoutSeconds default)."""
 CLIENT_LOOKUP_REDIRECTS_MAX = 20
 """Lookup redirects followed before LookupFailed (upstream maxLookupRedirects default)."""
 
+SCALABLE_PRODUCER_REROUTE_WAIT_S = 30.0
+"""How long a scalable-topic producer waits, after a segment answered TopicTerminated, for
+the DAG that shows the segment sealed (and for its in-flight sends to settle) before it
+fails the held messages with that error. A split or merge publishes its DAG within
+milliseconds; 30 s (the operation timeout) covers a controller fail-over and a DAG-watch
+reconnect, while upstream's 10 retries of up to 500 ms would give up after about 4.5 s."""
+
+STREAM_CONSUMER_RESUBSCRIBE_MAX_S = 2.0
+"""Longest pause between a stream consumer's attempts to attach to a newly assigned segment
+whose previous owner still holds it (Exclusive answers ConsumerBusy until that consumer
+acts on its own assignment update); attempts go on while the segment stays assigned."""
+
 PRODUCER_PENDING_MESSAGES_MAX = 1000
 """Messages sent but not yet acknowledged by the broker, per producer; further sends wait
 for room (or fail with ProducerQueueFull). Upstream maxPendingMessages default."""
