@@ -268,3 +268,17 @@ async def test_unsubscribe_rebalances_at_once(broker: InProcessBroker, client: R
         await leaving.unsubscribe(4, 99)
     finally:
         await leaving.close()
+
+
+async def test_a_name_taken_over_by_another_connection_revokes_the_old_one(
+    broker: InProcessBroker, client: RawClient
+) -> None:
+    await broker.service.scalable.create(TOPIC, 2)
+    assert segment_ids((await client.subscribe(1, TOPIC, "s", "w1", 1)).assignment) == [0, 1]
+    other = await RawClient.connect(broker.port)
+    try:
+        taken = await other.subscribe(1, TOPIC, "s", "w1", 2)
+        assert segment_ids(taken.assignment) == [0, 1]
+        assert segment_ids(await client.assignment_update(1)) == []
+    finally:
+        await other.close()

@@ -55,7 +55,9 @@ for an unknown ``consumer_id`` (idempotent). When the connection drops instead, 
 consumers starts its grace period
 (``BrokerConfig.consumer_grace_period_s``): a SUBSCRIBE with the same ``consumer_name``
 within it gets the same segments and nobody else is told anything; when it expires the
-consumer is evicted and the others get updates.
+consumer is evicted and the others get updates. A SUBSCRIBE with a ``consumer_name``
+registered through another live connection takes the registration over (same share, no
+rebalance); the old connection's consumer gets an empty ASSIGNMENT_UPDATE, so it stops.
 
 *Namespace watch.* ``WATCH_SCALABLE_TOPICS{watch_id, namespace, property_filters,
 current_hash?}`` (76) follows the namespace's scalable topics whose properties match every
@@ -617,7 +619,13 @@ class ScalableEndpoint:
         if session.closed or conn.consumers.get(consumer_id) is not consumer:
             await self._disconnect(consumer)
             return
-        self._consumers[(topic, consumer.subscription, consumer.name)] = (session, consumer_id)
+        key = (topic, consumer.subscription, consumer.name)
+        previous = self._consumers.get(key)
+        if previous is not None and previous != (session, consumer_id) and not previous[0].closed:
+            # The name moved to this connection: the old one must stop reading its segments.
+            empty = pb.ScalableConsumerAssignment(layout_epoch=assignment.layout_epoch)
+            previous[0].write(_assignment_update(previous[1], empty))
+        self._consumers[key] = (session, consumer_id)
         session.write(_subscribe_response(request_id, assignment=assignment))
 
     async def unsubscribe(self, session: Session, cmd: pb.CommandScalableTopicUnsubscribe) -> None:
