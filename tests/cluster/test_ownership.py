@@ -1,0 +1,204 @@
+"""Ownership logic without processes: brokers as ClusterOwnership objects on one in-memory
+store with a manual clock (session expiry on demand), plus the pure placement rule."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any, cast
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from anabranch.broker.cluster.ownership import ClusterOwnership
+from anabranch.broker.cluster.placement import choose_broker
+from anabranch.broker.cluster.records import (
+    OwnerRecord,
+    OwnerState,
+    decode_owner,
+    encode,
+    ownership_path,
+    topic_of_ownership_path,
+)
+from anabranch.broker.service import BrokerService
+from anabranch.errors import InvalidArgument, NotOwner
+from anabranch.metadata.memory import MemoryMetadataStore
+from anabranch.testing.clock import ManualClock
+
+TTL_S = 5.0
+TOPIC = "persistent://public/default/t"
+
+# --- placement (pure) -------------------------------------------------------------------------
+
+loads_strategy = st.dictionaries(
+    st.text(alphabet="abc123:.", min_size=1, max_size=8), st.integers(0, 50), max_size=6
+)
+
+
+@given(loads_strategy, st.text(max_size=20))
+def test_choice_is_a_least_loaded_broker(loads: dict[str, int], topic: str) -> None:
+    choice = choose_broker(topic, loads)
+    if not loads:
+        assert choice is None
+    else:
+        assert choice in loads and loads[choice] == min(loads.values())
+        assert choose_broker(topic, dict(reversed(list(loads.items())))) == choice
+
+
+def test_equal_loads_spread_topics_over_every_broker() -> None:
+    loads = {f"10.0.0.{i}:6650": 0 for i in range(3)}
+    chosen = [choose_broker(f"persistent://t/ns/topic-{i}", loads) for i in range(300)]
+    counts = [chosen.count(b) for b in loads]
+    assert min(counts) > 60, counts
+
+
+@given(
+    st.from_regex(r"(persistent|segment)://[a-z]{1,5}/[a-z]{1,5}/[a-z0-9-]{1,10}", fullmatch=True)
+)
+def test_ownership_paths_round_trip(topic: str) -> None:
+    assert topic_of_ownership_path(ownership_path(topic)) == topic
+
+
+def test_bad_records_are_invalid_arguments() -> None:
+    with pytest.raises(InvalidArgument):
+        decode_owner(b"{not json")
+    with pytest.raises(InvalidArgument):
+        ownership_path("no-scheme")
+
+
+# --- ownership over one store -----------------------------------------------------------------
+
+
+class FakeService:
+    """What ClusterOwnership needs of a BrokerService: loaded topics and unloading."""
+
+    def __init__(self) -> None:
+        self.unloaded: list[str] = []
+
+    def loaded_topics(self) -> list[Any]:
+        return []
+
+    async def unload_topic(self, name: str) -> bool:
+        self.unloaded.append(name)
+        return True
+
+
+class Broker:
+    def __init__(self, store: MemoryMetadataStore, index: int) -> None:
+        self.service = FakeService()
+        self.ownership = ClusterOwnership(
+            store,
+            cast(BrokerService, self.service),
+            cluster="c",
+            session_ttl_s=TTL_S,
+            load_report_interval_s=3600.0,
+        )
+        self.url = f"pulsar://10.0.0.{index}:6650"
+        self.http = f"http://10.0.0.{index}:8080"
+
+    async def start(self) -> None:
+        await self.ownership.start(self.url, self.http)
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock()
+
+
+@pytest.fixture
+async def brokers(clock: ManualClock) -> AsyncIterator[list[Broker]]:
+    store = MemoryMetadataStore(clock)
+    started = [Broker(store, i) for i in range(3)]
+    for broker in started:
+        await broker.start()
+    yield started
+    for broker in started:
+        await broker.ownership.stop()
+    await store.close()
+
+
+async def test_concurrent_claims_leave_exactly_one_owner(brokers: list[Broker]) -> None:
+    results = await asyncio.gather(
+        *(b.ownership.claim(TOPIC) for b in brokers for _ in range(3)), return_exceptions=True
+    )
+    owners = [b for b in brokers if b.ownership.serving(TOPIC)]
+    assert len(owners) == 1
+    [owner] = owners
+    for broker, result in zip([b for b in brokers for _ in range(3)], results, strict=True):
+        if broker is owner:
+            assert result is None
+        else:
+            assert isinstance(result, NotOwner)
+            assert (result.owner_url, result.leader_url) == (owner.url, owner.http)
+
+
+async def test_lookup_assigns_once_and_everyone_agrees(brokers: list[Broker]) -> None:
+    first = await brokers[0].ownership.lookup(TOPIC)
+    if first.redirect:  # another broker was chosen: it claims when asked authoritatively
+        target = next(b for b in brokers if b.url == first.pulsar_url)
+        claimed = await target.ownership.lookup(TOPIC, authoritative=True)
+        assert not claimed.redirect and claimed.pulsar_url == target.url
+    for broker in brokers:
+        answer = await broker.ownership.lookup(TOPIC)
+        assert not answer.redirect
+        assert answer.pulsar_url == (first.pulsar_url)
+
+
+async def test_unload_hands_the_topic_to_the_destination(brokers: list[Broker]) -> None:
+    source, target, other = brokers
+    await source.ownership.claim(TOPIC)
+    destination = await source.ownership.unload(TOPIC, target.ownership.broker_id)
+    assert destination == target.ownership.broker_id
+    assert not source.ownership.serving(TOPIC) and source.service.unloaded == [TOPIC]
+    record = decode_owner((await source.ownership._store.get(ownership_path(TOPIC))).value)  # type: ignore[union-attr]
+    assert record.state is OwnerState.RELEASED and record.target == target.ownership.broker_id
+    with pytest.raises(NotOwner):  # released to someone else
+        await other.ownership.claim(TOPIC)
+    answer = await other.ownership.lookup(TOPIC)  # lookups send clients to the target
+    assert answer.redirect and answer.pulsar_url == target.url
+    await target.ownership.claim(TOPIC)
+    assert target.ownership.serving(TOPIC)
+
+
+async def test_unload_at_a_non_owner_names_the_owner(brokers: list[Broker]) -> None:
+    await brokers[0].ownership.claim(TOPIC)
+    with pytest.raises(NotOwner) as raised:
+        await brokers[1].ownership.unload(TOPIC)
+    assert raised.value.leader_url == brokers[0].http
+
+
+async def test_a_releasing_topic_cannot_be_taken(brokers: list[Broker]) -> None:
+    owner = brokers[0]
+    path = ownership_path(TOPIC)
+    session = await owner.ownership._store.open_session(TTL_S)
+    releasing = OwnerRecord("x:1", "pulsar://x:1", "http://x:2", OwnerState.RELEASING, None, 1)
+    await owner.ownership._store.put(path, encode(releasing), session=session)
+    with pytest.raises(NotOwner) as raised:
+        await brokers[1].ownership.lookup(TOPIC)
+    assert raised.value.leader_url is None  # moving: 503 / ServiceNotReady, retried
+
+
+async def test_session_loss_stops_serving_before_anyone_can_take_over(
+    brokers: list[Broker], clock: ManualClock
+) -> None:
+    owner, other, _ = brokers
+    await owner.ownership.claim(TOPIC)
+    assert owner.ownership.serving(TOPIC)
+    # Nobody refreshes: pass the TTL on the store's clock.
+    clock.advance(TTL_S + 0.1)
+    assert not owner.ownership.serving(TOPIC)  # at once, before any expiry ran
+    for _ in range(100):
+        if TOPIC in owner.service.unloaded and owner.ownership._ready.is_set():
+            break
+        await asyncio.sleep(0.02)
+    assert owner.service.unloaded == [TOPIC]
+    assert owner.ownership.sessions_lost == 1
+    # The expired session's record is gone, so another broker (its own session expired
+    # too on this shared clock, and renewed) can claim the topic.
+    for _ in range(100):
+        if other.ownership._ready.is_set() and other.ownership.sessions_lost == 1:
+            break
+        await asyncio.sleep(0.02)
+    await other.ownership.claim(TOPIC)
+    assert other.ownership.serving(TOPIC) and not owner.ownership.serving(TOPIC)
