@@ -122,9 +122,7 @@ class SourceOptions:
         isolation = (_get(options, "isolationLevel") or "read_committed").strip()
         if isolation != "read_committed":
             raise InvalidArgument(f"isolationLevel {isolation!r}: only read_committed exists")
-        max_records = _int(options, "maxRecordsPerTrigger") or _int(
-            options, "maxOffsetsPerTrigger"
-        )
+        max_records = _int(options, "maxRecordsPerTrigger") or _int(options, "maxOffsetsPerTrigger")
         delay = _get(options, "maxTriggerDelay") or DEFAULT_MAX_TRIGGER_DELAY
         poll = _int(options, "pollTimeoutMs") or DEFAULT_POLL_TIMEOUT_MS
         return SourceOptions(

@@ -284,7 +284,11 @@ def expand(
     return Frontier(
         {
             topic: expand_topic(
-                topic, tf, layouts[topic], finals.get(topic, {}), fail_on_data_loss=fail_on_data_loss
+                topic,
+                tf,
+                layouts[topic],
+                finals.get(topic, {}),
+                fail_on_data_loss=fail_on_data_loss,
             )
             for topic, tf in start.topics.items()
         }
@@ -385,7 +389,9 @@ def allocate(limit: int, available: Mapping[Any, int]) -> dict[Any, int]:
         raise InvalidArgument("a read limit must be >= 0")
     grant = {k: 0 for k in available}
     remaining = limit
-    open_keys = sorted((k for k, v in available.items() if v > 0), key=lambda k: (available[k], str(k)))
+    open_keys = sorted(
+        (k for k, v in available.items() if v > 0), key=lambda k: (available[k], str(k))
+    )
     while remaining > 0 and open_keys:
         share, extra = divmod(remaining, len(open_keys))
         if share == 0:

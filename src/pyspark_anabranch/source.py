@@ -65,8 +65,8 @@ from pyspark_anabranch.planning import (
     batch_ranges,
     cut_by_bytes,
     decode_position,
-    encode_position,
     earliest_frontier,
+    encode_position,
     expand_topic,
     latest_frontier,
     should_wait,
@@ -97,7 +97,7 @@ def source_schema(include_properties: bool = False) -> StructType:
 
 
 @dataclass(frozen=True)
-class SegmentRange(InputPartition):  # type: ignore[misc]
+class SegmentRange(InputPartition):
     """One Spark partition: positions ``[start, end)`` of one segment (picklable, no client)."""
 
     topic: str
@@ -225,7 +225,9 @@ class _Driver:
 
         return _io.run(probe())
 
-    def sealed_finals(self, topic: str, layout: SegmentLayout, frontier: TopicFrontier) -> dict[int, int]:
+    def sealed_finals(
+        self, topic: str, layout: SegmentLayout, frontier: TopicFrontier
+    ) -> dict[int, int]:
         """Final ends of the sealed segments in ``frontier`` and their sealed descendants."""
         ids: set[int] = set()
         for sid in frontier.segs:
@@ -235,7 +237,9 @@ class _Driver:
         sealed = sorted(i for i in ids if not layout.segments[i].is_active)
         return self.ends(topic, layout, sealed)
 
-    def scan(self, topic: str, layout: SegmentLayout, sid: int, lo: int, hi: int, n: int) -> list[tuple[int, int]]:
+    def scan(  # noqa: PLR0917 (private)
+        self, topic: str, layout: SegmentLayout, sid: int, lo: int, hi: int, n: int
+    ) -> list[tuple[int, int]]:
         name = _io.segment_topic(topic, layout, sid)
         return _io.run(_io.scan(self.client, name, lo, hi, n, self.opts.poll_timeout_s))
 
@@ -256,7 +260,7 @@ def _initial(opts: SourceOptions, spec: str, layouts: Mapping[str, SegmentLayout
     return Frontier(topics)
 
 
-class AnabranchStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # type: ignore[misc]
+class AnabranchStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """Micro-batch reader (see the module docstring). Holds no client when pickled."""
 
     def __init__(self, opts: SourceOptions) -> None:
@@ -448,7 +452,7 @@ class AnabranchStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
             _io.run(self._driver.probe.close())
 
 
-class AnabranchBatchReader(DataSourceReader):  # type: ignore[misc]
+class AnabranchBatchReader(DataSourceReader):
     """Batch read between ``startingOffsets`` and ``endingOffsets`` over the whole DAG."""
 
     def __init__(self, opts: SourceOptions) -> None:
@@ -482,7 +486,7 @@ class AnabranchBatchReader(DataSourceReader):  # type: ignore[misc]
 
 
 @dataclass
-class SinkCommit(WriterCommitMessage):  # type: ignore[misc]
+class SinkCommit(WriterCommitMessage):
     """What a task reports to the driver: how many rows it stored."""
 
     rows: int
@@ -554,7 +558,7 @@ async def _send(
         await router.send(value, key, props, event)
 
 
-class AnabranchStreamWriter(DataSourceStreamArrowWriter):  # type: ignore[misc]
+class AnabranchStreamWriter(DataSourceStreamArrowWriter):
     """At-least-once streaming sink: rows are stored before the task's commit message."""
 
     def __init__(self, opts: SinkOptions) -> None:
@@ -571,7 +575,7 @@ class AnabranchStreamWriter(DataSourceStreamArrowWriter):  # type: ignore[misc]
         log.warning("anabranch sink: batch %d aborted (rows already stored stay)", batchId)
 
 
-class AnabranchBatchWriter(DataSourceArrowWriter):  # type: ignore[misc]
+class AnabranchBatchWriter(DataSourceArrowWriter):
     """At-least-once batch sink (``df.write.format("anabranch")``)."""
 
     def __init__(self, opts: SinkOptions) -> None:
@@ -581,7 +585,7 @@ class AnabranchBatchWriter(DataSourceArrowWriter):  # type: ignore[misc]
         return write_batches(self.opts, iterator)
 
 
-class DefaultSource(DataSource):  # type: ignore[misc]
+class DefaultSource(DataSource):
     """``format("anabranch")``: scalable topics as a Spark source and sink."""
 
     @classmethod

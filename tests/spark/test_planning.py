@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import doctest
 import importlib
+import itertools
 
 import pytest
 from hypothesis import given, settings
@@ -42,7 +43,9 @@ ids = st.tuples(
 
 
 @given(ids, ids)
-def test_positions_round_trip_and_order_like_message_ids(a: tuple[int, int, int], b: tuple[int, int, int]) -> None:
+def test_positions_round_trip_and_order_like_message_ids(
+    a: tuple[int, int, int], b: tuple[int, int, int]
+) -> None:
     pa, pb = encode_position(*a), encode_position(*b)
     assert decode_position(pa) == a
     assert 0 <= pa < 1 << 63
@@ -100,7 +103,11 @@ def test_micro_batches_read_every_message_once_parents_before_children(
     history: tuple[SegmentLayout, dict[int, int]], limit: int
 ) -> None:
     layout, counts = history
-    finals = {s.segment_id: _pos(counts[s.segment_id]) for s in layout.segments.values() if not s.is_active}
+    finals = {
+        s.segment_id: _pos(counts[s.segment_id])
+        for s in layout.segments.values()
+        if not s.is_active
+    }
     ends = {sid: _pos(n) for sid, n in counts.items()}
     start = Frontier({T: earliest_frontier(layout)})
     batch_of: dict[int, list[int]] = {}  # segment -> batch numbers it was read in
@@ -108,9 +115,12 @@ def test_micro_batches_read_every_message_once_parents_before_children(
     for batch in range(200):
         tf = expand_topic(T, start.topics[T], layout, finals)
         # The frontier tiles the keyspace.
-        covered = sorted((layout.segments[s].hash_range.start, layout.segments[s].hash_range.end) for s in tf.segs)
+        covered = sorted(
+            (layout.segments[s].hash_range.start, layout.segments[s].hash_range.end)
+            for s in tf.segs
+        )
         assert covered[0][0] == 0 and covered[-1][1] == 0xFFFF
-        assert all(a[1] + 1 == b[0] for a, b in zip(covered, covered[1:], strict=False))
+        assert all(a[1] + 1 == b[0] for a, b in itertools.pairwise(covered))
         # Read at most `limit` messages per segment (a crude read limit).
         segs = {}
         for sid, pos in tf.segs.items():
@@ -160,7 +170,9 @@ def test_layout_going_backwards_is_refused() -> None:
 
 
 @given(histories())
-def test_batch_ranges_earliest_to_latest_cover_every_message(history: tuple[SegmentLayout, dict[int, int]]) -> None:
+def test_batch_ranges_earliest_to_latest_cover_every_message(
+    history: tuple[SegmentLayout, dict[int, int]],
+) -> None:
     layout, counts = history
     ends = {sid: _pos(n) for sid, n in counts.items()}
     start = earliest_frontier(layout)
@@ -179,10 +191,10 @@ def test_allocate_water_fills(limit: int, available: dict[int, int]) -> None:
     if limit >= len(with_data):
         assert all(grant[k] >= 1 for k in with_data)
     # Fair: a segment short of another's grant got everything it had.
-    for a in available:
+    for a, have in available.items():
         for b in available:
             if grant[a] + 1 < grant[b]:
-                assert grant[a] == available[a]
+                assert grant[a] == have
 
 
 @given(st.lists(st.integers(1, 100)), st.integers(1, 500))
@@ -196,9 +208,13 @@ def test_cut_by_bytes(sizes: list[int], budget: int) -> None:
 
 def test_options() -> None:
     parse = options_module.SourceOptions.parse
-    o = parse({"serviceurl": "pulsar://h:1", "TOPICS": "a, topic://x/y/z", "maxRecordsPerTrigger": "5"})
+    o = parse(
+        {"serviceurl": "pulsar://h:1", "TOPICS": "a, topic://x/y/z", "maxRecordsPerTrigger": "5"}
+    )
     assert o.topics == ("public/default/a", "x/y/z") and o.max_records == 5
     with pytest.raises(Exception, match="serviceUrl"):
         parse({"topic": "a"})
     with pytest.raises(Exception, match="not yet supported"):
-        options_module.SinkOptions.parse({"serviceUrl": "pulsar://h:1", "deliveryGuarantee": "exactly_once"})
+        options_module.SinkOptions.parse(
+            {"serviceUrl": "pulsar://h:1", "deliveryGuarantee": "exactly_once"}
+        )

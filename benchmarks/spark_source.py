@@ -1,0 +1,201 @@
+"""Spark source benchmark: rows/s of ``format("anabranch")`` into a ``noop`` sink, next to
+(a) a trivial in-memory Python Arrow data source (the ceiling of any Python source here) and
+(b) Spark's own ``rate-micro-batch`` source, in one run on one local[2] session.
+
+1. A broker subprocess (``BrokerProcess``, fsync=never) with a 2-segment scalable topic; N
+   messages of S bytes are produced with the connector's key router (keys ``k0..k999``).
+2. Each source runs into ``noop`` with micro-batches of ``--batch-rows`` rows; rows/s is the
+   total rows over the summed ``triggerExecution`` time of every batch (batch 0 included, it
+   carries the Python workers' start-up for both Python sources).
+3. Per-micro-batch overhead: our source with 2-row batches, mean ``triggerExecution``.
+
+The broker's peak RSS (``VmHWM``) is reported. The last printed line is one JSON object.
+
+Usage: ``python benchmarks/spark_source.py [--messages 1000000] [--size 100]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from _common import peak_rss_bytes
+
+from anabranch.testing.broker import BrokerProcess
+from pyspark_anabranch import _io
+
+TOPIC = "topic://public/default/spark-bench"
+
+
+def produce(service_url: str, admin_url: str, messages: int, size: int) -> float:
+    """Produce ``messages`` values of ``size`` bytes; returns msgs/s."""
+    client = _io.client_for(service_url)
+    admin = _io.admin_for(admin_url)
+    router = _io.KeyRouter(client, admin, TOPIC.removeprefix("topic://"))
+    payload = b"x" * size
+
+    async def go() -> None:
+        for start in range(0, messages, 50_000):
+            for i in range(start, min(messages, start + 50_000)):
+                await router.send(payload, f"k{i % 1000}", None, None)
+            await router.flush()
+        await router.close()
+
+    t0 = time.perf_counter()
+    _io.run(go())
+    return messages / (time.perf_counter() - t0)
+
+
+def memory_source(total: int, batch_rows: int, size: int) -> Any:
+    """A trivial Python Arrow streaming source of ``total`` rows shaped like ours."""
+    from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+
+    class MemReader(DataSourceStreamReader):
+        def initialOffset(self) -> dict[str, int]:
+            return {"n": 0}
+
+        def latestOffset(self, start: dict[str, int], limit: Any) -> dict[str, int]:
+            return {"n": min(total, start["n"] + batch_rows)}
+
+        def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[InputPartition]:
+            lo, hi = start["n"], end["n"]
+            mid = lo + (hi - lo) // 2
+            return [InputPartition((lo, mid)), InputPartition((mid, hi))]
+
+        def read(self, partition: InputPartition) -> Iterator[Any]:
+            import numpy as np
+            import pyarrow as pa
+
+            lo, hi = partition.value
+            value = pa.array([b"x" * size] * 8192, pa.binary())
+            for s in range(lo, hi, 8192):
+                n = min(8192, hi - s)
+                yield pa.RecordBatch.from_arrays(
+                    [value.slice(0, n), pa.array(np.arange(s, s + n, dtype=np.int64))],
+                    names=["value", "position"],
+                )
+
+    class MemSource(DataSource):
+        @classmethod
+        def name(cls) -> str:
+            return "bench_memory"
+
+        def schema(self) -> str:
+            return "value binary, position long"
+
+        def streamReader(self, schema: Any) -> MemReader:
+            return MemReader()
+
+    return MemSource
+
+
+def run_noop(df: Any, checkpoint: str, *, available_now: bool, max_batches: int = 0) -> list[Any]:
+    writer = df.writeStream.format("noop").option("checkpointLocation", checkpoint)
+    if available_now:
+        query = writer.trigger(availableNow=True).start()
+        query.awaitTermination()
+    else:
+        query = writer.trigger(processingTime="0 seconds").start()
+        while len(query.recentProgress) < max_batches:
+            time.sleep(0.1)
+        query.stop()
+    return [p for p in query.recentProgress if p["numInputRows"] > 0]
+
+
+def rate(progress: list[Any]) -> dict[str, Any]:
+    rows = sum(p["numInputRows"] for p in progress)
+    seconds = sum(p["durationMs"]["triggerExecution"] for p in progress) / 1000
+    steady = progress[1:] or progress
+    steady_rows = sum(p["numInputRows"] for p in steady)
+    steady_s = sum(p["durationMs"]["triggerExecution"] for p in steady) / 1000
+    return {
+        "rows": rows,
+        "batches": len(progress),
+        "rows_per_s": round(rows / seconds) if seconds else None,
+        "rows_per_s_after_batch0": round(steady_rows / steady_s) if steady_s else None,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--messages", type=int, default=1_000_000)
+    parser.add_argument("--size", type=int, default=100)
+    parser.add_argument("--batch-rows", type=int, default=250_000)
+    args = parser.parse_args()
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
+    tmp = Path(tempfile.mkdtemp(prefix="spark-bench-"))
+    proc = BrokerProcess(tmp / "data", fsync="never")
+    asyncio.run(proc.start())
+    result: dict[str, Any] = {"messages": args.messages, "size": args.size}
+    try:
+        admin_url = f"http://127.0.0.1:{proc.http_port}"
+        _io.run(_io.admin_for(admin_url).create_scalable_topic(TOPIC, 2))
+        result["produce_msgs_per_s"] = round(
+            produce(proc.service_url, admin_url, args.messages, args.size)
+        )
+        from pyspark.sql import SparkSession
+
+        spark = (
+            SparkSession.builder.master("local[2]")
+            .config("spark.ui.enabled", "false")
+            .config("spark.ui.showConsoleProgress", "false")
+            .config("spark.sql.shuffle.partitions", "2")
+            .getOrCreate()
+        )
+        spark.sparkContext.setLogLevel("ERROR")
+        opts = {"serviceUrl": proc.service_url, "adminUrl": admin_url, "topic": TOPIC}
+        ours = (
+            spark.readStream.format("anabranch").options(**opts)
+            .option("startingOffsets", "earliest")
+            .option("maxRecordsPerTrigger", str(args.batch_rows)).load()
+        )  # fmt: skip
+        t0 = time.perf_counter()
+        result["anabranch"] = rate(run_noop(ours, str(tmp / "cp-ours"), available_now=True))
+        result["anabranch"]["wall_s"] = round(time.perf_counter() - t0, 2)
+        print("anabranch", result["anabranch"], flush=True)
+
+        spark.dataSource.register(memory_source(args.messages, args.batch_rows, args.size))
+        mem = spark.readStream.format("bench_memory").load()
+        result["python_arrow_memory"] = rate(run_noop(mem, str(tmp / "cp-mem"), available_now=True))
+        print("memory", result["python_arrow_memory"], flush=True)
+
+        rate_df = (
+            spark.readStream.format("rate-micro-batch")
+            .option("rowsPerBatch", str(args.batch_rows)).option("numPartitions", "2").load()
+        )  # fmt: skip
+        batches = max(2, args.messages // args.batch_rows)
+        result["spark_rate"] = rate(
+            run_noop(rate_df, str(tmp / "cp-rate"), available_now=False, max_batches=batches)
+        )
+        print("rate", result["spark_rate"], flush=True)
+
+        tiny = (
+            spark.readStream.format("anabranch").options(**opts)
+            .option("startingOffsets", "earliest").option("maxRecordsPerTrigger", "2").load()
+        )  # fmt: skip
+        progress = run_noop(tiny, str(tmp / "cp-tiny"), available_now=False, max_batches=21)[1:]
+        result["per_batch_overhead_ms"] = round(
+            sum(p["durationMs"]["triggerExecution"] for p in progress) / max(1, len(progress))
+        )
+        ours_rate = result["anabranch"]["rows_per_s"] or 0
+        mem_rate = result["python_arrow_memory"]["rows_per_s"] or 1
+        result["anabranch_vs_python_arrow"] = round(ours_rate / mem_rate, 3)
+        spark.stop()
+    finally:
+        pid = proc.pid
+        result["broker_peak_rss_mb"] = round((peak_rss_bytes(pid) or 0) / 1e6) if pid else None
+        asyncio.run(proc.stop())
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,279 @@
+"""The connector on a real local Spark (one session for the module) against a broker process."""
+
+from __future__ import annotations
+
+import importlib.util
+import pickle
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark import cloudpickle
+from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+from anabranch.core.hash_range import segment_hash
+from pyspark_anabranch.options import SinkOptions, SourceOptions
+from pyspark_anabranch.source import AnabranchStreamReader, AnabranchStreamWriter, SegmentRange
+from tests.spark.conftest import Broker, keyed
+
+Batches = list[tuple[int, list[dict[str, Any]]]]
+
+
+def collect(
+    spark: Any,
+    opts: dict[str, str],
+    checkpoint: Path,
+    *,
+    available_now: bool = True,
+    batches: Batches | None = None,
+) -> tuple[Any, Batches]:
+    """Run a streaming read into foreachBatch, collecting (batchId, rows)."""
+    out: Batches = [] if batches is None else batches
+
+    def sink(df: Any, batch_id: int) -> None:
+        out.append((batch_id, [r.asDict() for r in df.collect()]))
+
+    writer = (
+        spark.readStream.format("anabranch").options(**opts).load()
+        .writeStream.foreachBatch(sink).option("checkpointLocation", str(checkpoint))
+    )  # fmt: skip
+    if available_now:
+        query = writer.trigger(availableNow=True).start()
+        query.awaitTermination()
+    else:
+        query = writer.trigger(processingTime="200 milliseconds").start()
+    return query, out
+
+
+def rows_of(batches: Batches) -> list[dict[str, Any]]:
+    return [row for _b, rows in batches for row in rows]
+
+
+def wait_for(predicate: Callable[[], bool], what: str, deadline_s: float = 90.0) -> None:
+    end = time.monotonic() + deadline_s
+    while not predicate():
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.2)
+
+
+def check_key_order(batches: Batches) -> None:
+    """Per key: sequence numbers ascend in (batchId, segmentEpoch, position) order and in
+    (segmentEpoch, position) order alone."""
+    per_key: dict[str, list[tuple[int, int, int, int]]] = {}
+    for batch_id, rows in batches:
+        for r in rows:
+            _tag, key, seq = r["value"].decode().split(":")
+            per_key.setdefault(key, []).append(
+                (batch_id, r["segmentEpoch"], r["position"], int(seq))
+            )
+    for key, items in per_key.items():
+        by_batch = [s for *_x, s in sorted(items)]
+        by_position = [s for *_x, s in sorted(items, key=lambda t: (t[1], t[2]))]
+        assert by_batch == sorted(by_batch), key
+        assert by_position == sorted(by_position), key
+
+
+def test_batch_read_over_the_whole_dag(spark: Any, broker: Broker, topic: str) -> None:
+    broker.create(topic, 2)
+    broker.produce(topic, keyed("a", 10, 10))
+    broker.split(topic, 0)
+    broker.produce(topic, keyed("b", 10, 5))
+    broker.merge(topic, *broker.active(topic)[:2])
+    broker.produce(topic, keyed("c", 10, 5))
+    df = spark.read.format("anabranch").options(**broker.options(topic)).load()
+    rows = df.select("value", "segmentEpoch", "position").collect()
+    values = [r["value"] for r in rows]
+    assert len(values) == 200 and len(set(values)) == 200
+    child = next(s for s in broker.layout(topic)["segments"].values() if s["createdAtEpoch"] == 2)
+    lo, hi = child["hashRange"]["start"], child["hashRange"]["end"]
+    expected = sorted(v for k, v in keyed("c", 10, 5) if lo <= segment_hash(k) <= hi)
+    assert expected  # the merge child holds some keys
+    merged = df.where("segmentEpoch = 2").select("value").collect()
+    assert sorted(r["value"] for r in merged) == expected
+
+
+def test_stream_across_splits_and_merges_reads_each_message_once_in_key_order(
+    spark: Any, broker: Broker, topic: str, tmp_path: Path
+) -> None:
+    broker.create(topic, 2)
+    broker.produce(topic, keyed("a", 12, 5))
+    opts = broker.options(topic, startingOffsets="earliest", maxRecordsPerTrigger="40")
+    query, batches = collect(spark, opts, tmp_path / "cp", available_now=False)
+    try:
+        wait_for(lambda: len(rows_of(batches)) >= 40, "the first batch")
+        broker.split(topic, 0)  # while the query runs, parent partly read
+        broker.produce(topic, keyed("a", 12, 5, offset=5))
+        first, second = broker.active(topic)[:2]
+        broker.merge(topic, first, second)
+        broker.produce(topic, keyed("a", 12, 5, offset=10))
+        broker.split(topic, broker.active(topic)[-1])
+        broker.produce(topic, keyed("a", 12, 5, offset=15))
+        wait_for(lambda: len(rows_of(batches)) >= 240, "all 240 rows")
+        time.sleep(1.0)  # a duplicate would show up now
+    finally:
+        query.stop()
+    values = [r["value"] for r in rows_of(batches)]
+    assert len(values) == 240 and len(set(values)) == 240
+    assert [b for b, _ in batches] == sorted(b for b, _ in batches)
+    assert len(batches) >= 6
+    check_key_order(batches)
+    # A parent's tail and its children's head are never in one micro-batch.
+    layout = broker.layout(topic)["segments"]
+    for batch_id, rows in batches:
+        segs = {r["segmentId"] for r in rows}
+        for sid in segs:
+            parents = set(layout[str(sid)]["parentIds"])
+            assert not parents & segs, (batch_id, sid)
+
+
+def test_restart_replays_the_uncommitted_batch_identically(
+    spark: Any, broker: Broker, topic: str, tmp_path: Path
+) -> None:
+    broker.create(topic, 2)
+    broker.produce(topic, keyed("r", 9, 10))
+    opts = broker.options(topic, startingOffsets="earliest", maxRecordsPerTrigger="30")
+    cp = tmp_path / "cp"
+    _q, first = collect(spark, opts, cp)
+    assert len(rows_of(first)) == 90
+    last_id, last_rows = first[-1]
+    (cp / "commits" / str(last_id)).unlink()  # the last batch never committed
+    (cp / "commits" / f".{last_id}.crc").unlink(missing_ok=True)
+    broker.produce(topic, keyed("s", 9, 2))  # new data must not leak into the replay
+    _q, second = collect(spark, opts, cp)
+    assert second[0][0] == last_id
+    key = lambda r: (r["segmentId"], r["position"])  # noqa: E731
+    assert sorted(second[0][1], key=key) == sorted(last_rows, key=key)
+    assert len(rows_of(second)) == len(last_rows) + 18
+
+
+def test_latest_start_is_deterministic_and_loses_nothing(broker: Broker, topic: str) -> None:
+    broker.create(topic, 2)
+    broker.produce(topic, keyed("before", 4, 3))
+    reader = AnabranchStreamReader(SourceOptions.parse(broker.options(topic)))
+    try:
+        init = reader.initialOffset()
+        broker.produce(topic, keyed("between", 4, 3))  # between Spark's two initialOffset calls
+        assert reader.initialOffset() == init
+        resolved = reader.latestOffset(init, ReadAllAvailable())
+        assert reader.partitions(init, resolved) == []  # batch 0 is empty by design
+        broker.produce(topic, keyed("after", 4, 3))
+        end = reader.latestOffset(resolved, ReadAllAvailable())
+        parts = reader.partitions(resolved, end)
+        values = [v for p in parts for b in reader.read(p) for v in b.column("value").to_pylist()]
+        assert sorted(values) == sorted(v for _k, v in keyed("after", 4, 3))
+        assert reader.latestOffset(end, ReadAllAvailable()) == end  # nothing new: same offset
+    finally:
+        reader.stop()
+
+
+def test_max_records_per_trigger_is_honoured(
+    spark: Any, broker: Broker, topic: str, tmp_path: Path
+) -> None:
+    broker.create(topic, 3)
+    broker.produce(topic, keyed("m", 10, 10))
+    opts = broker.options(topic, startingOffsets="earliest", maxRecordsPerTrigger="25")
+    _q, batches = collect(spark, opts, tmp_path / "cp")
+    sizes = [len(rows) for _b, rows in batches]
+    assert sum(sizes) == 100 and max(sizes) <= 25 and len(sizes) >= 4
+
+
+def test_available_now_stops_at_its_snapshot_while_producers_continue(
+    spark: Any, broker: Broker, topic: str, tmp_path: Path
+) -> None:
+    broker.create(topic, 2)
+    broker.produce(topic, keyed("n", 10, 10))
+    stop = threading.Event()
+    produced = [100]
+
+    def keep_producing() -> None:
+        seq = 10
+        while not stop.is_set():
+            produced[0] += broker.produce(topic, keyed("n", 10, 1, offset=seq))
+            seq += 1
+
+    thread = threading.Thread(target=keep_producing)
+    thread.start()
+    try:
+        opts = broker.options(topic, startingOffsets="earliest", maxRecordsPerTrigger="60")
+        query, batches = collect(spark, opts, tmp_path / "cp")
+        assert not query.isActive
+        read = len(rows_of(batches))
+        time.sleep(0.5)
+    finally:
+        stop.set()
+        thread.join()
+    assert 100 <= read < produced[0]
+    values = [r["value"] for r in rows_of(batches)]
+    assert len(set(values)) == len(values)
+    check_key_order(batches)
+
+
+def test_readers_writers_and_partitions_pickle_without_a_client(broker: Broker, topic: str) -> None:
+    broker.create(topic, 1)
+    reader = AnabranchStreamReader(
+        SourceOptions.parse(broker.options(topic, startingOffsets="earliest"))
+    )
+    try:
+        start = reader.initialOffset()  # the driver side now holds a live client
+        assert reader._driver is not None
+        clone = pickle.loads(
+            cloudpickle.dumps(  # type: ignore[no-untyped-call]
+                reader
+            )
+        )
+        assert clone._driver is None and clone.opts == reader.opts
+        assert reader.latestOffset(start, ReadAllAvailable()) == start  # empty topic
+    finally:
+        reader.stop()
+    writer = AnabranchStreamWriter(SinkOptions.parse(broker.options(topic)))
+    assert (
+        pickle.loads(
+            cloudpickle.dumps(  # type: ignore[no-untyped-call]
+                writer
+            )
+        ).opts
+        == writer.opts
+    )
+    part = SegmentRange("public/default/x", 0, 0, 0xFFFF, 0, 0, 5)
+    assert pickle.loads(pickle.dumps(part)) == part
+
+
+def test_exactly_once_sink_is_refused_at_planning(spark: Any, broker: Broker, topic: str) -> None:
+    df = spark.createDataFrame([("k", "v")], "key string, value string")
+    opts = broker.options(topic, deliveryGuarantee="exactly_once")
+    with pytest.raises(Exception, match="not yet supported"):
+        df.write.format("anabranch").options(**opts).mode("append").save()
+
+
+def test_example_pipeline_consume_transform_produce(
+    spark: Any, broker: Broker, tmp_path: Path
+) -> None:
+    source, sink = "topic://public/default/pipe-in", "topic://public/default/pipe-out"
+    broker.create(source, 2)
+    broker.create(sink, 3)
+    broker.produce(source, keyed("order", 8, 10))
+    path = Path(__file__).parents[2] / "examples" / "pipeline.py"
+    spec = importlib.util.spec_from_file_location("pipeline_example", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    query = module.start(
+        spark,
+        service_url=broker.service_url,
+        admin_url=broker.admin_url,
+        source=source,
+        sink=sink,
+        checkpoint=str(tmp_path / "cp"),
+        available_now=True,
+    )
+    query.awaitTermination()
+    out = spark.read.format("anabranch").options(**broker.options(sink)).load().collect()
+    assert sorted(r["value"] for r in out) == sorted(v.upper() for _k, v in keyed("order", 8, 10))
+    per_key: dict[bytes, list[int]] = {}
+    for r in sorted(out, key=lambda r: (r["segmentEpoch"], r["position"])):
+        per_key.setdefault(r["key"], []).append(int(r["value"].decode().split(":")[2]))
+    assert all(seqs == sorted(seqs) for seqs in per_key.values())
