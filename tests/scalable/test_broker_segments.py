@@ -8,12 +8,16 @@ from pathlib import Path
 
 import aiohttp
 import msgspec
+import pytest
 
 from anabranch.broker.policies import Policies
 from anabranch.clock import SystemClock
+from anabranch.core.names import SegmentName, TopicName
+from anabranch.errors import StorageIOError
 from anabranch.metadata.memory import MemoryMetadataStore
 from anabranch.protocol import commands
 from anabranch.protocol._generated import pulsar_api_pb2 as pb
+from anabranch.scalable.paths import TopicPaths
 from anabranch.scalable.segment_ops import StorageSegmentOps
 from anabranch.scalable.service import ScalableTopicService
 from anabranch.storage.memory import MemoryManagedLedgerFactory
@@ -170,3 +174,35 @@ async def test_restarted_broker_takes_over_its_dead_predecessors_leadership() ->
         await restarted.close()
         await other.close()
         await store.close()
+
+
+async def test_a_split_cut_short_is_finished_when_the_topic_is_next_looked_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with InProcessBroker(tmp_path, metadata="sqlite") as broker:
+        await broker.service.scalable.create(TOPIC, 1)
+        ops = broker.service.scalable.ops
+
+        async def crash(segment: SegmentName) -> bytes:
+            raise StorageIOError("the broker died here")
+
+        monkeypatch.setattr(ops, "terminate_segment", crash)
+        with pytest.raises(StorageIOError):
+            await broker.service.scalable.split(TOPIC, 0)
+        monkeypatch.undo()
+        paths = TopicPaths(TopicName.parse(TOPIC))
+        assert await broker.service.store.get(paths.pending_op) is not None
+        assert (await broker.service.scalable.get_metadata(TOPIC)).epoch == 0
+    async with InProcessBroker(tmp_path, metadata="sqlite") as broker:
+        client = await RawClient.connect(broker.port)
+        try:
+            update = await client.lookup(1, TOPIC, create_if_missing=False)
+            assert update.dag.epoch == 1  # the new leader finished the split first
+            states = {s.segment_id: s.state for s in update.dag.segments}
+            assert states == {0: pb.SEALED, 1: pb.ACTIVE, 2: pb.ACTIVE}
+            await client.send(commands.producer(PARENT, 1, 1, "p"))
+            refused = await client.next(lambda f: f.type == T.ERROR and f.body.request_id == 1)
+            assert refused.command.error.error == pb.TopicTerminatedError
+        finally:
+            await client.close()
+        assert await broker.service.store.get(paths.pending_op) is None
