@@ -107,6 +107,10 @@ async def test_child_rejects_a_sequence_id_the_parent_persisted(tmp_path: Path) 
             assert retry.command.send_receipt.message_id.ledgerId == U64_MAX
             fresh = await client.produce(10, "p", 3, b"m3")
             assert fresh.command.send_receipt.message_id.ledgerId != U64_MAX
+            # A merge child takes the highest mark of both parents (3 from the first child).
+            await broker.service.scalable.merge(TOPIC, 1, 2)
+            merged = await client.producer("segment://public/default/orders/0000-ffff-3", 20, "p")
+            assert merged.last_sequence_id == 3
         finally:
             await client.close()
         loaded = broker.service.loaded_topic(CHILDREN[0])
