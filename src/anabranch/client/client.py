@@ -24,6 +24,7 @@ from anabranch.client.checkpoint import Checkpoint
 from anabranch.client.checkpoint_consumer import CheckpointConsumer
 from anabranch.client.connection import ConnectionPool
 from anabranch.client.consumer import Consumer, ConsumerOptions, PartitionedConsumer, subscribe
+from anabranch.client.dag_session import DagSession, is_scalable_name, scalable_topic_name
 from anabranch.client.message_id import MessageId
 from anabranch.client.producer import (
     PartitionedProducer,
@@ -33,8 +34,9 @@ from anabranch.client.producer import (
 )
 from anabranch.client.queue_consumer import LayoutSource, QueueConsumer, QueueConsumerOptions
 from anabranch.client.reader import Reader, start_position
+from anabranch.client.scalable_producer import ScalableProducer
 from anabranch.core.names import SegmentName, TopicDomain, parse_name
-from anabranch.errors import InvalidArgument, NotAllowed
+from anabranch.errors import InvalidArgument
 from anabranch.limits import (
     CLIENT_OPERATION_TIMEOUT_S,
     CONSUMER_RECEIVER_QUEUE_MESSAGES,
@@ -83,6 +85,7 @@ class Client:
             | Reader
             | QueueConsumer
             | CheckpointConsumer
+            | ScalableProducer
         ] = []
         self.layout_source_factory: Callable[[str], Awaitable[LayoutSource]] | None = None
 
@@ -97,15 +100,27 @@ class Client:
     ) -> None:
         await self.close()
 
-    async def create_producer(self, topic: str, **options: Any) -> Producer | PartitionedProducer:
+    async def create_producer(
+        self, topic: str, **options: Any
+    ) -> Producer | PartitionedProducer | ScalableProducer:
         """A connected producer; options are the fields of ``ProducerOptions``.
+
+        A ``topic://`` name gives a :class:`ScalableProducer` (routing by key over the
+        active segments, re-routing across splits and merges; the topic is created with one
+        segment on first use where allowed).
 
         Example::
 
             producer = await client.create_producer(topic, compression="lz4", batching=False)
+            orders = await client.create_producer("topic://public/default/orders")
         """
         opts = ProducerOptions.from_kwargs(options)
-        producer = await create_producer(self._pool, _persistent_topic(topic), opts)
+        producer: Producer | PartitionedProducer | ScalableProducer
+        if is_scalable_name(topic):
+            session = await DagSession.open(self._pool, scalable_topic_name(topic))
+            producer = ScalableProducer(self._pool, session, opts)
+        else:
+            producer = await create_producer(self._pool, _persistent_topic(topic), opts)
         self._handlers.append(producer)
         return producer
 
@@ -199,7 +214,7 @@ class Client:
 
     async def _layout_source(self, topic: str) -> LayoutSource:
         if self.layout_source_factory is None:
-            raise NotAllowed("scalable topics need the DAG session (not available yet)")
+            return await DagSession.open(self._pool, scalable_topic_name(topic))
         return await self.layout_source_factory(topic)
 
     async def _plain_producer(self, topic: str) -> Producer:

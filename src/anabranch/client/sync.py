@@ -38,6 +38,7 @@ from anabranch.client.producer import PartitionedProducer
 from anabranch.client.producer import Producer as AsyncProducer
 from anabranch.client.queue_consumer import QueueConsumer as AsyncQueueConsumer
 from anabranch.client.reader import Reader as AsyncReader
+from anabranch.client.scalable_producer import ScalableProducer
 from anabranch.errors import Closed
 
 R = TypeVar("R")
@@ -100,7 +101,9 @@ def _chain(source: asyncio.Future[R], target: concurrent.futures.Future[R]) -> N
 class Producer:
     """Blocking twin of :class:`anabranch.client.producer.Producer`."""
 
-    def __init__(self, portal: Portal, inner: AsyncProducer | PartitionedProducer) -> None:
+    def __init__(
+        self, portal: Portal, inner: AsyncProducer | PartitionedProducer | ScalableProducer
+    ) -> None:
         self._portal = portal
         self.inner = inner
 

@@ -1,0 +1,530 @@
+"""The producer of a scalable topic: routes by key over the active segments of the DAG and
+re-routes transparently when a segment is sealed.
+
+Theory of operation
+-------------------
+The producer holds a :class:`~anabranch.client.dag_session.DagSession` (the topic's current
+DAG) and one internal :class:`~anabranch.client.producer.Producer` per active segment it
+has sent to, created on first use (so batching, compression and reconnects are the
+persistent producer's). A keyed message goes to the active segment whose hash range holds
+``segment_hash(key)``; keyless messages go round-robin over the active segments.
+
+Every message waits in one queue, in the order of the calls, until it is handed to a
+segment producer ("dispatched"). Sequence ids come from one counter for the whole
+producer and are given at dispatch, so each segment producer sees increasing ids and a
+re-routed message gets a fresh one (a child segment seeded with its parents' dedup marks
+never mistakes it for a duplicate, also after a merge of two parents).
+
+When a split or merge seals a segment, its producer's sends fail with ``TopicTerminated``.
+Those messages are not failed: :class:`RerouteState` holds the queue (nothing more is
+dispatched anywhere) until
+
+1. every message in flight on a sealed or no-longer-active segment has its answer
+   (stored, or refused too), and
+2. the DAG shows every segment that refused a send as sealed (bounded by
+   ``limits.SCALABLE_PRODUCER_REROUTE_WAIT_S``; past it the held messages fail with the
+   ``TopicTerminated`` they got),
+
+then puts the refused messages back at the head of the queue in their original order and
+resumes. Because a key's later message is behind its earlier ones in the queue, and
+nothing is dispatched while an earlier message may still be refused, a key's messages
+reach the children in order and after everything the parent stored.
+
+Duplicates: a message the parent stored is never re-sent unless its receipt was lost with
+a connection at the moment of the seal (the segment producer's resend then meets the
+sealed topic); it is then re-sent to a child under a fresh sequence id, so it can arrive
+twice. That is the at-least-once window of every Pulsar producer across a failure.
+
+Example (with a client)::
+
+    producer = await client.create_producer("topic://public/default/orders")
+    message_id = await producer.send(b"paid", key="order-42")   # message_id.segment_id set
+    future = await producer.send_async(b"shipped", key="order-42")
+    await producer.flush()
+    await producer.close()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import enum
+import functools
+import itertools
+import logging
+import uuid
+from collections import deque
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+from anabranch.client.connection import ConnectionPool
+from anabranch.client.dag_session import DagSession
+from anabranch.client.errors import ProducerQueueFull
+from anabranch.client.message_id import MessageId
+from anabranch.client.producer import Producer, ProducerOptions
+from anabranch.core.hash_range import segment_hash
+from anabranch.core.segment_layout import Segment, SegmentLayout, segment_name
+from anabranch.errors import AnabranchError, Closed, InvalidArgument, NotFound, TopicTerminated
+from anabranch.limits import SCALABLE_PRODUCER_REROUTE_WAIT_S
+
+log = logging.getLogger(__name__)
+
+E = TypeVar("E")
+
+REROUTE_ERRORS: tuple[type[AnabranchError], ...] = (TopicTerminated, NotFound)
+"""Send or create errors that mean "this segment takes no more writes": re-route."""
+
+
+class SegmentRouter:
+    """Picks the active segment of a message: by key hash, or round-robin without a key.
+
+    Example:
+        >>> layout = SegmentLayout.initial(2, now_ms=0)
+        >>> router = SegmentRouter()
+        >>> router.route(layout, "a").segment_id            # segment_hash("a") == 0x3c25
+        0
+        >>> [router.route(layout, None).segment_id for _ in range(3)]
+        [0, 1, 0]
+    """
+
+    def __init__(self) -> None:
+        self._next = 0
+
+    def route(self, layout: SegmentLayout, key: str | None) -> Segment:
+        """The active segment that takes a message with ``key``."""
+        if key is not None:
+            return layout.find_active(segment_hash(key))
+        active = layout.active_segments()
+        segment = active[self._next % len(active)]
+        self._next += 1
+        return segment
+
+
+class Hold(enum.Enum):
+    """Why dispatching must wait (see :meth:`RerouteState.hold`)."""
+
+    NONE = "none"
+    SETTLING = "settling"
+    """Sends on a sealed or inactive segment have no answer yet."""
+    AWAIT_DAG = "await_dag"
+    """A segment refused a send but the DAG still shows it active."""
+    RESEND = "resend"
+    """Refused messages are ready to go back to the head of the queue."""
+
+
+@dataclass
+class RerouteState(Generic[E]):
+    """What is in flight on which segment, and what must be re-sent after a seal (pure).
+
+    Items are identified by a serial that grows with the order of the application's calls.
+
+    Example:
+        >>> state: RerouteState[str] = RerouteState()
+        >>> state.sent(0, 1, "m1"); state.sent(0, 2, "m2"); state.sent(1, 3, "m3")
+        >>> state.refused(0, 1)                  # segment 0 was sealed
+        >>> state.hold(frozenset({0, 1})).value  # m2 still has no answer
+        'settling'
+        >>> state.refused(0, 2)
+        >>> state.hold(frozenset({0, 1})).value  # the DAG does not show the seal yet
+        'await_dag'
+        >>> state.hold(frozenset({1, 2, 3})).value
+        'resend'
+        >>> state.release(frozenset({1, 2, 3}))
+        ['m1', 'm2']
+        >>> state.hold(frozenset({1, 2, 3})).value
+        'none'
+    """
+
+    inflight: dict[int, dict[int, E]] = field(default_factory=dict)
+    retry: dict[int, E] = field(default_factory=dict)
+    sealed: set[int] = field(default_factory=set)
+
+    def sent(self, segment_id: int, serial: int, item: E) -> None:
+        """``item`` was handed to ``segment_id``'s producer."""
+        self.inflight.setdefault(segment_id, {})[serial] = item
+
+    def answered(self, segment_id: int, serial: int) -> None:
+        """The send has its final answer (stored, or failed for good)."""
+        sends = self.inflight.get(segment_id)
+        if sends is not None:
+            sends.pop(serial, None)
+            if not sends:
+                del self.inflight[segment_id]
+
+    def refused(self, segment_id: int, serial: int) -> None:
+        """The segment is sealed: the send must go elsewhere."""
+        item = self.inflight.get(segment_id, {}).get(serial)
+        self.answered(segment_id, serial)
+        self.sealed.add(segment_id)
+        if item is not None:
+            self.retry[serial] = item
+
+    def segment_refused(self, segment_id: int) -> None:
+        """Creating a producer on the segment said it is sealed (or gone)."""
+        self.sealed.add(segment_id)
+
+    def in_flight(self, segment_id: int) -> int:
+        """Sends on the segment without an answer."""
+        return len(self.inflight.get(segment_id, ()))
+
+    def hold(self, active: Collection[int]) -> Hold:
+        """Whether new messages may be dispatched under a DAG whose active segments are
+        ``active`` (NONE), or what must happen first."""
+        stale = self.sealed | {s for s in self.inflight if s not in active}
+        if any(self.in_flight(s) for s in stale):
+            return Hold.SETTLING
+        if any(s in active for s in self.sealed):
+            return Hold.AWAIT_DAG
+        return Hold.RESEND if self.retry else Hold.NONE
+
+    def release(self, active: Collection[int]) -> list[E]:
+        """The refused items in call order (to put at the head of the queue); forgets the
+        seals the DAG now shows."""
+        items = [self.retry[serial] for serial in sorted(self.retry)]
+        self.retry.clear()
+        self.sealed = {s for s in self.sealed if s in active}
+        return items
+
+    def give_up(self) -> list[E]:
+        """Stop waiting: the refused items (to fail) in call order; every seal forgotten."""
+        items = [self.retry[serial] for serial in sorted(self.retry)]
+        self.retry.clear()
+        self.sealed.clear()
+        return items
+
+
+@dataclass(eq=False, slots=True)
+class _Entry:
+    serial: int
+    value: bytes
+    key: str | None
+    properties: Mapping[str, str] | None
+    event_time: int | None
+    future: asyncio.Future[MessageId]
+
+
+def _active_ids(layout: SegmentLayout) -> frozenset[int]:
+    return frozenset(s.segment_id for s in layout.active_segments())
+
+
+class ScalableProducer:
+    """A producer on a ``topic://`` scalable topic (see the module docstring)."""
+
+    def __init__(self, pool: ConnectionPool, session: DagSession, options: ProducerOptions) -> None:
+        self._pool = pool
+        self._session = session
+        self.options = options
+        self.topic = str(session.topic)
+        self.producer_name = options.producer_name or (
+            f"{session.topic.local_name}-{uuid.uuid4().hex[:12]}"
+        )
+        # One name on every segment: the broker's dedup marks follow it across seals.
+        self._segment_options = dataclasses.replace(
+            options, producer_name=self.producer_name, initial_sequence_id=None
+        )
+        self._next_sequence_id = options.initial_sequence_id or 0
+        self.last_sequence_id = self._next_sequence_id - 1
+        self._producers: dict[int, Producer] = {}
+        self._creating: dict[int, asyncio.Task[None]] = {}
+        self._background: set[asyncio.Task[None]] = set()
+        self._queue: deque[_Entry] = deque()
+        self._state: RerouteState[_Entry] = RerouteState()
+        self._router = SegmentRouter()
+        self._room = asyncio.Semaphore(options.pending_messages_max)
+        self._serials = itertools.count()
+        self._unresolved: dict[int, _Entry] = {}
+        self._dispatching = False
+        self._recovery: asyncio.Task[None] | None = None
+        self._settled = asyncio.Event()
+        self._closing = False
+
+    def __repr__(self) -> str:
+        return f"ScalableProducer({self.topic!r}, name={self.producer_name!r})"
+
+    @property
+    def segment_ids(self) -> list[int]:
+        """Segments with an internal producer now."""
+        return sorted(self._producers)
+
+    # --- sending ---------------------------------------------------------------------------
+
+    async def send(
+        self,
+        value: bytes,
+        *,
+        key: str | None = None,
+        properties: Mapping[str, str] | None = None,
+        event_time: int | None = None,
+        sequence_id: int | None = None,
+    ) -> MessageId:
+        """Send one message and wait until a segment stored it; the id names the segment.
+
+        Example::
+
+            mid = await producer.send(b"x", key="k", properties={"a": "1"})
+            assert mid.segment_id is not None
+        """
+        fut = await self.send_async(
+            value, key=key, properties=properties, event_time=event_time, sequence_id=sequence_id
+        )
+        return await fut
+
+    async def send_async(
+        self,
+        value: bytes,
+        *,
+        key: str | None = None,
+        properties: Mapping[str, str] | None = None,
+        event_time: int | None = None,
+        sequence_id: int | None = None,
+    ) -> asyncio.Future[MessageId]:
+        """Queue one message; returns a future of its id once there is room.
+
+        ``sequence_id`` must be None: the producer numbers messages itself (one sequence
+        across every segment). Waits while ``pending_messages_max`` messages are
+        unanswered, or raises ``ProducerQueueFull`` with ``block_if_queue_full=False``.
+        """
+        if self._closing:
+            raise Closed(f"{self} is closed")
+        if sequence_id is not None:
+            raise InvalidArgument("a scalable-topic producer assigns sequence ids itself")
+        if not isinstance(value, bytes | bytearray | memoryview):
+            raise InvalidArgument(f"message value must be bytes, not {type(value).__name__}")
+        if self._room.locked() and not self.options.block_if_queue_full:
+            raise ProducerQueueFull(f"{self} has {self.options.pending_messages_max} pending")
+        await self._room.acquire()
+        fut: asyncio.Future[MessageId] = asyncio.get_running_loop().create_future()
+        fut.add_done_callback(lambda _: self._room.release())
+        if self._closing:
+            fut.set_exception(Closed(f"{self} is closed"))
+            return fut
+        entry = _Entry(
+            next(self._serials),
+            bytes(value),
+            key,
+            dict(properties) if properties else None,
+            event_time,
+            fut,
+        )
+        self._unresolved[entry.serial] = entry
+        fut.add_done_callback(lambda _: self._unresolved.pop(entry.serial, None))
+        self._queue.append(entry)
+        await self._dispatch()
+        return fut
+
+    async def _dispatch(self) -> None:
+        """Hand queued messages to segment producers, in order, while nothing holds."""
+        if self._dispatching:
+            return  # the running loop will take what was just queued
+        self._dispatching = True
+        try:
+            while self._queue and not self._closing:
+                layout = self._session.layout
+                active = _active_ids(layout)
+                if self._state.hold(active) is not Hold.NONE:
+                    self._ensure_recovery()
+                    return
+                self._retire_stale(active)
+                entry = self._queue[0]
+                segment = self._router.route(layout, entry.key)
+                producer = self._producers.get(segment.segment_id)
+                if producer is None:
+                    self._ensure_creating(segment)
+                    return
+                self._queue.popleft()
+                await self._send(producer, segment.segment_id, entry)
+        finally:
+            self._dispatching = False
+
+    async def _send(self, producer: Producer, segment_id: int, entry: _Entry) -> None:
+        if entry.future.done():
+            return
+        sequence_id = self._next_sequence_id
+        self._next_sequence_id += 1
+        self._state.sent(segment_id, entry.serial, entry)
+        try:
+            inner = await producer.send_async(
+                entry.value,
+                key=entry.key,
+                properties=entry.properties,
+                event_time=entry.event_time,
+                sequence_id=sequence_id,
+            )
+        except REROUTE_ERRORS:
+            self._state.refused(segment_id, entry.serial)
+            self._drop_producer(segment_id)
+            return
+        except AnabranchError as err:
+            self._state.answered(segment_id, entry.serial)
+            entry.future.set_exception(err)
+            return
+        self.last_sequence_id = sequence_id
+        inner.add_done_callback(functools.partial(self._on_answer, segment_id, entry))
+
+    def _on_answer(self, segment_id: int, entry: _Entry, inner: asyncio.Future[MessageId]) -> None:
+        err: BaseException | None = (
+            Closed(f"{self}: send cancelled") if inner.cancelled() else inner.exception()
+        )
+        if err is None:
+            self._state.answered(segment_id, entry.serial)
+            if not entry.future.done():
+                entry.future.set_result(dataclasses.replace(inner.result(), segment_id=segment_id))
+        elif isinstance(err, REROUTE_ERRORS) and not self._closing:
+            log.debug("%s: segment %d refused a send (%s); re-routing", self, segment_id, err)
+            self._state.refused(segment_id, entry.serial)
+        else:
+            self._state.answered(segment_id, entry.serial)
+            if not entry.future.done():
+                entry.future.set_exception(err)
+        settled, self._settled = self._settled, asyncio.Event()
+        settled.set()
+        if not self._closing and self._state.hold(_active_ids(self._session.layout)) in (
+            Hold.SETTLING,
+            Hold.AWAIT_DAG,
+            Hold.RESEND,
+        ):
+            self._ensure_recovery()
+
+    # --- re-routing ------------------------------------------------------------------------
+
+    def _ensure_recovery(self) -> None:
+        if self._recovery is None or self._recovery.done():
+            self._recovery = asyncio.get_running_loop().create_task(self._recover())
+
+    async def _recover(self) -> None:
+        """Wait out a seal (module docstring), then resend and resume dispatching."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + SCALABLE_PRODUCER_REROUTE_WAIT_S
+        while not self._closing:
+            layout = self._session.layout
+            active = _active_ids(layout)
+            hold = self._state.hold(active)
+            if hold is Hold.NONE:
+                break
+            if hold is Hold.RESEND:
+                self._queue.extendleft(reversed(self._state.release(active)))
+                continue
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                self._give_up(active)
+                continue
+            waiter = (
+                self._settled.wait()
+                if hold is Hold.SETTLING
+                else self._session.wait_for_change(layout.epoch)
+            )
+            try:
+                await asyncio.wait_for(waiter, remaining)
+            except TimeoutError:
+                continue
+            except Closed:
+                return  # the session ended: close() fails what is left
+        self._recovery = None
+        await self._dispatch()
+
+    def _give_up(self, active: frozenset[int]) -> None:
+        sealed = sorted(self._state.sealed)
+        log.warning("%s: no DAG showing segments %s sealed; failing held sends", self, sealed)
+        err = TopicTerminated(
+            f"{self.topic}: segments {sealed} refused writes and no new DAG arrived within "
+            f"{SCALABLE_PRODUCER_REROUTE_WAIT_S} s"
+        )
+        for segment_id in sealed:
+            for serial in list(self._state.inflight.get(segment_id, {})):
+                self._state.answered(segment_id, serial)
+            self._drop_producer(segment_id)
+        for entry in self._state.give_up():
+            if not entry.future.done():
+                entry.future.set_exception(err)
+
+    # --- segment producers -----------------------------------------------------------------
+
+    def _ensure_creating(self, segment: Segment) -> None:
+        if segment.segment_id not in self._creating:
+            task = asyncio.get_running_loop().create_task(self._create(segment))
+            self._creating[segment.segment_id] = task
+
+    async def _create(self, segment: Segment) -> None:
+        name = str(segment_name(self._session.topic, segment))
+        producer = Producer(self._pool, name, self._segment_options)
+        try:
+            await producer._start()
+        except REROUTE_ERRORS as err:
+            log.debug("%s: segment %d takes no producers: %s", self, segment.segment_id, err)
+            self._state.segment_refused(segment.segment_id)
+            await producer.close()
+        except AnabranchError as err:
+            # Not a seal: the broker is unreachable or refuses us. Fail what waits.
+            await producer.close()
+            queued, self._queue = list(self._queue), deque()
+            for entry in queued:
+                if not entry.future.done():
+                    entry.future.set_exception(err)
+        else:
+            if self._closing:
+                await producer.close()
+                return
+            self._producers[segment.segment_id] = producer
+            # Continue above whatever this name stored on the segment before (a restart).
+            self._next_sequence_id = max(self._next_sequence_id, producer.last_sequence_id + 1)
+        finally:
+            self._creating.pop(segment.segment_id, None)
+        await self._dispatch()
+
+    def _drop_producer(self, segment_id: int) -> None:
+        producer = self._producers.pop(segment_id, None)
+        if producer is not None:
+            self._close_later(producer)
+
+    def _retire_stale(self, active: frozenset[int]) -> None:
+        for segment_id in [s for s in self._producers if s not in active]:
+            if not self._state.in_flight(segment_id):
+                self._drop_producer(segment_id)
+
+    def _close_later(self, producer: Producer) -> None:
+        task = asyncio.get_running_loop().create_task(producer.close())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    # --- flush and close -------------------------------------------------------------------
+
+    async def flush(self) -> None:
+        """Wait until every message sent so far has its answer (stored or failed).
+
+        Failed sends are not raised here: their own futures carry the errors.
+        """
+        futures = [e.future for e in self._unresolved.values()]
+        for producer in list(self._producers.values()):
+            producer._flush_batch()
+        if futures:
+            await asyncio.wait(futures)
+
+    async def close(self) -> None:
+        """Flush (bounded by the operation timeout), close every segment producer and the
+        DAG session; later sends raise ``Closed``. Idempotent."""
+        if self._closing:
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.flush(), self._pool.operation_timeout_s)
+        self._closing = True
+        tasks = [t for t in (self._recovery, *self._creating.values()) if t is not None]
+        for task in tasks:
+            if task is not asyncio.current_task():
+                task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        producers = list(self._producers.values())
+        self._producers.clear()
+        await asyncio.gather(
+            *(p.close() for p in producers), *self._background, return_exceptions=True
+        )
+        err = Closed(f"{self} was closed")
+        for entry in list(self._unresolved.values()):
+            if not entry.future.done():
+                entry.future.set_exception(err)
+        self._queue.clear()
+        await self._session.close()
+
+
+__all__ = ["Hold", "RerouteState", "ScalableProducer", "SegmentRouter"]
