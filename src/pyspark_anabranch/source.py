@@ -51,6 +51,7 @@ from pyspark.sql.types import (
 )
 
 from anabranch.client.client import Client
+from anabranch.client.consumer import Consumer
 from anabranch.client.message_id import MessageId
 from anabranch.core.segment_layout import SegmentLayout
 from anabranch.limits import PRODUCER_PENDING_MESSAGES_MAX
@@ -207,6 +208,14 @@ class _Driver:
         self.client: Client = _io.client_for(opts.service_url, **opts.client)
         self.admin = _io.admin_for(opts.admin_url)
         self.probe = _io.EndProbe(self.client)
+        self.acks: dict[str, Consumer] = {}
+        """ackSubscription consumers, one per segment, kept open across commits."""
+
+    async def close(self) -> None:
+        await self.probe.close()
+        acks, self.acks = self.acks, {}
+        for consumer in acks.values():
+            await consumer.close()
 
     def layouts(self) -> dict[str, SegmentLayout]:
         async def fetch() -> dict[str, SegmentLayout]:
@@ -429,27 +438,33 @@ class AnabranchStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
             log.warning("ackSubscription %s: %s", self.opts.ack_subscription, err)
 
     async def _ack(self, frontier: Frontier) -> None:
+        """Cumulatively ack, on a durable subscription per frontier segment, everything before
+        the frontier (conservatively: a message inside a batch acks up to the entry before)."""
         sub = self.opts.ack_subscription
         assert sub is not None
-        admin = self.driver.admin
+        driver = self.driver
         for topic, tf in frontier.topics.items():
-            layout = await _io.fetch_layout(admin, topic)
+            layout = await _io.fetch_layout(driver.admin, topic)
             for sid, pos in tf.segs.items():
                 if pos == FIRST_POSITION or sid not in layout.segments:
                     continue
+                ledger_id, entry_id, batch_index = decode_position(pos - 1)
+                if batch_index >= 0:
+                    entry_id -= 1
                 name = _io.segment_topic(topic, layout, sid)
-                consumer = await self.driver.client.subscribe(
-                    name, sub, initial_position="earliest", receiver_queue_size=1
-                )
-                try:
-                    ledger_id, entry_id, _ = decode_position(pos - 1)
+                consumer = driver.acks.get(name)
+                if consumer is None:
+                    made = await driver.client.subscribe(
+                        name, sub, initial_position="earliest", receiver_queue_size=1
+                    )
+                    assert isinstance(made, Consumer)
+                    consumer = driver.acks[name] = made
+                if entry_id >= 0:
                     await consumer.acknowledge_cumulative(MessageId(ledger_id, entry_id))
-                finally:
-                    await consumer.close()
 
     def stop(self) -> None:
         if self._driver is not None:
-            _io.run(self._driver.probe.close())
+            _io.run(self._driver.close())
 
 
 class AnabranchBatchReader(DataSourceReader):
