@@ -23,6 +23,7 @@ from anabranch.client.sync import (
     Producer,
     QueueConsumer,
     Reader,
+    StreamConsumer,
 )
 from anabranch.protocol.compression import CompressionType
 
@@ -38,6 +39,7 @@ __all__ = [
     "Producer",
     "QueueConsumer",
     "Reader",
+    "StreamConsumer",
     "SubscriptionType",
     "__version__",
 ]

@@ -23,6 +23,8 @@ from anabranch.client.message_id import MessageId
 from anabranch.client.producer import PartitionedProducer, Producer, ProducerOptions
 from anabranch.client.queue_consumer import QueueConsumer, QueueConsumerOptions
 from anabranch.client.reader import Reader
+from anabranch.client.scalable_producer import ScalableProducer
+from anabranch.client.stream_consumer import StreamConsumer, StreamConsumerOptions
 from anabranch.protocol.compression import CompressionType
 
 __all__ = [
@@ -42,5 +44,8 @@ __all__ = [
     "QueueConsumer",
     "QueueConsumerOptions",
     "Reader",
+    "ScalableProducer",
+    "StreamConsumer",
+    "StreamConsumerOptions",
     "SubscriptionType",
 ]

@@ -35,6 +35,7 @@ from anabranch.client.producer import (
 from anabranch.client.queue_consumer import LayoutSource, QueueConsumer, QueueConsumerOptions
 from anabranch.client.reader import Reader, start_position
 from anabranch.client.scalable_producer import ScalableProducer
+from anabranch.client.stream_consumer import StreamConsumer, StreamConsumerOptions
 from anabranch.core.names import SegmentName, TopicDomain, parse_name
 from anabranch.errors import InvalidArgument
 from anabranch.limits import (
@@ -86,6 +87,7 @@ class Client:
             | QueueConsumer
             | CheckpointConsumer
             | ScalableProducer
+            | StreamConsumer
         ] = []
         self.layout_source_factory: Callable[[str], Awaitable[LayoutSource]] | None = None
 
@@ -165,6 +167,28 @@ class Client:
         await reader._start()
         self._handlers.append(reader)
         return reader
+
+    async def subscribe_stream(
+        self, topic: str, subscription: str, **options: Any
+    ) -> StreamConsumer:
+        """A stream consumer of a scalable topic: segments dealt by the controller, one
+        ordered receive queue, cumulative acks (parent segments before children).
+
+        Options are the fields of ``StreamConsumerOptions`` (``consumer_name``: the
+        identity kept for the grace period; ``receiver_queue_size``; ``properties``).
+
+        Example::
+
+            stream = await client.subscribe_stream("topic://public/default/orders",
+                                                   subscription="billing",
+                                                   consumer_name="worker-1")
+        """
+        opts = StreamConsumerOptions.from_kwargs(options)
+        session = await DagSession.open(self._pool, scalable_topic_name(topic))
+        consumer = StreamConsumer(self._pool, session, subscription, opts)
+        await consumer._start()
+        self._handlers.append(consumer)
+        return consumer
 
     async def subscribe_queue(self, topic: str, subscription: str, **options: Any) -> QueueConsumer:
         """A queue consumer of a scalable topic: Shared on every segment, individual acks.

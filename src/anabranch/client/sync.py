@@ -39,6 +39,7 @@ from anabranch.client.producer import Producer as AsyncProducer
 from anabranch.client.queue_consumer import QueueConsumer as AsyncQueueConsumer
 from anabranch.client.reader import Reader as AsyncReader
 from anabranch.client.scalable_producer import ScalableProducer
+from anabranch.client.stream_consumer import StreamConsumer as AsyncStreamConsumer
 from anabranch.errors import Closed
 
 R = TypeVar("R")
@@ -242,6 +243,41 @@ class Reader:
         self._portal.call(self.inner.close)
 
 
+class StreamConsumer:
+    """Blocking twin of :class:`anabranch.client.stream_consumer.StreamConsumer`."""
+
+    def __init__(self, portal: Portal, inner: AsyncStreamConsumer) -> None:
+        self._portal = portal
+        self.inner = inner
+
+    @property
+    def topic(self) -> str:
+        """The scalable topic."""
+        return self.inner.topic
+
+    @property
+    def subscription(self) -> str:
+        """The subscription name."""
+        return self.inner.subscription
+
+    @property
+    def consumer_name(self) -> str:
+        """The identity the controller keeps for the grace period."""
+        return self.inner.consumer_name
+
+    def receive(self, timeout: float | None = 1.0) -> Message | None:
+        """The next message from any assigned segment, or None after ``timeout`` seconds."""
+        return self._portal.call(self.inner.receive, timeout)
+
+    def acknowledge_cumulative(self, message: Message | MessageId) -> None:
+        """Acknowledge this message and everything received before it, on every segment."""
+        self._portal.call(self.inner.acknowledge_cumulative, message)
+
+    def close(self) -> None:
+        """Close the consumer (its segments stay with it for the grace period)."""
+        self._portal.call(self.inner.close)
+
+
 class QueueConsumer:
     """Blocking twin of :class:`anabranch.client.queue_consumer.QueueConsumer`."""
 
@@ -349,6 +385,11 @@ class Client:
         inner = self._portal.call(self._inner.create_reader, topic, start, **options)
         return Reader(self._portal, inner)
 
+    def subscribe_stream(self, topic: str, subscription: str, **options: Any) -> StreamConsumer:
+        """A stream consumer of a scalable topic (options as in ``anabranch.aio``)."""
+        inner = self._portal.call(self._inner.subscribe_stream, topic, subscription, **options)
+        return StreamConsumer(self._portal, inner)
+
     def subscribe_queue(self, topic: str, subscription: str, **options: Any) -> QueueConsumer:
         """A queue consumer of a scalable topic (options as in ``anabranch.aio``)."""
         inner = self._portal.call(self._inner.subscribe_queue, topic, subscription, **options)
@@ -387,4 +428,5 @@ __all__ = [
     "Producer",
     "QueueConsumer",
     "Reader",
+    "StreamConsumer",
 ]

@@ -1,0 +1,479 @@
+"""The stream consumer of a scalable topic: controller-assigned segments, one ordered
+receive queue, cumulative acks that advance every segment.
+
+Theory of operation
+-------------------
+A stream consumer registers with the topic's controller (``SCALABLE_TOPIC_SUBSCRIBE`` with
+``consumer_type=STREAM``) at the DAG's ``controller_broker_url``, following a
+``ServiceNotReady`` redirect (``"... the leader is pulsar://host:port"``). The registration
+lives on a connection of its own: when it drops, the controller keeps this consumer's
+segments for its grace period, and the consumer re-registers with the same
+``consumer_name`` (backoff, new connection), which gets the same segments back without a
+rebalance. Closing the consumer closes that connection, so its segments go to the others
+once the grace period ends (the protocol has no unregister command).
+
+The answer and every later ``SCALABLE_TOPIC_ASSIGNMENT_UPDATE`` carry this consumer's
+whole share: :func:`diff_assignment` turns it into segments to leave (their consumer is
+closed and their queued messages dropped: the broker redelivers them to the next owner)
+and segments to join. Each joined segment gets an internal **Exclusive** consumer on its
+``segment://`` topic (upstream's coordinator comment; an Exclusive subscription also
+guarantees that a segment moving between two consumers is never read by both: the new
+owner retries ``ConsumerBusy`` until the old one has let go). All of them feed one queue.
+
+Order: a key lives in one active segment at a time, and the controller assigns a child
+only once every ancestor is *drained* for the subscription (all acknowledged), so a key's
+messages from a child come after all of its messages from the parents. The consumer makes
+draining observable by acknowledging: :meth:`StreamConsumer.acknowledge_cumulative` of a
+message acknowledges, on *every* segment, everything delivered up to that message
+(upstream's position vector, kept here by :class:`DeliveryLog`). A sealed segment is thus
+drained once the application has acknowledged a message received after its last one.
+
+Example (with a client)::
+
+    stream = await client.subscribe_stream("topic://public/default/orders",
+                                           subscription="billing", consumer_name="worker-1")
+    msg = await stream.receive(timeout=1.0)
+    if msg is not None:
+        await stream.acknowledge_cumulative(msg)
+    await stream.close()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import uuid
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from anabranch.client.backoff import Backoff
+from anabranch.client.connection import ClientConnection, ConnectionPool, parse_service_url
+from anabranch.client.consumer import Consumer, ConsumerOptions, InitialPosition, SubscriptionType
+from anabranch.client.dag_session import DagSession
+from anabranch.client.errors import ConsumerBusy, ServiceNotReady, from_server_error
+from anabranch.client.message import Message
+from anabranch.client.message_id import MessageId
+from anabranch.client.queue_consumer import CountingInbox, in_segment
+from anabranch.errors import AnabranchError, Closed, InvalidArgument, NotFound
+from anabranch.limits import (
+    CLIENT_LOOKUP_REDIRECTS_MAX,
+    CLIENT_RECONNECT_BACKOFF_MIN_S,
+    CONSUMER_RECEIVER_QUEUE_MESSAGES,
+    STREAM_CONSUMER_RESUBSCRIBE_MAX_S,
+)
+from anabranch.protocol._generated import pulsar_api_pb2 as pb
+from anabranch.protocol.frames import Frame
+
+log = logging.getLogger(__name__)
+T = pb.BaseCommand
+
+LEADER_MARK = "the leader is "
+"""What precedes the leader's URL in a non-leader's ServiceNotReady message."""
+
+
+@dataclass(frozen=True, slots=True)
+class StreamConsumerOptions:
+    """Stream consumer settings (the keyword arguments of ``subscribe_stream``).
+
+    ``consumer_name`` is the session identity the controller keeps for the grace period
+    (a random one if not given).
+
+    Example:
+        >>> StreamConsumerOptions(consumer_name="worker-1").receiver_queue_size
+        1000
+    """
+
+    consumer_name: str | None = None
+    receiver_queue_size: int = CONSUMER_RECEIVER_QUEUE_MESSAGES
+    properties: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.receiver_queue_size < 1:
+            raise InvalidArgument("receiver_queue_size must be >= 1")
+
+    def segment_options(self, consumer_name: str) -> ConsumerOptions:
+        """The Exclusive options of one segment's consumer."""
+        return ConsumerOptions(
+            subscription_type=SubscriptionType.EXCLUSIVE,
+            consumer_name=consumer_name,
+            initial_position=InitialPosition.EARLIEST,
+            receiver_queue_size=self.receiver_queue_size,
+            properties=self.properties,
+        )
+
+    @staticmethod
+    def from_kwargs(kwargs: Mapping[str, Any]) -> StreamConsumerOptions:
+        """Build from keyword arguments (unknown names raise ``InvalidArgument``)."""
+        try:
+            return StreamConsumerOptions(**kwargs)
+        except TypeError as err:
+            raise InvalidArgument(f"bad stream consumer option: {err}") from err
+
+
+def diff_assignment(
+    current: Mapping[int, str], new: Mapping[int, str]
+) -> tuple[dict[int, str], list[int]]:
+    """(segments to join with their topics, segment ids to leave), both by segment id.
+
+    A segment whose topic name changed is left and joined again.
+
+    Example:
+        >>> diff_assignment({0: "s0", 1: "s1"}, {1: "s1", 2: "s2"})
+        ({2: 's2'}, [0])
+    """
+    joined = {i: t for i, t in sorted(new.items()) if current.get(i) != t}
+    left = sorted(i for i, t in current.items() if new.get(i) != t)
+    return joined, left
+
+
+def leader_url(message: str) -> str | None:
+    """The leader's URL in a non-leader's ServiceNotReady message, if it names one.
+
+    Example:
+        >>> leader_url("this broker is not the controller of topic://t/n/x: "
+        ...            "the leader is pulsar://b2:6650")
+        'pulsar://b2:6650'
+        >>> leader_url("no leader is elected") is None
+        True
+    """
+    _, mark, rest = message.partition(LEADER_MARK)
+    url = rest.strip().split()[0] if mark and rest.strip() else ""
+    return url or None
+
+
+class DeliveryLog:
+    """Messages delivered to the application and not yet acknowledged, per segment, in
+    delivery order: the position vector of a cumulative ack (pure).
+
+    Example:
+        >>> log = DeliveryLog()
+        >>> for seg, entry in [(0, 1), (1, 1), (0, 2), (1, 2)]:
+        ...     _ = log.delivered(seg, MessageId(7, entry))
+        >>> sorted((s, m.entry_id) for s, m in log.ack_upto(0, MessageId(7, 2)).items())
+        [(0, 2), (1, 1)]
+        >>> log.pending()
+        1
+    """
+
+    def __init__(self) -> None:
+        self._serial = 0
+        self._segments: dict[int, deque[tuple[int, MessageId]]] = {}
+        self._index: dict[tuple[int, MessageId], int] = {}
+
+    def delivered(self, segment_id: int, message_id: MessageId) -> int:
+        """Record a delivery; returns its serial."""
+        self._serial += 1
+        self._segments.setdefault(segment_id, deque()).append((self._serial, message_id))
+        self._index[(segment_id, message_id)] = self._serial
+        return self._serial
+
+    def ack_upto(self, segment_id: int, message_id: MessageId) -> dict[int, MessageId]:
+        """The cumulative ack per segment that covers everything delivered up to this
+        message (which must have been delivered; otherwise just this message's segment)."""
+        serial = self._index.get((segment_id, message_id))
+        if serial is None:
+            return {segment_id: message_id}
+        out: dict[int, MessageId] = {}
+        for seg, queue in list(self._segments.items()):
+            while queue and queue[0][0] <= serial:
+                _, mid = queue.popleft()
+                del self._index[(seg, mid)]
+                out[seg] = mid
+            if not queue:
+                del self._segments[seg]
+        return out
+
+    def forget(self, segment_id: int) -> None:
+        """The segment left this consumer: its deliveries no longer count."""
+        for _, mid in self._segments.pop(segment_id, ()):
+            self._index.pop((segment_id, mid), None)
+
+    def pending(self) -> int:
+        """Deliveries not covered by an ack yet."""
+        return len(self._index)
+
+
+class StreamConsumer:
+    """A controller-assigned, ordered consumer of a scalable topic (module docstring)."""
+
+    def __init__(
+        self,
+        pool: ConnectionPool,
+        session: DagSession,
+        subscription: str,
+        options: StreamConsumerOptions,
+    ) -> None:
+        self._pool = pool
+        self._session = session
+        self.topic = str(session.topic)
+        self.subscription = subscription
+        self.options = options
+        self.consumer_name = options.consumer_name or uuid.uuid4().hex[:16]
+        self._inbox = CountingInbox()
+        self._log = DeliveryLog()
+        self._topics: dict[int, str] = {}
+        self._segments: dict[int, Consumer] = {}
+        self._by_consumer_id: dict[int, int] = {}
+        self._opening: dict[int, asyncio.Task[None]] = {}
+        self._wanted: dict[int, str] = {}
+        self.layout_epoch = -1
+        self.assignment_updates = 0
+        self._controller: ClientConnection | None = None
+        self._controller_id = 0
+        self._reregister: asyncio.Task[None] | None = None
+        self._backoff = Backoff(random=pool.random)
+        self._closing = False
+
+    def __repr__(self) -> str:
+        return f"StreamConsumer({self.topic!r}, {self.subscription!r}, {self.consumer_name!r})"
+
+    @property
+    def segment_ids(self) -> list[int]:
+        """The segments assigned to this consumer now."""
+        return sorted(self._wanted)
+
+    @property
+    def connected_segment_ids(self) -> list[int]:
+        """The assigned segments whose internal consumer is subscribed."""
+        return sorted(self._segments)
+
+    # --- controller ------------------------------------------------------------------------
+
+    async def _start(self) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._pool.operation_timeout_s
+        while True:
+            try:
+                assignment = await self._register()
+                break
+            except AnabranchError as err:
+                delay = self._backoff.next()
+                if not err.retriable or loop.time() + delay > deadline:
+                    await self.close()
+                    raise
+                log.info("%s: registering again in %.2fs: %s", self, delay, err)
+                await asyncio.sleep(delay)
+        self._backoff.reset()
+        self._assign(assignment)
+
+    async def _register(self) -> pb.ScalableConsumerAssignment:
+        """SUBSCRIBE at the controller leader on a new connection; the assignment."""
+        url = self._session.controller_url or self._pool.service_url
+        for _ in range(CLIENT_LOOKUP_REDIRECTS_MAX + 1):
+            conn = ClientConnection(
+                parse_service_url(url),
+                keepalive_interval_s=self._pool.keepalive_interval_s,
+                operation_timeout_s=self._pool.operation_timeout_s,
+            )
+            await conn.open()
+            consumer_id = self._pool.new_handler_id()
+            request_id = conn.new_request_id()
+            body = pb.CommandScalableTopicSubscribe(
+                request_id=request_id,
+                topic=self.topic,
+                subscription=self.subscription,
+                consumer_name=self.consumer_name,
+                consumer_id=consumer_id,
+                consumer_type=pb.STREAM,
+            )
+            conn.register_consumer(consumer_id, self)
+            try:
+                frame = await conn.request(
+                    pb.BaseCommand(type=T.SCALABLE_TOPIC_SUBSCRIBE, scalableTopicSubscribe=body),
+                    request_id,
+                )
+            except BaseException:
+                await conn.close()
+                raise
+            resp = frame.command.scalableTopicSubscribeResponse
+            if not resp.HasField("error"):
+                if self._closing:
+                    await conn.close()
+                    raise Closed(f"{self} was closed while registering")
+                self._controller, self._controller_id = conn, consumer_id
+                return resp.assignment
+            conn.unregister_consumer(consumer_id)
+            await conn.close()
+            err = from_server_error(int(resp.error), resp.message)
+            redirect = leader_url(resp.message) if isinstance(err, ServiceNotReady) else None
+            if redirect is None:
+                raise err
+            log.debug("%s: controller is at %s", self, redirect)
+            url = redirect
+        raise ServiceNotReady(f"{self}: over {CLIENT_LOOKUP_REDIRECTS_MAX} controller redirects")
+
+    def on_connection_closed(self, conn: ClientConnection) -> None:
+        """The controller connection dropped: register again (same name) in the background."""
+        if conn is not self._controller:
+            return
+        self._controller = None
+        if self._closing or self._pool.closed:
+            return
+        if self._reregister is None or self._reregister.done():
+            self._reregister = asyncio.get_running_loop().create_task(self._register_again())
+
+    async def _register_again(self) -> None:
+        while not self._closing and not self._pool.closed:
+            await asyncio.sleep(self._backoff.next())
+            if self._closing:
+                return
+            try:
+                assignment = await self._register()
+            except (AnabranchError, OSError) as err:
+                log.info("%s: re-registering failed: %s", self, err)
+                continue
+            self._backoff.reset()
+            self._assign(assignment)
+            return
+
+    def on_frame(self, frame: Frame) -> None:
+        """SCALABLE_TOPIC_ASSIGNMENT_UPDATE from the controller."""
+        if frame.type == T.SCALABLE_TOPIC_ASSIGNMENT_UPDATE:
+            self._assign(frame.command.scalableTopicAssignmentUpdate.assignment)
+
+    # --- assignment ------------------------------------------------------------------------
+
+    def _assign(self, assignment: pb.ScalableConsumerAssignment) -> None:
+        if self._closing:
+            return
+        self.layout_epoch = int(assignment.layout_epoch)
+        self.assignment_updates += 1
+        wanted = {int(s.segment_id): s.segment_topic for s in assignment.segments}
+        joined, left = diff_assignment(self._wanted, wanted)
+        self._wanted = wanted
+        log.debug("%s: assignment %s (+%s -%s)", self, sorted(wanted), sorted(joined), left)
+        for segment_id in left:
+            self._leave(segment_id)
+        for segment_id, topic in joined.items():
+            task = asyncio.get_running_loop().create_task(self._join(segment_id, topic))
+            self._opening[segment_id] = task
+
+    def _leave(self, segment_id: int) -> None:
+        task = self._opening.pop(segment_id, None)
+        if task is not None:
+            task.cancel()
+        consumer = self._segments.pop(segment_id, None)
+        self._topics.pop(segment_id, None)
+        self._log.forget(segment_id)
+        if consumer is None:
+            return
+        self._by_consumer_id.pop(consumer._id, None)
+        # Its queued messages go to the segment's next owner (the broker redelivers them).
+        self._inbox.remove_where(lambda m: m._consumer_id == consumer._id)
+        asyncio.get_running_loop().create_task(self._close_segment(consumer))
+
+    @staticmethod
+    async def _close_segment(consumer: Consumer) -> None:
+        with contextlib.suppress(AnabranchError):
+            await consumer.close()
+
+    async def _join(self, segment_id: int, topic: str) -> None:
+        """Subscribe Exclusive to the segment, retrying while its last owner holds it."""
+        backoff = Backoff(
+            CLIENT_RECONNECT_BACKOFF_MIN_S, STREAM_CONSUMER_RESUBSCRIBE_MAX_S, self._pool.random
+        )
+        try:
+            while not self._closing and self._wanted.get(segment_id) == topic:
+                consumer = Consumer(
+                    self._pool,
+                    topic,
+                    self.subscription,
+                    self.options.segment_options(self.consumer_name),
+                    inbox=self._inbox,
+                )
+                try:
+                    await consumer._start()
+                except (ConsumerBusy, ServiceNotReady) as err:
+                    log.debug("%s: segment %d not free yet: %s", self, segment_id, err)
+                    await asyncio.sleep(backoff.next())
+                    continue
+                except NotFound as err:
+                    log.warning("%s: segment %d is gone: %s", self, segment_id, err)
+                    return
+                except AnabranchError as err:
+                    log.warning("%s: segment %d: %s; retrying", self, segment_id, err)
+                    await asyncio.sleep(backoff.next())
+                    continue
+                if self._closing or self._wanted.get(segment_id) != topic:
+                    await self._close_segment(consumer)
+                    return
+                self._segments[segment_id] = consumer
+                self._topics[segment_id] = topic
+                self._by_consumer_id[consumer._id] = segment_id
+                return
+        finally:
+            if self._opening.get(segment_id) is asyncio.current_task():
+                del self._opening[segment_id]
+
+    # --- receiving and acknowledging ------------------------------------------------------
+
+    async def receive(self, timeout: float | None = None) -> Message | None:  # noqa: ASYNC109 (fixed API)
+        """The next message from any assigned segment, or None after ``timeout`` seconds.
+
+        ``message_id.segment_id`` names the segment; ``topic`` is the ``topic://`` name.
+        """
+        if self._closing:
+            raise Closed(f"{self} is closed")
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        while True:
+            remaining = None if deadline is None else max(0.0, deadline - loop.time())
+            raw = await self._inbox.get(remaining)
+            if raw is None:
+                return None
+            segment_id = self._by_consumer_id.get(raw._consumer_id)
+            if segment_id is None:
+                continue  # its segment left this consumer meanwhile
+            self._segments[segment_id]._on_dequeued(raw)
+            self._log.delivered(segment_id, raw.message_id)
+            return in_segment(raw, segment_id, self.topic)
+
+    async def acknowledge_cumulative(self, message: Message | MessageId) -> None:
+        """Acknowledge this message and, on every assigned segment, everything received
+        before it (see the module docstring)."""
+        mid = message.message_id if isinstance(message, Message) else message
+        if mid.segment_id is None:
+            raise InvalidArgument(f"{mid} names no segment of {self.topic}")
+        inner = dataclasses.replace(mid, segment_id=None)
+        for segment_id, upto in self._log.ack_upto(mid.segment_id, inner).items():
+            consumer = self._segments.get(segment_id)
+            if consumer is not None:
+                await consumer.acknowledge_cumulative(upto)
+
+    # --- closing ---------------------------------------------------------------------------
+
+    async def close(self) -> None:
+        """Close every segment's consumer and the controller connection (the controller
+        keeps this consumer's segments for its grace period), then the DAG session."""
+        if self._closing:
+            return
+        self._closing = True
+        self._inbox.shutdown()
+        tasks = [*self._opening.values()]
+        if self._reregister is not None:
+            tasks.append(self._reregister)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        consumers = list(self._segments.values())
+        self._segments.clear()
+        self._by_consumer_id.clear()
+        await asyncio.gather(*(c.close() for c in consumers), return_exceptions=True)
+        conn, self._controller = self._controller, None
+        if conn is not None:
+            conn.unregister_consumer(self._controller_id)
+            await conn.close()
+        await self._session.close()
+
+
+__all__ = [
+    "DeliveryLog",
+    "StreamConsumer",
+    "StreamConsumerOptions",
+    "diff_assignment",
+    "leader_url",
+]
