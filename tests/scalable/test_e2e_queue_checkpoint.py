@@ -1,8 +1,9 @@
 """Queue and checkpoint consumers of scalable topics against a real in-process broker.
 
-Topics are created, split and merged through the admin HTTP API; messages are produced
-straight to the segment topics (routed by ``segment_hash`` like the scalable producer), so
-each test knows exactly which segment holds what.
+Topics are created, split and merged through the admin HTTP API; the consumers follow the
+DAG through their DAG-watch sessions. Messages are produced straight to the segment topics
+(routed by ``segment_hash`` like the scalable producer), so each test knows exactly which
+segment holds what.
 """
 
 from __future__ import annotations
@@ -30,42 +31,11 @@ from anabranch.client.queue_consumer import (
 from anabranch.core.hash_range import segment_hash
 from anabranch.core.names import TopicName
 from anabranch.core.segment_layout import SegmentLayout, segment_name
-from anabranch.errors import Closed
 from anabranch.testing.broker import InProcessBroker
 
 KEYS = [f"key-{i}" for i in range(12)]
 RECEIVE_TIMEOUT_S = 5.0
 QUIET_S = 0.3
-
-
-class PollingLayoutSource:
-    """A LayoutSource over the admin API (stands in for a DAG-watch session)."""
-
-    def __init__(self, admin: AdminClient, topic: str) -> None:
-        self.admin = admin
-        self.topic = TopicName.parse(topic)
-        self._layout: SegmentLayout | None = None
-        self.closed = False
-
-    async def refresh(self) -> SegmentLayout:
-        self._layout = SegmentLayout.from_dict(await self.admin.get_scalable_topic(str(self.topic)))
-        return self._layout
-
-    @property
-    def layout(self) -> SegmentLayout:
-        assert self._layout is not None
-        return self._layout
-
-    async def wait_for_change(self, epoch: int) -> SegmentLayout:
-        while not self.closed:
-            layout = await self.refresh()
-            if layout.epoch > epoch:
-                return layout
-            await asyncio.sleep(0.02)
-        raise Closed("source closed")
-
-    async def close(self) -> None:
-        self.closed = True
 
 
 @dataclass
@@ -81,11 +51,6 @@ class World:
 
     async def layout(self, topic: str) -> SegmentLayout:
         return SegmentLayout.from_dict(await self.admin.get_scalable_topic(topic))
-
-    async def source(self, topic: str) -> PollingLayoutSource:
-        source = PollingLayoutSource(self.admin, topic)
-        await source.refresh()
-        return source
 
     async def produce(self, topic: str, rounds: int, *, batching: bool = False) -> None:
         """``rounds`` messages per key, value ``key:seq``, each to the key's active segment."""
@@ -114,9 +79,7 @@ async def world(tmp_path: Path) -> AsyncIterator[World]:
     async with InProcessBroker(tmp_path, ledgers="memory") as broker:
         assert broker.http_url is not None
         async with AdminClient(broker.http_url) as admin, Client(broker.service_url) as client:
-            w = World(broker, admin, client)
-            client.layout_source_factory = w.source
-            yield w
+            yield World(broker, admin, client)
 
 
 def _parse(msg: Message) -> tuple[str, int]:
