@@ -274,3 +274,12 @@ not send every new topic to the same least-loaded broker); older ones are droppe
 
 CLUSTER_UNLOAD_CONCURRENCY_MAX = 64
 """Topics closed at once when a broker loses its session or unloads a namespace."""
+
+CLUSTER_OWNER_PROBE_TIMEOUT_S = 0.5
+"""A lookup that finds a topic owned by another broker first opens a TCP connection to it;
+refused or not accepted within this long, the owner is taken for dead and the lookup waits
+(at most the session TTL + 1 s) for its ownership record to expire instead of sending the
+client to a dead address, where it would back off for seconds."""
+
+CLUSTER_OWNER_PROBE_CACHE_S = 1.0
+"""How long a successful probe of a broker is trusted before the next lookup probes again."""

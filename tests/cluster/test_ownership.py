@@ -85,7 +85,9 @@ class FakeService:
 
 
 class Broker:
-    def __init__(self, store: MemoryMetadataStore, index: int) -> None:
+    """A ClusterOwnership with a listening socket at its address (lookups probe owners)."""
+
+    def __init__(self, store: MemoryMetadataStore) -> None:
         self.service = FakeService()
         self.ownership = ClusterOwnership(
             store,
@@ -94,11 +96,24 @@ class Broker:
             session_ttl_s=TTL_S,
             load_report_interval_s=3600.0,
         )
-        self.url = f"pulsar://10.0.0.{index}:6650"
-        self.http = f"http://10.0.0.{index}:8080"
+        self.server: asyncio.Server | None = None
+        self.url = self.http = ""
 
     async def start(self) -> None:
+        self.server = await asyncio.start_server(_hang_up, "127.0.0.1", 0)
+        port = self.server.sockets[0].getsockname()[1]
+        self.url, self.http = f"pulsar://127.0.0.1:{port}", f"http://127.0.0.1:{port + 1}"
         await self.ownership.start(self.url, self.http)
+
+    async def stop(self) -> None:
+        await self.ownership.stop()
+        if self.server is not None:
+            self.server.close()
+            await self.server.wait_closed()
+
+
+async def _hang_up(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    writer.close()
 
 
 @pytest.fixture
@@ -109,12 +124,12 @@ def clock() -> ManualClock:
 @pytest.fixture
 async def brokers(clock: ManualClock) -> AsyncIterator[list[Broker]]:
     store = MemoryMetadataStore(clock)
-    started = [Broker(store, i) for i in range(3)]
+    started = [Broker(store) for _ in range(3)]
     for broker in started:
         await broker.start()
     yield started
     for broker in started:
-        await broker.ownership.stop()
+        await broker.stop()
     await store.close()
 
 
@@ -177,6 +192,22 @@ async def test_a_releasing_topic_cannot_be_taken(brokers: list[Broker]) -> None:
     with pytest.raises(NotOwner) as raised:
         await brokers[1].ownership.lookup(TOPIC)
     assert raised.value.leader_url is None  # moving: 503 / ServiceNotReady, retried
+
+
+async def test_lookup_waits_out_a_dead_owner_and_reassigns(brokers: list[Broker]) -> None:
+    dead, survivor, _ = brokers
+    await dead.ownership.claim(TOPIC)
+    assert dead.server is not None
+    dead.server.close()  # the owner's address refuses connections: it crashed
+    await dead.server.wait_closed()
+    lookup = asyncio.ensure_future(survivor.ownership.lookup(TOPIC, authoritative=True))
+    await asyncio.sleep(0.3)
+    assert not lookup.done()  # not sent to the dead address: waiting for its record
+    session = dead.ownership._session
+    assert session is not None
+    await session.close()  # the dead owner's session ends (etcd: its lease expires)
+    answer = await lookup
+    assert answer.pulsar_url == survivor.url and survivor.ownership.serving(TOPIC)
 
 
 async def test_session_loss_stops_serving_before_anyone_can_take_over(

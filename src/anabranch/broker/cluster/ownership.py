@@ -17,6 +17,9 @@ taken over only by compare-and-set, so however lookups race, one broker wins eac
   owner. An unowned topic is assigned to the least-loaded live broker (:mod:`.placement`):
   if that is us we claim it and answer Connect; otherwise Redirect (authoritative) to it,
   and an authoritative lookup always claims locally, so the chosen broker's CAS decides.
+  An owner that refuses TCP connections (crashed) is not handed to clients: the lookup
+  waits for its record to expire with its session and then assigns the topic, so clients
+  do not spend the TTL backing off against a dead address.
 * **Session loss.** A broker stops serving the moment its session's local deadline
   passes (``serving`` is checked on every SEND and every topic load), then closes what it
   owned and opens a new session. The local deadline is counted from *before* the last
@@ -67,12 +70,13 @@ from anabranch.errors import (
     AnabranchError,
     BadVersion,
     Closed,
+    Compacted,
     InvalidArgument,
     MetadataError,
     NotOwner,
     SessionExpired,
 )
-from anabranch.metadata.api import MUST_NOT_EXIST, MetadataStore, Session
+from anabranch.metadata.api import MUST_NOT_EXIST, MetadataStore, Record, Session
 
 if TYPE_CHECKING:
     from anabranch.broker.service import BrokerService
@@ -120,6 +124,7 @@ class ClusterOwnership:
         self._tasks: list[asyncio.Task[None]] = []
         self._recent: deque[tuple[float, str]] = deque(maxlen=limits.CLUSTER_RECENT_ASSIGNMENTS_MAX)
         self._rates: tuple[float, int, int] = (time.monotonic(), 0, 0)
+        self._reachable_until: dict[str, float] = {}
         self.me = BrokerRecord(broker_id="", pulsar_url="", http_url="", cluster=cluster)
         self.sessions_lost = 0
         """How many times this broker lost its metadata session (each unloads everything)."""
@@ -218,8 +223,12 @@ class ClusterOwnership:
             if owner is not None and owner.state is OwnerState.OWNED:
                 if self._is_mine(owner, session):
                     return LookupAnswer(self.me.pulsar_url, self.me.http_url)
-                if owner.broker_id == self.me.broker_id:
-                    raise NotOwner(topic, None)  # our previous session's record: wait it out
+                assert record is not None
+                if owner.broker_id == self.me.broker_id or not await self._reachable(owner):
+                    # Our previous session's record, or a dead owner's: it expires with
+                    # that session, so wait for it here rather than send the client away.
+                    await self._wait_changed(path, record)
+                    continue
                 return LookupAnswer(owner.pulsar_url, owner.http_url)
             if owner is not None and owner.state is OwnerState.RELEASING:
                 raise NotOwner(topic, None)
@@ -234,6 +243,36 @@ class ClusterOwnership:
                 raise
             return LookupAnswer(self.me.pulsar_url, self.me.http_url)
         raise NotOwner(topic, None)
+
+    async def _reachable(self, owner: OwnerRecord) -> bool:
+        """Whether the owner accepts TCP connections (cached for a moment)."""
+        now = time.monotonic()
+        if self._reachable_until.get(owner.broker_id, 0.0) > now:
+            return True
+        host, _, port = owner.pulsar_url.split("://", 1)[-1].rpartition(":")
+        try:
+            _, writer = await asyncio.wait_for(
+                asyncio.open_connection(host, int(port)), limits.CLUSTER_OWNER_PROBE_TIMEOUT_S
+            )
+        except (OSError, TimeoutError, ValueError):
+            log.info("owner %s does not answer: waiting for its records to expire", owner.broker_id)
+            return False
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
+        if len(self._reachable_until) > limits.CLUSTER_RECENT_ASSIGNMENTS_MAX:
+            self._reachable_until.clear()
+        self._reachable_until[owner.broker_id] = now + limits.CLUSTER_OWNER_PROBE_CACHE_S
+        return True
+
+    async def _wait_changed(self, path: str, record: Record) -> None:
+        """Return once the record at ``path`` changed, or after the session TTL + 1 s."""
+        watch = self._store.watch(path, start_revision=record.stat.mod_revision + 1)
+        try:
+            with contextlib.suppress(TimeoutError, Compacted, StopAsyncIteration):
+                await asyncio.wait_for(watch.__anext__(), self.session_ttl_s + 1.0)
+        finally:
+            await watch.close()
 
     async def _target_for(
         self, topic: str, owner: OwnerRecord | None, authoritative: bool
