@@ -98,6 +98,37 @@ async def test_append_many_in_order(backend: Backend) -> None:
     assert [e.data for e in await ml.read(positions[0], 10)] == [b"a", b"b", b"c", b"d"]
 
 
+async def test_append_many_interleaves_with_appends_across_rollover(backend: Backend) -> None:
+    ml = await backend.open()  # 3 entries per ledger: the burst spans ledgers
+    single = asyncio.ensure_future(ml.append(b"s0"))
+    burst = asyncio.ensure_future(ml.append_many([f"b{i}".encode() for i in range(7)]))
+    after = asyncio.ensure_future(ml.append(b"s1"))
+    positions = [await single, *await burst, await after]
+    assert positions == sorted(positions) and len(set(positions)) == 9
+    entries = await ml.read(EARLIEST, 100)
+    assert [e.position for e in entries] == positions
+    assert [e.data for e in entries] == [b"s0", *(f"b{i}".encode() for i in range(7)), b"s1"]
+    assert await ml.append_many([]) == []
+
+
+async def test_cancelling_one_append_leaves_the_others(backend: Backend) -> None:
+    ml = await backend.open(config=ManagedLedgerConfig(ledger_entries_max=1000))
+    tasks = [asyncio.ensure_future(ml.append(f"e{i}".encode())) for i in range(20)]
+    await asyncio.sleep(0)  # every append is queued (one batch in the file backend)
+    tasks[3].cancel()
+    tasks[11].cancel()
+    done = await asyncio.gather(*tasks, return_exceptions=True)
+    kept = [(i, r) for i, r in enumerate(done) if isinstance(r, Position)]
+    assert {i for i, _ in kept} >= set(range(20)) - {3, 11}  # only the cancelled ones may fail
+    assert all(isinstance(r, asyncio.CancelledError) for r in done if not isinstance(r, Position))
+    stored = {e.position: e.data for e in await ml.read(EARLIEST, 100)}
+    for i, position in kept:
+        assert stored[position] == f"e{i}".encode()
+    # A cancelled append was either stored whole or not at all; later appends still work.
+    assert len(stored) in (18, 19, 20)
+    assert (await ml.read(await ml.append(b"later")))[0].data == b"later"
+
+
 async def test_data_survives_reopen_and_reopen_fences(backend: Backend) -> None:
     ml = await backend.open()
     positions = await fill(ml, 5)

@@ -12,10 +12,14 @@ Theory of operation.
     terminatedAt: [l, e] | null, owner}``;
   - ``/managed-ledgers/<quoted name>/cursors/<quoted cursor>`` → AckState bytes.
 
-* **Appends** are numbered on the event loop, queued for the ledger's writer thread, which
-  takes everything queued (up to ``STORAGE_GROUP_COMMIT_BYTES_MAX``), writes it with one
-  ``write``, one ``fdatasync`` (fsync policy ``always``) and hands the whole batch back with
-  one ``call_soon_threadsafe``. A future resolves only after that batch is durable.
+* **Appends** are numbered on the event loop and collected in a batch (all appends of
+  one loop iteration) that goes to the ledger's writer thread, which takes everything
+  queued (up to ``STORAGE_GROUP_COMMIT_BYTES_MAX``), frames it, writes it with one
+  ``write``, one ``fdatasync`` (fsync policy ``always``) and hands it back with one
+  ``call_soon_threadsafe``. Every append of a batch awaits the batch's one future, which
+  resolves only after the batch is durable. The per-append cost on the loop is what
+  bounds throughput (Python holds one lock for both threads), so the append fast path
+  is a few attribute checks, two list/counter updates and one await.
 
 * **Failures.** A write or fsync error fails the batch and every later append with
   StorageIOError until the ledger is reopened: after a failed fsync the page cache may
@@ -76,6 +80,20 @@ LEDGERS_PREFIX = "/ledgers/"
 MANAGED_LEDGERS_PREFIX = "/managed-ledgers/"
 
 
+_RECORD_MAX = limits.STORAGE_RECORD_BYTES_MAX
+_QUEUE_ENTRIES_MAX = limits.STORAGE_APPEND_QUEUE_ENTRIES_MAX
+_QUEUE_BYTES_MAX = limits.STORAGE_APPEND_QUEUE_BYTES_MAX
+_SUBMIT_BYTES = limits.STORAGE_GROUP_COMMIT_BYTES_MAX
+"""A batch this big goes to the writer at once instead of at the end of the iteration."""
+_tuple_new = tuple.__new__  # Position(a, b) without NamedTuple's Python-level __new__
+
+
+def _cancelling() -> int:
+    """How many cancellations of the current task are pending."""
+    task = asyncio.current_task()
+    return task.cancelling() if task is not None else 0
+
+
 def _q(name: str) -> str:
     return quote(name, safe="")
 
@@ -89,19 +107,45 @@ def _dumps(obj: Any) -> bytes:
 
 
 class _Batch:
-    """Appends queued together: one write + one fdatasync, one loop callback."""
+    """Appends queued together: one write + one fdatasync on the writer thread, one loop
+    callback, and one future that every append of the batch awaits (no future per
+    append). The outcome is also kept here, for appenders whose shared future another
+    appender's cancellation took away (see :meth:`FileManagedLedger._await_batch`)."""
 
-    __slots__ = ("first_entry", "futures", "payloads", "size")
+    __slots__ = (
+        "count",
+        "done",
+        "error",
+        "fallback",
+        "finished",
+        "first_entry",
+        "ledger_id",
+        "payloads",
+        "size",
+    )
 
-    def __init__(self, first_entry: int) -> None:
+    def __init__(self, ledger_id: int, first_entry: int, done: asyncio.Future[None]) -> None:
+        self.ledger_id = ledger_id
         self.first_entry = first_entry
+        self.done = done
         self.payloads: list[bytes] = []
-        self.futures: list[asyncio.Future[Position]] = []
+        self.count = 0
         self.size = 0
+        """Payload bytes."""
+        self.finished = False
+        self.error: StorageError | None = None
+        self.fallback: asyncio.Future[None] | None = None
 
 
 class _Writer(threading.Thread):
-    """The dedicated writer thread of one managed ledger (group commit)."""
+    """The dedicated writer thread of one managed ledger (group commit).
+
+    Each round takes every batch queued for the same file (up to
+    ``STORAGE_GROUP_COMMIT_BYTES_MAX``), frames them into one ``write``, one
+    ``fdatasync``, and hands them back with one ``call_soon_threadsafe``. Framing here
+    costs the loop nothing: while the disk syncs, the loop is free, and the loop only
+    hands over between its iterations.
+    """
 
     def __init__(self, ml: FileManagedLedger, sync: bool) -> None:
         super().__init__(name=f"ledger-writer:{ml.name}", daemon=True)
@@ -124,27 +168,32 @@ class _Writer(threading.Thread):
             self._cond.notify()
 
     def run(self) -> None:
+        queue = self._queue
+        limit = limits.STORAGE_GROUP_COMMIT_BYTES_MAX
         while True:
             with self._cond:
-                while not self._queue and not self._stopping:
+                while not queue and not self._stopping:
                     self._cond.wait()
-                if not self._queue:
+                if not queue:
                     return
-                segment, batch = self._queue.popleft()
-                # Merge queued batches of the same file into one write + one fdatasync.
-                while (
-                    self._queue
-                    and self._queue[0][0] is segment
-                    and batch.size + self._queue[0][1].size <= limits.STORAGE_GROUP_COMMIT_BYTES_MAX
-                ):
-                    more = self._queue.popleft()[1]
-                    batch.payloads += more.payloads
-                    batch.futures += more.futures
-                    batch.size += more.size
+                segment, first = queue.popleft()
+                batches = [first]
+                size = first.size
+                # Every queued batch of the same file joins this write + fdatasync.
+                while queue and queue[0][0] is segment and size + queue[0][1].size <= limit:
+                    batch = queue.popleft()[1]
+                    batches.append(batch)
+                    size += batch.size
             error: BaseException | None = self._broken
             if error is None:
                 try:
-                    segment.append_batch(batch.payloads, sync=self._sync)
+                    if len(batches) == 1:
+                        segment.append_batch(first.payloads, sync=self._sync)
+                    else:
+                        payloads: list[bytes] = []
+                        for batch in batches:
+                            payloads += batch.payloads
+                        segment.append_batch(payloads, sync=self._sync)
                 except LedgerFenced as err:
                     error = self._broken = err
                 except OSError as err:
@@ -155,7 +204,7 @@ class _Writer(threading.Thread):
                 except BaseException as err:  # never leave futures hanging
                     error = self._broken = StorageIOError(f"{segment.where}: {err!r}")
             try:
-                self._loop.call_soon_threadsafe(self._ml._batch_done, segment, batch, error)
+                self._loop.call_soon_threadsafe(self._ml._batches_done, segment, batches, error)
             except RuntimeError:
                 return  # the loop is closed: nobody is waiting any more
 
@@ -362,24 +411,33 @@ class FileManagedLedger(ManagedLedgerBase):
             self._reserved_bytes += size
             fut.set_result(None)
 
-    def _enqueue(self, data: bytes) -> asyncio.Future[Position]:
-        if len(data) > limits.STORAGE_RECORD_BYTES_MAX:
-            raise ValueTooLarge("entry", len(data), limits.STORAGE_RECORD_BYTES_MAX)
-        fut: asyncio.Future[Position] = asyncio.get_running_loop().create_future()
-        batch = self._batch
-        if batch is None:
-            batch = self._batch = _Batch(self._next_entry)
-            # Submitted at the end of this loop iteration so appends made in the same
-            # iteration share one hand-off to the writer.
-            asyncio.get_running_loop().call_soon(self._submit)
-        batch.payloads.append(data)
-        batch.futures.append(fut)
-        batch.size += len(data)
-        self._next_entry += 1
-        self._inflight += 1
-        self._inflight_bytes += len(data)
+    def _new_batch(self) -> _Batch:
+        assert self._segment is not None
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[None] = loop.create_future()
+        batch = self._batch = _Batch(self._segment.ledger_id, self._next_entry, done)
         self._drained.clear()
-        return fut
+        # Submitted at the end of this loop iteration so appends made in the same
+        # iteration share one hand-off to the writer (or earlier, once it is big).
+        loop.call_soon(self._submit)
+        return batch
+
+    def _enqueue(self, data: bytes) -> tuple[_Batch, int]:
+        """Queue ``data`` in the open batch; (its batch, its entry id)."""
+        n = len(data)
+        if n > _RECORD_MAX:
+            raise ValueTooLarge("entry", n, _RECORD_MAX)
+        batch = self._batch or self._new_batch()
+        batch.payloads.append(data)
+        batch.count += 1
+        batch.size += n
+        entry_id = self._next_entry
+        self._next_entry = entry_id + 1
+        self._inflight += 1
+        self._inflight_bytes += n
+        if batch.size >= _SUBMIT_BYTES:
+            self._submit()
+        return batch, entry_id
 
     def _submit(self) -> None:
         batch, self._batch = self._batch, None
@@ -388,49 +446,122 @@ class FileManagedLedger(ManagedLedgerBase):
             self._writer.submit(self._segment, batch)
 
     async def append(self, data: bytes) -> Position:
+        n = len(data)
+        if (
+            self._closed
+            or self._failure is not None
+            or self._terminating
+            or self._terminated_at is not None
+            or self._rolling
+            or self._append_waiters
+            or n > _RECORD_MAX
+            or self._inflight + self._reserved >= _QUEUE_ENTRIES_MAX
+            or self._inflight_bytes + self._reserved_bytes + n > _QUEUE_BYTES_MAX
+        ):
+            return await self._append_slow(data)
+        # The fast path (a plain ledger taking appends): _enqueue inlined.
+        batch = self._batch or self._new_batch()
+        batch.payloads.append(data)
+        batch.count += 1
+        batch.size += n
+        entry_id = self._next_entry
+        self._next_entry = entry_id + 1
+        self._inflight += 1
+        self._inflight_bytes += n
+        if batch.size >= _SUBMIT_BYTES:
+            self._submit()
+        done = batch.done
+        try:
+            await done
+        except asyncio.CancelledError:
+            if not done.cancelled() or _cancelling():
+                raise
+            await self._await_batch(batch)  # another appender's cancellation took `done`
+        return _tuple_new(Position, (batch.ledger_id, entry_id))
+
+    async def _append_slow(self, data: bytes) -> Position:
         self._check_appendable()
         size = len(data)
         if self._rolling or self._append_waiters or not self._has_room(size):
             await self._wait_turn(size)
             self._unreserve(size)
             self._check_appendable()
-        return await self._enqueue(data)
+        batch, entry_id = self._enqueue(data)
+        await self._await_batch(batch)
+        return Position(batch.ledger_id, entry_id)
 
     async def append_many(self, entries: Sequence[bytes]) -> list[Position]:
         self._check_appendable()
+        for data in entries:
+            if len(data) > _RECORD_MAX:
+                raise ValueTooLarge("entry", len(data), _RECORD_MAX)
         size = sum(len(d) for d in entries)
         if self._rolling or self._append_waiters or not self._has_room(size):
             await self._wait_turn(size)
             self._unreserve(size)
             self._check_appendable()
-        futures = [self._enqueue(d) for d in entries]
-        return list(await asyncio.gather(*futures))
+        placed = [self._enqueue(d) for d in entries]
+        for batch in dict.fromkeys(batch for batch, _ in placed):
+            await self._await_batch(batch)
+        return [Position(batch.ledger_id, entry_id) for batch, entry_id in placed]
 
-    def _batch_done(self, segment: SegmentFile, batch: _Batch, error: BaseException | None) -> None:
-        """On the loop: resolve one committed (or failed) batch, in commit order."""
-        n = len(batch.futures)
-        self._inflight -= n
-        self._inflight_bytes -= batch.size
+    async def _await_batch(self, batch: _Batch) -> None:
+        """Wait for ``batch`` to be durable (or raise its error).
+
+        The batch's future is shared by its appenders, so cancelling one appender's task
+        cancels it under the others; they then wait on ``fallback`` (made on demand), which
+        :meth:`_batches_done` also resolves. Only the task that was cancelled sees
+        CancelledError.
+        """
+        while not batch.finished:
+            fut = batch.done
+            if fut.cancelled():
+                fallback = batch.fallback
+                if fallback is None or fallback.done():
+                    fallback = batch.fallback = asyncio.get_running_loop().create_future()
+                fut = fallback
+            try:
+                await fut
+            except asyncio.CancelledError:
+                if not fut.cancelled() or _cancelling():
+                    raise
+            except StorageError:
+                break
+        if batch.error is not None:
+            raise batch.error
+
+    def _batches_done(
+        self, segment: SegmentFile, batches: list[_Batch], error: BaseException | None
+    ) -> None:
+        """On the loop: resolve committed (or failed) batches, in commit order."""
+        for batch in batches:
+            self._inflight -= batch.count
+            self._inflight_bytes -= batch.size
+            batch.finished = True
+            done = batch.done
+            if error is not None:
+                if self._failure is None:
+                    self._failure = (
+                        error if isinstance(error, StorageError) else StorageIOError(str(error))
+                    )
+                batch.error = self._failure
+                if not done.done():
+                    done.set_exception(self._failure)
+                    done.exception()  # retrieved here: its appenders may all be gone
+            else:
+                info = self._ledgers[-1]
+                assert info.ledger_id == segment.ledger_id == batch.ledger_id
+                assert info.entries == batch.first_entry
+                self._entries_confirmed(info, batch.count, batch.size)
+                self._cache(info.ledger_id, batch.first_entry, batch.payloads, batch.size)
+                if not done.done():
+                    done.set_result(None)
+            if batch.fallback is not None and not batch.fallback.done():
+                batch.fallback.set_result(None)
         if error is not None:
-            if self._failure is None:
-                self._failure = (
-                    error if isinstance(error, StorageError) else StorageIOError(str(error))
-                )
-            for fut in batch.futures:
-                if not fut.done():
-                    fut.set_exception(self._failure)
             self._wake()
         else:
-            info = self._ledgers[-1]
-            assert info.ledger_id == segment.ledger_id
-            first = info.entries
-            self._entries_confirmed(info, n, batch.size)
-            self._cache(info.ledger_id, first, batch.payloads, batch.size)
-            ledger_id = info.ledger_id
-            for k, fut in enumerate(batch.futures):
-                if not fut.done():
-                    fut.set_result(Position(ledger_id, first + k))
-            self._maybe_rollover(info)
+            self._maybe_rollover(self._ledgers[-1])
         if self._inflight == 0:
             self._drained.set()
         self._release_waiters()

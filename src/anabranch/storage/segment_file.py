@@ -30,9 +30,8 @@ from anabranch.errors import CorruptRecord, LedgerFenced
 from anabranch.storage import record_format
 from anabranch.storage.files import FileOpener, StorageFile, open_os_file, sync_dir
 
-_HEADER_PACK = record_format.HEADER.pack
-_LENGTH_PACK = record_format._LENGTH.pack
-_checksum = record_format.checksum
+_header = record_format.header
+_HEADER_BYTES = record_format.HEADER_BYTES
 
 
 def ledger_file_name(ledger_id: int) -> str:
@@ -85,18 +84,14 @@ class SegmentFile:
         Raises OSError from the disk or LedgerFenced; the index only grows on success.
         """
         parts: list[bytes] = []
-        lengths: list[int] = []
         for payload in payloads:
-            n = len(payload)
-            parts.append(_HEADER_PACK(n, _checksum(_LENGTH_PACK(n), payload)))
-            parts.append(payload)
-            lengths.append(n + record_format.HEADER_BYTES)
+            parts += (_header(payload), payload)
         self.file.write(b"".join(parts))
         if sync:
             self.file.sync()
         if os.path.exists(self._fence):
             raise LedgerFenced(f"ledger {self.ledger_id} was fenced by a new owner")
-        starts = list(accumulate(lengths, initial=self.end))
+        starts = list(accumulate(map(len, parts), initial=self.end))[::2]
         self.end = starts.pop()
         self.offsets.extend(starts)
 
