@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+import anabranch
 from anabranch.admin.client import AdminClient
 from anabranch.aio import Client
 from anabranch.client.checkpoint import Checkpoint, SegmentPosition
@@ -316,3 +317,41 @@ async def test_checkpoint_consumer_survives_a_connection_drop_mid_batch(world: W
         _assert_in_order_exactly_once([m for m in head if m is not None] + tail, world.sent)
     finally:
         await reader.close()
+
+
+async def test_blocking_api_produce_queue_checkpoint_resume(world: World) -> None:
+    """DESIGN.md §3.5 with the blocking client (run on a thread; the broker is on this loop)."""
+    topic = "topic://public/default/sync-api"
+    await world.create(topic, 2)
+    url = world.broker.service_url
+
+    def run() -> tuple[list[bytes], list[Message]]:
+        with anabranch.Client(url) as client:
+            producer = client.create_producer(topic)
+            queue = client.subscribe_queue(topic, subscription="jobs", initial_position="earliest")
+            reader = client.create_checkpoint_consumer(topic, start=anabranch.Checkpoint.earliest())
+            for i in range(10):
+                producer.send(f"{i}".encode(), key=f"k{i % 3}")
+            got: list[bytes] = []
+            while len(got) < 10:
+                msg = queue.receive(timeout=RECEIVE_TIMEOUT_S)
+                assert msg is not None
+                queue.acknowledge(msg)
+                got.append(msg.value)
+            read = [reader.receive(timeout=RECEIVE_TIMEOUT_S) for _ in range(4)]
+            saved = reader.checkpoint().to_bytes()
+            reader.close()
+            resumed = client.create_checkpoint_consumer(
+                topic, start=anabranch.Checkpoint.from_bytes(saved)
+            )
+            read += [resumed.receive(timeout=RECEIVE_TIMEOUT_S) for _ in range(6)]
+            assert resumed.receive(timeout=QUIET_S) is None
+            return got, [m for m in read if m is not None]
+
+    got, read = await asyncio.to_thread(run)
+    assert sorted(got) == sorted(f"{i}".encode() for i in range(10))
+    assert len(read) == 10
+    for key in ("k0", "k1", "k2"):
+        values = [int(m.value) for m in read if m.key == key]
+        assert values == sorted(values) and len(values) == len(set(values))
+    assert sorted(int(m.value) for m in read) == list(range(10))
