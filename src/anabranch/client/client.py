@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import random as _random
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
@@ -89,7 +89,6 @@ class Client:
             | ScalableProducer
             | StreamConsumer
         ] = []
-        self.layout_source_factory: Callable[[str], Awaitable[LayoutSource]] | None = None
 
     async def __aenter__(self) -> Client:
         return self
@@ -237,9 +236,7 @@ class Client:
         return consumer
 
     async def _layout_source(self, topic: str) -> LayoutSource:
-        if self.layout_source_factory is None:
-            return await DagSession.open(self._pool, scalable_topic_name(topic))
-        return await self.layout_source_factory(topic)
+        return await DagSession.open(self._pool, scalable_topic_name(topic))
 
     async def _plain_producer(self, topic: str) -> Producer:
         producer = await self.create_producer(topic)
