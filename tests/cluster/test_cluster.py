@@ -177,6 +177,24 @@ async def test_unload_through_admin_moves_the_topic(three_brokers: LocalCluster)
     ]
 
 
+async def test_namespace_unload_moves_every_topic_from_every_owner(
+    cluster: LocalCluster,
+) -> None:
+    namespace = f"public/unload-{next(_names)}"
+    status, body = await cluster.http("PUT", f"/admin/v2/namespaces/{namespace}")
+    assert status == 204, body
+    topics = [f"persistent://{namespace}/t{i}" for i in range(6)]
+    async with Client(cluster.brokers[0].service_url) as client:
+        for topic in topics:
+            await (await client.create_producer(topic)).send(b"x")
+    before = {topic: await cluster.owner_of(topic) for topic in topics}
+    assert len(set(before.values())) >= 2  # several owners: the unload must forward
+    status, body = await cluster.http("PUT", f"/admin/v2/namespaces/{namespace}/unload")
+    assert status == 204, body
+    for topic in topics:
+        assert await cluster.owner_of(topic) is not before[topic]
+
+
 async def test_clean_stop_hands_topics_over_without_waiting_for_the_ttl(
     three_brokers: LocalCluster,
 ) -> None:
