@@ -9,6 +9,7 @@ segment holds what.
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections import defaultdict
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -179,6 +180,59 @@ async def test_queue_nack_redelivers_with_count_then_dead_letters(world: World) 
         assert await dlq.receive(timeout=0.1) is None
     finally:
         await dlq.close()
+        await queue.close()
+
+
+async def test_two_queue_consumers_share_a_subscription_across_a_merge(world: World) -> None:
+    topic = "topic://public/default/q-shared"
+    await world.create(topic, 2)
+    a = await world.client.subscribe_queue(topic, "pool", initial_position=InitialPosition.EARLIEST)
+    b = await world.client.subscribe_queue(topic, "pool", initial_position=InitialPosition.EARLIEST)
+    try:
+        await world.produce(topic, 3)
+        await world.admin.merge_segments(topic, 0, 1)
+        await world.produce(topic, 3)
+        got: list[Message] = []
+
+        async def take(queue: QueueConsumer) -> None:
+            while (msg := await queue.receive(timeout=QUIET_S * 2)) is not None:
+                got.append(msg)
+                await queue.acknowledge(msg)
+
+        await asyncio.gather(take(a), take(b))
+        values = sorted(_parse(m) for m in got)
+        assert values == sorted((k, s) for k, seqs in world.sent.items() for s in seqs)
+        assert 2 in {m.message_id.segment_id for m in got}
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_queue_nack_backoff_doubles_the_delay(world: World) -> None:
+    topic = "topic://public/default/q-backoff"
+    await world.create(topic, 1)
+    queue = await world.client.subscribe_queue(
+        topic,
+        "retry",
+        initial_position=InitialPosition.EARLIEST,
+        nack_redelivery_delay_s=0.05,
+        nack_backoff_max_s=0.3,
+    )
+    try:
+        producer = await world.client.create_producer(topic)
+        await producer.send(b"flaky", key="f")
+        loop = asyncio.get_running_loop()
+        times: list[float] = []
+        for expected_count in range(5):
+            msg = await queue.receive(timeout=RECEIVE_TIMEOUT_S)
+            assert msg is not None and msg.redelivery_count == expected_count
+            times.append(loop.time())
+            await queue.negative_acknowledge(msg)
+        gaps = [b - a for a, b in itertools.pairwise(times)]
+        # Never earlier than the backoff says: 0.05, 0.1, 0.2, then capped at 0.3.
+        for gap, delay in zip(gaps, [0.05, 0.1, 0.2, 0.3], strict=True):
+            assert gap >= delay * 0.9, gaps
+    finally:
         await queue.close()
 
 

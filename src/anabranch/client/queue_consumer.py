@@ -22,6 +22,8 @@ subscription and stays unacknowledged until acked, negatively acked (redelivered
   ``persistent://<tenant>/<ns>/<topic>-<subscription>-DLQ``, upstream's
   ``<topic>-<subscription>-DLQ`` naming) with properties ``REAL_TOPIC`` and
   ``ORIGIN_MESSAGE_ID``, then acknowledged.
+- Negative-ack backoff: with ``nack_backoff_max_s`` > 0 the redelivery delay doubles with
+  each redelivery of the message, from ``nack_redelivery_delay_s`` up to that cap.
 
 Message ids carry ``segment_id``; ``Message.topic`` is the scalable ``topic://`` name.
 
@@ -41,6 +43,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -136,6 +139,7 @@ class QueueConsumerOptions:
     receiver_queue_size: int = CONSUMER_RECEIVER_QUEUE_MESSAGES
     ack_timeout_s: float = 0.0
     nack_redelivery_delay_s: float = NACK_REDELIVERY_DELAY_S
+    nack_backoff_max_s: float = 0.0
     max_redeliveries: int = 0
     dead_letter_topic: str | None = None
     priority_level: int | None = None
@@ -147,6 +151,24 @@ class QueueConsumerOptions:
         object.__setattr__(self, "initial_position", checked.initial_position)
         if self.max_redeliveries < 0:
             raise InvalidArgument("max_redeliveries must be >= 0")
+        if self.nack_backoff_max_s < 0:
+            raise InvalidArgument("nack_backoff_max_s must be >= 0")
+
+    def nack_delay_s(self, redelivery_count: int) -> float:
+        """How long a negatively acknowledged message waits before it comes again.
+
+        Fixed ``nack_redelivery_delay_s``, or with ``nack_backoff_max_s`` > 0 doubling per
+        earlier redelivery up to that cap (upstream's multiplier redelivery backoff).
+
+        Example:
+            >>> o = QueueConsumerOptions(nack_redelivery_delay_s=1, nack_backoff_max_s=5)
+            >>> [o.nack_delay_s(n) for n in range(5)]
+            [1, 2, 4, 5, 5]
+        """
+        base = self.nack_redelivery_delay_s
+        if not self.nack_backoff_max_s:
+            return base
+        return min(base * (1 << min(redelivery_count, 32)), self.nack_backoff_max_s)
 
     def segment_options(self, initial_position: InitialPosition) -> ConsumerOptions:
         """The Shared options of one segment's consumer."""
@@ -225,6 +247,13 @@ class SegmentConsumer(Consumer):
         # A reconnect resends what was queued; the end is reported again after it.
         self.reached_end_of_topic = False
         await super()._connect_once()
+
+    def negative_acknowledge_after(self, message_id: MessageId, delay_s: float) -> None:
+        """Like ``negative_acknowledge`` with this message's own delay."""
+        entry = message_id.entry
+        self._unacked.pop(entry, None)
+        self._nacked[entry] = time.monotonic() + delay_s
+        self._ensure_timer()
 
     async def drain_state(self) -> tuple[MessageId, MessageId]:
         """(last message id, subscription mark-delete position) from GET_LAST_MESSAGE_ID."""
@@ -456,7 +485,8 @@ class QueueConsumer:
             await self._dead_letter(message)
             return
         self._outstanding[consumer.segment_id].discard(inner)
-        await consumer.negative_acknowledge(inner)
+        count = message.redelivery_count if isinstance(message, Message) else 0
+        consumer.negative_acknowledge_after(inner, self.options.nack_delay_s(count))
 
     async def _dead_letter(self, msg: Message) -> None:
         producer = await self._dead_letter_producer()
