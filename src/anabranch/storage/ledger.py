@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import queue
 import shutil
 import threading
 import uuid
@@ -152,38 +153,35 @@ class _Writer(threading.Thread):
         self._ml = ml
         self._loop = asyncio.get_running_loop()
         self._sync = sync
-        self._cond = threading.Condition()
-        self._queue: deque[tuple[SegmentFile, _Batch]] = deque()
-        self._stopping = False
+        self._queue: queue.SimpleQueue[tuple[SegmentFile, _Batch] | None] = queue.SimpleQueue()
         self._broken: BaseException | None = None
 
     def submit(self, segment: SegmentFile, batch: _Batch) -> None:
-        with self._cond:
-            self._queue.append((segment, batch))
-            self._cond.notify()
+        self._queue.put((segment, batch))
 
     def stop(self) -> None:
-        with self._cond:
-            self._stopping = True
-            self._cond.notify()
+        """Finish what is queued, then exit."""
+        self._queue.put(None)
 
     def run(self) -> None:
-        queue = self._queue
+        get = self._queue.get
         limit = limits.STORAGE_GROUP_COMMIT_BYTES_MAX
+        held: list[tuple[SegmentFile, _Batch] | None] = []  # taken, for the next round
         while True:
-            with self._cond:
-                while not queue and not self._stopping:
-                    self._cond.wait()
-                if not queue:
-                    return
-                segment, first = queue.popleft()
-                batches = [first]
-                size = first.size
-                # Every queued batch of the same file joins this write + fdatasync.
-                while queue and queue[0][0] is segment and size + queue[0][1].size <= limit:
-                    batch = queue.popleft()[1]
-                    batches.append(batch)
-                    size += batch.size
+            item = held.pop() if held else get()
+            if item is None:
+                return
+            segment, first = item
+            batches = [first]
+            size = first.size
+            # Every batch queued behind it for the same file joins this write + fdatasync.
+            while not self._queue.empty():
+                item = get()
+                if item is None or item[0] is not segment or size + item[1].size > limit:
+                    held.append(item)
+                    break
+                batches.append(item[1])
+                size += item[1].size
             error: BaseException | None = self._broken
             if error is None:
                 try:
@@ -241,7 +239,7 @@ class FileManagedLedger(ManagedLedgerBase):
         self._reserved_bytes = 0
         self._rolling = False
         self._terminating = False
-        self._tail: deque[tuple[int, int, list[bytes]]] = deque()
+        self._tail: deque[tuple[int, int, list[bytes], int]] = deque()
         self._tail_bytes = 0
         self._rollover_task: asyncio.Task[None] | None = None
 
@@ -612,16 +610,15 @@ class FileManagedLedger(ManagedLedgerBase):
     # --- reads ----------------------------------------------------------------------------------
 
     def _cache(self, ledger_id: int, first: int, payloads: list[bytes], size: int) -> None:
-        self._tail.append((ledger_id, first, payloads))
+        self._tail.append((ledger_id, first, payloads, size))
         self._tail_bytes += size
         while self._tail_bytes > limits.STORAGE_TAIL_CACHE_BYTES_MAX and len(self._tail) > 1:
-            _, _, dropped = self._tail.popleft()
-            self._tail_bytes -= sum(len(d) for d in dropped)
+            self._tail_bytes -= self._tail.popleft()[3]
 
     def _from_cache(self, ledger_id: int, first: int, count: int) -> list[bytes] | None:
         out: list[bytes] = []
         want = first
-        for lid, start, payloads in self._tail:
+        for lid, start, payloads, _ in self._tail:
             if lid != ledger_id or start + len(payloads) <= want:
                 continue
             if start > want:
