@@ -40,6 +40,10 @@ from pyspark_anabranch.planning import (
 
 T = TypeVar("T")
 
+RANGE_READER_QUEUE_MESSAGES = 10_000
+"""Receiver queue of an executor's range reader: deep enough that flow permits never stall a
+bulk read (a 100 B message costs ~0.3 KB queued, so ~3 MB per reader)."""
+
 _lock = threading.Lock()
 _loop: asyncio.AbstractEventLoop | None = None
 _clients: dict[tuple[str, tuple[tuple[str, float], ...]], Client] = {}
@@ -231,7 +235,10 @@ class RangeReader:
             entry = resume_entry(self.start)
             begin: MessageId | str = "earliest" if entry is None else MessageId(*entry)
             self.reader = await self.client.create_reader(
-                self.name, begin, start_inclusive=entry is not None
+                self.name,
+                begin,
+                start_inclusive=entry is not None,
+                receiver_queue_size=RANGE_READER_QUEUE_MESSAGES,
             )
         return self
 
