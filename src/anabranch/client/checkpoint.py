@@ -52,6 +52,7 @@ import struct
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import IntEnum
+from functools import total_ordering
 from types import MappingProxyType
 
 from anabranch.client.message_id import MessageId
@@ -80,6 +81,7 @@ def _plain(mid: MessageId) -> MessageId:
     return MessageId(mid.ledger_id, mid.entry_id, mid.batch_index)
 
 
+@total_ordering
 @dataclass(frozen=True, slots=True)
 class SegmentPosition:
     """Where reading one segment resumes: strictly after ``after``, or ``complete``.
@@ -121,9 +123,6 @@ class SegmentPosition:
 
     def __lt__(self, other: SegmentPosition) -> bool:
         return self._key() < other._key()
-
-    def __le__(self, other: SegmentPosition) -> bool:
-        return self._key() <= other._key()
 
     def admits(self, mid: MessageId) -> bool:
         """True if a message at ``mid`` is still to be read from here.
