@@ -1,7 +1,10 @@
 """Child process of test_crash: appends until killed, printing each acknowledged entry.
 
-Usage: ``python -m tests.storage.crash_child DATA_DIR SEED``. One line per acknowledged
-append: ``<ledger_id> <entry_id> <sha256 of the payload>``, flushed at once.
+Usage: ``python -m tests.storage.crash_child DATA_DIR SEED``. It runs the storage a
+standalone broker runs: a SQLite metadata store (``DATA_DIR/metadata.db``) and file
+ledgers (``DATA_DIR/ledgers``), ``fsync=always``, with a seed-chosen rollover size so
+kills land in rollovers too. One line per acknowledged append:
+``<ledger_id> <entry_id> <sha256 of the payload>``, flushed at once.
 """
 
 from __future__ import annotations
@@ -12,24 +15,37 @@ import random
 import sys
 from pathlib import Path
 
-from anabranch.metadata.memory import MemoryMetadataStore
+from anabranch.metadata.sqlite import SqliteMetadataStore
 from anabranch.storage.api import ManagedLedgerConfig
 from anabranch.storage.ledger import FileManagedLedgerFactory
 
+NAME = "public/default/persistent/crash"
+
+
+def config_for(seed: int) -> ManagedLedgerConfig:
+    """The child's config; the parent reopens with the same one."""
+    rng = random.Random(seed)
+    return ManagedLedgerConfig(fsync="always", ledger_entries_max=rng.choice((40, 150, 10**9)))
+
 
 async def main(data_dir: Path, seed: int) -> None:
-    rng = random.Random(seed)
-    factory = FileManagedLedgerFactory(data_dir, MemoryMetadataStore())
-    # One ledger only: the parent recovers the file itself (metadata dies with the child).
-    ml = await factory.open("crash", ManagedLedgerConfig(fsync="always", ledger_entries_max=10**9))
+    rng = random.Random(seed + 1)
+    store = await SqliteMetadataStore.open(data_dir / "metadata.db")
+    factory = FileManagedLedgerFactory(data_dir / "ledgers", store)
+    ml = await factory.open(NAME, config_for(seed))
     out = sys.stdout
 
     async def appender(worker: int) -> None:
         n = 0
         while True:
             payload = rng.randbytes(rng.choice((1, 100, 1000, 5000))) + f"{worker}:{n}".encode()
-            pos = await ml.append(payload)
-            out.write(f"{pos.ledger_id} {pos.entry_id} {hashlib.sha256(payload).hexdigest()}\n")
+            if rng.random() < 0.1:
+                burst = [payload + bytes([k]) for k in range(rng.randint(1, 8))]
+                positions = await ml.append_many(burst)
+            else:
+                burst, positions = [payload], [await ml.append(payload)]
+            for pos, data in zip(positions, burst, strict=True):
+                out.write(f"{pos.ledger_id} {pos.entry_id} {hashlib.sha256(data).hexdigest()}\n")
             out.flush()
             n += 1
 

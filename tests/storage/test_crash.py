@@ -1,14 +1,17 @@
 """SIGKILL a process that appends with fsync=always; every acknowledged entry survives.
 
-The child (``crash_child.py``) prints each acknowledged position and payload hash; the
-parent kills it at a random moment, recovers the ledger file the way ``open`` does
-(scan, truncate a torn tail) and checks every acknowledged entry is present, in its
-position, byte-identical. The metadata store lives in the child and dies with it, so
-recovery here is at the ledger-file level (what the file backend's open runs).
+The child (``crash_child.py``) runs a standalone broker's storage (SQLite metadata store
++ file ledgers) and prints each acknowledged position and payload hash; the parent kills
+it at a random moment (mid-write, mid-fdatasync, mid-rollover), then does what a
+restarted broker does: opens the child's SQLite store and the managed ledger through
+:class:`FileManagedLedgerFactory` (recovery: fence, scan, truncate a torn tail, close the
+last ledger) and reads everything back. Every acknowledged entry must be there, at its
+position, byte-identical; the ledger must then take appends and reopen again.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
 import random
@@ -20,27 +23,29 @@ from pathlib import Path
 
 import pytest
 
-from anabranch.storage.segment_file import SegmentFile
+from anabranch.metadata.sqlite import SqliteMetadataStore
+from anabranch.storage.api import EARLIEST, Position
+from anabranch.storage.ledger import FileManagedLedgerFactory
+from tests.storage.crash_child import NAME, config_for
 
 ROOT = Path(__file__).resolve().parents[2]
-SEEDS = range(30)
+SEEDS = range(40)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("seed", SEEDS)
-def test_acknowledged_entries_survive_sigkill(tmp_path: Path, seed: int) -> None:
+def run_and_kill(data_dir: Path, seed: int) -> list[tuple[Position, str]]:
+    """Start the child, SIGKILL it at a random moment; the acknowledgements it printed."""
     rng = random.Random(seed)
     env = dict(os.environ, PYTHONPATH=f"{ROOT / 'src'}{os.pathsep}{ROOT}")
     child = subprocess.Popen(
-        [sys.executable, "-m", "tests.storage.crash_child", str(tmp_path), str(seed)],
+        [sys.executable, "-m", "tests.storage.crash_child", str(data_dir), str(seed)],
         stdout=subprocess.PIPE,
         cwd=ROOT,
         env=env,
     )
     assert child.stdout is not None
     # Kill after a random number of acknowledgements, then a random extra delay, so the
-    # kill lands anywhere in the write / fdatasync / acknowledge cycle.
-    wanted = rng.randint(1, 400)
+    # kill lands anywhere in the write / fdatasync / acknowledge / rollover cycle.
+    wanted = rng.randint(1, 600)
     early: list[str] = []
     while len(early) < wanted:
         line = child.stdout.readline()
@@ -51,22 +56,45 @@ def test_acknowledged_entries_survive_sigkill(tmp_path: Path, seed: int) -> None
     child.send_signal(signal.SIGKILL)
     rest, _ = child.communicate()
     assert child.returncode == -signal.SIGKILL, "the child must still be running when killed"
-
     lines = rest.decode().splitlines()
     if rest and not rest.endswith(b"\n"):
         lines = lines[:-1]  # a half-printed line is not an acknowledgement we saw
     acked = [line.split() for line in early + lines]
     assert len(acked) >= len(early) >= 1
+    return [(Position(int(lid), int(eid)), digest) for lid, eid, digest in acked]
 
-    [ledger_dir] = [p for p in tmp_path.iterdir() if p.is_dir()]
-    [log] = sorted(ledger_dir.glob("*.log"))
-    segment = SegmentFile.open_existing(ledger_dir, int(log.stem))
+
+async def restart_and_check(data_dir: Path, seed: int, acked: list[tuple[Position, str]]) -> None:
+    store = await SqliteMetadataStore.open(data_dir / "metadata.db")
     try:
-        entries, _ = segment.recover()
-        payloads = segment.read_entries(0, entries) if entries else []
+        factory = FileManagedLedgerFactory(data_dir / "ledgers", store)
+        ml = await factory.open(NAME, config_for(seed))
+        stored: dict[Position, bytes] = {}
+        position = EARLIEST
+        while entries := await ml.read(position, max_entries=5000):
+            stored.update((e.position, e.data) for e in entries)
+            position = entries[-1].position.next()
+        assert sorted(stored) == list(stored), "entries come back in position order"
+        for pos, digest in acked:
+            assert pos in stored, f"acknowledged entry {pos} lost ({len(stored)} kept)"
+            assert hashlib.sha256(stored[pos]).hexdigest() == digest, f"entry {pos} changed"
+        assert ml.entry_count == len(stored)
+        # The restarted broker goes on: a new append lands after everything, and a
+        # second restart still sees it all.
+        new = await ml.append(b"after restart")
+        assert new > max(stored, default=EARLIEST)
+        await factory.close()
+        again = FileManagedLedgerFactory(data_dir / "ledgers", store)
+        ml = await again.open(NAME, config_for(seed))
+        assert ml.entry_count == len(stored) + 1
+        assert (await ml.read(new))[0].data == b"after restart"
+        await again.close()
     finally:
-        segment.close()
-    for ledger_id, entry_id, digest in acked:
-        assert int(ledger_id) == int(log.stem)
-        assert int(entry_id) < entries, f"acknowledged entry {entry_id} lost ({entries} kept)"
-        assert hashlib.sha256(payloads[int(entry_id)]).hexdigest() == digest
+        await store.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", SEEDS)
+def test_acknowledged_entries_survive_sigkill_and_restart(tmp_path: Path, seed: int) -> None:
+    acked = run_and_kill(tmp_path, seed)
+    asyncio.run(restart_and_check(tmp_path, seed, acked))
