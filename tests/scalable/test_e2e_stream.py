@@ -1,0 +1,249 @@
+"""Stream consumers and the scalable producer end to end on a real in-process broker.
+
+Topics are created, split and merged through the admin HTTP API (and the broker's
+ScalableTopicService) while the producer and the stream consumers run; each test checks
+what the application saw: every (key, seq) exactly once, in per-key order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import defaultdict
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+import anabranch
+from anabranch.admin.client import AdminClient
+from anabranch.aio import Client, Message
+from anabranch.client.scalable_producer import ScalableProducer
+from anabranch.client.stream_consumer import StreamConsumer
+from anabranch.testing.broker import InProcessBroker
+
+KEYS = [f"key-{i}" for i in range(16)]
+RECEIVE_TIMEOUT_S = 5.0
+QUIET_S = 0.3
+EVENTUALLY_ROUNDS = 1_000
+
+
+async def eventually(condition: Callable[[], bool], what: str) -> None:
+    """Poll ``condition`` (10 ms apart) while the client's tasks run."""
+    for _ in range(EVENTUALLY_ROUNDS):
+        if condition():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"never happened: {what}")
+
+
+@dataclass
+class World:
+    broker: InProcessBroker
+    admin: AdminClient
+    client: Client
+    sent: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+
+    async def producer(self, topic: str) -> ScalableProducer:
+        producer = await self.client.create_producer(topic, batch_delay_s=0.002)
+        assert isinstance(producer, ScalableProducer)
+        return producer
+
+    async def stream(self, topic: str, name: str, sub: str = "billing") -> StreamConsumer:
+        return await self.client.subscribe_stream(topic, sub, consumer_name=name)
+
+    async def produce(self, producer: ScalableProducer, count: int) -> None:
+        futures = []
+        for i in range(count):
+            key = KEYS[i % len(KEYS)]
+            futures.append(await producer.send_async(f"{key}:{self.sent[key]}".encode(), key=key))
+            self.sent[key] += 1
+        await asyncio.gather(*futures)
+
+    def expected(self) -> dict[str, list[int]]:
+        return {k: list(range(n)) for k, n in self.sent.items() if n}
+
+
+@contextlib.asynccontextmanager
+async def world_with(tmp_path: Path, grace_s: float = 30.0) -> AsyncIterator[World]:
+    async with InProcessBroker(
+        tmp_path, ledgers="memory", consumer_grace_period_s=grace_s
+    ) as broker:
+        assert broker.http_url is not None
+        async with AdminClient(broker.http_url) as admin, Client(broker.service_url) as client:
+            yield World(broker, admin, client)
+
+
+@pytest.fixture
+async def world(tmp_path: Path) -> AsyncIterator[World]:
+    async with world_with(tmp_path) as w:
+        yield w
+
+
+def _parse(msg: Message) -> tuple[str, int]:
+    key, seq = msg.value.decode().split(":")
+    assert key == msg.key
+    return key, int(seq)
+
+
+async def _consume(stream: StreamConsumer, count: int) -> list[Message]:
+    """``count`` messages, each acknowledged cumulatively; then nothing more."""
+    out: list[Message] = []
+    while len(out) < count:
+        msg = await stream.receive(timeout=RECEIVE_TIMEOUT_S)
+        assert msg is not None, f"only {len(out)} of {count} arrived ({stream.segment_ids})"
+        out.append(msg)
+        await stream.acknowledge_cumulative(msg)
+    assert await stream.receive(timeout=QUIET_S) is None, "more messages than produced"
+    return out
+
+
+def _by_key(messages: list[Message]) -> dict[str, list[int]]:
+    seen: dict[str, list[int]] = defaultdict(list)
+    for msg in messages:
+        key, seq = _parse(msg)
+        seen[key].append(seq)
+    return dict(seen)
+
+
+async def test_every_key_in_order_once_across_two_splits_and_a_merge(world: World) -> None:
+    topic = "topic://public/default/orders"
+    await world.admin.create_scalable_topic(topic, 2)
+    stream = await world.stream(topic, "worker-1")
+    producer = await world.producer(topic)
+    scalable = world.broker.service.scalable
+    changes: list[Callable[[], Awaitable[object]]] = [
+        lambda: world.admin.split_segment(topic, 0),  # -> 2, 3
+        lambda: world.admin.split_segment(topic, 1),  # -> 4, 5
+        lambda: scalable.merge(topic, 3, 4),  # -> 6
+    ]
+
+    async def produce() -> None:
+        for change in changes:
+            await world.produce(producer, 150)
+            await change()
+        await world.produce(producer, 150)
+
+    producing = asyncio.ensure_future(produce())
+    messages = await _consume(stream, 600)
+    await producing
+    assert _by_key(messages) == world.expected()
+    assert all(m.topic == topic for m in messages)
+    assert {m.message_id.segment_id for m in messages} >= {0, 1, 2, 5, 6}
+    # Drained sealed segments retire from the assignment; the active ones remain.
+    await eventually(lambda: stream.segment_ids == [2, 5, 6], "sealed segments retire")
+    await stream.close()
+    await producer.close()
+
+
+async def test_a_new_subscription_replays_sealed_backlog_in_dag_order(world: World) -> None:
+    topic = "topic://public/default/replay"
+    await world.admin.create_scalable_topic(topic, 1)
+    producer = await world.producer(topic)
+    await world.produce(producer, 64)
+    await world.admin.split_segment(topic, 0)
+    await world.produce(producer, 64)
+    await world.admin.split_segment(topic, 1)
+    await world.produce(producer, 64)
+    stream = await world.stream(topic, "late")
+    assert stream.segment_ids == [0]  # children wait until their ancestors are drained
+    messages = await _consume(stream, 192)
+    assert _by_key(messages) == world.expected()
+    await stream.close()
+    await producer.close()
+
+
+async def test_two_stream_consumers_share_the_segments(world: World) -> None:
+    topic = "topic://public/default/shared"
+    await world.admin.create_scalable_topic(topic, 4)
+    first = await world.stream(topic, "worker-1")
+    second = await world.stream(topic, "worker-2")
+    await eventually(
+        lambda: len(first.connected_segment_ids) == 2 and len(second.connected_segment_ids) == 2,
+        "the segments are dealt two and two",
+    )
+    assert set(first.segment_ids) | set(second.segment_ids) == {0, 1, 2, 3}
+    producer = await world.producer(topic)
+    await world.produce(producer, 400)
+    counts = {first: 0, second: 0}
+    got: list[Message] = []
+
+    async def drain(stream: StreamConsumer) -> None:
+        while (msg := await stream.receive(timeout=QUIET_S * 3)) is not None:
+            counts[stream] += 1
+            got.append(msg)
+            await stream.acknowledge_cumulative(msg)
+
+    await asyncio.gather(drain(first), drain(second))
+    assert _by_key(got) == world.expected()
+    assert counts[first] and counts[second]
+    keys_of = {s: {m.key for m in got if m.message_id.segment_id in s.segment_ids} for s in counts}
+    assert not keys_of[first] & keys_of[second], "a key was read by both consumers"
+    for stream in (first, second):
+        await stream.close()
+    await producer.close()
+
+
+async def test_a_restart_within_the_grace_period_keeps_the_segments(tmp_path: Path) -> None:
+    async with world_with(tmp_path, grace_s=30.0) as world:
+        topic = "topic://public/default/sticky"
+        await world.admin.create_scalable_topic(topic, 2)
+        first = await world.stream(topic, "worker-1")
+        second = await world.stream(topic, "worker-2")
+        await eventually(
+            lambda: len(first.segment_ids) == 1 and len(second.segment_ids) == 1,
+            "one segment each",
+        )
+        mine, updates = first.segment_ids, second.assignment_updates
+        await first.close()
+        again = await world.stream(topic, "worker-1")
+        assert again.segment_ids == mine
+        producer = await world.producer(topic)
+        await world.produce(producer, 64)
+        messages: list[Message] = []
+        while (msg := await again.receive(timeout=QUIET_S * 3)) is not None:
+            messages.append(msg)
+            await again.acknowledge_cumulative(msg)
+        assert messages and {m.message_id.segment_id for m in messages} == set(mine)
+        assert second.assignment_updates == updates, "the other consumer was rebalanced"
+        assert second.segment_ids != mine
+        for closing in (again, second, producer):
+            await closing.close()
+
+
+async def test_the_grace_period_running_out_rebalances(tmp_path: Path) -> None:
+    async with world_with(tmp_path, grace_s=0.3) as world:
+        topic = "topic://public/default/evict"
+        await world.admin.create_scalable_topic(topic, 2)
+        first = await world.stream(topic, "worker-1")
+        second = await world.stream(topic, "worker-2")
+        await eventually(lambda: len(second.segment_ids) == 1, "a share for the second")
+        await first.close()
+        await eventually(lambda: second.segment_ids == [0, 1], "the second takes over")
+        await eventually(lambda: second.connected_segment_ids == [0, 1], "and subscribes")
+        await second.close()
+
+
+async def test_the_blocking_client_streams_a_scalable_topic(world: World) -> None:
+    topic = "topic://public/default/blocking-stream"
+    await world.admin.create_scalable_topic(topic, 2)
+    url = world.broker.service_url
+
+    def run() -> list[tuple[str, int]]:
+        with anabranch.Client(url) as client:
+            stream = client.subscribe_stream(topic, "sync", consumer_name="sync-1")
+            producer = client.create_producer(topic)
+            for i in range(40):
+                producer.send(f"{KEYS[i % 4]}:{i // 4}".encode(), key=KEYS[i % 4])
+            got = []
+            while (msg := stream.receive(timeout=RECEIVE_TIMEOUT_S)) is not None:
+                got.append(_parse(msg))
+                stream.acknowledge_cumulative(msg)
+                if len(got) == 40:
+                    break
+            stream.close()
+            return got
+
+    got = await asyncio.to_thread(run)
+    assert sorted(got) == sorted((KEYS[i % 4], i // 4) for i in range(40))
