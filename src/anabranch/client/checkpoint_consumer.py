@@ -19,6 +19,15 @@ back as ``start`` to resume (after a restart, on another machine, after splits a
   complete and each active segment's current last message (GET_LAST_MESSAGE_ID) becomes
   its position; anything at or before it is skipped.
 
+**Consumer group** (optional, ``consumer_group=name``): the member registers with the
+topic's controller as a CHECKPOINT consumer (no cursors are created) and reads only the
+segments the controller deals it, following reassignments. Parent-before-child then
+holds within each member's own segments only: a child whose parent belongs to another
+member is read at once. A member's checkpoint holds its own progress and the start
+position of every other segment; :meth:`Checkpoint.merge` of all members' checkpoints is
+the group's position, which a restarted group resumes from. A segment that moves between
+members is read again from the new owner's position (at-least-once across rebalances).
+
 :meth:`checkpoint` is a snapshot: the layout epoch the consumer follows and, for every
 segment of that layout, *complete*, the id of the last message handed to the application,
 or its start position if nothing was read yet.
@@ -42,6 +51,8 @@ import uuid
 from anabranch.client.checkpoint import Checkpoint, SegmentPosition, readable_segments
 from anabranch.client.connection import ConnectionPool
 from anabranch.client.consumer import ConsumerOptions, InitialPosition
+from anabranch.client.controller_registration import ControllerRegistration
+from anabranch.client.dag_session import DagSession
 from anabranch.client.message import Message
 from anabranch.client.message_id import MessageId
 from anabranch.client.queue_consumer import (
@@ -51,8 +62,9 @@ from anabranch.client.queue_consumer import (
     in_segment,
 )
 from anabranch.core.segment_layout import Segment, SegmentLayout, segment_name
-from anabranch.errors import AnabranchError, Closed
+from anabranch.errors import AnabranchError, Closed, InvalidArgument
 from anabranch.limits import CONSUMER_RECEIVER_QUEUE_MESSAGES
+from anabranch.protocol._generated import pulsar_api_pb2 as pb
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +83,7 @@ class CheckpointConsumer:
         *,
         consumer_name: str | None = None,
         receiver_queue_size: int = CONSUMER_RECEIVER_QUEUE_MESSAGES,
+        consumer_group: str | None = None,
     ) -> None:
         self._pool = pool
         self._source = source
@@ -86,6 +99,15 @@ class CheckpointConsumer:
         self._pump: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
         self._closed = False
+        self.consumer_group = consumer_group
+        self._assigned: frozenset[int] | None = None
+        self._registration: ControllerRegistration | None = None
+        if consumer_group is not None:
+            if not isinstance(source, DagSession):
+                raise InvalidArgument("a consumer group needs a DAG session (its controller)")
+            self._registration = ControllerRegistration(
+                pool, source, consumer_group, self.consumer_name, pb.CHECKPOINT, self._on_assignment
+            )
 
     def __repr__(self) -> str:
         return f"CheckpointConsumer({self.topic!r})"
@@ -96,6 +118,11 @@ class CheckpointConsumer:
         return sorted(self._readers)
 
     @property
+    def assigned_segments(self) -> list[int] | None:
+        """In a consumer group, the segments the controller gave this member; else None."""
+        return None if self._assigned is None else sorted(self._assigned)
+
+    @property
     def complete_segments(self) -> list[int]:
         """Ids of the segments read to their end."""
         return sorted(s for s, p in self._positions.items() if p is not None and p.complete)
@@ -104,6 +131,8 @@ class CheckpointConsumer:
 
     async def _start(self) -> None:
         try:
+            if self._registration is not None:
+                await self._registration.start()
             self._adopt(self._source.layout, self.start.start_positions(self._source.layout))
             await self._open_ready()
         except BaseException:
@@ -125,11 +154,28 @@ class CheckpointConsumer:
     def _complete(self) -> set[int]:
         return {s for s, p in self._positions.items() if p is not None and p.complete}
 
+    def _on_assignment(self, assignment: pb.ScalableConsumerAssignment) -> None:
+        self._assigned = frozenset(int(s.segment_id) for s in assignment.segments)
+        self._wake.set()
+
+    def _mine(self, segment_id: int) -> bool:
+        return segment_id in self._layout.segments and (
+            self._assigned is None or segment_id in self._assigned
+        )
+
     async def _open_ready(self) -> None:
-        ready = readable_segments(self._layout, self._complete(), opened=self._readers)
+        gate = self._complete()
+        if self._assigned is not None:
+            # Another member's segments are its own business: do not wait for them.
+            gate |= {s for s in self._layout.segments if s not in self._assigned}
+        ready = [
+            seg
+            for seg in readable_segments(self._layout, gate, opened=self._readers)
+            if self._mine(seg.segment_id)
+        ]
         if ready:
             await asyncio.gather(*(self._open(seg) for seg in ready))
-        for seg_id in [s for s in self._readers if s not in self._layout.segments]:
+        for seg_id in [s for s in self._readers if not self._mine(s)]:
             await self._close_reader(seg_id)
 
     async def _open(self, seg: Segment) -> None:
@@ -175,6 +221,8 @@ class CheckpointConsumer:
         reader = self._readers.pop(seg_id, None)
         if reader is not None:
             self._by_consumer_id.pop(reader._id, None)
+            gone = reader._id
+            self._inbox.remove_where(lambda m: m._consumer_id == gone)
             with contextlib.suppress(AnabranchError):
                 await reader.close()
 
@@ -262,6 +310,8 @@ class CheckpointConsumer:
             return
         self._closed = True
         self._inbox.shutdown()
+        if self._registration is not None:
+            await self._registration.close()
         pump, self._pump = self._pump, None
         if pump is not None:
             pump.cancel()

@@ -215,9 +215,12 @@ class Client:
         *,
         consumer_name: str | None = None,
         receiver_queue_size: int = CONSUMER_RECEIVER_QUEUE_MESSAGES,
+        consumer_group: str | None = None,
     ) -> CheckpointConsumer:
         """An unmanaged reader of a scalable topic's whole DAG from ``start`` (default
-        ``Checkpoint.earliest()``); ``checkpoint()`` tells where it is.
+        ``Checkpoint.earliest()``); ``checkpoint()`` tells where it is. With
+        ``consumer_group``, the topic's controller shares the segments out among the
+        group's members (each with its own ``consumer_name``).
 
         Example::
 
@@ -230,6 +233,7 @@ class Client:
             Checkpoint.earliest() if start is None else start,
             consumer_name=consumer_name,
             receiver_queue_size=receiver_queue_size,
+            consumer_group=consumer_group,
         )
         await consumer._start()
         self._handlers.append(consumer)
