@@ -294,6 +294,12 @@ async def test_checkpoint_resumes_across_a_split_without_loss_or_duplicates(worl
         assert {m.message_id.segment_id for m in tail} >= {2, 3}
         # A checkpoint of the resumed consumer covers the one it started from.
         assert second.checkpoint().covers(cp)
+        # Seeking back to the saved checkpoint replays exactly the same tail.
+        await second.seek(cp)
+        again = await _drain(second, len(tail))
+        assert [m.message_id for m in again] != [] and sorted(_parse(m) for m in again) == sorted(
+            _parse(m) for m in tail
+        )
     finally:
         await second.close()
 

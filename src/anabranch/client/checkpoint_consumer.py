@@ -98,6 +98,7 @@ class CheckpointConsumer:
         self._by_consumer_id: dict[int, SegmentConsumer] = {}
         self._pump: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
+        self._lock = asyncio.Lock()
         self._closed = False
         self.consumer_group = consumer_group
         self._assigned: frozenset[int] | None = None
@@ -133,8 +134,10 @@ class CheckpointConsumer:
         try:
             if self._registration is not None:
                 await self._registration.start()
-            self._adopt(self._source.layout, self.start.start_positions(self._source.layout))
-            await self._open_ready()
+            async with self._lock:
+                layout = self._source.layout
+                self._adopt(layout, self.start.start_positions(layout))
+                await self._open_ready()
         except BaseException:
             await self.close()
             raise
@@ -252,17 +255,18 @@ class CheckpointConsumer:
                 )
                 woke.cancel()
                 self._wake.clear()
-                if change.done():
-                    finished, change = change, None
-                    self._adopt(finished.result(), {})  # Closed ends the pump
-                for seg_id in self._finish_drained():
-                    await self._close_reader(seg_id)
-                try:
-                    await self._open_ready()
-                    retry_s = None
-                except AnabranchError as err:
-                    log.warning("%s: opening segments failed (retrying): %s", self, err)
-                    retry_s = OPEN_RETRY_S
+                async with self._lock:
+                    if change.done():
+                        finished, change = change, None
+                        self._adopt(finished.result(), {})  # Closed ends the pump
+                    for seg_id in self._finish_drained():
+                        await self._close_reader(seg_id)
+                    try:
+                        await self._open_ready()
+                        retry_s = None
+                    except AnabranchError as err:
+                        log.warning("%s: opening segments failed (retrying): %s", self, err)
+                        retry_s = OPEN_RETRY_S
         except (Closed, asyncio.CancelledError):
             pass
         except Exception:
@@ -295,6 +299,25 @@ class CheckpointConsumer:
                 continue  # before the start (a resumed batch, or a just-resolved latest)
             self._positions[reader.segment_id] = SegmentPosition.after_id(raw.message_id)
             return in_segment(raw, reader.segment_id, self.topic)
+
+    async def seek(self, position: Checkpoint) -> None:
+        """Read from ``position`` next: every reader restarts there; what is queued and not
+        yet received is dropped.
+
+        Example::
+
+            await reader.seek(Checkpoint.earliest())     # replay the whole DAG
+        """
+        if self._closed:
+            raise Closed(f"{self} is closed")
+        async with self._lock:
+            for seg_id in list(self._readers):
+                await self._close_reader(seg_id)
+            self.start = position
+            self._positions.clear()
+            layout = self._source.layout
+            self._adopt(layout, position.start_positions(layout))
+            await self._open_ready()
 
     def checkpoint(self) -> Checkpoint:
         """Where this consumer is now (see the module docstring); never blocks."""

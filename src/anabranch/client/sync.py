@@ -328,6 +328,10 @@ class CheckpointConsumer:
         """The next message in DAG order, or None after ``timeout`` seconds."""
         return self._portal.call(self.inner.receive, timeout)
 
+    def seek(self, position: Checkpoint) -> None:
+        """Read from ``position`` next."""
+        self._portal.call(self.inner.seek, position)
+
     def checkpoint(self) -> Checkpoint:
         """Where the consumer is now (a value to resume from)."""
         return self._portal.call(self._checkpoint)
