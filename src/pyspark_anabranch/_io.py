@@ -17,13 +17,20 @@ from __future__ import annotations
 import asyncio
 import atexit
 import threading
+import uuid
+from collections import deque
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from anabranch.admin.client import AdminClient, AdminHttpError
 from anabranch.client.client import Client
-from anabranch.client.message import Message
+from anabranch.client.consumer import (
+    UNCOMPRESSED_BYTES_MAX,
+    Consumer,
+    ConsumerOptions,
+    InitialPosition,
+)
 from anabranch.client.message_id import MessageId
 from anabranch.client.producer import Producer
 from anabranch.client.reader import Reader
@@ -31,6 +38,10 @@ from anabranch.core.hash_range import HashRange, segment_hash
 from anabranch.core.names import TopicName
 from anabranch.core.segment_layout import SegmentLayout, segment_name
 from anabranch.errors import AnabranchError, TopicTerminated
+from anabranch.protocol._generated import pulsar_api_pb2 as pb
+from anabranch.protocol.batch import decode_batch
+from anabranch.protocol.compression import decompress
+from anabranch.protocol.frames import Frame
 from pyspark_anabranch.planning import (
     FIRST_POSITION,
     DataLoss,
@@ -120,12 +131,6 @@ def _shutdown() -> None:
     _admins.clear()
 
 
-def message_position(msg: Message) -> int:
-    """The position (see :mod:`pyspark_anabranch.planning`) of a received message."""
-    mid = msg.message_id
-    return encode_position(mid.ledger_id, mid.entry_id, mid.batch_index)
-
-
 def position_after(mid: MessageId) -> int:
     """The next position after the message ``mid`` (0 when ``mid`` says "no message")."""
     if mid.entry_id < 0 or mid.ledger_id < 0:
@@ -202,14 +207,77 @@ async def scan(  # noqa: PLR0917 (one call site)
         return out
     async with RangeReader(client, name, start, end, timeout_s) as reader:
         while len(out) < max_count:
-            msg = await reader.next()
-            if msg is None:
+            cols = await reader.chunk(max_count - len(out))
+            if cols is None:
                 break
-            out.append((message_position(msg), len(msg.value)))
-    return out
+            out.extend(zip(cols.positions, map(len, cols.values), strict=True))
+    return out[:max_count]
 
 
 # --- executor side ----------------------------------------------------------------------------
+
+
+class _EntryConsumer(Consumer):
+    """A non-durable consumer that queues whole stored entries ``(ledger, entry, metadata,
+    payload)`` instead of building a ``Message`` per message: the range reader decodes batches
+    straight into columns. Flow permits are returned as entries are taken."""
+
+    def __init__(self, pool: Any, topic: str, start: MessageId | None) -> None:
+        options = ConsumerOptions(
+            initial_position=InitialPosition.EARLIEST,
+            receiver_queue_size=RANGE_READER_QUEUE_MESSAGES,
+        )
+        super().__init__(
+            pool,
+            topic,
+            f"spark-{uuid.uuid4().hex[:12]}",
+            options,
+            durable=False,
+            start_message_id=MessageId.earliest() if start is None else start,
+            start_inclusive=start is not None,
+        )
+        self.entries: deque[tuple[int, int, pb.MessageMetadata, bytes]] = deque()
+        self.arrived = asyncio.Event()
+
+    def _on_message(self, frame: Frame) -> None:
+        body = frame.command.message
+        if body.HasField("consumer_epoch") and body.consumer_epoch < self._epoch:
+            return
+        md = frame.metadata
+        if md is None or frame.checksum_ok is False:
+            raise AnabranchError(f"{self.topic}: a corrupt entry at {body.message_id}")
+        mid = body.message_id
+        self.entries.append((int(mid.ledgerId), int(mid.entryId), md, frame.payload))
+        self.arrived.set()
+
+    async def next_entry(self, timeout_s: float) -> tuple[int, int, pb.MessageMetadata, bytes]:
+        while not self.entries:
+            self.arrived.clear()
+            try:
+                await asyncio.wait_for(self.arrived.wait(), timeout_s)
+            except TimeoutError:
+                if not self.entries:
+                    raise
+        entry = self.entries.popleft()
+        md = entry[2]
+        count = int(md.num_messages_in_batch) if md.HasField("num_messages_in_batch") else 1
+        self._count_consumed(count)
+        return entry
+
+
+@dataclass
+class Columns:
+    """Decoded messages of a range, column by column (publish/event times in ms)."""
+
+    keys: list[str | None] = field(default_factory=list)
+    values: list[bytes] = field(default_factory=list)
+    positions: list[int] = field(default_factory=list)
+    publish: list[int] = field(default_factory=list)
+    event: list[int | None] = field(default_factory=list)
+    properties: list[list[tuple[str, str]]] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.values)
 
 
 class RangeReader:
@@ -217,7 +285,8 @@ class RangeReader:
 
     ``end - 1`` is always a real message's position (ends come from message ids), so the
     reader stops on it without waiting. A message that does not arrive within ``timeout_s``
-    raises; resuming inside an entry that no longer exists raises :class:`DataLoss`.
+    raises; resuming inside an entry that no longer exists raises :class:`DataLoss`. Whatever
+    a reconnect delivers twice is dropped (positions only grow).
     """
 
     def __init__(self, client: Client, name: str, start: int, end: int, timeout_s: float) -> None:
@@ -226,56 +295,85 @@ class RangeReader:
         self.start = start
         self.end = end
         self.timeout_s = timeout_s
-        self.reader: Reader | None = None
+        self.consumer: _EntryConsumer | None = None
         self.done = end <= start
+        self.last = start - 1
         self._first = True
 
     async def __aenter__(self) -> RangeReader:
         if not self.done:
             entry = resume_entry(self.start)
-            begin: MessageId | str = "earliest" if entry is None else MessageId(*entry)
-            self.reader = await self.client.create_reader(
-                self.name,
-                begin,
-                start_inclusive=entry is not None,
-                receiver_queue_size=RANGE_READER_QUEUE_MESSAGES,
-            )
+            begin = None if entry is None else MessageId(*entry)
+            self.consumer = _EntryConsumer(self.client._pool, self.name, begin)
+            await self.consumer._start()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        if self.reader is not None:
-            await self.reader.close()
-            self.reader = None
+        if self.consumer is not None:
+            await self.consumer.close()
+            self.consumer = None
 
-    async def next(self) -> Message | None:
-        """The next message of the range, or None once the range is exhausted."""
-        while not self.done:
-            assert self.reader is not None
-            msg = await self.reader.read_next(self.timeout_s)
-            if msg is None:
+    async def chunk(self, max_rows: int, *, properties: bool = False) -> Columns | None:
+        """At least one and about ``max_rows`` next messages (whole entries), or None at the end."""
+        out = Columns()
+        while not self.done and len(out) < max_rows:
+            assert self.consumer is not None
+            try:
+                ledger_id, entry_id, md, payload = await self.consumer.next_entry(self.timeout_s)
+            except TimeoutError:
                 raise AnabranchError(
                     f"{self.name}: no message within {self.timeout_s}s while reading "
                     f"[{self.start}, {self.end})"
-                )
-            pos = message_position(msg)
+                ) from None
             if self._first:
                 self._first = False
                 entry = resume_entry(self.start)
-                mid = msg.message_id
-                if entry is not None and (mid.ledger_id, mid.entry_id) != entry:
+                if entry is not None and (ledger_id, entry_id) != entry:
                     raise DataLoss(
                         f"{self.name}: position {self.start} is gone (first available entry "
-                        f"is {mid.ledger_id}:{mid.entry_id})"
+                        f"is {ledger_id}:{entry_id})"
                     )
-            if pos >= self.end:
+            self._decode(ledger_id, entry_id, md, payload, out, properties)
+        return out if len(out) else None
+
+    def _decode(  # noqa: PLR0917 (private, one call site)
+        self,
+        ledger_id: int,
+        entry_id: int,
+        md: pb.MessageMetadata,
+        payload: bytes,
+        out: Columns,
+        properties: bool,
+    ) -> None:
+        base = encode_position(ledger_id, entry_id, -1)
+        payload = decompress(
+            int(md.compression), payload, int(md.uncompressed_size), UNCOMPRESSED_BYTES_MAX
+        )
+        if md.HasField("num_messages_in_batch"):
+            items: list[tuple[Any, bytes]] = decode_batch(payload, int(md.num_messages_in_batch))
+            first = 1
+        else:
+            items, first = [(md, payload)], 0
+        publish = int(md.publish_time)
+        lo, hi = self.start, self.end
+        for offset, (single, value) in enumerate(items):
+            pos = base + first + offset
+            if pos >= hi:
                 self.done = True
-                return None
-            if pos >= self.end - 1:
-                self.done = True
-            if pos < self.start:
+                return
+            if pos < lo or pos <= self.last or single.compacted_out:
                 continue
-            return msg
-        return None
+            self.last = pos
+            out.keys.append(single.partition_key if single.HasField("partition_key") else None)
+            out.values.append(value)
+            out.positions.append(pos)
+            out.publish.append(publish)
+            out.event.append(int(single.event_time) or None)
+            if properties:
+                out.properties.append([(p.key, p.value) for p in single.properties])
+            if pos >= hi - 1:
+                self.done = True
+                return
 
 
 # --- the sink's router ------------------------------------------------------------------------

@@ -67,7 +67,6 @@ from pyspark_anabranch.planning import (
     cut_by_bytes,
     decode_position,
     earliest_frontier,
-    encode_position,
     expand_topic,
     latest_frontier,
     should_wait,
@@ -138,7 +137,7 @@ def read_range(opts: SourceOptions, part: SegmentRange) -> Iterator[pa.RecordBat
     _io.run(reader.__aenter__())
     try:
         while True:
-            cols = _io.run(_chunk(reader, opts.include_properties))
+            cols = _io.run(reader.chunk(READ_CHUNK_ROWS, properties=opts.include_properties))
             if cols is None:
                 return
             yield _batch(schema, part, cols, opts.include_properties)
@@ -146,54 +145,23 @@ def read_range(opts: SourceOptions, part: SegmentRange) -> Iterator[pa.RecordBat
         _io.run(reader.__aexit__())
 
 
-async def _chunk(reader: _io.RangeReader, with_props: bool) -> dict[str, list[Any]] | None:
-    keys: list[bytes | None] = []
-    values: list[bytes] = []
-    positions: list[int] = []
-    publish: list[int] = []
-    event: list[int | None] = []
-    props: list[list[tuple[str, str]] | None] = []
-    for _ in range(READ_CHUNK_ROWS):
-        msg = await reader.next()
-        if msg is None:
-            break
-        keys.append(None if msg.key is None else msg.key.encode())
-        values.append(msg.value)
-        mid = msg.message_id
-        positions.append(encode_position(mid.ledger_id, mid.entry_id, mid.batch_index))
-        publish.append(msg.publish_time * 1000)
-        event.append(None if msg.event_time is None else msg.event_time * 1000)
-        if with_props:
-            props.append(list(msg.properties.items()))
-    if not values:
-        return None
-    return {
-        "key": keys,
-        "value": values,
-        "position": positions,
-        "publishTime": publish,
-        "eventTime": event,
-        "properties": props,
-    }
-
-
 def _batch(
-    schema: pa.Schema, part: SegmentRange, cols: dict[str, list[Any]], with_props: bool
+    schema: pa.Schema, part: SegmentRange, cols: _io.Columns, with_props: bool
 ) -> pa.RecordBatch:
-    n = len(cols["value"])
+    n = len(cols)
     ts = schema.field("publishTime").type
     arrays = [
-        pa.array(cols["key"], pa.binary()),
-        pa.array(cols["value"], pa.binary()),
-        pa.array([f"topic://{part.topic}"] * n, pa.string()),
-        pa.array([part.segment_id] * n, pa.int64()),
-        pa.array([part.epoch] * n, pa.int32()),
-        pa.array(cols["position"], pa.int64()),
-        pa.array(cols["publishTime"], pa.int64()).cast(ts),
-        pa.array(cols["eventTime"], pa.int64()).cast(ts),
+        pa.array(cols.keys, pa.string()).cast(pa.binary()),
+        pa.array(cols.values, pa.binary()),
+        pa.repeat(pa.scalar(f"topic://{part.topic}", pa.string()), n),
+        pa.repeat(pa.scalar(part.segment_id, pa.int64()), n),
+        pa.repeat(pa.scalar(part.epoch, pa.int32()), n),
+        pa.array(cols.positions, pa.int64()),
+        pc.multiply(pa.array(cols.publish, pa.int64()), 1000).cast(ts),
+        pc.multiply(pa.array(cols.event, pa.int64()), 1000).cast(ts),
     ]
     if with_props:
-        arrays.append(pa.array(cols["properties"], schema.field("properties").type))
+        arrays.append(pa.array(cols.properties, schema.field("properties").type))
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 

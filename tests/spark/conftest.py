@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -59,12 +60,27 @@ class Broker:
         return _io.run(go())
 
 
+def wait_for_admin(admin_url: str, deadline_s: float = 30.0) -> None:
+    """The binary port answers first; wait until the admin API does too."""
+    end = time.monotonic() + deadline_s
+    while True:
+        try:
+            _io.run(_io.admin_for(admin_url).list_clusters())
+            return
+        except Exception:
+            if time.monotonic() > end:
+                raise
+            time.sleep(0.1)
+
+
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
     proc = BrokerProcess(tmp_path_factory.mktemp("broker") / "data", fsync="never")
     asyncio.run(proc.start())
     try:
-        yield Broker(proc.service_url, f"http://127.0.0.1:{proc.http_port}")
+        admin_url = f"http://127.0.0.1:{proc.http_port}"
+        wait_for_admin(admin_url)
+        yield Broker(proc.service_url, admin_url)
     finally:
         asyncio.run(proc.stop())
 
