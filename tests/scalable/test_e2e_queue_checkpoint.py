@@ -183,6 +183,26 @@ async def test_queue_nack_redelivers_with_count_then_dead_letters(world: World) 
         await queue.close()
 
 
+async def test_queue_consumer_created_after_a_split_drains_the_sealed_parent(world: World) -> None:
+    topic = "topic://public/default/q-late"
+    await world.create(topic, 1)
+    await world.produce(topic, 2)
+    await world.admin.split_segment(topic, 0)
+    await world.produce(topic, 2)
+    queue = await world.client.subscribe_queue(
+        topic, "late", initial_position=InitialPosition.EARLIEST
+    )
+    try:
+        assert queue.segment_ids == [0, 1, 2]
+        messages = await _drain(queue, world.total())
+        assert sorted(_parse(m) for m in messages) == sorted(
+            (k, s) for k, seqs in world.sent.items() for s in seqs
+        )
+        assert {m.message_id.segment_id for m in messages} == {0, 1, 2}
+    finally:
+        await queue.close()
+
+
 async def test_two_queue_consumers_share_a_subscription_across_a_merge(world: World) -> None:
     topic = "topic://public/default/q-shared"
     await world.create(topic, 2)
