@@ -55,7 +55,8 @@ import itertools
 import logging
 import uuid
 from collections import deque
-from collections.abc import Collection, Mapping
+from collections.abc import Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
@@ -169,9 +170,11 @@ class RerouteState(Generic[E]):
         """Sends on the segment without an answer."""
         return len(self.inflight.get(segment_id, ()))
 
-    def hold(self, active: Collection[int]) -> Hold:
+    def hold(self, active: AbstractSet[int]) -> Hold:
         """Whether new messages may be dispatched under a DAG whose active segments are
         ``active`` (NONE), or what must happen first."""
+        if not self.sealed and not self.retry and self.inflight.keys() <= active:
+            return Hold.NONE  # the common case, checked once per message
         stale = self.sealed | {s for s in self.inflight if s not in active}
         if any(self.in_flight(s) for s in stale):
             return Hold.SETTLING
@@ -179,7 +182,7 @@ class RerouteState(Generic[E]):
             return Hold.AWAIT_DAG
         return Hold.RESEND if self.retry else Hold.NONE
 
-    def release(self, active: Collection[int]) -> list[E]:
+    def release(self, active: AbstractSet[int]) -> list[E]:
         """The refused items in call order (to put at the head of the queue); forgets the
         seals the DAG now shows."""
         items = [self.retry[serial] for serial in sorted(self.retry)]
@@ -239,6 +242,8 @@ class ScalableProducer:
         self._recovery: asyncio.Task[None] | None = None
         self._settled = asyncio.Event()
         self._closing = False
+        self._active: tuple[SegmentLayout | None, frozenset[int]] = (None, frozenset())
+        self._retired_for: SegmentLayout | None = None
 
     def __repr__(self) -> str:
         return f"ScalableProducer({self.topic!r}, name={self.producer_name!r})"
@@ -247,6 +252,13 @@ class ScalableProducer:
     def segment_ids(self) -> list[int]:
         """Segments with an internal producer now."""
         return sorted(self._producers)
+
+    def _current(self) -> tuple[SegmentLayout, frozenset[int]]:
+        """The session's layout and its active segment ids (computed once per layout)."""
+        layout = self._session.layout
+        if self._active[0] is not layout:
+            self._active = (layout, _active_ids(layout))
+        return layout, self._active[1]
 
     # --- sending ---------------------------------------------------------------------------
 
@@ -296,20 +308,20 @@ class ScalableProducer:
             raise ProducerQueueFull(f"{self} has {self.options.pending_messages_max} pending")
         await self._room.acquire()
         fut: asyncio.Future[MessageId] = asyncio.get_running_loop().create_future()
-        fut.add_done_callback(lambda _: self._room.release())
+        serial = next(self._serials)
+
+        def done(_: asyncio.Future[MessageId]) -> None:
+            self._room.release()
+            self._unresolved.pop(serial, None)
+
+        fut.add_done_callback(done)
         if self._closing:
             fut.set_exception(Closed(f"{self} is closed"))
             return fut
         entry = _Entry(
-            next(self._serials),
-            bytes(value),
-            key,
-            dict(properties) if properties else None,
-            event_time,
-            fut,
+            serial, bytes(value), key, dict(properties) if properties else None, event_time, fut
         )
-        self._unresolved[entry.serial] = entry
-        fut.add_done_callback(lambda _: self._unresolved.pop(entry.serial, None))
+        self._unresolved[serial] = entry
         self._queue.append(entry)
         await self._dispatch()
         return fut
@@ -321,12 +333,13 @@ class ScalableProducer:
         self._dispatching = True
         try:
             while self._queue and not self._closing:
-                layout = self._session.layout
-                active = _active_ids(layout)
+                layout, active = self._current()
                 if self._state.hold(active) is not Hold.NONE:
                     self._ensure_recovery()
                     return
-                self._retire_stale(active)
+                if self._retired_for is not layout:
+                    self._retire_stale(active)
+                    self._retired_for = layout
                 entry = self._queue[0]
                 segment = self._router.route(layout, entry.key)
                 producer = self._producers.get(segment.segment_id)
@@ -359,6 +372,8 @@ class ScalableProducer:
         except AnabranchError as err:
             self._state.answered(segment_id, entry.serial)
             entry.future.set_exception(err)
+            if producer._closing:
+                self._drop_producer(segment_id)  # failed for good: the next send makes a new one
             return
         self.last_sequence_id = sequence_id
         inner.add_done_callback(functools.partial(self._on_answer, segment_id, entry))
@@ -370,7 +385,11 @@ class ScalableProducer:
         if err is None:
             self._state.answered(segment_id, entry.serial)
             if not entry.future.done():
-                entry.future.set_result(dataclasses.replace(inner.result(), segment_id=segment_id))
+                r = inner.result()
+                mid = MessageId(
+                    r.ledger_id, r.entry_id, r.batch_index, r.partition, segment_id, r.batch_size
+                )
+                entry.future.set_result(mid)
         elif isinstance(err, REROUTE_ERRORS) and not self._closing:
             log.debug("%s: segment %d refused a send (%s); re-routing", self, segment_id, err)
             self._state.refused(segment_id, entry.serial)
@@ -378,13 +397,14 @@ class ScalableProducer:
             self._state.answered(segment_id, entry.serial)
             if not entry.future.done():
                 entry.future.set_exception(err)
+        state = self._state
+        if self._closing or not (
+            state.sealed or state.retry or self._recovery or segment_id not in self._active[1]
+        ):
+            return  # the common case: nothing held, nothing to wake
         settled, self._settled = self._settled, asyncio.Event()
         settled.set()
-        if not self._closing and self._state.hold(_active_ids(self._session.layout)) in (
-            Hold.SETTLING,
-            Hold.AWAIT_DAG,
-            Hold.RESEND,
-        ):
+        if state.hold(self._current()[1]) is not Hold.NONE:
             self._ensure_recovery()
 
     # --- re-routing ------------------------------------------------------------------------
@@ -398,8 +418,7 @@ class ScalableProducer:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + SCALABLE_PRODUCER_REROUTE_WAIT_S
         while not self._closing:
-            layout = self._session.layout
-            active = _active_ids(layout)
+            layout, active = self._current()
             hold = self._state.hold(active)
             if hold is Hold.NONE:
                 break

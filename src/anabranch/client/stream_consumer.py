@@ -219,6 +219,7 @@ class StreamConsumer:
         self._segments: dict[int, Consumer] = {}
         self._by_consumer_id: dict[int, int] = {}
         self._opening: dict[int, asyncio.Task[None]] = {}
+        self._background: set[asyncio.Task[None]] = set()
         self._wanted: dict[int, str] = {}
         self.layout_epoch = -1
         self.assignment_updates = 0
@@ -364,7 +365,9 @@ class StreamConsumer:
         self._by_consumer_id.pop(consumer._id, None)
         # Its queued messages go to the segment's next owner (the broker redelivers them).
         self._inbox.remove_where(lambda m: m._consumer_id == consumer._id)
-        asyncio.get_running_loop().create_task(self._close_segment(consumer))
+        task = asyncio.get_running_loop().create_task(self._close_segment(consumer))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     @staticmethod
     async def _close_segment(consumer: Consumer) -> None:
@@ -462,7 +465,9 @@ class StreamConsumer:
         consumers = list(self._segments.values())
         self._segments.clear()
         self._by_consumer_id.clear()
-        await asyncio.gather(*(c.close() for c in consumers), return_exceptions=True)
+        await asyncio.gather(
+            *(c.close() for c in consumers), *self._background, return_exceptions=True
+        )
         conn, self._controller = self._controller, None
         if conn is not None:
             conn.unregister_consumer(self._controller_id)
