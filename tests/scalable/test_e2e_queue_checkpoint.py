@@ -203,6 +203,23 @@ async def test_queue_consumer_created_after_a_split_drains_the_sealed_parent(wor
         await queue.close()
 
 
+async def test_queue_subscription_survives_a_split_while_offline(world: World) -> None:
+    """The split gives the children the parent's cursors (at EARLIEST), so a queue
+    subscription restarted with the default LATEST still gets what was produced to them."""
+    topic = "topic://public/default/q-offline"
+    await world.create(topic, 1)
+    queue = await world.client.subscribe_queue(topic, "ops")
+    await queue.close()
+    await world.admin.split_segment(topic, 0)
+    await world.produce(topic, 2)
+    queue = await world.client.subscribe_queue(topic, "ops")
+    try:
+        messages = await _drain(queue, world.total())
+        assert {m.message_id.segment_id for m in messages} == {1, 2}
+    finally:
+        await queue.close()
+
+
 async def test_two_queue_consumers_share_a_subscription_across_a_merge(world: World) -> None:
     topic = "topic://public/default/q-shared"
     await world.create(topic, 2)
