@@ -176,6 +176,7 @@ class _Driver:
         self.client: Client = _io.client_for(opts.service_url, **opts.client)
         self.admin = _io.admin_for(opts.admin_url)
         self.probe = _io.EndProbe(self.client)
+        self.last_layouts: dict[str, SegmentLayout] = {}
         self.acks: dict[str, Consumer] = {}
         """ackSubscription consumers, one per segment, kept open across commits."""
 
@@ -186,10 +187,21 @@ class _Driver:
             await consumer.close()
 
     def layouts(self) -> dict[str, SegmentLayout]:
+        """The current layouts (also remembered for :meth:`known_layouts`)."""
+
         async def fetch() -> dict[str, SegmentLayout]:
             return {t: await _io.fetch_layout(self.admin, t) for t in self.opts.topics}
 
-        return _io.run(fetch())
+        self.last_layouts = _io.run(fetch())
+        return self.last_layouts
+
+    def known_layouts(self, ranges: Sequence[Range]) -> dict[str, SegmentLayout]:
+        """The last layouts fetched if they know every segment of ``ranges`` (a segment's
+        range and creation epoch never change), else fresh ones."""
+        known = self.last_layouts
+        if all(r.topic in known and r.segment_id in known[r.topic].segments for r in ranges):
+            return known
+        return self.layouts()
 
     def ends(self, topic: str, layout: SegmentLayout, ids: Sequence[int]) -> dict[int, int]:
         async def probe() -> dict[int, int]:
@@ -388,7 +400,7 @@ class AnabranchStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         ranges = stream_ranges(Frontier.from_dict(start), Frontier.from_dict(end))
         if not ranges:
             return []
-        layouts = self.driver.layouts()
+        layouts = self.driver.known_layouts(ranges)
         return [_partition(layouts[r.topic], r) for r in ranges]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
