@@ -17,12 +17,15 @@ from typing import Any
 import pytest
 
 from anabranch.aio import Client
+from anabranch.core.hash_range import segment_hash
 from anabranch.errors import TopicTerminated
 from anabranch.metadata.etcd import EtcdMetadataStore
 from anabranch.testing.cluster import ClusterBroker, LocalCluster
 from tests.scalable.wire import RawClient
 
 SESSION_TTL_S = 3.0
+TAKEOVER_SLACK_S = 6.0
+"""What a segment's failover may take beyond the session TTL (reconnects, recovery, CI)."""
 SCALABLE_TAKEOVER_S = 40.0
 """Bound on a new controller leader finishing a dead leader's split: the scalable
 service's own session TTL (limits.SCALABLE_SESSION_TTL_S, 10 s) plus recovery."""
@@ -36,6 +39,10 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     local = LocalCluster(root, brokers=3, session_ttl_s=SESSION_TTL_S)
     asyncio.run(local.start())
     try:
+        status, body = asyncio.run(
+            local.http("POST", "/admin/v2/namespaces/public/default/deduplication", json=True)
+        )
+        assert status == 204, body
         yield local
     finally:
         asyncio.run(local.stop())
@@ -218,3 +225,104 @@ async def test_sigkill_of_the_controller_leader_mid_split(three_brokers: LocalCl
     assert child_owner is not None and child_owner is not leader
     with pytest.raises(TopicTerminated):
         await produce(survivor.service_url, names[0], [b"too-late"])
+
+
+async def test_sigkill_of_a_hot_segment_owner_with_keyed_traffic(
+    three_brokers: LocalCluster,
+) -> None:
+    cluster = three_brokers
+    topic, leader = await create_topic(cluster, 2)
+    bootstrap = next(b for b in cluster.brokers if b is not leader)
+    victim = next(b for b in cluster.brokers if b not in (leader, bootstrap))
+    layout = await layout_of(cluster, topic, leader)
+    names = segment_names(topic, layout)
+    owners = {i: await cluster.segment_owner(name) for i, name in names.items()}
+    if victim not in owners.values():
+        owner = owners[0]
+        assert owner is not None
+        await move_segment(cluster, names[0], owner, victim)
+        owners[0] = victim
+    hot = next(i for i, owner in owners.items() if owner is victim)
+    hot_range = layout["segments"][str(hot)]["hashRange"]
+    in_hot = [
+        k
+        for k in (f"key-{i}" for i in range(200))
+        if hot_range["start"] <= segment_hash(k) <= hot_range["end"]
+    ]
+    elsewhere = [k for k in (f"key-{i}" for i in range(200)) if k not in in_hot]
+    keys = in_hot[:4] + elsewhere[:2]
+
+    acked: list[tuple[str, int]] = []
+    ack_times: list[float] = []
+    received: list[tuple[str, int]] = []
+    stop = asyncio.Event()
+    produced = asyncio.Event()  # set once the last send was answered
+    async with Client(bootstrap.service_url) as client:
+        stream = await client.subscribe_stream(topic, subscription="s", consumer_name="c1")
+        producer = await client.create_producer(topic, batching=False)
+
+        async def produce_keys() -> None:
+            for seq in itertools.count():
+                for key in keys:
+                    if stop.is_set():
+                        return
+                    await producer.send(f"{key}:{seq:06d}".encode(), key=key)
+                    acked.append((key, seq))
+                    ack_times.append(time.monotonic())
+
+        async def consume() -> None:
+            while not produced.is_set() or not set(acked) <= set(received):
+                msg = await stream.receive(timeout=0.5)
+                if msg is not None and b":" in msg.value:  # not move_segment's marker
+                    key, seq = msg.value.decode().split(":")
+                    received.append((key, int(seq)))
+                    await stream.acknowledge_cumulative(msg)
+
+        producing = asyncio.ensure_future(produce_keys())
+        consuming = asyncio.ensure_future(consume())
+        try:
+            while len(acked) < 60:
+                assert not producing.done(), producing
+                await asyncio.sleep(0.05)
+            victim.kill()
+            killed = time.monotonic()
+            while sum(t > killed for t in ack_times) < 60:
+                assert not producing.done(), producing
+                assert time.monotonic() - killed < SESSION_TTL_S + 30, "no recovery"
+                await asyncio.sleep(0.05)
+            stop.set()
+            await producing
+            produced.set()
+            await asyncio.wait_for(consuming, 30)
+        finally:
+            stop.set()
+            produced.set()
+            producing.cancel()
+            consuming.cancel()
+    first = next(t for t in ack_times if t > killed)
+    assert first - killed < SESSION_TTL_S + TAKEOVER_SLACK_S
+    new_owner = await cluster.segment_owner(names[hot], via=bootstrap)
+    assert new_owner is not None and new_owner is not victim
+
+    # Stored: every acknowledged message once, each key's messages in send order.
+    stored: list[tuple[str, int]] = []
+    async with Client(bootstrap.service_url) as client:
+        for name in names.values():
+            reader = await client.create_reader(name, "earliest")
+            while (msg := await reader.read_next(timeout=3.0)) is not None:
+                if b":" in msg.value:
+                    key, seq = msg.value.decode().split(":")
+                    stored.append((key, int(seq)))
+    assert len(stored) == len(set(stored)), "duplicates stored despite deduplication"
+    assert set(acked) <= set(stored)
+    for key in keys:
+        seqs = [seq for k, seq in stored if k == key]
+        assert seqs == sorted(seqs), f"{key} stored out of order"
+    # Received: everything acknowledged; per key, first deliveries in order, no gaps.
+    assert set(acked) <= set(received)
+    for key in keys:
+        firsts: list[int] = []
+        for k, number in received:
+            if k == key and number not in firsts:
+                firsts.append(number)
+        assert firsts == list(range(len(firsts))), f"{key} delivered out of order"
