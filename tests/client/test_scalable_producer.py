@@ -22,7 +22,7 @@ from anabranch.client.scalable_producer import Hold, RerouteState, ScalableProdu
 from anabranch.core.hash_range import segment_hash
 from anabranch.core.names import TopicName
 from anabranch.core.segment_layout import SegmentLayout, segment_name
-from anabranch.errors import InvalidArgument, NotFound
+from anabranch.errors import InvalidArgument, NotFound, TopicTerminated
 from anabranch.testing.broker import InProcessBroker
 
 KEYS = [f"key-{i}" for i in range(16)]
@@ -344,3 +344,28 @@ async def test_the_blocking_client_produces_to_a_scalable_topic(world: World) ->
     assert [m.segment_id for m in ids] == [
         layout.find_active(segment_hash(k)).segment_id for k in keys
     ]
+
+
+async def test_a_seal_the_dag_never_shows_fails_the_held_sends_after_the_bound(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from anabranch.client import scalable_producer
+
+    monkeypatch.setattr(scalable_producer, "SCALABLE_PRODUCER_REROUTE_WAIT_S", 0.3)
+    topic = "topic://public/default/stuck"
+    await world.admin.create_scalable_topic(topic, 2)
+    producer = await _producer(world, topic, batching=False)
+    layout = await world.layout(topic)
+    key = "a"  # segment_hash("a") == 0x3c25: segment 0
+    assert layout.find_active(segment_hash(key)).segment_id == 0
+    await producer.send(b"a:0", key=key)
+    # Terminated behind the controller's back: no split, so no DAG will ever show a seal.
+    await world.admin.terminate_segment(
+        str(segment_name(TopicName.parse(topic), layout.segments[0]))
+    )
+    with pytest.raises(TopicTerminated, match="no DAG showing"):
+        await producer.send(b"a:1", key=key)
+    # The producer keeps working on the other segment.
+    other = await producer.send(b"key-0:0", key="key-0")  # 0xe337: segment 1
+    assert other.segment_id == 1
+    await producer.close()

@@ -382,6 +382,9 @@ class ScalableProducer:
         err: BaseException | None = (
             Closed(f"{self}: send cancelled") if inner.cancelled() else inner.exception()
         )
+        if entry.future.done():
+            self._state.answered(segment_id, entry.serial)  # already failed (given up)
+            return
         if err is None:
             self._state.answered(segment_id, entry.serial)
             if not entry.future.done():
@@ -427,7 +430,13 @@ class ScalableProducer:
                 continue
             remaining = deadline - loop.time()
             if remaining <= 0:
-                self._give_up(active)
+                sealed = sorted(self._state.sealed)
+                self._give_up(
+                    TopicTerminated(
+                        f"{self.topic}: segments {sealed} refused writes and no DAG showing "
+                        f"them sealed arrived within {SCALABLE_PRODUCER_REROUTE_WAIT_S} s"
+                    )
+                )
                 continue
             waiter = (
                 self._settled.wait()
@@ -438,23 +447,23 @@ class ScalableProducer:
                 await asyncio.wait_for(waiter, remaining)
             except TimeoutError:
                 continue
-            except Closed:
-                return  # the session ended: close() fails what is left
+            except AnabranchError as err:  # the DAG session ended (closed, topic deleted)
+                self._give_up(err)
+                return
         self._recovery = None
         await self._dispatch()
 
-    def _give_up(self, active: frozenset[int]) -> None:
-        sealed = sorted(self._state.sealed)
-        log.warning("%s: no DAG showing segments %s sealed; failing held sends", self, sealed)
-        err = TopicTerminated(
-            f"{self.topic}: segments {sealed} refused writes and no new DAG arrived within "
-            f"{SCALABLE_PRODUCER_REROUTE_WAIT_S} s"
-        )
-        for segment_id in sealed:
+    def _give_up(self, err: AnabranchError) -> None:
+        """Fail every held message (refused, or in flight on a stale segment) with ``err``."""
+        log.warning("%s: failing held sends: %s", self, err)
+        _, active = self._current()
+        stale = self._state.sealed | {s for s in self._state.inflight if s not in active}
+        held = [e for s in stale for e in self._state.inflight.get(s, {}).values()]
+        for segment_id in stale:
             for serial in list(self._state.inflight.get(segment_id, {})):
                 self._state.answered(segment_id, serial)
             self._drop_producer(segment_id)
-        for entry in self._state.give_up():
+        for entry in [*held, *self._state.give_up()]:
             if not entry.future.done():
                 entry.future.set_exception(err)
 
