@@ -72,6 +72,17 @@ def test_a_cumulative_ack_covers_every_earlier_delivery_once(
     assert log.pending() == len(deliveries) - covered - 1
 
 
+def test_a_redelivered_message_counts_from_its_latest_delivery() -> None:
+    log = DeliveryLog()
+    log.delivered(0, MessageId(1, 1))
+    log.delivered(1, MessageId(2, 1))
+    log.delivered(0, MessageId(1, 1))  # the segment's consumer reconnected: redelivered
+    assert log.ack_upto(1, MessageId(2, 1)) == {0: MessageId(1, 1), 1: MessageId(2, 1)}
+    assert log.pending() == 1
+    assert log.ack_upto(0, MessageId(1, 1)) == {0: MessageId(1, 1)}
+    assert log.pending() == 0
+
+
 def test_a_segment_that_left_is_forgotten() -> None:
     log = DeliveryLog()
     log.delivered(0, MessageId(1, 1))

@@ -180,8 +180,9 @@ class DeliveryLog:
         out: dict[int, MessageId] = {}
         for seg, queue in list(self._segments.items()):
             while queue and queue[0][0] <= serial:
-                _, mid = queue.popleft()
-                del self._index[(seg, mid)]
+                popped, mid = queue.popleft()
+                if self._index.get((seg, mid)) == popped:
+                    del self._index[(seg, mid)]  # else a redelivery of it came later
                 out[seg] = mid
             if not queue:
                 del self._segments[seg]
