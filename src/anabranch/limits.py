@@ -130,8 +130,9 @@ HANDSHAKE_TIMEOUT_S = 30.0
 # --- broker connections -------------------------------------------------------------------
 
 SESSION_PENDING_APPENDS_MAX = 10_000
-"""SENDs of one connection being appended; past it the broker stops reading that socket
-until half of them complete (backpressure on a producer outrunning the disk). Upstream's
+"""SENDs of one connection being appended, at most: at the bound the broker handles no
+more of that connection's commands and stops reading its socket until half of them
+complete (backpressure on a producer outrunning the disk). Upstream's
 maxPendingPublishRequestsPerConnection is 1000 messages; ours counts entries (batches)."""
 
 SESSION_OUTPUT_BYTES_MAX = 4 * 1024 * 1024

@@ -26,7 +26,9 @@ When the connection closes, each such module's ``on_session_closed(session)`` ru
 
 Reading from the socket pauses while too many appends are pending, too many commands
 are queued, or the socket's output buffer is over its high-water mark
-(``limits.SESSION_*``), and resumes below the low marks.
+(``limits.SESSION_*``), and resumes below the low marks. The worker itself stops taking
+commands while ``SESSION_PENDING_APPENDS_MAX`` appends are pending, so that bound holds
+exactly (frames already read wait in the queue, which the pause bounds).
 
 Example:
     >>> # server.py: session = Session(service, transport); session.data_received(data)
@@ -51,7 +53,14 @@ from anabranch.broker.lookup import (
     handle_partitioned_metadata,
 )
 from anabranch.broker.producer import Producer, handle_producer
-from anabranch.errors import AnabranchError, NotAllowed, NotOwner, ProtocolError
+from anabranch.errors import (
+    AnabranchError,
+    BadFrameLength,
+    FrameTooLarge,
+    NotAllowed,
+    NotOwner,
+    ProtocolError,
+)
 from anabranch.protocol import commands
 from anabranch.protocol._generated import pulsar_api_pb2 as pb
 from anabranch.protocol.connection import ProtocolConnection, Role, State
@@ -177,7 +186,11 @@ class Session:
 
     def _protocol_failure(self, err: ProtocolError) -> None:
         log.info("%s: protocol error, closing: %s", self._remote, err)
-        self.service.protocol_errors += 1
+        counters = self.service.counters
+        if isinstance(err, (FrameTooLarge, BadFrameLength)):
+            counters.bad_frames += 1  # refused from the length prefix, before allocating
+        else:
+            counters.protocol_errors += 1
         # The state machine is CLOSED already, so the ERROR is encoded directly.
         code = server_error(err)
         if not self.closed:
@@ -189,6 +202,8 @@ class Session:
             await self._wakeup.wait()
             self._wakeup.clear()
             while self._queue and not self.closed:
+                if self.pending_appends >= limits.SESSION_PENDING_APPENDS_MAX:
+                    break  # the rest waits for receipts; update_reading wakes us
                 frame = self._queue.popleft()
                 await self._dispatch(frame)
             self.update_reading()
@@ -250,6 +265,8 @@ class Session:
         if self.closed:
             return
         pending, queued = self.pending_appends, len(self._queue)
+        if queued and pending < limits.SESSION_PENDING_APPENDS_MAX:
+            self._wakeup.set()  # the worker stopped at the bound; there is room again
         if self._reading_paused:
             if (
                 not self._write_paused
@@ -260,7 +277,7 @@ class Session:
                 self.transport.resume_reading()
         elif (
             self._write_paused
-            or pending > limits.SESSION_PENDING_APPENDS_MAX
+            or pending >= limits.SESSION_PENDING_APPENDS_MAX
             or queued > limits.SESSION_COMMAND_QUEUE_MAX
         ):
             self._reading_paused = True
