@@ -229,10 +229,15 @@ class AdminService:
             }
             for info in getattr(ledger, "ledgers", [])
         ]
+        total_size = sum(item["size"] for item in ledgers)
+        current = ledgers[-1] if ledgers else {"entries": 0, "size": 0}
         return {
             "entriesAddedCounter": getattr(ledger, "entries_added", ledger.entry_count),
             "numberOfEntries": ledger.entry_count,
-            "totalSize": sum(item["size"] for item in ledgers),
+            "totalSize": total_size,
+            "storageSize": total_size,
+            "currentLedgerEntries": current["entries"],
+            "currentLedgerSize": current["size"],
             "lastConfirmedEntry": position_text(ledger.last_confirmed),
             "state": "Terminated" if ledger.is_terminated else "LedgerOpened",
             "ledgers": ledgers,

@@ -126,8 +126,13 @@ class BrokerServer:
             handshake_timeout_s=self.handshake_timeout_s,
         )
         self.sessions.add(session)
-        session.add_close_callback(self.sessions.discard)
+        self.service.counters.connections_opened += 1
+        session.add_close_callback(self._session_closed)
         return session
+
+    def _session_closed(self, session: Session) -> None:
+        self.sessions.discard(session)
+        self.service.counters.connections_closed += 1
 
     async def _run_timer(self) -> None:
         clock = self.service.clock

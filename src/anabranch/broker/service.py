@@ -34,6 +34,7 @@ from typing import Protocol
 from urllib.parse import quote
 
 from anabranch.broker.config import BrokerConfig
+from anabranch.broker.metrics import BrokerCounters
 from anabranch.broker.policies import Policies
 from anabranch.broker.scalable_commands import ScalableEndpoint
 from anabranch.broker.schema import SchemaRegistry
@@ -130,10 +131,15 @@ class BrokerService:
         self._broker_index = 0
         self._producer_counter = itertools.count()
         self._closed = False
-        self.protocol_errors = 0
-        """Connections closed for a protocol error (bad frames, misplaced commands)."""
+        self.counters = BrokerCounters()
+        """Broker-wide counters for /metrics; the server and sessions bump them."""
         self.ownership: OwnershipGate | None = None
         """Set in cluster mode: topics are loaded only once this broker owns them."""
+
+    @property
+    def protocol_errors(self) -> int:
+        """Connections closed for a protocol error (bad frames, misplaced commands)."""
+        return self.counters.bad_frames + self.counters.protocol_errors
 
     async def start(self) -> None:
         """Take a cluster-unique number for generated producer names: dedup is keyed on
