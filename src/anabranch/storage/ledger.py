@@ -84,8 +84,6 @@ MANAGED_LEDGERS_PREFIX = "/managed-ledgers/"
 _RECORD_MAX = limits.STORAGE_RECORD_BYTES_MAX
 _QUEUE_ENTRIES_MAX = limits.STORAGE_APPEND_QUEUE_ENTRIES_MAX
 _QUEUE_BYTES_MAX = limits.STORAGE_APPEND_QUEUE_BYTES_MAX
-_SUBMIT_BYTES = limits.STORAGE_GROUP_COMMIT_BYTES_MAX
-"""A batch this big goes to the writer at once instead of at the end of the iteration."""
 _tuple_new = tuple.__new__  # Position(a, b) without NamedTuple's Python-level __new__
 
 
@@ -132,7 +130,7 @@ class _Batch:
         self.payloads: list[bytes] = []
         self.count = 0
         self.size = 0
-        """Payload bytes."""
+        """Payload bytes (``count`` and ``size`` are set when the batch is submitted)."""
         self.finished = False
         self.error: StorageError | None = None
         self.fallback: asyncio.Future[None] | None = None
@@ -416,7 +414,8 @@ class FileManagedLedger(ManagedLedgerBase):
         batch = self._batch = _Batch(self._segment.ledger_id, self._next_entry, done)
         self._drained.clear()
         # Submitted at the end of this loop iteration so appends made in the same
-        # iteration share one hand-off to the writer (or earlier, once it is big).
+        # iteration share one hand-off to the writer. (It cannot grow past the append
+        # queue bounds, which every append checks.)
         loop.call_soon(self._submit)
         return batch
 
@@ -427,19 +426,18 @@ class FileManagedLedger(ManagedLedgerBase):
             raise ValueTooLarge("entry", n, _RECORD_MAX)
         batch = self._batch or self._new_batch()
         batch.payloads.append(data)
-        batch.count += 1
-        batch.size += n
         entry_id = self._next_entry
         self._next_entry = entry_id + 1
         self._inflight += 1
         self._inflight_bytes += n
-        if batch.size >= _SUBMIT_BYTES:
-            self._submit()
         return batch, entry_id
 
     def _submit(self) -> None:
         batch, self._batch = self._batch, None
         if batch is not None:
+            # Counted here, once per batch, not per append.
+            batch.count = len(batch.payloads)
+            batch.size = sum(map(len, batch.payloads))
             assert self._writer is not None and self._segment is not None
             self._writer.submit(self._segment, batch)
 
@@ -460,14 +458,10 @@ class FileManagedLedger(ManagedLedgerBase):
         # The fast path (a plain ledger taking appends): _enqueue inlined.
         batch = self._batch or self._new_batch()
         batch.payloads.append(data)
-        batch.count += 1
-        batch.size += n
         entry_id = self._next_entry
         self._next_entry = entry_id + 1
         self._inflight += 1
         self._inflight_bytes += n
-        if batch.size >= _SUBMIT_BYTES:
-            self._submit()
         done = batch.done
         try:
             await done

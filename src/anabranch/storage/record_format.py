@@ -63,10 +63,17 @@ def header(payload: bytes) -> bytes:
     n = len(payload)
     seed = _length_crcs.get(n)
     if seed is None:
-        seed = _crc_value(_LENGTH.pack(n))
-        if len(_length_crcs) < _LENGTH_CRCS_MAX:
-            _length_crcs[n] = seed
+        seed = length_crc(n)
     return _HEADER_PACK(n, _crc_extend(seed, payload))
+
+
+def length_crc(n: int) -> int:
+    """crc32c of the 4-byte length field ``n`` (memoised for the first few thousand
+    lengths seen: the seed every record of that length extends)."""
+    seed = int(_crc_value(_LENGTH.pack(n)))
+    if len(_length_crcs) < _LENGTH_CRCS_MAX:
+        _length_crcs[n] = seed
+    return seed
 
 
 def encode(payload: bytes) -> bytes:

@@ -30,8 +30,10 @@ from anabranch.errors import CorruptRecord, LedgerFenced
 from anabranch.storage import record_format
 from anabranch.storage.files import FileOpener, StorageFile, open_os_file, sync_dir
 
-_header = record_format.header
-_HEADER_BYTES = record_format.HEADER_BYTES
+_length_crcs = record_format._length_crcs
+_length_crc = record_format.length_crc
+_crc_extend = record_format._crc_extend
+_HEADER_PACK = record_format.HEADER.pack
 
 
 def ledger_file_name(ledger_id: int) -> str:
@@ -84,8 +86,13 @@ class SegmentFile:
         Raises OSError from the disk or LedgerFenced; the index only grows on success.
         """
         parts: list[bytes] = []
-        for payload in payloads:
-            parts += (_header(payload), payload)
+        seeds, extend, pack = _length_crcs, _crc_extend, _HEADER_PACK
+        for payload in payloads:  # record_format.header, inlined: it runs per entry
+            n = len(payload)
+            seed = seeds.get(n)
+            if seed is None:
+                seed = _length_crc(n)
+            parts += (pack(n, extend(seed, payload)), payload)
         self.file.write(b"".join(parts))
         if sync:
             self.file.sync()
