@@ -120,6 +120,9 @@ class BrokerService:
             self.clock,
             self.http_url,
             pulsar_url=self.advertised_url,
+            # The controller's leadership session: a dead leader's topics get a new
+            # controller after about this long, like the topics it owned.
+            session_ttl_s=config.session_ttl_s,
             grace_period_ms=round(config.consumer_grace_period_s * 1000),
             on_assignment=self.scalable_endpoint.deliver_assignment,
         )

@@ -71,6 +71,7 @@ class ScalableTopicService:
         *,
         pulsar_url: str = "",
         session: Session | None = None,
+        session_ttl_s: float = limits.SCALABLE_SESSION_TTL_S,
         grace_period_ms: int = limits.SCALABLE_CONSUMER_GRACE_PERIOD_MS,
         drain_poll_interval_s: float = limits.SCALABLE_DRAIN_POLL_INTERVAL_S,
         on_assignment: TopicAssignmentListener | None = None,
@@ -88,6 +89,7 @@ class ScalableTopicService:
         self._on_assignment = on_assignment
         self._session = session
         self._own_session = session is None
+        self._session_ttl_s = session_ttl_s
         self._controllers: dict[TopicName, ScalableTopicController] = {}
         self._lock = asyncio.Lock()
         self._closed = False
@@ -95,7 +97,7 @@ class ScalableTopicService:
     async def start(self) -> None:
         """Open this broker's metadata session unless one was given."""
         if self._session is None:
-            self._session = await self.store.open_session(limits.SCALABLE_SESSION_TTL_S)
+            self._session = await self.store.open_session(self._session_ttl_s)
 
     async def controller(self, topic: str | TopicName) -> ScalableTopicController:
         """The started local controller of ``topic`` (created on first use)."""
