@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import logging
 import threading
 import uuid
 from collections import deque
@@ -50,6 +51,7 @@ from pyspark_anabranch.planning import (
 )
 
 T = TypeVar("T")
+log = logging.getLogger("pyspark_anabranch")
 
 RANGE_READER_QUEUE_MESSAGES = 10_000
 """Receiver queue of an executor's range reader: deep enough that flow permits never stall a
@@ -289,8 +291,17 @@ class RangeReader:
     a reconnect delivers twice is dropped (positions only grow).
     """
 
-    def __init__(self, client: Client, name: str, start: int, end: int, timeout_s: float) -> None:
+    def __init__(  # noqa: PLR0917 (mirrors a range)
+        self,
+        client: Client,
+        name: str,
+        start: int,
+        end: int,
+        timeout_s: float,
+        fail_on_data_loss: bool = True,
+    ) -> None:
         self.client = client
+        self.fail_on_data_loss = fail_on_data_loss
         self.name = name
         self.start = start
         self.end = end
@@ -329,10 +340,13 @@ class RangeReader:
                 self._first = False
                 entry = resume_entry(self.start)
                 if entry is not None and (ledger_id, entry_id) != entry:
-                    raise DataLoss(
+                    problem = (
                         f"{self.name}: position {self.start} is gone (first available entry "
                         f"is {ledger_id}:{entry_id})"
                     )
+                    if self.fail_on_data_loss:
+                        raise DataLoss(problem)
+                    log.warning("%s; skipping to it (failOnDataLoss=false)", problem)
             self._decode(ledger_id, entry_id, md, payload, out, properties)
         return out if len(out) else None
 

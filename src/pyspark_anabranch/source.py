@@ -133,7 +133,14 @@ def read_range(opts: SourceOptions, part: SegmentRange) -> Iterator[pa.RecordBat
     """Arrow batches of one partition's messages (runs on an executor)."""
     schema = to_arrow_schema(source_schema(opts.include_properties), timezone="UTC")
     client = _io.client_for(opts.service_url, **opts.client)
-    reader = _io.RangeReader(client, part.segment, part.start, part.end, opts.poll_timeout_s)
+    reader = _io.RangeReader(
+        client,
+        part.segment,
+        part.start,
+        part.end,
+        opts.poll_timeout_s,
+        fail_on_data_loss=opts.fail_on_data_loss,
+    )
     _io.run(reader.__aenter__())
     try:
         while True:
@@ -404,7 +411,8 @@ class AnabranchStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         return [_partition(layouts[r.topic], r) for r in ranges]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        assert isinstance(partition, SegmentRange)
+        if not isinstance(partition, SegmentRange):
+            return iter(())  # Spark's stand-in partition when there are none: nothing to read
         return read_range(self.opts, partition)
 
     def commit(self, end: dict[str, Any]) -> None:
@@ -473,7 +481,8 @@ class AnabranchBatchReader(DataSourceReader):
             _io.run(driver.probe.close())
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        assert isinstance(partition, SegmentRange)
+        if not isinstance(partition, SegmentRange):
+            return iter(())  # Spark's stand-in partition when there are none: nothing to read
         return read_range(self.opts, partition)
 
 

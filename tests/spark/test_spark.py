@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import pickle
 import threading
@@ -12,13 +13,19 @@ from typing import Any
 
 import pytest
 from pyspark import cloudpickle
-from pyspark.sql.streaming.datasource import ReadAllAvailable
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxBytes, ReadMinRows
 
 from anabranch.core.hash_range import segment_hash
 from anabranch.core.segment_layout import SegmentLayout
 from pyspark_anabranch import _io
 from pyspark_anabranch.options import SinkOptions, SourceOptions
-from pyspark_anabranch.source import AnabranchStreamReader, AnabranchStreamWriter, SegmentRange
+from pyspark_anabranch.planning import DataLoss, Frontier, encode_position
+from pyspark_anabranch.source import (
+    AnabranchStreamReader,
+    AnabranchStreamWriter,
+    SegmentRange,
+    read_range,
+)
 from tests.spark.conftest import Broker, keyed
 
 Batches = list[tuple[int, list[dict[str, Any]]]]
@@ -200,6 +207,86 @@ def test_ack_subscription_shows_progress_to_the_broker(broker: Broker, topic: st
     # Conservative: a frontier inside the last batch entry leaves that entry unacked.
     value = _io.run(first_unacked())
     assert value in {f"v{i}".encode() for i in range(10, 20)}
+
+
+def test_trimmed_position_is_data_loss_unless_told_otherwise(broker: Broker, topic: str) -> None:
+    broker.create(topic, 1)
+    broker.produce(topic, keyed("d", 2, 5))
+    name = topic.removeprefix("topic://")
+    opts = SourceOptions.parse(broker.options(topic, startingOffsets="earliest"))
+    reader = AnabranchStreamReader(opts)
+    try:
+        end = Frontier.from_dict(reader.latestOffset(reader.initialOffset(), ReadAllAvailable()))
+    finally:
+        reader.stop()
+    # Resume inside ledger 0, which never exists (ledger ids start at 1): as if trimmed.
+    gone = SegmentRange(
+        name, 0, 0, 0xFFFF, 0, encode_position(0, 0, 3) + 1, end.topics[name].segs[0]
+    )
+    with pytest.raises(DataLoss, match="is gone"):
+        list(read_range(opts, gone))
+    lenient = dataclasses.replace(opts, fail_on_data_loss=False)
+    assert sum(b.num_rows for b in read_range(lenient, gone)) == 10
+
+
+def test_min_records_waits_up_to_the_delay_and_max_bytes_caps(broker: Broker, topic: str) -> None:
+    broker.create(topic, 2)
+    broker.produce(topic, keyed("b", 4, 5))
+    options = broker.options(
+        topic, startingOffsets="earliest", minRecordsPerTrigger="50", maxTriggerDelay="1s"
+    )
+    reader = AnabranchStreamReader(SourceOptions.parse(options))
+    try:
+        start = reader.initialOffset()
+        limit = reader.getDefaultReadLimit()
+        assert isinstance(limit, ReadMinRows)
+        assert reader.latestOffset(start, limit) == start  # 20 < 50: wait
+        time.sleep(1.1)
+        end = reader.latestOffset(start, limit)  # the delay is over: take what there is
+        assert reader.partitions(start, end)
+    finally:
+        reader.stop()
+    reader = AnabranchStreamReader(
+        SourceOptions.parse(broker.options(topic, startingOffsets="earliest"))
+    )
+    try:
+        start = reader.initialOffset()
+        capped = reader.latestOffset(start, ReadMaxBytes(25))  # values are 5-6 bytes
+        parts = reader.partitions(start, capped)
+        rows = sum(b.num_rows for p in parts for b in reader.read(p))
+        assert 2 <= rows <= 5
+    finally:
+        reader.stop()
+
+
+def test_batch_write_then_read_between_offsets(spark: Any, broker: Broker, topic: str) -> None:
+    broker.create(topic, 2)
+    first = spark.createDataFrame(
+        [(f"k{i % 7}", f"w{i}") for i in range(30)], "key string, value string"
+    )
+    first.write.format("anabranch").options(**broker.options(topic)).mode("append").save()
+    reader = AnabranchStreamReader(
+        SourceOptions.parse(broker.options(topic, startingOffsets="earliest"))
+    )
+    try:
+        mark = Frontier.from_dict(reader.latestOffset(reader.initialOffset(), ReadAllAvailable()))
+    finally:
+        reader.stop()
+    second = spark.createDataFrame(
+        [(f"k{i % 7}", f"x{i}") for i in range(20)], "key string, value string"
+    )
+    second.write.format("anabranch").options(**broker.options(topic)).mode("append").save()
+
+    def read(**offsets: str) -> list[Any]:
+        frame = spark.read.format("anabranch").options(**broker.options(topic, **offsets))
+        return list(frame.load().collect())
+
+    after = read(startingOffsets=mark.to_json())
+    assert sorted(r["value"] for r in after) == sorted(f"x{i}".encode() for i in range(20))
+    assert read(startingOffsets=mark.to_json(), endingOffsets=mark.to_json()) == []
+    before = read(endingOffsets=mark.to_json())
+    assert sorted(r["value"] for r in before) == sorted(f"w{i}".encode() for i in range(30))
+    assert {r["key"] for r in before} == {f"k{i}".encode() for i in range(7)}
 
 
 def test_max_records_per_trigger_is_honoured(
