@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import aiohttp
 import pytest
 
 import anabranch
@@ -21,7 +22,7 @@ from anabranch.admin.client import AdminClient
 from anabranch.aio import Client, Message
 from anabranch.client.scalable_producer import ScalableProducer
 from anabranch.client.stream_consumer import StreamConsumer
-from anabranch.testing.broker import InProcessBroker
+from anabranch.testing.broker import BrokerProcess, InProcessBroker
 
 KEYS = [f"key-{i}" for i in range(16)]
 RECEIVE_TIMEOUT_S = 5.0
@@ -40,10 +41,16 @@ async def eventually(condition: Callable[[], bool], what: str) -> None:
 
 @dataclass
 class World:
-    broker: InProcessBroker
+    broker: InProcessBroker | None
     admin: AdminClient
     client: Client
     sent: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+
+    @property
+    def node(self) -> InProcessBroker:
+        """The in-process broker (the crash test runs a process instead)."""
+        assert self.broker is not None
+        return self.broker
 
     async def producer(self, topic: str) -> ScalableProducer:
         producer = await self.client.create_producer(topic, batch_delay_s=0.002)
@@ -112,7 +119,7 @@ async def test_every_key_in_order_once_across_two_splits_and_a_merge(world: Worl
     await world.admin.create_scalable_topic(topic, 2)
     stream = await world.stream(topic, "worker-1")
     producer = await world.producer(topic)
-    scalable = world.broker.service.scalable
+    scalable = world.node.service.scalable
     changes: list[Callable[[], Awaitable[object]]] = [
         lambda: world.admin.split_segment(topic, 0),  # -> 2, 3
         lambda: world.admin.split_segment(topic, 1),  # -> 4, 5
@@ -228,7 +235,7 @@ async def test_the_grace_period_running_out_rebalances(tmp_path: Path) -> None:
 async def test_the_blocking_client_streams_a_scalable_topic(world: World) -> None:
     topic = "topic://public/default/blocking-stream"
     await world.admin.create_scalable_topic(topic, 2)
-    url = world.broker.service_url
+    url = world.node.service_url
 
     def run() -> list[tuple[str, int]]:
         with anabranch.Client(url) as client:
@@ -247,3 +254,58 @@ async def test_the_blocking_client_streams_a_scalable_topic(world: World) -> Non
 
     got = await asyncio.to_thread(run)
     assert sorted(got) == sorted((KEYS[i % 4], i // 4) for i in range(40))
+
+
+async def _when_http_serves(call: Callable[[], Awaitable[object]]) -> None:
+    """A broker process answers CONNECT before its HTTP port listens: retry until it does."""
+    for _ in range(EVENTUALLY_ROUNDS):
+        try:
+            await call()
+            return
+        except aiohttp.ClientConnectionError:
+            await asyncio.sleep(0.01)
+    raise AssertionError("the admin HTTP port never answered")
+
+
+async def test_producer_and_stream_consumer_ride_out_a_broker_crash(tmp_path: Path) -> None:
+    """SIGKILL mid-flow, restart on the same ports, then a split: the DAG session, the
+    segment producers and the controller registration all reconnect; nothing is lost and
+    every key's first deliveries stay in order (a crash may redeliver unacked messages)."""
+    broker = BrokerProcess(tmp_path / "data")
+    await broker.start()
+    try:
+        topic = "topic://public/default/crash"
+        async with (
+            AdminClient(f"http://{broker.host}:{broker.http_port}") as admin,
+            Client(broker.service_url) as client,
+        ):
+            await _when_http_serves(lambda: admin.create_scalable_topic(topic, 2))
+            world = World(None, admin, client)
+            stream = await world.stream(topic, "survivor")
+            producer = await world.producer(topic)
+            await world.produce(producer, 160)
+            got = [await stream.receive(timeout=RECEIVE_TIMEOUT_S) for _ in range(80)]
+            for msg in got:
+                assert msg is not None
+                await stream.acknowledge_cumulative(msg)
+            broker.kill()
+            await broker.start()
+            await world.produce(producer, 160)  # waits for the reconnects, never fails
+            await _when_http_serves(lambda: admin.split_segment(topic, 0))
+            await world.produce(producer, 160)
+            seen: dict[str, list[int]] = defaultdict(list)
+            messages = [m for m in got if m is not None]
+            while len({_parse(m) for m in messages}) < 480:
+                msg = await stream.receive(timeout=RECEIVE_TIMEOUT_S)
+                assert msg is not None, f"{len({_parse(m) for m in messages})} of 480 arrived"
+                messages.append(msg)
+                await stream.acknowledge_cumulative(msg)
+            for msg in messages:
+                key, seq = _parse(msg)
+                if seq not in seen[key]:
+                    seen[key].append(seq)
+            assert seen == world.expected()
+            await stream.close()
+            await producer.close()
+    finally:
+        await broker.stop()
