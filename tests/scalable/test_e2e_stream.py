@@ -192,6 +192,45 @@ async def test_two_stream_consumers_share_the_segments(world: World) -> None:
     await producer.close()
 
 
+async def test_two_stream_consumers_across_splits_lose_nothing(world: World) -> None:
+    """Splits re-deal segments between two consumers (a segment can move from one to the
+    other); together they see everything, each in per-key order."""
+    topic = "topic://public/default/shared-splits"
+    await world.admin.create_scalable_topic(topic, 2)
+    streams = [await world.stream(topic, "worker-1"), await world.stream(topic, "worker-2")]
+    await eventually(lambda: all(s.segment_ids for s in streams), "a segment each")
+    producer = await world.producer(topic)
+    total = 480
+    first_seen: dict[StreamConsumer, dict[str, list[int]]] = {s: defaultdict(list) for s in streams}
+    everything: set[tuple[str, int]] = set()
+
+    async def produce() -> None:
+        for segment_id in (0, 1):
+            await world.produce(producer, 160)
+            await world.admin.split_segment(topic, segment_id)
+        await world.produce(producer, 160)
+
+    async def drain(stream: StreamConsumer) -> None:
+        while len(everything) < total:
+            msg = await stream.receive(timeout=0.1)
+            if msg is None:
+                continue
+            key, seq = _parse(msg)
+            everything.add((key, seq))
+            if seq not in first_seen[stream][key]:
+                first_seen[stream][key].append(seq)
+            await stream.acknowledge_cumulative(msg)
+
+    await asyncio.wait_for(asyncio.gather(produce(), *(drain(s) for s in streams)), 60)
+    assert everything == {(k, i) for k, n in world.expected().items() for i in n}
+    for stream in streams:
+        for key, seqs in first_seen[stream].items():
+            assert seqs == sorted(seqs), f"{stream.consumer_name} saw {key} out of order"
+    for stream in streams:
+        await stream.close()
+    await producer.close()
+
+
 async def test_a_restart_within_the_grace_period_keeps_the_segments(tmp_path: Path) -> None:
     async with world_with(tmp_path, grace_s=30.0) as world:
         topic = "topic://public/default/sticky"
