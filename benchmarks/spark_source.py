@@ -3,7 +3,7 @@
 (b) Spark's own ``rate-micro-batch`` source, in one run on one local[2] session.
 
 1. A broker subprocess (``BrokerProcess``, fsync=never) with a 2-segment scalable topic; N
-   messages of S bytes are produced with the connector's key router (keys ``k0..k999``).
+   messages of S bytes are produced with the client's scalable producer (keys ``k0..k999``).
 2. Per-micro-batch overhead first (it also starts the Python workers that later runs reuse):
    2-row batches, mean ``triggerExecution`` after batch 0, for our source (which then scans
    ahead on the driver to cut at 2 rows) and for the in-memory one.
@@ -39,17 +39,18 @@ TOPIC = "topic://public/default/spark-bench"
 
 def produce(service_url: str, admin_url: str, messages: int, size: int) -> float:
     """Produce ``messages`` values of ``size`` bytes; returns msgs/s."""
-    client = _io.client_for(service_url)
-    admin = _io.admin_for(admin_url)
-    router = _io.KeyRouter(client, admin, TOPIC.removeprefix("topic://"))
+    sink = _io.TopicSink(_io.client_for(service_url))
+    name = TOPIC.removeprefix("topic://")
     payload = b"x" * size
 
     async def go() -> None:
-        for start in range(0, messages, 50_000):
-            for i in range(start, min(messages, start + 50_000)):
-                await router.send(payload, f"k{i % 1000}", None, None)
-            await router.flush()
-        await router.close()
+        for start in range(0, messages, 4096):
+            end = min(messages, start + 4096)
+            await sink.send(
+                [(name, payload, f"k{i % 1000}", None, None) for i in range(start, end)]
+            )
+        await sink.finish()
+        await sink.close()
 
     t0 = time.perf_counter()
     _io.run(go())

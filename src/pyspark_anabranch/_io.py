@@ -24,7 +24,7 @@ from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from anabranch.admin.client import AdminClient, AdminHttpError
+from anabranch.admin.client import AdminClient
 from anabranch.client.client import Client
 from anabranch.client.consumer import (
     UNCOMPRESSED_BYTES_MAX,
@@ -33,12 +33,12 @@ from anabranch.client.consumer import (
     InitialPosition,
 )
 from anabranch.client.message_id import MessageId
-from anabranch.client.producer import Producer
 from anabranch.client.reader import Reader
-from anabranch.core.hash_range import HashRange, segment_hash
+from anabranch.client.scalable_producer import ScalableProducer
+from anabranch.core.hash_range import HashRange
 from anabranch.core.names import TopicName
 from anabranch.core.segment_layout import SegmentLayout, segment_name
-from anabranch.errors import AnabranchError, TopicTerminated
+from anabranch.errors import AnabranchError
 from anabranch.protocol._generated import pulsar_api_pb2 as pb
 from anabranch.protocol.batch import decode_batch
 from anabranch.protocol.compression import decompress
@@ -390,98 +390,54 @@ class RangeReader:
                 return
 
 
-# --- the sink's router ------------------------------------------------------------------------
+# --- the sink ---------------------------------------------------------------------------------
+
+Row = tuple[str, bytes, str | None, dict[str, str] | None, int | None]
+"""A row to produce: (topic ``t/ns/x``, value, key, properties, event time ms)."""
 
 
-_Queued = tuple["asyncio.Future[MessageId]", bytes, str | None, dict[str, str] | None, int | None]
+class TopicSink:
+    """Produces rows with one scalable producer per topic (key routing, transparent re-route
+    at splits and merges) and collects their futures until :meth:`finish`."""
 
-
-class KeyRouter:
-    """Produces to a scalable topic by routing each key to its active segment (rows without a
-    key go round-robin); reloads the layout and resends when a segment was sealed under it.
-
-    Used by the sink until the client's own scalable producer is available to it.
-    """
-
-    def __init__(self, client: Client, admin: AdminClient, topic: str) -> None:
+    def __init__(self, client: Client) -> None:
         self.client = client
-        self.admin = admin
-        self.topic = topic
-        self.layout: SegmentLayout | None = None
-        self.producers: dict[int, Producer] = {}
-        self._rr = 0
-        self.pending: list[_Queued] = []
+        self.producers: dict[str, ScalableProducer] = {}
+        self.futures: list[asyncio.Future[MessageId]] = []
+        self.stored = 0
 
-    async def _refresh(self) -> SegmentLayout:
-        try:
-            self.layout = await fetch_layout(self.admin, self.topic)
-        except AdminHttpError as err:
-            if err.status != 404:
-                raise
-            await self.admin.create_scalable_topic(f"topic://{self.topic}")
-            self.layout = await fetch_layout(self.admin, self.topic)
-        for sid in [s for s in self.producers if not self.layout.segments[s].is_active]:
-            producer = self.producers.pop(sid)
-            await producer.close()
-        return self.layout
+    async def send(self, rows: list[Row]) -> None:
+        for topic, value, key, properties, event_time in rows:
+            producer = self.producers.get(topic)
+            if producer is None:
+                made = await self.client.create_producer(f"topic://{topic}")
+                assert isinstance(made, ScalableProducer)
+                producer = self.producers[topic] = made
+            self.futures.append(
+                await producer.send_async(
+                    value, key=key, properties=properties, event_time=event_time
+                )
+            )
+        self._reap()
 
-    async def _producer_for(self, key: str | None) -> Producer:
-        layout = self.layout or await self._refresh()
-        if key is None:
-            active = layout.active_segments()
-            seg = active[self._rr % len(active)]
-            self._rr += 1
-        else:
-            seg = layout.find_active(segment_hash(key))
-        producer = self.producers.get(seg.segment_id)
-        if producer is None:
-            name = segment_topic(self.topic, layout, seg.segment_id)
-            try:
-                made = await self.client.create_producer(name)
-            except TopicTerminated:  # sealed since our layout was read
-                await asyncio.sleep(0.1)
-                await self._refresh()
-                return await self._producer_for(key)
-            assert isinstance(made, Producer)
-            producer = made
-            self.producers[seg.segment_id] = producer
-        return producer
+    def _reap(self) -> None:
+        """Drop answered futures (raising the first failure) so the list stays bounded."""
+        pending: list[asyncio.Future[MessageId]] = []
+        for fut in self.futures:
+            if fut.done():
+                fut.result()
+                self.stored += 1
+            else:
+                pending.append(fut)
+        self.futures = pending
 
-    async def send(
-        self,
-        value: bytes,
-        key: str | None,
-        properties: dict[str, str] | None,
-        event_time: int | None,
-    ) -> None:
-        """Queue one message (flush waits for all)."""
-        producer = await self._producer_for(key)
-        fut = await producer.send_async(
-            value, key=key, properties=properties, event_time=event_time
-        )
-        self.pending.append((fut, value, key, properties, event_time))
-
-    async def flush(self) -> int:
-        """Wait until every queued message is stored; resend those refused by a sealed segment.
-        Returns how many messages were stored."""
-        stored = 0
-        for _attempt in range(20):
-            pending, self.pending = self.pending, []
-            if not pending:
-                return stored
-            retry: list[tuple[bytes, str | None, dict[str, str] | None, int | None]] = []
-            for fut, value, key, props, etime in pending:
-                try:
-                    await fut
-                    stored += 1
-                except TopicTerminated:
-                    retry.append((value, key, props, etime))
-            if retry:
-                await asyncio.sleep(0.2)
-                await self._refresh()
-                for value, key, props, etime in retry:
-                    await self.send(value, key, props, etime)
-        raise AnabranchError(f"{self.topic}: could not route messages after repeated seals")
+    async def finish(self) -> int:
+        """Wait until every row is stored; returns how many were. Raises the first failure."""
+        for producer in self.producers.values():
+            await producer.flush()
+        await asyncio.gather(*self.futures)
+        self._reap()
+        return self.stored
 
     async def close(self) -> None:
         producers, self.producers = self.producers, {}

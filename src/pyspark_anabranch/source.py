@@ -54,7 +54,6 @@ from anabranch.client.client import Client
 from anabranch.client.consumer import Consumer
 from anabranch.client.message_id import MessageId
 from anabranch.core.segment_layout import SegmentLayout
-from anabranch.limits import PRODUCER_PENDING_MESSAGES_MAX
 from pyspark_anabranch import _io
 from pyspark_anabranch.options import SinkOptions, SourceOptions, topic_key
 from pyspark_anabranch.planning import (
@@ -77,6 +76,8 @@ log = logging.getLogger("pyspark_anabranch")
 
 READ_CHUNK_ROWS = 8192
 """Messages per Arrow record batch yielded by ``read``."""
+SINK_CHUNK_ROWS = 4096
+"""Rows handed to the loop thread per call by the sink."""
 
 
 def source_schema(include_properties: bool = False) -> StructType:
@@ -502,29 +503,22 @@ def _column(batch: pa.RecordBatch, name: str) -> pa.Array | None:
 
 
 def write_batches(opts: SinkOptions, batches: Iterator[pa.RecordBatch]) -> SinkCommit:
-    """Produce every row (routed by ``key``) and wait until all are stored (runs on executors)."""
+    """Produce every row (routed by ``key`` over the topic's active segments by the client's
+    scalable producer) and wait until all are stored: runs on executors, before the task's
+    commit message exists."""
     client = _io.client_for(opts.service_url, **opts.client)
-    admin = _io.admin_for(opts.admin_url)
-    routers: dict[str, _io.KeyRouter] = {}
-    total = 0
+    sink = _io.TopicSink(client)
     try:
         for batch in batches:
             rows = _rows(opts, batch)
-            for start in range(0, len(rows), PRODUCER_PENDING_MESSAGES_MAX // 2):
-                chunk = rows[start : start + PRODUCER_PENDING_MESSAGES_MAX // 2]
-                _io.run(_send(client, admin, routers, chunk))
-        for router in routers.values():
-            total += _io.run(router.flush())
+            for start in range(0, len(rows), SINK_CHUNK_ROWS):
+                _io.run(sink.send(rows[start : start + SINK_CHUNK_ROWS]))
+        return SinkCommit(_io.run(sink.finish()))
     finally:
-        for router in routers.values():
-            _io.run(router.close())
-    return SinkCommit(total)
+        _io.run(sink.close())
 
 
-_Row = tuple[str, bytes, str | None, dict[str, str] | None, int | None]
-
-
-def _rows(opts: SinkOptions, batch: pa.RecordBatch) -> list[_Row]:
+def _rows(opts: SinkOptions, batch: pa.RecordBatch) -> list[_io.Row]:
     value = _column(batch, "value")
     if value is None:
         raise ValueError("the anabranch sink needs a 'value' column (binary or string)")
@@ -550,16 +544,6 @@ def _rows(opts: SinkOptions, batch: pa.RecordBatch) -> list[_Row]:
             raise ValueError("the anabranch sink needs the topic option or a 'topic' column")
         topics = [topic_key(t) for t in topic_col.to_pylist()]
     return list(zip(topics, values, keys, props, events, strict=True))
-
-
-async def _send(
-    client: Client, admin: Any, routers: dict[str, _io.KeyRouter], rows: list[_Row]
-) -> None:
-    for topic, value, key, props, event in rows:
-        router = routers.get(topic)
-        if router is None:
-            router = routers[topic] = _io.KeyRouter(client, admin, topic)
-        await router.send(value, key, props, event)
 
 
 class AnabranchStreamWriter(DataSourceStreamArrowWriter):

@@ -45,17 +45,15 @@ class Broker:
 
     def produce(self, topic: str, rows: list[tuple[str, bytes]]) -> int:
         """Send (key, value) rows in order and wait until all are stored."""
-        client = _io.client_for(self.service_url)
-        admin = _io.admin_for(self.admin_url)
-        router = _io.KeyRouter(client, admin, topic.removeprefix("topic://"))
+        sink = _io.TopicSink(_io.client_for(self.service_url))
+        name = topic.removeprefix("topic://")
 
         async def go() -> int:
             try:
-                for key, value in rows:
-                    await router.send(value, key, None, None)
-                return await router.flush()
+                await sink.send([(name, value, key, None, None) for key, value in rows])
+                return await sink.finish()
             finally:
-                await router.close()
+                await sink.close()
 
         return _io.run(go())
 
