@@ -76,3 +76,27 @@ def test_produce_to_unreachable_broker_fails_cleanly() -> None:
     )
     assert got.exit_code == 1
     assert "error: cannot connect" in got.output
+
+
+async def test_scalable_topic_round_trip_across_a_split(tmp_path: Path) -> None:
+    """produce auto-creates a topic:// name; consume reads it as a stream after a split."""
+    runner = CliRunner()
+    topic = "topic://public/default/cli-scalable"
+    async with InProcessBroker(tmp_path) as broker:
+        url = ["--service-url", broker.service_url]
+        first = await asyncio.to_thread(
+            runner.invoke, app, ["produce", topic, "-m", "a1", "-m", "a2", "--key", "a", *url]
+        )
+        assert first.exit_code == 0, first.output
+        await broker.service.scalable.split(topic, 0)
+        second = await asyncio.to_thread(
+            runner.invoke, app, ["produce", topic, "-m", "a3", "--key", "a", *url]
+        )
+        assert second.exit_code == 0, second.output
+        args = ["consume", topic, "-s", "cli", "--count", "3", "--output", "json"]
+        got = await asyncio.to_thread(runner.invoke, app, [*args, "--timeout", "10", *url])
+        assert got.exit_code == 0, got.output
+        layout = await broker.service.scalable.get_metadata(topic)
+    records = [json.loads(line) for line in got.stdout.splitlines() if line.startswith("{")]
+    assert [(r["key"], r["value"]) for r in records] == [("a", "a1"), ("a", "a2"), ("a", "a3")]
+    assert layout.epoch == 1

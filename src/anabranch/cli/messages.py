@@ -3,11 +3,13 @@
 Example:
     $ anabranch produce public/default/orders -m hello -m world --key order-42
     $ anabranch consume public/default/orders -s tryout --count 2 --initial-position earliest
+    $ anabranch consume topic://public/default/orders -s billing --count 10
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import Annotated
 
@@ -15,7 +17,8 @@ import typer
 from rich.console import Console
 
 from anabranch.client.message import Message
-from anabranch.errors import AnabranchError
+from anabranch.client.sync import Client, Consumer, QueueConsumer, StreamConsumer
+from anabranch.errors import AnabranchError, InvalidArgument
 
 SERVICE_URL = "pulsar://127.0.0.1:6650"
 console = Console(stderr=True)
@@ -52,7 +55,12 @@ def consume(  # noqa: PLR0917 (typer passes options by keyword)
     subscription: Annotated[str, typer.Option("--subscription", "-s")] = "anabranch-cli",
     count: Annotated[int, typer.Option(help="Stop after this many messages (0: forever).")] = 1,
     subscription_type: Annotated[
-        str, typer.Option("--type", help="exclusive|shared|failover|key_shared.")
+        str,
+        typer.Option(
+            "--type",
+            help="exclusive|shared|failover|key_shared; on topic:// names stream|queue"
+            " (exclusive/failover read as stream, shared as queue).",
+        ),
     ] = "exclusive",
     initial_position: Annotated[str, typer.Option(help="earliest|latest.")] = "latest",
     timeout: Annotated[float, typer.Option(help="Give up after this many idle seconds.")] = 0,
@@ -60,23 +68,19 @@ def consume(  # noqa: PLR0917 (typer passes options by keyword)
     service_url: Annotated[str, typer.Option(help="Broker URL.")] = SERVICE_URL,
 ) -> None:
     """Receive and acknowledge messages, printing each one."""
-    from anabranch import Client
-
     received = 0
     try:
         with Client(service_url) as client:
-            consumer = client.subscribe(
-                topic,
-                subscription,
-                subscription_type=subscription_type,
-                initial_position=initial_position,
-            )
+            consumer = _subscribe(client, topic, subscription, subscription_type, initial_position)
             while count == 0 or received < count:
                 msg = consumer.receive(timeout=timeout or None)
                 if msg is None:
                     break
                 _print(msg, output)
-                consumer.acknowledge(msg)
+                if isinstance(consumer, StreamConsumer):
+                    consumer.acknowledge_cumulative(msg)
+                else:
+                    consumer.acknowledge(msg)
                 received += 1
     except AnabranchError as err:
         console.print(f"[red]error:[/] {err}")
@@ -84,6 +88,26 @@ def consume(  # noqa: PLR0917 (typer passes options by keyword)
     if count and received < count:
         console.print(f"timed out after {received} message(s)")
         raise typer.Exit(3)
+
+
+def _subscribe(
+    client: Client, topic: str, subscription: str, subscription_type: str, initial_position: str
+) -> Consumer | StreamConsumer | QueueConsumer:
+    """A consumer of ``topic``: scalable topics get a stream or queue consumer."""
+    if not topic.startswith("topic://"):
+        return client.subscribe(
+            topic,
+            subscription,
+            subscription_type=subscription_type,
+            initial_position=initial_position,
+        )
+    kind = subscription_type.lower()
+    if kind in ("stream", "exclusive", "failover"):
+        # A stream subscription starts at the earliest message of every segment.
+        return client.subscribe_stream(topic, subscription, consumer_name=f"cli-{os.getpid()}")
+    if kind in ("queue", "shared"):
+        return client.subscribe_queue(topic, subscription, initial_position=initial_position)
+    raise InvalidArgument(f"--type {subscription_type!r} does not apply to scalable topics")
 
 
 def _print(msg: Message, output: str) -> None:
