@@ -50,12 +50,11 @@ import asyncio
 import contextlib
 import dataclasses
 import enum
-import functools
 import itertools
 import logging
 import uuid
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
@@ -200,12 +199,24 @@ class RerouteState(Generic[E]):
 
 @dataclass(eq=False, slots=True)
 class _Entry:
+    """One message until it has its answer. It is also the done-callback of both its own
+    future and the segment producer's one: one object per message instead of three (the
+    garbage collector's work grows with the objects of every pending message)."""
+
+    owner: ScalableProducer
     serial: int
     value: bytes
     key: str | None
     properties: Mapping[str, str] | None
     event_time: int | None
     future: asyncio.Future[MessageId]
+    segment_id: int = -1
+
+    def __call__(self, fut: asyncio.Future[MessageId]) -> None:
+        if fut is self.future:
+            self.owner._room.release()
+        else:
+            self.owner._on_answer(self.segment_id, self, fut)
 
 
 def _active_ids(layout: SegmentLayout) -> frozenset[int]:
@@ -237,7 +248,6 @@ class ScalableProducer:
         self._router = SegmentRouter()
         self._room = asyncio.Semaphore(options.pending_messages_max)
         self._serials = itertools.count()
-        self._unresolved: dict[int, _Entry] = {}
         self._dispatching = False
         self._recovery: asyncio.Task[None] | None = None
         self._settled = asyncio.Event()
@@ -308,20 +318,19 @@ class ScalableProducer:
             raise ProducerQueueFull(f"{self} has {self.options.pending_messages_max} pending")
         await self._room.acquire()
         fut: asyncio.Future[MessageId] = asyncio.get_running_loop().create_future()
-        serial = next(self._serials)
-
-        def done(_: asyncio.Future[MessageId]) -> None:
-            self._room.release()
-            self._unresolved.pop(serial, None)
-
-        fut.add_done_callback(done)
+        entry = _Entry(
+            self,
+            next(self._serials),
+            bytes(value),
+            key,
+            dict(properties) if properties else None,
+            event_time,
+            fut,
+        )
+        fut.add_done_callback(entry)
         if self._closing:
             fut.set_exception(Closed(f"{self} is closed"))
             return fut
-        entry = _Entry(
-            serial, bytes(value), key, dict(properties) if properties else None, event_time, fut
-        )
-        self._unresolved[serial] = entry
         self._queue.append(entry)
         await self._dispatch()
         return fut
@@ -376,7 +385,8 @@ class ScalableProducer:
                 self._drop_producer(segment_id)  # failed for good: the next send makes a new one
             return
         self.last_sequence_id = sequence_id
-        inner.add_done_callback(functools.partial(self._on_answer, segment_id, entry))
+        entry.segment_id = segment_id
+        inner.add_done_callback(entry)
 
     def _on_answer(self, segment_id: int, entry: _Entry, inner: asyncio.Future[MessageId]) -> None:
         err: BaseException | None = (
@@ -518,12 +528,19 @@ class ScalableProducer:
 
     # --- flush and close -------------------------------------------------------------------
 
+    def _unanswered(self) -> Iterator[_Entry]:
+        """Every message without its answer: queued, in flight, or held for a resend."""
+        yield from self._queue
+        for sends in self._state.inflight.values():
+            yield from sends.values()
+        yield from self._state.retry.values()
+
     async def flush(self) -> None:
         """Wait until every message sent so far has its answer (stored or failed).
 
         Failed sends are not raised here: their own futures carry the errors.
         """
-        futures = [e.future for e in self._unresolved.values()]
+        futures = [e.future for e in self._unanswered() if not e.future.done()]
         for producer in list(self._producers.values()):
             producer._flush_batch()
         if futures:
@@ -548,7 +565,7 @@ class ScalableProducer:
             *(p.close() for p in producers), *self._background, return_exceptions=True
         )
         err = Closed(f"{self} was closed")
-        for entry in list(self._unresolved.values()):
+        for entry in list(self._unanswered()):
             if not entry.future.done():
                 entry.future.set_exception(err)
         self._queue.clear()
