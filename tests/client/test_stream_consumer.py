@@ -213,3 +213,22 @@ async def test_subscribe_follows_a_non_leader_redirect(world: World) -> None:
         await stream.close()
     finally:
         await fake.stop()
+
+
+def test_a_segment_message_keeps_every_field_but_topic_and_segment() -> None:
+    import dataclasses
+
+    from anabranch.client.message import Message
+    from anabranch.client.stream_consumer import _in_segment
+
+    raw = Message(
+        b"v", "k", {"a": "1"}, MessageId(3, 4, 1, -1, batch_size=2), "segment://t/n/x/0000-ffff-0",
+        publish_time=5, event_time=6, redelivery_count=7, producer_name="p", sequence_id=8,
+        _consumer_id=9,
+    )  # fmt: skip
+    out = _in_segment(raw, 0, "topic://t/n/x")
+    assert out.message_id == MessageId(3, 4, 1, -1, 0) and out.message_id.batch_size == 2
+    assert out.topic == "topic://t/n/x"
+    for f in dataclasses.fields(Message):
+        if f.name not in ("message_id", "topic"):
+            assert getattr(out, f.name) == getattr(raw, f.name), f.name

@@ -57,7 +57,7 @@ from anabranch.client.dag_session import DagSession
 from anabranch.client.errors import ConsumerBusy, ServiceNotReady, from_server_error
 from anabranch.client.message import Message
 from anabranch.client.message_id import MessageId
-from anabranch.client.queue_consumer import CountingInbox, in_segment
+from anabranch.client.queue_consumer import CountingInbox
 from anabranch.errors import AnabranchError, Closed, InvalidArgument, NotFound
 from anabranch.limits import (
     CLIENT_LOOKUP_REDIRECTS_MAX,
@@ -143,6 +143,27 @@ def leader_url(message: str) -> str | None:
     _, mark, rest = message.partition(LEADER_MARK)
     url = rest.strip().split()[0] if mark and rest.strip() else ""
     return url or None
+
+
+def _in_segment(raw: Message, segment_id: int, topic: str) -> Message:
+    """``raw`` as the application sees it (``queue_consumer.in_segment`` without the two
+    ``dataclasses.replace`` calls, which cost more than the rest of a receive)."""
+    mid = raw.message_id
+    return Message(
+        value=raw.value,
+        key=raw.key,
+        properties=raw.properties,
+        message_id=MessageId(
+            mid.ledger_id, mid.entry_id, mid.batch_index, mid.partition, segment_id, mid.batch_size
+        ),
+        topic=topic,
+        publish_time=raw.publish_time,
+        event_time=raw.event_time,
+        redelivery_count=raw.redelivery_count,
+        producer_name=raw.producer_name,
+        sequence_id=raw.sequence_id,
+        _consumer_id=raw._consumer_id,
+    )
 
 
 class DeliveryLog:
@@ -434,7 +455,7 @@ class StreamConsumer:
                 continue  # its segment left this consumer meanwhile
             self._segments[segment_id]._on_dequeued(raw)
             self._log.delivered(segment_id, raw.message_id)
-            return in_segment(raw, segment_id, self.topic)
+            return _in_segment(raw, segment_id, self.topic)
 
     async def acknowledge_cumulative(self, message: Message | MessageId) -> None:
         """Acknowledge this message and, on every assigned segment, everything received
