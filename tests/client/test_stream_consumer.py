@@ -158,12 +158,10 @@ async def test_a_dropped_controller_connection_re_registers_without_a_rebalance(
     second = await world.client.subscribe_stream(topic, "s", consumer_name="two")
     await eventually(lambda: len(first.segment_ids) == 1, "one segment each")
     mine, theirs, updates = first.segment_ids, second.segment_ids, second.assignment_updates
-    old = first._controller
+    old = first._registration.connection
     assert old is not None
     await old.close()
-    await eventually(
-        lambda: first._controller is not None and first._controller is not old, "re-registered"
-    )
+    await eventually(lambda: first._registration.connection not in (None, old), "re-registered")
     assert first.segment_ids == mine
     assert (second.segment_ids, second.assignment_updates) == (theirs, updates)
     await first.close()

@@ -242,7 +242,7 @@ async def test_a_restart_within_the_grace_period_keeps_the_segments(tmp_path: Pa
             "one segment each",
         )
         mine, updates = first.segment_ids, second.assignment_updates
-        await first.close()
+        await first.close(leave=False)  # a restart: the segments wait for worker-1
         again = await world.stream(topic, "worker-1")
         assert again.segment_ids == mine
         producer = await world.producer(topic)
@@ -265,10 +265,23 @@ async def test_the_grace_period_running_out_rebalances(tmp_path: Path) -> None:
         first = await world.stream(topic, "worker-1")
         second = await world.stream(topic, "worker-2")
         await eventually(lambda: len(second.segment_ids) == 1, "a share for the second")
-        await first.close()
+        await first.close(leave=False)
+        await asyncio.sleep(0.1)
+        assert len(second.segment_ids) == 1, "rebalanced before the grace period ran out"
         await eventually(lambda: second.segment_ids == [0, 1], "the second takes over")
         await eventually(lambda: second.connected_segment_ids == [0, 1], "and subscribes")
         await second.close()
+
+
+async def test_closing_leaves_the_subscription_at_once(world: World) -> None:
+    topic = "topic://public/default/leaving"
+    await world.admin.create_scalable_topic(topic, 2)
+    first = await world.stream(topic, "worker-1")
+    second = await world.stream(topic, "worker-2")
+    await eventually(lambda: len(second.segment_ids) == 1, "a share for the second")
+    await first.close()  # the fixture's grace period is 30 s: only a clean leave is this quick
+    await eventually(lambda: second.segment_ids == [0, 1], "the second takes over")
+    await second.close()
 
 
 async def test_the_blocking_client_streams_a_scalable_topic(world: World) -> None:

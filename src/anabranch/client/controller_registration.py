@@ -32,7 +32,6 @@ from anabranch.client.backoff import Backoff
 from anabranch.client.connection import ClientConnection, ConnectionPool, parse_service_url
 from anabranch.client.dag_session import DagSession
 from anabranch.client.errors import ServiceNotReady, from_server_error
-from anabranch.client.stream_consumer import leader_url
 from anabranch.errors import AnabranchError, Closed
 from anabranch.limits import CLIENT_LOOKUP_REDIRECTS_MAX
 from anabranch.protocol._generated import pulsar_api_pb2 as pb
@@ -40,6 +39,24 @@ from anabranch.protocol.frames import Frame
 
 log = logging.getLogger(__name__)
 T = pb.BaseCommand
+
+LEADER_MARK = "the leader is "
+"""What precedes the leader's URL in a non-leader's ServiceNotReady message."""
+
+
+def leader_url(message: str) -> str | None:
+    """The leader's URL in a non-leader's ServiceNotReady message, if it names one.
+
+    Example:
+        >>> leader_url("this broker is not the controller of topic://t/n/x: "
+        ...            "the leader is pulsar://b2:6650")
+        'pulsar://b2:6650'
+        >>> leader_url("no leader is elected") is None
+        True
+    """
+    _, mark, rest = message.partition(LEADER_MARK)
+    url = rest.strip().split()[0] if mark and rest.strip() else ""
+    return url or None
 
 
 class ControllerRegistration:
@@ -159,6 +176,26 @@ class ControllerRegistration:
         """SCALABLE_TOPIC_ASSIGNMENT_UPDATE from the controller."""
         if frame.type == T.SCALABLE_TOPIC_ASSIGNMENT_UPDATE and not self._closing:
             self._on_assignment(frame.command.scalableTopicAssignmentUpdate.assignment)
+
+    @property
+    def connection(self) -> ClientConnection | None:
+        """The connection the registration lives on (None while re-registering)."""
+        return self._conn
+
+    async def disconnect(self) -> None:
+        """Drop the connection without leaving: the controller keeps this consumer's share
+        for its grace period (a restart under the same ``consumer_name`` gets it back)."""
+        if self._closing:
+            return
+        self._closing = True
+        if self._again is not None:
+            self._again.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._again
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.unregister_consumer(self._consumer_id)
+            await conn.close()
 
     async def close(self) -> None:
         """Leave the subscription (UNSUBSCRIBE: the others rebalance now) and disconnect."""

@@ -4,13 +4,14 @@ receive queue, cumulative acks that advance every segment.
 Theory of operation
 -------------------
 A stream consumer registers with the topic's controller (``SCALABLE_TOPIC_SUBSCRIBE`` with
-``consumer_type=STREAM``) at the DAG's ``controller_broker_url``, following a
-``ServiceNotReady`` redirect (``"... the leader is pulsar://host:port"``). The registration
-lives on a connection of its own: when it drops, the controller keeps this consumer's
-segments for its grace period, and the consumer re-registers with the same
-``consumer_name`` (backoff, new connection), which gets the same segments back without a
-rebalance. Closing the consumer closes that connection, so its segments go to the others
-once the grace period ends (the protocol has no unregister command).
+``consumer_type=STREAM``) through a
+:class:`~anabranch.client.controller_registration.ControllerRegistration`: at the DAG's
+``controller_broker_url``, following a ``ServiceNotReady`` redirect, on a connection of its
+own. When that connection drops, the controller keeps this consumer's segments for its
+grace period and the registration re-registers with the same ``consumer_name``, which gets
+the same segments back without a rebalance. :meth:`StreamConsumer.close` leaves the
+subscription (``SCALABLE_TOPIC_UNSUBSCRIBE``: the others get the segments at once), or with
+``leave=False`` only disconnects (the segments wait for a restart for the grace period).
 
 The answer and every later ``SCALABLE_TOPIC_ASSIGNMENT_UPDATE`` carry this consumer's
 whole share: :func:`diff_assignment` turns it into segments to leave (their consumer is
@@ -51,28 +52,24 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from anabranch.client.backoff import Backoff
-from anabranch.client.connection import ClientConnection, ConnectionPool, parse_service_url
+from anabranch.client.connection import ConnectionPool
 from anabranch.client.consumer import Consumer, ConsumerOptions, InitialPosition, SubscriptionType
+from anabranch.client.controller_registration import ControllerRegistration, leader_url
 from anabranch.client.dag_session import DagSession
-from anabranch.client.errors import ConsumerBusy, ServiceNotReady, from_server_error
+from anabranch.client.errors import ConsumerBusy, ServiceNotReady
 from anabranch.client.message import Message
 from anabranch.client.message_id import MessageId
 from anabranch.client.queue_consumer import CountingInbox
 from anabranch.errors import AnabranchError, Closed, InvalidArgument, NotFound
 from anabranch.limits import (
-    CLIENT_LOOKUP_REDIRECTS_MAX,
     CLIENT_RECONNECT_BACKOFF_MIN_S,
     CONSUMER_RECEIVER_QUEUE_MESSAGES,
     STREAM_CONSUMER_RESUBSCRIBE_MAX_S,
 )
 from anabranch.protocol._generated import pulsar_api_pb2 as pb
-from anabranch.protocol.frames import Frame
 
 log = logging.getLogger(__name__)
 T = pb.BaseCommand
-
-LEADER_MARK = "the leader is "
-"""What precedes the leader's URL in a non-leader's ServiceNotReady message."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,21 +125,6 @@ def diff_assignment(
     joined = {i: t for i, t in sorted(new.items()) if current.get(i) != t}
     left = sorted(i for i, t in current.items() if new.get(i) != t)
     return joined, left
-
-
-def leader_url(message: str) -> str | None:
-    """The leader's URL in a non-leader's ServiceNotReady message, if it names one.
-
-    Example:
-        >>> leader_url("this broker is not the controller of topic://t/n/x: "
-        ...            "the leader is pulsar://b2:6650")
-        'pulsar://b2:6650'
-        >>> leader_url("no leader is elected") is None
-        True
-    """
-    _, mark, rest = message.partition(LEADER_MARK)
-    url = rest.strip().split()[0] if mark and rest.strip() else ""
-    return url or None
 
 
 def _in_segment(raw: Message, segment_id: int, topic: str) -> Message:
@@ -245,10 +227,9 @@ class StreamConsumer:
         self._wanted: dict[int, str] = {}
         self.layout_epoch = -1
         self.assignment_updates = 0
-        self._controller: ClientConnection | None = None
-        self._controller_id = 0
-        self._reregister: asyncio.Task[None] | None = None
-        self._backoff = Backoff(random=pool.random)
+        self._registration = ControllerRegistration(
+            pool, session, subscription, self.consumer_name, pb.STREAM, self._assign
+        )
         self._closing = False
 
     def __repr__(self) -> str:
@@ -267,96 +248,11 @@ class StreamConsumer:
     # --- controller ------------------------------------------------------------------------
 
     async def _start(self) -> None:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self._pool.operation_timeout_s
-        while True:
-            try:
-                assignment = await self._register()
-                break
-            except AnabranchError as err:
-                delay = self._backoff.next()
-                if not err.retriable or loop.time() + delay > deadline:
-                    await self.close()
-                    raise
-                log.info("%s: registering again in %.2fs: %s", self, delay, err)
-                await asyncio.sleep(delay)
-        self._backoff.reset()
-        self._assign(assignment)
-
-    async def _register(self) -> pb.ScalableConsumerAssignment:
-        """SUBSCRIBE at the controller leader on a new connection; the assignment."""
-        url = self._session.controller_url or self._pool.service_url
-        for _ in range(CLIENT_LOOKUP_REDIRECTS_MAX + 1):
-            conn = ClientConnection(
-                parse_service_url(url),
-                keepalive_interval_s=self._pool.keepalive_interval_s,
-                operation_timeout_s=self._pool.operation_timeout_s,
-            )
-            await conn.open()
-            consumer_id = self._pool.new_handler_id()
-            request_id = conn.new_request_id()
-            body = pb.CommandScalableTopicSubscribe(
-                request_id=request_id,
-                topic=self.topic,
-                subscription=self.subscription,
-                consumer_name=self.consumer_name,
-                consumer_id=consumer_id,
-                consumer_type=pb.STREAM,
-            )
-            conn.register_consumer(consumer_id, self)
-            try:
-                frame = await conn.request(
-                    pb.BaseCommand(type=T.SCALABLE_TOPIC_SUBSCRIBE, scalableTopicSubscribe=body),
-                    request_id,
-                )
-            except BaseException:
-                await conn.close()
-                raise
-            resp = frame.command.scalableTopicSubscribeResponse
-            if not resp.HasField("error"):
-                if self._closing:
-                    await conn.close()
-                    raise Closed(f"{self} was closed while registering")
-                self._controller, self._controller_id = conn, consumer_id
-                return resp.assignment
-            conn.unregister_consumer(consumer_id)
-            await conn.close()
-            err = from_server_error(int(resp.error), resp.message)
-            redirect = leader_url(resp.message) if isinstance(err, ServiceNotReady) else None
-            if redirect is None:
-                raise err
-            log.debug("%s: controller is at %s", self, redirect)
-            url = redirect
-        raise ServiceNotReady(f"{self}: over {CLIENT_LOOKUP_REDIRECTS_MAX} controller redirects")
-
-    def on_connection_closed(self, conn: ClientConnection) -> None:
-        """The controller connection dropped: register again (same name) in the background."""
-        if conn is not self._controller:
-            return
-        self._controller = None
-        if self._closing or self._pool.closed:
-            return
-        if self._reregister is None or self._reregister.done():
-            self._reregister = asyncio.get_running_loop().create_task(self._register_again())
-
-    async def _register_again(self) -> None:
-        while not self._closing and not self._pool.closed:
-            await asyncio.sleep(self._backoff.next())
-            if self._closing:
-                return
-            try:
-                assignment = await self._register()
-            except (AnabranchError, OSError) as err:
-                log.info("%s: re-registering failed: %s", self, err)
-                continue
-            self._backoff.reset()
-            self._assign(assignment)
-            return
-
-    def on_frame(self, frame: Frame) -> None:
-        """SCALABLE_TOPIC_ASSIGNMENT_UPDATE from the controller."""
-        if frame.type == T.SCALABLE_TOPIC_ASSIGNMENT_UPDATE:
-            self._assign(frame.command.scalableTopicAssignmentUpdate.assignment)
+        try:
+            await self._registration.start()
+        except BaseException:
+            await self.close()
+            raise
 
     # --- assignment ------------------------------------------------------------------------
 
@@ -471,16 +367,19 @@ class StreamConsumer:
 
     # --- closing ---------------------------------------------------------------------------
 
-    async def close(self) -> None:
-        """Close every segment's consumer and the controller connection (the controller
-        keeps this consumer's segments for its grace period), then the DAG session."""
+    async def close(self, *, leave: bool = True) -> None:
+        """Close every segment's consumer, the registration and the DAG session.
+
+        ``leave=True`` (the default) leaves the subscription: the controller deals this
+        consumer's segments to the others at once. ``leave=False`` only disconnects: the
+        controller keeps the segments for its grace period, so a restart with the same
+        ``consumer_name`` gets them back without a rebalance (a planned restart).
+        """
         if self._closing:
             return
         self._closing = True
         self._inbox.shutdown()
         tasks = [*self._opening.values()]
-        if self._reregister is not None:
-            tasks.append(self._reregister)
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -490,10 +389,10 @@ class StreamConsumer:
         await asyncio.gather(
             *(c.close() for c in consumers), *self._background, return_exceptions=True
         )
-        conn, self._controller = self._controller, None
-        if conn is not None:
-            conn.unregister_consumer(self._controller_id)
-            await conn.close()
+        if leave:
+            await self._registration.close()
+        else:
+            await self._registration.disconnect()
         await self._session.close()
 
 

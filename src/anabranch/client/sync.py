@@ -273,9 +273,9 @@ class StreamConsumer:
         """Acknowledge this message and everything received before it, on every segment."""
         self._portal.call(self.inner.acknowledge_cumulative, message)
 
-    def close(self) -> None:
-        """Close the consumer (its segments stay with it for the grace period)."""
-        self._portal.call(self.inner.close)
+    def close(self, *, leave: bool = True) -> None:
+        """Close the consumer; ``leave=False`` keeps its segments for the grace period."""
+        self._portal.call(self.inner.close, leave=leave)
 
 
 class QueueConsumer:
