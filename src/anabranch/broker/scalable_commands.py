@@ -390,7 +390,7 @@ class ScalableEndpoint:
         ns = await self.service.policies.namespace_policies(f"{topic.tenant}/{topic.namespace}")
         auto = self.service.config.allow_auto_topic_creation and ns.allow_auto_topic_creation
         if not (create_if_missing and auto):
-            raise NotFound(f"scalable topic {topic} not found")
+            raise NotFound(f"scalable topic {topic}")
         try:
             await scalable.create(topic, 1)
         except AlreadyExists:

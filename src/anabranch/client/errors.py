@@ -175,7 +175,8 @@ def from_server_error(code: int, message: str) -> AnabranchError:
     if cls is BrokerError:
         err = BrokerError(text, code)
     elif cls is NotFound:
-        err = NotFound(message or name)
+        # NotFound adds "not found" itself; brokers' messages usually end with it already.
+        err = NotFound(message.removesuffix(" not found") if message else name)
     else:
         err = cls(text)
     if err.retriable != retriable:
