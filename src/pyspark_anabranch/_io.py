@@ -17,12 +17,15 @@ from __future__ import annotations
 import asyncio
 import atexit
 import logging
+import struct
 import threading
 import uuid
 from collections import deque
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
+
+from google.protobuf.message import DecodeError  # type: ignore[import-untyped]
 
 from anabranch.admin.client import AdminClient
 from anabranch.client.client import Client
@@ -38,9 +41,9 @@ from anabranch.client.scalable_producer import ScalableProducer
 from anabranch.core.hash_range import HashRange
 from anabranch.core.names import TopicName
 from anabranch.core.segment_layout import SegmentLayout, segment_name
-from anabranch.errors import AnabranchError
+from anabranch.errors import AnabranchError, InvalidMessage, NotFound
+from anabranch.limits import BATCH_MESSAGES_MAX
 from anabranch.protocol._generated import pulsar_api_pb2 as pb
-from anabranch.protocol.batch import decode_batch
 from anabranch.protocol.compression import decompress
 from anabranch.protocol.frames import Frame
 from pyspark_anabranch.planning import (
@@ -52,6 +55,7 @@ from pyspark_anabranch.planning import (
 
 T = TypeVar("T")
 log = logging.getLogger("pyspark_anabranch")
+_I32 = struct.Struct(">i")
 
 RANGE_READER_QUEUE_MESSAGES = 10_000
 """Receiver queue of an executor's range reader: deep enough that flow permits never stall a
@@ -363,37 +367,92 @@ class RangeReader:
         payload = decompress(
             int(md.compression), payload, int(md.uncompressed_size), UNCOMPRESSED_BYTES_MAX
         )
-        if md.HasField("num_messages_in_batch"):
-            items: list[tuple[Any, bytes]] = decode_batch(payload, int(md.num_messages_in_batch))
-            first = 1
-        else:
-            items, first = [(md, payload)], 0
         publish = int(md.publish_time)
-        lo, hi = self.start, self.end
-        for offset, (single, value) in enumerate(items):
-            pos = base + first + offset
+        if not md.HasField("num_messages_in_batch"):
+            self._take(base, md, payload, publish, out, properties)
+            return
+        # A batch: [size:4][SingleMessageMetadata][payload] x n, decoded in one fused loop
+        # (what protocol.batch.decode_batch checks, without building an intermediate list).
+        count = int(md.num_messages_in_batch)
+        if not 0 <= count <= BATCH_MESSAGES_MAX:
+            raise InvalidMessage(f"{self.name}: batch declares {count} messages")
+        lo, hi, last = self.start, self.end, self.last
+        keys, values, positions = out.keys, out.values, out.positions
+        pubs, events, props = out.publish, out.event, out.properties
+        parse = pb.SingleMessageMetadata.FromString
+        unpack = _I32.unpack_from
+        total = len(payload)
+        offset = 0
+        for index in range(count):
+            if total - offset < 4:
+                raise InvalidMessage(f"{self.name}: batch truncated before message {index}")
+            (meta_size,) = unpack(payload, offset)
+            offset += 4
+            end_meta = offset + meta_size
+            if meta_size < 0 or end_meta > total:
+                raise InvalidMessage(f"{self.name}: message {index} metadata does not fit")
+            try:
+                single = parse(payload[offset:end_meta])
+            except DecodeError as err:
+                raise InvalidMessage(f"{self.name}: message {index}: {err}") from err
+            size = single.payload_size
+            offset = end_meta + size
+            if size < 0 or offset > total:
+                raise InvalidMessage(f"{self.name}: message {index} payload does not fit")
+            pos = base + 1 + index
             if pos >= hi:
                 self.done = True
-                return
-            if pos < lo or pos <= self.last or single.compacted_out:
+                break
+            if pos < lo or pos <= last or single.compacted_out:
                 continue
-            self.last = pos
-            out.keys.append(single.partition_key if single.HasField("partition_key") else None)
-            out.values.append(value)
-            out.positions.append(pos)
-            out.publish.append(publish)
-            out.event.append(int(single.event_time) or None)
+            last = pos
+            keys.append(single.partition_key if single.HasField("partition_key") else None)
+            values.append(payload[end_meta:offset])
+            positions.append(pos)
+            pubs.append(publish)
+            events.append(single.event_time or None)
             if properties:
-                out.properties.append([(p.key, p.value) for p in single.properties])
+                props.append([(p.key, p.value) for p in single.properties])
             if pos >= hi - 1:
                 self.done = True
-                return
+                break
+        self.last = last
+
+    def _take(  # noqa: PLR0917 (private)
+        self,
+        pos: int,
+        md: pb.MessageMetadata,
+        value: bytes,
+        publish: int,
+        out: Columns,
+        properties: bool,
+    ) -> None:
+        """A non-batched message at ``pos``."""
+        if pos >= self.end:
+            self.done = True
+            return
+        if pos < self.start or pos <= self.last:
+            return
+        self.last = pos
+        out.keys.append(md.partition_key if md.HasField("partition_key") else None)
+        out.values.append(value)
+        out.positions.append(pos)
+        out.publish.append(publish)
+        out.event.append(int(md.event_time) or None)
+        if properties:
+            out.properties.append([(p.key, p.value) for p in md.properties])
+        if pos >= self.end - 1:
+            self.done = True
 
 
 # --- the sink ---------------------------------------------------------------------------------
 
 Row = tuple[str, bytes, str | None, dict[str, str] | None, int | None]
 """A row to produce: (topic ``t/ns/x``, value, key, properties, event time ms)."""
+
+
+SINK_LOOKUP_ATTEMPTS = 5
+"""How often the sink looks a topic up before its NotFound counts."""
 
 
 class TopicSink:
@@ -410,15 +469,28 @@ class TopicSink:
         for topic, value, key, properties, event_time in rows:
             producer = self.producers.get(topic)
             if producer is None:
-                made = await self.client.create_producer(f"topic://{topic}")
-                assert isinstance(made, ScalableProducer)
-                producer = self.producers[topic] = made
+                producer = self.producers[topic] = await self._open(topic)
             self.futures.append(
                 await producer.send_async(
                     value, key=key, properties=properties, event_time=event_time
                 )
             )
         self._reap()
+
+    async def _open(self, topic: str) -> ScalableProducer:
+        # A DAG lookup right after the topic was created can answer "deleted" (seen in tests):
+        # retry a few times before giving up.
+        for attempt in range(SINK_LOOKUP_ATTEMPTS):
+            try:
+                made = await self.client.create_producer(f"topic://{topic}")
+            except NotFound:
+                if attempt == SINK_LOOKUP_ATTEMPTS - 1:
+                    raise
+                await asyncio.sleep(0.2 * (attempt + 1))
+                continue
+            assert isinstance(made, ScalableProducer)
+            return made
+        raise AssertionError("unreachable")
 
     def _reap(self) -> None:
         """Drop answered futures (raising the first failure) so the list stays bounded."""

@@ -367,6 +367,10 @@ class AnabranchStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else self.opts.max_records
         max_bytes = limit.max_bytes if isinstance(limit, ReadMaxBytes) else self.opts.max_bytes
         min_rows = limit.min_rows if isinstance(limit, ReadMinRows) else self.opts.min_records
+        if self._target is not None:
+            min_rows = None  # AvailableNow must reach its target, not wait for more rows
+        if max_rows is None and max_bytes is None and min_rows is None:
+            return full
         cap = max(x for x in (max_rows, min_rows, 1) if x is not None)
         if max_bytes is not None and max_rows is None:
             cap = max(cap, 10_000)
