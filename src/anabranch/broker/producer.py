@@ -16,11 +16,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import struct
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from anabranch.broker.error_codes import server_error
-from anabranch.errors import AnabranchError, ChecksumMismatch, Closed, ValueTooLarge
+from anabranch.errors import (
+    AnabranchError,
+    ChecksumMismatch,
+    Closed,
+    LedgerFenced,
+    ValueTooLarge,
+)
 from anabranch.protocol import commands
 from anabranch.protocol._generated import pulsar_api_pb2 as pb
 from anabranch.protocol.frames import Frame
@@ -63,6 +70,7 @@ class Producer:
         self.closed = False
         self.msg_in = 0
         self.bytes_in = 0
+        self._on_done = lambda _: self._answer()
 
     # --- sending --------------------------------------------------------------------------
 
@@ -91,7 +99,7 @@ class Producer:
         if future.done():
             self._answer()
         else:
-            future.add_done_callback(lambda _: self._answer())
+            future.add_done_callback(self._on_done)
 
     def _validate(self, frame: Frame) -> None:
         if self.closed:
@@ -118,13 +126,17 @@ class Producer:
         elif future.exception() is None:
             pos: Position = future.result()
             # uint64 on the wire: a duplicate's (-1, -1) goes out as upstream's Java does.
-            receipt = commands.send_receipt(
-                self.producer_id, sequence_id, pos.ledger_id & _U64, pos.entry_id & _U64, highest
+            self.session.write_bytes(
+                encode_send_receipt(
+                    self.producer_id, sequence_id, pos[0] & _U64, pos[1] & _U64, highest
+                )
             )
-            self.session.write(receipt)
             return
         else:
             err = future.exception()  # type: ignore[assignment]
+        if isinstance(err, LedgerFenced):
+            self._lost_to_new_owner()
+            return
         if not isinstance(err, AnabranchError):
             log.error("send on %s failed unexpectedly", self.topic.name, exc_info=err)
         code = server_error(err)
@@ -136,6 +148,18 @@ class Producer:
         """Closed by an ExclusiveWithFencing producer: tell the client, forget it."""
         self.session.write(commands.close_producer(self.producer_id, 0))
         self.close()
+
+    def _lost_to_new_owner(self) -> None:
+        # Another broker's recovery-open fenced this topic's ledger: the send was not
+        # stored and this broker no longer owns the topic. No SEND_ERROR (the client would
+        # give up): close the producer so the client looks the topic up again and resends
+        # everything pending to the new owner (whose dedup drops what was stored), and
+        # unload the topic here.
+        if not self.closed:
+            log.warning("%s: ledger fenced by a new owner; unloading", self.topic.name)
+            self.session.write(commands.close_producer(self.producer_id, 0))
+            self.close()
+            self.session.service.unload_in_background(self.topic.name)
 
     def close(self) -> None:
         """Detach from the topic and the session (receipts still pending are sent)."""
@@ -162,6 +186,57 @@ class Producer:
             "address": self.session.remote_address,
             "pendingSends": len(self.pending),
         }
+
+
+def _varint(value: int) -> bytes:
+    if value < 0x80:
+        return _BYTES[value]
+    out = bytearray()
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+_BYTES = [bytes([i]) for i in range(0x80)]
+_PACK_U32 = struct.Struct(">I").pack
+_RECEIPT_HEAD = bytes([0x08, pb.BaseCommand.SEND_RECEIPT, 0x3A])
+"""BaseCommand ``type`` (field 1) = SEND_RECEIPT, then the tag of ``send_receipt`` (7)."""
+
+
+def encode_send_receipt(
+    producer_id: int,
+    sequence_id: int,
+    ledger_id: int,
+    entry_id: int,
+    highest_sequence_id: int | None = None,
+) -> bytes:
+    """A whole SEND_RECEIPT frame, encoded directly (the hot path: one per stored send).
+    Ids are unsigned 64-bit values. Parses as ``commands.send_receipt`` would encode it.
+
+    Example:
+        >>> from anabranch.protocol.frames import decode_frame
+        >>> frame = decode_frame(encode_send_receipt(1, 7, 3, 300)[4:])
+        >>> r = frame.command.send_receipt
+        >>> (r.producer_id, r.sequence_id, r.message_id.ledgerId, r.message_id.entryId)
+        (1, 7, 3, 300)
+    """
+    message_id = b"\x08" + _varint(ledger_id) + b"\x10" + _varint(entry_id)
+    body = (
+        b"\x08"
+        + _varint(producer_id)
+        + b"\x10"
+        + _varint(sequence_id)
+        + b"\x1a"
+        + _BYTES[len(message_id)]
+        + message_id
+    )
+    if highest_sequence_id is not None:
+        body += b"\x20" + _varint(highest_sequence_id & _U64)
+    command = _RECEIPT_HEAD + _varint(len(body)) + body
+    size = len(command)
+    return _PACK_U32(size + 4) + _PACK_U32(size) + command
 
 
 def _failed(err: BaseException) -> asyncio.Future[Position]:

@@ -134,6 +134,7 @@ class BrokerService:
         self._broker_index = 0
         self._producer_counter = itertools.count()
         self._closed = False
+        self._background: set[asyncio.Task[bool]] = set()
         self.counters = BrokerCounters()
         """Broker-wide counters for /metrics; the server and sessions bump them."""
         self.ownership: OwnershipGate | None = None
@@ -282,6 +283,12 @@ class BrokerService:
         await topic.close()
         log.info("unloaded topic %s", name)
         return True
+
+    def unload_in_background(self, name: str) -> None:
+        """Unload ``name`` from a callback that cannot await (e.g. a fenced append)."""
+        task = asyncio.ensure_future(self.unload_topic(name))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     async def delete_topic(self, name: str) -> None:
         """Close and delete a topic's ledger, subscriptions and registration."""

@@ -1,0 +1,42 @@
+"""A broker whose ledger another owner fenced gives the topic up without failing sends.
+
+In a cluster the new owner's recovery-open fences the old owner's writer (DESIGN.md §4).
+Sends that reach the old owner's ledger afterwards were not stored; the old owner must not
+answer them with an error the client gives up on, but close the producer so the client
+looks the topic up again and resends them to whoever owns it now.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from anabranch.aio import Client
+from anabranch.broker.service import managed_ledger_name
+from anabranch.core.names import TopicName
+from anabranch.storage.ledger import FileManagedLedgerFactory
+from anabranch.testing.broker import InProcessBroker
+
+TOPIC = "persistent://public/default/fenced"
+
+
+async def test_sends_after_a_fence_are_resent_and_stored_once(tmp_path: Path) -> None:
+    async with InProcessBroker(tmp_path) as broker, Client(broker.service_url) as client:
+        producer = await client.create_producer(TOPIC, batching=False)
+        before = await producer.send(b"before")
+        node = broker.node
+        assert node is not None
+        # A second "broker" on the same store and disk takes the ledger over.
+        usurper = FileManagedLedgerFactory(tmp_path / "ledgers", node.store)
+        taken = await usurper.open(managed_ledger_name(TopicName.parse(TOPIC)))
+        await taken.close()
+        await usurper.close()
+        # The old writer is fenced: these sends are refused by the ledger, the producer is
+        # closed by the broker, and the client resends them after its new lookup (here the
+        # broker reloads the topic, fencing the usurper in turn).
+        after = [await producer.send(f"after-{i}".encode()) for i in range(3)]
+        assert all(mid > before for mid in after)
+        reader = await client.create_reader(TOPIC, "earliest")
+        stored = []
+        while (msg := await reader.read_next(timeout=2)) is not None:
+            stored.append(msg.value)
+    assert stored == [b"before", b"after-0", b"after-1", b"after-2"]
