@@ -71,7 +71,12 @@ class Dispatcher:
         self.read_position: Position = subscription.cursor.read_position
         self.redelivery_counts: dict[Position, int] = {}
         self.generation = 0
-        self._kick = asyncio.Event()
+        self._kicked = False
+        self._waiter: asyncio.Future[None] | None = None
+        """What an idle read loop sleeps on; ``kick`` resolves it."""
+        self._ledger_wait: asyncio.Task[None] | None = None
+        """Waits for the ledger to grow past what the loop read; kicks when it does. Kept
+        across idle periods while it still waits (no task per pass)."""
         self._task: asyncio.Task[None] | None = None
         self._closed = False
 
@@ -84,19 +89,30 @@ class Dispatcher:
 
     def kick(self) -> None:
         """Something changed (permits, acks, consumers, entries): run a pass soon."""
-        self._kick.set()
+        self._kicked = True
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def _kick_cb(self, done: asyncio.Future[Any]) -> None:
+        if not done.cancelled():
+            done.exception()  # retrieved: a failed wait only means "look again"
+        self.kick()
 
     async def close(self) -> None:
         """Stop the read loop; consumers are left to the subscription."""
         self._closed = True
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+        waits = [t for t in (task, self._ledger_wait) if t is not None]
+        self._ledger_wait = None
+        for t in waits:
+            t.cancel()
+        if waits:
+            await asyncio.gather(*waits, return_exceptions=True)
 
     async def _run(self) -> None:
         while not self._closed:
-            self._kick.clear()
+            self._kicked = False
             try:
                 progressed = await self._pass()
             except asyncio.CancelledError:
@@ -107,25 +123,34 @@ class Dispatcher:
                 # A failed read must not kill the subscription: wait for the next kick.
                 log.exception("%s/%s: dispatch pass failed", self.sub.topic_name, self.sub.name)
                 progressed = False
-            if not progressed and not self._kick.is_set():
+            if not progressed and not self._kicked:
                 await self._idle()
 
     async def _idle(self) -> None:
-        waits: list[asyncio.Future[Any]] = [asyncio.ensure_future(self._kick.wait())]
+        """Sleep until kicked, the ledger grows past ``read_position`` or a delayed entry
+        is due. One future per idle period; the ledger wait is reused while pending."""
+        waiter = self._waiter = asyncio.get_running_loop().create_future()
         ledger = self.sub.ledger
         last = ledger.last_confirmed
         if self.consumers and not ledger.is_terminated and self.read_position > last:
-            waits.append(asyncio.ensure_future(ledger.wait_for_entries(last)))
+            wait = self._ledger_wait
+            if wait is None or wait.done():
+                wait = self._ledger_wait = asyncio.ensure_future(ledger.wait_for_entries(last))
+                wait.add_done_callback(self._kick_cb)
+        sleeper: asyncio.Future[Any] | None = None
         due = self._next_due_ms()
         if due is not None:
             delay = max(due - self.sub.clock.wall_ms(), 0) / 1000
-            waits.append(asyncio.ensure_future(self.sub.clock.sleep(delay)))
+            sleeper = asyncio.ensure_future(self.sub.clock.sleep(delay))
+            sleeper.add_done_callback(self._kick_cb)
         try:
-            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            await waiter
         finally:
-            for waiter in waits:
-                waiter.cancel()
-            await asyncio.gather(*waits, return_exceptions=True)
+            self._waiter = None
+            if sleeper is not None and not sleeper.done():
+                sleeper.remove_done_callback(self._kick_cb)
+                sleeper.cancel()
+                await asyncio.gather(sleeper, return_exceptions=True)
 
     # --- one pass -------------------------------------------------------------------------
 

@@ -132,6 +132,8 @@ class Session:
         self._reading_paused = False
         self._on_close: list[Callable[[Session], None]] = []
         self._closing: set[asyncio.Future[Any]] = set()
+        self._loop = asyncio.get_running_loop()
+        self._out: list[bytes] = []
         peer = transport.get_extra_info("peername")
         self._remote = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
         self._worker = asyncio.ensure_future(self._run())
@@ -152,13 +154,31 @@ class Session:
         except ProtocolError as err:
             log.warning("%s: not sending %s: %s", self._remote, command.type, err)
             return
-        self.transport.write(data)
+        self.write_bytes(data)
 
     def write_message(self, command: pb.BaseCommand, entry: bytes) -> None:
         """Queue a MESSAGE frame around a stored entry (no re-encoding)."""
         if self.closed:
             return
-        self.transport.write(self.protocol.send_entry(command, entry))
+        self.write_bytes(self.protocol.send_entry(command, entry))
+
+    def write_bytes(self, data: bytes) -> None:
+        """Queue encoded frames. Everything written in one loop iteration goes to the
+        socket in one ``transport.write`` at its end (receipts and MESSAGEs of a batch
+        of completions share one system call)."""
+        if self.closed:
+            return
+        out = self._out
+        if not out:
+            self._loop.call_soon(self.flush)
+        out.append(data)
+
+    def flush(self) -> None:
+        """Hand what ``write_bytes`` queued to the transport now."""
+        out = self._out
+        if out:
+            self._out = []
+            self.transport.write(out[0] if len(out) == 1 else b"".join(out))
 
     def reply_error(self, request_id: int, code: int, message: str) -> None:
         """ERROR for a request; ``code`` is a ``pb.ServerError`` value."""
@@ -194,6 +214,7 @@ class Session:
         # The state machine is CLOSED already, so the ERROR is encoded directly.
         code = server_error(err)
         if not self.closed:
+            self.flush()
             self.transport.write(encode_command(commands.error(0, code, str(err))))
         self.close()
 
@@ -297,12 +318,13 @@ class Session:
             log.info("%s: %s timed out, closing", self._remote, _phase(self.protocol.state))
             self.close()
         elif self.protocol.ping_due(now):
-            self.transport.write(self.protocol.ping(now))
+            self.write_bytes(self.protocol.ping(now))
 
     def close(self) -> None:
         """Close the connection: producers and consumers detach, tasks are cancelled."""
         if self.closed:
             return
+        self.flush()  # what was written before the close still goes out
         self.closed = True
         self.protocol.close()
         self._queue.clear()

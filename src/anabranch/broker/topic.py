@@ -70,6 +70,10 @@ Mode = pb.ProducerAccessMode
 _U16 = struct.Struct(">H")
 _I32 = struct.Struct(">i")
 
+_Send = tuple["asyncio.Future[Position]", str, int, bytes, int]
+"""A judged send waiting for its append: (future, producer, last sequence id, entry,
+message count)."""
+
 
 def entry_metadata(entry: bytes) -> pb.MessageMetadata:
     """The MessageMetadata of a stored entry (see ``Frame.entry``).
@@ -127,7 +131,9 @@ class PersistentTopic:
         self.topic_epoch = 0
         self._exclusive: str | None = None
         self._waiting: deque[tuple[Producer, asyncio.Future[None]]] = deque()
-        self._inflight: set[asyncio.Future[Position]] = set()
+        self._inflight: set[asyncio.Task[None]] = set()
+        self._group: list[_Send] | None = None
+        """Sends judged in this loop iteration, appended together at its end."""
         self._last_append: asyncio.Future[Position] | None = None
         self._since_snapshot = 0
         self._snapshot_task: asyncio.Task[None] | None = None
@@ -285,7 +291,10 @@ class PersistentTopic:
         num_messages: int,
     ) -> asyncio.Future[Position]:
         """Judge and start storing one SEND (see the module docstring); call in the order
-        the SENDs arrived. Raises TopicTerminated/InvalidArgument synchronously."""
+        the SENDs arrived. Raises TopicTerminated/InvalidArgument synchronously.
+
+        Sends published in one loop iteration (e.g. every SEND of one socket read) are
+        stored with one ``append_many`` by one task: no task per send."""
         self._check_writable()
         last = last_sequence_id(sequence_id, num_messages, highest_sequence_id)
         if self.dedup is not None:
@@ -294,11 +303,22 @@ class PersistentTopic:
                 return _resolved(DUPLICATE_POSITION)
             if verdict is DedupVerdict.IN_FLIGHT:
                 return asyncio.ensure_future(self._after_inflight(producer_name, sequence_id))
-        task = asyncio.ensure_future(self._append(producer_name, last, entry, num_messages))
-        self._inflight.add(task)
-        task.add_done_callback(self._inflight.discard)
-        self._last_append = task
-        return task
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Position] = loop.create_future()
+        group = self._group
+        if group is None:
+            group = self._group = []
+            loop.call_soon(self._start_group)
+        group.append((fut, producer_name, last, entry, num_messages))
+        self._last_append = fut
+        return fut
+
+    def _start_group(self) -> None:
+        group, self._group = self._group, None
+        if group:
+            task = asyncio.ensure_future(self._append_group(group))
+            self._inflight.add(task)
+            task.add_done_callback(self._inflight.discard)
 
     async def _after_inflight(self, producer_name: str, sequence_id: int) -> Position:
         # A retry of a send still being written: answer once that write has ended.
@@ -308,22 +328,44 @@ class PersistentTopic:
             return DUPLICATE_POSITION
         raise Closed(f"the earlier write of sequence id {sequence_id} failed; retry")
 
-    async def _append(self, producer_name: str, last: int, entry: bytes, count: int) -> Position:
+    async def _append_entries(self, entries: list[bytes]) -> list[Position]:
+        if len(entries) == 1:
+            return [await self.transaction_buffer.append(None, entries[0])]
+        if type(self.transaction_buffer) is NoTransactionBuffer:
+            return await self.ledger.append_many(entries)
+        appends = (self.transaction_buffer.append(None, e) for e in entries)
+        return list(await asyncio.gather(*appends))
+
+    async def _append_group(self, group: list[_Send]) -> None:
+        """Store a group of judged sends in order; resolve their futures in order."""
         try:
-            position = await self.transaction_buffer.append(None, entry)
-        except BaseException:
-            if self.dedup is not None:
-                self.dedup.on_failed(producer_name)
-            raise
-        self.msg_in_counter += max(count, 1)
-        self.bytes_in_counter += len(entry)
-        if self.dedup is not None:
-            self.dedup.on_persisted(producer_name, last)
-            self._since_snapshot += 1
-            if self._since_snapshot >= limits.DEDUP_SNAPSHOT_INTERVAL_ENTRIES:
-                self._schedule_snapshot(position)
+            positions = await self._append_entries([send[3] for send in group])
+        except BaseException as err:
+            for fut, producer_name, _, _, _ in group:
+                if self.dedup is not None:
+                    self.dedup.on_failed(producer_name)
+                if fut.done():
+                    continue
+                if isinstance(err, asyncio.CancelledError):
+                    fut.cancel()
+                else:
+                    fut.set_exception(err)
+            if not isinstance(err, Exception):
+                raise
+            return
+        dedup = self.dedup
+        for send, position in zip(group, positions, strict=True):
+            fut, producer_name, last, entry, count = send
+            self.msg_in_counter += count if count > 1 else 1
+            self.bytes_in_counter += len(entry)
+            if dedup is not None:
+                dedup.on_persisted(producer_name, last)
+                self._since_snapshot += 1
+                if self._since_snapshot >= limits.DEDUP_SNAPSHOT_INTERVAL_ENTRIES:
+                    self._schedule_snapshot(position)
+            if not fut.done():
+                fut.set_result(position)
         self._notify_subscriptions()
-        return position
 
     def _notify_subscriptions(self) -> None:
         for sub in list(self.subscriptions.values()):
@@ -350,6 +392,7 @@ class PersistentTopic:
 
     async def wait_inflight(self) -> None:
         """Wait until every append started so far has ended (successfully or not)."""
+        self._start_group()  # sends judged in this iteration start now
         if self._inflight:
             await asyncio.wait(list(self._inflight))
 
