@@ -46,7 +46,9 @@ Example:
 from __future__ import annotations
 
 import asyncio
+import bisect
 import json
+import operator
 import queue
 import shutil
 import threading
@@ -95,6 +97,10 @@ def _cancelling() -> int:
 
 def _q(name: str) -> str:
     return quote(name, safe="")
+
+
+_CACHE_KEY = operator.itemgetter(0, 1)
+"""(ledger id, first entry) of a tail-cache batch."""
 
 
 def ledger_path(ledger_id: int) -> str:
@@ -610,10 +616,17 @@ class FileManagedLedger(ManagedLedgerBase):
             self._tail_bytes -= self._tail.popleft()[3]
 
     def _from_cache(self, ledger_id: int, first: int, count: int) -> list[bytes] | None:
+        tail = self._tail
+        # The cache is in (ledger id, first entry) order: bisect to the batch holding
+        # ``first`` instead of walking from the oldest (a tailing reader reads the end).
+        at = max(bisect.bisect_right(tail, (ledger_id, first), key=_CACHE_KEY) - 1, 0)
         out: list[bytes] = []
         want = first
-        for lid, start, payloads, _ in self._tail:
+        for i in range(at, len(tail)):
+            lid, start, payloads, _ = tail[i]
             if lid != ledger_id or start + len(payloads) <= want:
+                if out:
+                    break
                 continue
             if start > want:
                 break
