@@ -126,11 +126,14 @@ class ConsumerOptions:
 
 
 class Inbox:
-    """Received messages waiting for ``receive``; shared by a partitioned consumer's parts."""
+    """Received messages waiting for ``receive``; shared by a partitioned consumer's parts.
+
+    A waiting receiver sleeps on a plain future (with a timer for its timeout), not on a
+    task per call: a tailing consumer waits once per message."""
 
     def __init__(self) -> None:
         self._items: deque[Message] = deque()
-        self._event = asyncio.Event()
+        self._waiters: list[asyncio.Future[None]] = []
         self._closed = False
 
     def __len__(self) -> int:
@@ -140,24 +143,38 @@ class Inbox:
         """Append messages and wake receivers."""
         if messages:
             self._items.extend(messages)
-            self._event.set()
+            self._wake_all()
+
+    def _wake_all(self) -> None:
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
 
     async def get(self, timeout: float | None) -> Message | None:  # noqa: ASYNC109
         """The next message, or None after ``timeout`` seconds (None: wait forever)."""
+        if self._items:
+            return self._items.popleft()
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
         while not self._items:
             if self._closed:
                 raise Closed("the consumer is closed")
-            self._event.clear()
             remaining = None if deadline is None else deadline - loop.time()
             if remaining is not None and remaining <= 0:
                 return None
+            waiter: asyncio.Future[None] = loop.create_future()
+            self._waiters.append(waiter)
+            timer = None if remaining is None else loop.call_later(remaining, _wake, waiter)
             try:
-                await asyncio.wait_for(self._event.wait(), remaining)
-            except TimeoutError:
-                if not self._items:
-                    return None
+                await waiter
+            finally:
+                if timer is not None:
+                    timer.cancel()
+                if not waiter.done():
+                    waiter.cancel()
+                with contextlib.suppress(ValueError):
+                    self._waiters.remove(waiter)
         return self._items.popleft()
 
     def remove_where(self, predicate: Callable[[Message], bool]) -> int:
@@ -170,7 +187,12 @@ class Inbox:
     def close(self) -> None:
         """Wake every receiver with ``Closed``."""
         self._closed = True
-        self._event.set()
+        self._wake_all()
+
+
+def _wake(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
 
 
 def _now() -> float:
