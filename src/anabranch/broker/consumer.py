@@ -21,10 +21,11 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from anabranch.broker.hot_frames import encode_message_frame
 from anabranch.protocol import commands
 from anabranch.protocol._generated import pulsar_api_pb2 as pb
 from anabranch.storage.api import Position
@@ -133,6 +134,8 @@ class Consumer:
         remote_address: str = "",
     ) -> None:
         self.session = session
+        self._write_bytes: Callable[[bytes], None] | None = getattr(session, "write_bytes", None)
+        """Writes encoded frames (a ``Session``); a plain ``Writer`` gets commands."""
         self.consumer_id = consumer_id
         self.name = name
         self.sub_type = sub_type
@@ -191,17 +194,33 @@ class Consumer:
         = index still to deliver), ``unacked_in_batch`` how many indexes it leaves.
         """
         messages = batch_size if unacked_in_batch is None else unacked_in_batch
-        body = pb.CommandMessage(
-            consumer_id=self.consumer_id,
-            message_id=message_id_data(position, self.partition),
-        )
-        if redelivery_count:
-            body.redelivery_count = redelivery_count
-        if ack_set:
-            body.ack_set.extend(ack_set)
-        if self.epoch:
-            body.consumer_epoch = self.epoch
-        self.session.write_message(pb.BaseCommand(type=pb.BaseCommand.MESSAGE, message=body), data)
+        write_bytes = self._write_bytes
+        if write_bytes is not None and not ack_set:
+            # The hot path: the frame's bytes directly (see ``hot_frames``).
+            write_bytes(
+                encode_message_frame(
+                    self.consumer_id,
+                    position[0],
+                    position[1],
+                    self.partition,
+                    redelivery_count,
+                    self.epoch,
+                    data,
+                )
+            )
+        else:
+            body = pb.CommandMessage(
+                consumer_id=self.consumer_id,
+                message_id=message_id_data(position, self.partition),
+            )
+            if redelivery_count:
+                body.redelivery_count = redelivery_count
+            if ack_set:
+                body.ack_set.extend(ack_set)
+            if self.epoch:
+                body.consumer_epoch = self.epoch
+            message = pb.BaseCommand(type=pb.BaseCommand.MESSAGE, message=body)
+            self.session.write_message(message, data)
         previous = self.pending.get(position)
         if previous is not None:
             self.unacked_messages -= previous.messages

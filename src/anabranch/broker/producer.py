@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import struct
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from anabranch.broker.error_codes import server_error
+from anabranch.broker.hot_frames import encode_send_receipt
 from anabranch.errors import (
     AnabranchError,
     ChecksumMismatch,
@@ -186,57 +186,6 @@ class Producer:
             "address": self.session.remote_address,
             "pendingSends": len(self.pending),
         }
-
-
-def _varint(value: int) -> bytes:
-    if value < 0x80:
-        return _BYTES[value]
-    out = bytearray()
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-_BYTES = [bytes([i]) for i in range(0x80)]
-_PACK_U32 = struct.Struct(">I").pack
-_RECEIPT_HEAD = bytes([0x08, pb.BaseCommand.SEND_RECEIPT, 0x3A])
-"""BaseCommand ``type`` (field 1) = SEND_RECEIPT, then the tag of ``send_receipt`` (7)."""
-
-
-def encode_send_receipt(
-    producer_id: int,
-    sequence_id: int,
-    ledger_id: int,
-    entry_id: int,
-    highest_sequence_id: int | None = None,
-) -> bytes:
-    """A whole SEND_RECEIPT frame, encoded directly (the hot path: one per stored send).
-    Ids are unsigned 64-bit values. Parses as ``commands.send_receipt`` would encode it.
-
-    Example:
-        >>> from anabranch.protocol.frames import decode_frame
-        >>> frame = decode_frame(encode_send_receipt(1, 7, 3, 300)[4:])
-        >>> r = frame.command.send_receipt
-        >>> (r.producer_id, r.sequence_id, r.message_id.ledgerId, r.message_id.entryId)
-        (1, 7, 3, 300)
-    """
-    message_id = b"\x08" + _varint(ledger_id) + b"\x10" + _varint(entry_id)
-    body = (
-        b"\x08"
-        + _varint(producer_id)
-        + b"\x10"
-        + _varint(sequence_id)
-        + b"\x1a"
-        + _BYTES[len(message_id)]
-        + message_id
-    )
-    if highest_sequence_id is not None:
-        body += b"\x20" + _varint(highest_sequence_id & _U64)
-    command = _RECEIPT_HEAD + _varint(len(body)) + body
-    size = len(command)
-    return _PACK_U32(size + 4) + _PACK_U32(size) + command
 
 
 def _failed(err: BaseException) -> asyncio.Future[Position]:
