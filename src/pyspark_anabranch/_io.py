@@ -49,7 +49,9 @@ from anabranch.protocol.frames import Frame
 from pyspark_anabranch.planning import (
     FIRST_POSITION,
     DataLoss,
+    decode_position,
     encode_position,
+    entry_end,
     resume_entry,
 )
 
@@ -138,10 +140,14 @@ def _shutdown() -> None:
 
 
 def position_after(mid: MessageId) -> int:
-    """The next position after the message ``mid`` (0 when ``mid`` says "no message")."""
+    """The next position after the whole entry of ``mid`` (0 when ``mid`` says "no message").
+
+    Ends are entry-granular: GET_LAST_MESSAGE_ID names the last entry, and its batch index
+    (-1 for a batch of one message) cannot be trusted to name the entry's last message.
+    """
     if mid.entry_id < 0 or mid.ledger_id < 0:
         return FIRST_POSITION
-    return encode_position(mid.ledger_id, mid.entry_id, mid.batch_index) + 1
+    return entry_end(mid.ledger_id, mid.entry_id)
 
 
 # --- driver side ------------------------------------------------------------------------------
@@ -313,6 +319,7 @@ class RangeReader:
         self.consumer: _EntryConsumer | None = None
         self.done = end <= start
         self.last = start - 1
+        self.end_entry = decode_position(end - 1)[:2] if end > start else (0, 0)
         self._first = True
 
     async def __aenter__(self) -> RangeReader:
@@ -352,6 +359,8 @@ class RangeReader:
                         raise DataLoss(problem)
                     log.warning("%s; skipping to it (failOnDataLoss=false)", problem)
             self._decode(ledger_id, entry_id, md, payload, out, properties)
+            if (ledger_id, entry_id) >= self.end_entry:
+                self.done = True  # the range ends after (or inside) this entry
         return out if len(out) else None
 
     def _decode(  # noqa: PLR0917 (private, one call site)

@@ -10,7 +10,8 @@ one segment and from which a reader can resume. It packs the message's storage i
 (24 bits of ledger id, 22 of entry id, 17 of batch index + 1, where a non-batched message has
 batch index -1). Ledger ids of one managed ledger grow, so the packing orders messages exactly
 like their MessageIds. The offset JSON stores the *next* position to read, i.e. the last read
-message's position + 1 (exclusive); ``0`` means "from the segment's first message". Resuming
+message's position + 1 (exclusive), or :func:`entry_end` of the last entry when a range ends
+at a segment's end; ``0`` means "from the segment's first message". Resuming
 at ``p > 0`` starts a reader at the entry of ``p - 1`` (inclusive) and skips positions below
 ``p``: that entry must still exist, so a trimmed entry is detected as data loss.
 
@@ -70,6 +71,17 @@ def encode_position(ledger_id: int, entry_id: int, batch_index: int) -> int:
     if not -1 <= batch_index < _BATCH_MASK:
         raise InvalidArgument(f"batch index {batch_index} does not fit a position")
     return ledger_id << (_ENTRY_BITS + _BATCH_BITS) | entry_id << _BATCH_BITS | (batch_index + 1)
+
+
+def entry_end(ledger_id: int, entry_id: int) -> int:
+    """The next position after every message of entry ``(ledger_id, entry_id)`` (segment ends
+    are entry-granular; it sorts before the next entry's first message).
+
+    Example:
+        >>> encode_position(2, 5, 999) < entry_end(2, 5) <= encode_position(2, 6, -1)
+        True
+    """
+    return encode_position(ledger_id, entry_id, _BATCH_MASK - 1) + 1
 
 
 def decode_position(position: int) -> tuple[int, int, int]:

@@ -209,6 +209,31 @@ def test_ack_subscription_shows_progress_to_the_broker(broker: Broker, topic: st
     assert value in {f"v{i}".encode() for i in range(10, 20)}
 
 
+def test_batches_of_one_message_are_read(broker: Broker, topic: str) -> None:
+    # GET_LAST_MESSAGE_ID names a one-message batch with batch index -1, its message has 0.
+    broker.create(topic, 1)
+    broker.produce(topic, [("k", b"first")])
+    reader = AnabranchStreamReader(
+        SourceOptions.parse(broker.options(topic, startingOffsets="earliest"))
+    )
+    try:
+        start = reader.initialOffset()
+        end = reader.latestOffset(start, ReadAllAvailable())
+        broker.produce(topic, [("k", b"second")])
+        later = reader.latestOffset(end, ReadAllAvailable())
+
+        def values(a: dict[str, Any], b: dict[str, Any]) -> list[bytes]:
+            parts = reader.partitions(a, b)
+            return [
+                v for p in parts for batch in reader.read(p) for v in batch["value"].to_pylist()
+            ]
+
+        assert values(start, end) == [b"first"]
+        assert values(end, later) == [b"second"]
+    finally:
+        reader.stop()
+
+
 def test_trimmed_position_is_data_loss_unless_told_otherwise(broker: Broker, topic: str) -> None:
     broker.create(topic, 1)
     broker.produce(topic, keyed("d", 2, 5))
