@@ -206,6 +206,9 @@ def main() -> None:
             run_noop(rate_df, str(tmp / "cp-4"), available_now=False, max_batches=3)
         )
         print("rate", result["spark_rate"], flush=True)
+        result["anabranch_read_every_message"] = (
+            result["anabranch"]["rows"] == result["anabranch_max_records"]["rows"] == args.messages
+        )
         ours_rate = result["anabranch"]["rows_per_s"] or 0
         mem_rate = result["python_arrow_memory"]["rows_per_s"] or 1
         result["anabranch_vs_python_arrow"] = round(ours_rate / mem_rate, 3)
