@@ -3,6 +3,7 @@ redirects mutations to the leader."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
@@ -89,3 +90,20 @@ async def test_service_reads_anywhere_and_redirects_mutations(
     stats = await second.stats(TOPIC)
     assert stats["epoch"] == 0 and stats["activeSegments"] == 2
     assert stats["controllerBrokerUrl"] == "http://broker-1:8080"
+
+
+async def test_concurrent_first_listeners_both_get_the_stored_layout(
+    store: MetadataStore, services: list[ScalableTopicService]
+) -> None:
+    """Listeners that join while the first one's initial read is in flight must not be
+    told "no topic" (None) for a topic that exists."""
+    await services[0].create(TOPIC, 2)
+    watcher = DagWatcher(store)
+    seen: list[list[SegmentLayout | None]] = [[] for _ in range(4)]
+    try:
+        await asyncio.gather(
+            *(watcher.add_listener(TopicName.parse(TOPIC), got.append) for got in seen)
+        )
+        assert [[layout.epoch if layout else None for layout in got] for got in seen] == [[0]] * 4
+    finally:
+        await watcher.close()

@@ -59,6 +59,7 @@ class _TopicWatch:
     listeners: list[ListenerHandle] = field(default_factory=list)
     task: asyncio.Task[None] | None = None
     layout: SegmentLayout | None = None
+    listed: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 class DagWatcher:
@@ -77,11 +78,25 @@ class DagWatcher:
             raise Closed("DAG watcher is closed")
         paths = TopicPaths(topic)
         handle = ListenerHandle(self, topic, listener)
-        entry = self._topics.get(topic)
-        if entry is None:
-            entry = self._topics[topic] = _TopicWatch()
-            revision = await self._list(topic, paths, entry)
-            entry.task = asyncio.create_task(self._run(topic, paths, entry, revision + 1))
+        while True:
+            entry = self._topics.get(topic)
+            if entry is None:
+                entry = self._topics[topic] = _TopicWatch()
+                try:
+                    revision = await self._list(topic, paths, entry)
+                except BaseException:
+                    if self._topics.get(topic) is entry:
+                        del self._topics[topic]
+                    raise
+                finally:
+                    entry.listed.set()
+                entry.task = asyncio.create_task(self._run(topic, paths, entry, revision + 1))
+                break
+            # Another listener's first read may still be running: until it finishes,
+            # entry.layout is not the stored layout (None would read as "deleted").
+            await entry.listed.wait()
+            if self._topics.get(topic) is entry:
+                break
         entry.listeners.append(handle)
         self._deliver(handle, entry.layout)
         return handle
