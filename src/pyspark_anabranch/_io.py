@@ -53,6 +53,7 @@ from pyspark_anabranch.planning import (
     encode_position,
     entry_end,
     resume_entry,
+    timestamp_start,
 )
 
 T = TypeVar("T")
@@ -62,6 +63,9 @@ _I32 = struct.Struct(">i")
 RANGE_READER_QUEUE_MESSAGES = 10_000
 """Receiver queue of an executor's range reader: deep enough that flow permits never stall a
 bulk read (a 100 B message costs ~0.3 KB queued, so ~3 MB per reader)."""
+
+SCAN_CHUNK_MESSAGES = 4096
+"""Messages per chunk while looking for a segment's first message at a timestamp."""
 
 _lock = threading.Lock()
 _loop: asyncio.AbstractEventLoop | None = None
@@ -224,6 +228,25 @@ async def scan(  # noqa: PLR0917 (one call site)
                 break
             out.extend(zip(cols.positions, map(len, cols.values), strict=True))
     return out[:max_count]
+
+
+async def find_timestamp_start(
+    client: Client, name: str, end: int, timestamp_ms: int, timeout_s: float
+) -> int:
+    """Where the segment ``name`` (current end ``end``) starts for ``startingTimestamp``
+    (:func:`~pyspark_anabranch.planning.timestamp_start`): reads from its first message,
+    comparing publish times, and stops at the first one at or after ``timestamp_ms``."""
+    previous = FIRST_POSITION
+    async with RangeReader(client, name, FIRST_POSITION, end, timeout_s) as reader:
+        while True:
+            cols = await reader.chunk(SCAN_CHUNK_MESSAGES)
+            if cols is None:
+                return end
+            pairs = list(zip(cols.positions, cols.publish, strict=True))
+            found = timestamp_start(pairs, timestamp_ms, -1)
+            if found != -1:
+                return found if found != FIRST_POSITION else previous
+            previous = pairs[-1][0] + 1
 
 
 # --- executor side ----------------------------------------------------------------------------

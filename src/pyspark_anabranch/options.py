@@ -55,6 +55,22 @@ def _int(options: Mapping[str, str], name: str) -> int | None:
     return value
 
 
+def _timestamp(options: Mapping[str, str]) -> int | None:
+    """``startingTimestamp``: milliseconds since the epoch, >= 0."""
+    raw = _get(options, "startingTimestamp")
+    if raw is None:
+        return None
+    try:
+        value = int(raw.strip())
+    except ValueError as err:
+        raise InvalidArgument(
+            f"option startingTimestamp={raw!r} is not milliseconds since the epoch"
+        ) from err
+    if value < 0:
+        raise InvalidArgument("option startingTimestamp must be >= 0")
+    return value
+
+
 def topic_key(topic: str) -> str:
     """``t/ns/x`` of ``topic://t/ns/x``, ``t/ns/x`` or ``x`` (public/default).
 
@@ -113,12 +129,16 @@ class SourceOptions:
         if not raw_topics:
             raise InvalidArgument("option topic (or topics, comma-separated) is required")
         topics = tuple(sorted({topic_key(t) for t in raw_topics.split(",") if t.strip()}))
-        starting = _get(options, "startingOffsets") or ("earliest" if batch else "latest")
+        explicit_start = _get(options, "startingOffsets")
+        starting = explicit_start or ("earliest" if batch else "latest")
         ending = _get(options, "endingOffsets") or "latest"
         if batch and starting.strip() == "latest":
             raise InvalidArgument("startingOffsets=latest makes no sense for a batch read")
-        if _get(options, "startingTimestamp") is not None:
-            raise NotAllowed("startingTimestamp is not supported yet (seek by time per segment)")
+        timestamp = _timestamp(options)
+        if timestamp is not None and explicit_start is not None:
+            raise InvalidArgument(
+                "startingTimestamp and startingOffsets are mutually exclusive: give one"
+            )
         isolation = (_get(options, "isolationLevel") or "read_committed").strip()
         if isolation != "read_committed":
             raise InvalidArgument(f"isolationLevel {isolation!r}: only read_committed exists")
@@ -131,6 +151,7 @@ class SourceOptions:
             topics=topics,
             starting_offsets=starting.strip(),
             ending_offsets=ending.strip(),
+            starting_timestamp=timestamp,
             max_records=max_records,
             max_bytes=_int(options, "maxBytesPerTrigger"),
             min_records=_int(options, "minRecordsPerTrigger"),

@@ -145,15 +145,37 @@ class Frontier:
 
     topics: Mapping[str, TopicFrontier] = field(default_factory=dict)
     latest: bool = False
+    timestamp: int | None = None
+    """Set on the symbolic initial offset ``{"init":"timestamp","ts":T,"v":1}`` of
+    ``startingTimestamp=T``, which the first ``latestOffset`` resolves like ``latest``."""
 
     @staticmethod
     def symbolic_latest() -> Frontier:
         return Frontier({}, latest=True)
 
+    @staticmethod
+    def symbolic_timestamp(timestamp_ms: int) -> Frontier:
+        """The unresolved start of ``startingTimestamp``.
+
+        Example:
+            >>> Frontier.symbolic_timestamp(1700000000000).to_json()
+            '{"init":"timestamp","ts":1700000000000,"v":1}'
+        """
+        if timestamp_ms < 0:
+            raise InvalidArgument(f"timestamp {timestamp_ms} is negative")
+        return Frontier({}, timestamp=timestamp_ms)
+
+    @property
+    def symbolic(self) -> bool:
+        """True for an unresolved initial offset (``latest`` or a timestamp)."""
+        return self.latest or self.timestamp is not None
+
     def to_dict(self) -> dict[str, Any]:
         """The JSON-ready dict Spark stores (json.dumps with sort_keys gives the canonical text)."""
         if self.latest:
             return {"v": OFFSET_VERSION, "init": "latest"}
+        if self.timestamp is not None:
+            return {"v": OFFSET_VERSION, "init": "timestamp", "ts": self.timestamp}
         return {
             "v": OFFSET_VERSION,
             "topics": {
@@ -175,6 +197,11 @@ class Frontier:
             raise InvalidArgument(f"offset {obj!r} is not a version {OFFSET_VERSION} offset")
         if obj.get("init") == "latest":
             return Frontier.symbolic_latest()
+        if obj.get("init") == "timestamp":
+            ts = obj.get("ts")
+            if not isinstance(ts, int) or isinstance(ts, bool):
+                raise InvalidArgument(f"offset {obj!r} has no integer ts")
+            return Frontier.symbolic_timestamp(ts)
         topics = obj.get("topics")
         if not isinstance(topics, Mapping):
             raise InvalidArgument(f"offset {obj!r} has no topics")
@@ -307,6 +334,63 @@ def expand(
     )
 
 
+# --- starting at a timestamp -----------------------------------------------------------------
+
+
+def timestamp_start(messages: Iterable[tuple[int, int]], timestamp_ms: int, end: int) -> int:
+    """Where one segment starts for ``startingTimestamp``: the next position after the last
+    message before the first one published at or after ``timestamp_ms`` (Kafka's rule: from the
+    first message whose time is >= the timestamp, everything after it included).
+
+    ``messages`` are ``(position, publish time ms)`` in position order (only a prefix up to
+    the first match is consumed); ``end`` is the segment's end, returned when every message is
+    older, so a sealed segment entirely before the timestamp is complete. The result names the
+    entry *before* the first match, so a resuming reader starts on an existing entry.
+
+    Example:
+        >>> msgs = [(10, 5), (11, 7), (20, 9)]
+        >>> [timestamp_start(msgs, ts, 30) for ts in (7, 0, 10)]
+        [11, 0, 30]
+    """
+    previous = FIRST_POSITION
+    for position, publish_ms in messages:
+        if publish_ms >= timestamp_ms:
+            return previous
+        previous = position + 1
+    return end
+
+
+def timestamp_frontier(
+    topic: str,
+    layout: SegmentLayout,
+    starts: Mapping[int, int],
+    finals: Mapping[int, int],
+) -> TopicFrontier:
+    """The start frontier of ``startingTimestamp`` over the whole DAG.
+
+    ``starts`` maps a segment id to its :func:`timestamp_start` (at least for every segment
+    the walk reaches; a missing one starts at its first message); ``finals`` as in
+    :func:`expand_topic`. The roots start at their positions; a sealed segment whose start is
+    its final end (all its messages are older) is complete and hands over to its children by
+    the usual expansion rule (a child enters only once all its parents are complete), which
+    then start at *their* positions, to a fixpoint.
+
+    Example:
+        >>> layout = SegmentLayout.initial(1, now_ms=0).split(0, now_ms=1)
+        >>> timestamp_frontier("t", layout, {0: 9, 1: 0, 2: 4}, {0: 9}).segs
+        {1: 0, 2: 4}
+        >>> timestamp_frontier("t", layout, {0: 3, 1: 0, 2: 4}, {0: 9}).segs
+        {0: 3}
+    """
+    segs = {s.segment_id: starts.get(s.segment_id, FIRST_POSITION) for s in layout.roots}
+    while True:
+        expanded = expand_topic(topic, TopicFrontier(layout.epoch, segs), layout, finals)
+        added = {sid: starts.get(sid, FIRST_POSITION) for sid in expanded.segs if sid not in segs}
+        if not added:
+            return TopicFrontier(layout.epoch, dict(expanded.segs))
+        segs = {**expanded.segs, **added}
+
+
 # --- ranges ----------------------------------------------------------------------------------
 
 
@@ -325,7 +409,8 @@ def stream_ranges(start: Frontier, end: Frontier) -> list[Range]:
 
     A segment of ``end`` absent from ``start`` was added by expansion and starts at its first
     position; a segment of ``start`` absent from ``end`` was complete. A symbolic ``start``
-    (the unresolved ``latest``) plans nothing: batch 0 of such a query is empty by design.
+    (the unresolved ``latest`` or timestamp) plans nothing: batch 0 of such a query is empty
+    by design.
 
     Example:
         >>> a = Frontier({"t": TopicFrontier(1, {1: 0, 2: 5})})
@@ -333,7 +418,7 @@ def stream_ranges(start: Frontier, end: Frontier) -> list[Range]:
         >>> [(r.segment_id, r.start, r.end) for r in stream_ranges(a, b)]
         [(1, 0, 4), (3, 0, 2)]
     """
-    if start.latest or end.latest:
+    if start.symbolic or end.symbolic:
         return []
     out: list[Range] = []
     for topic, etf in sorted(end.topics.items()):

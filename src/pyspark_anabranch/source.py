@@ -70,6 +70,7 @@ from pyspark_anabranch.planning import (
     latest_frontier,
     should_wait,
     stream_ranges,
+    timestamp_frontier,
 )
 
 log = logging.getLogger("pyspark_anabranch")
@@ -234,6 +235,25 @@ class _Driver:
         sealed = sorted(i for i in ids if not layout.segments[i].is_active)
         return self.ends(topic, layout, sealed)
 
+    def at_timestamp(self, topic: str, layout: SegmentLayout, timestamp_ms: int) -> TopicFrontier:
+        """The resolved start frontier of ``startingTimestamp`` (segments reached by the walk
+        are scanned lazily: a segment is only read once all its parents were complete)."""
+        ends = self.ends(topic, layout, sorted(layout.segments))
+        finals = {sid: end for sid, end in ends.items() if not layout.segments[sid].is_active}
+        starts: dict[int, int] = {}
+        while True:
+            frontier = timestamp_frontier(topic, layout, starts, finals)
+            todo = [sid for sid in sorted(frontier.segs) if sid not in starts]
+            if not todo:
+                return frontier
+            for sid in todo:
+                name = _io.segment_topic(topic, layout, sid)
+                starts[sid] = _io.run(
+                    _io.find_timestamp_start(
+                        self.client, name, ends[sid], timestamp_ms, self.opts.poll_timeout_s
+                    )
+                )
+
     def scan(  # noqa: PLR0917 (private)
         self, topic: str, layout: SegmentLayout, sid: int, lo: int, hi: int, n: int
     ) -> list[tuple[int, int]]:
@@ -242,6 +262,8 @@ class _Driver:
 
 
 def _initial(opts: SourceOptions, spec: str, layouts: Mapping[str, SegmentLayout]) -> Frontier:
+    if opts.starting_timestamp is not None:
+        return Frontier.symbolic_timestamp(opts.starting_timestamp)
     if spec == "earliest":
         return Frontier({t: earliest_frontier(layouts[t]) for t in opts.topics})
     if spec == "latest":
@@ -282,7 +304,8 @@ class AnabranchStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
 
     def initialOffset(self) -> dict[str, Any]:
         spec = self.opts.starting_offsets
-        layouts = {} if spec == "latest" else self.driver.layouts()
+        symbolic = spec == "latest" or self.opts.starting_timestamp is not None
+        layouts = {} if symbolic else self.driver.layouts()
         return _initial(self.opts, spec, layouts).to_dict()
 
     def getDefaultReadLimit(self) -> ReadLimit:
@@ -315,6 +338,13 @@ class AnabranchStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
                 topics[topic] = latest_frontier(layout, ends)
             self._last_batch_s = time.monotonic()
             return Frontier(topics).to_dict()
+        if begin.timestamp is not None:  # resolve the timestamp start: batch 0 reads nothing
+            resolved = {
+                topic: self.driver.at_timestamp(topic, layout, begin.timestamp)
+                for topic, layout in layouts.items()
+            }
+            self._last_batch_s = time.monotonic()
+            return Frontier(resolved).to_dict()
         end_topics: dict[str, TopicFrontier] = {}
         backlog: dict[tuple[str, int], tuple[int, int]] = {}
         for topic, tf in begin.topics.items():
@@ -425,7 +455,7 @@ class AnabranchStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
             return
         try:
             frontier = Frontier.from_dict(end)
-            if not frontier.latest:
+            if not frontier.symbolic:
                 _io.run(self._ack(frontier))
         except Exception as err:  # best effort: the checkpoint is the truth
             log.warning("ackSubscription %s: %s", self.opts.ack_subscription, err)
@@ -474,12 +504,16 @@ class AnabranchBatchReader(DataSourceReader):
             out: list[InputPartition] = []
             for topic in self.opts.topics:
                 layout = layouts[topic]
+                if start.timestamp is not None:
+                    start_tf = driver.at_timestamp(topic, layout, start.timestamp)
+                else:
+                    start_tf = start.topics[topic]
                 ends = driver.ends(topic, layout, sorted(layout.segments))
                 if self.opts.ending_offsets == "latest":
                     end_tf = latest_frontier(layout, ends)
                 else:
                     end_tf = Frontier.from_json(self.opts.ending_offsets).topics[topic]
-                ranges = batch_ranges(topic, layout, start.topics[topic], end_tf, ends)
+                ranges = batch_ranges(topic, layout, start_tf, end_tf, ends)
                 out.extend(_partition(layout, r) for r in ranges)
             return out
         finally:

@@ -26,6 +26,8 @@ from pyspark_anabranch.planning import (
     encode_position,
     expand_topic,
     stream_ranges,
+    timestamp_frontier,
+    timestamp_start,
 )
 
 T = "public/default/t"
@@ -182,6 +184,102 @@ def test_batch_ranges_earliest_to_latest_cover_every_message(
     assert all(r.start == 0 for r in ranges)
 
 
+# --- startingTimestamp ----------------------------------------------------------------------
+
+
+@st.composite
+def timed_histories(draw: st.DrawFn) -> tuple[SegmentLayout, dict[int, list[int]]]:
+    """A history whose messages carry publish times: non-decreasing per segment, and a child's
+    messages are no older than its parents' (it was created when they were sealed)."""
+    layout, counts = draw(histories())
+    times: dict[int, list[int]] = {}
+    for sid in sorted(layout.segments):  # parents have smaller ids
+        now = max((t for a in layout.ancestors(sid) for t in times[a]), default=0)
+        seg_times = []
+        for _ in range(counts[sid]):
+            now += draw(st.integers(0, 3))
+            seg_times.append(now)
+        times[sid] = seg_times
+    return layout, times
+
+
+def _read_all(
+    layout: SegmentLayout, start: TopicFrontier, ends: dict[int, int]
+) -> set[int | tuple[int, int]]:
+    """Every (segment, message index) micro-batches read from ``start`` to the end, checking
+    that a segment is read only once all its parents are done."""
+    finals = {s.segment_id: ends[s.segment_id] for s in layout.segments.values() if not s.is_active}
+    read: set[int | tuple[int, int]] = set()
+    done_batch: dict[int, int] = {}
+    current = Frontier({T: start})
+    for batch in range(100):
+        tf = expand_topic(T, current.topics[T], layout, finals)
+        end = Frontier({T: tf.with_segs({sid: ends[sid] for sid in tf.segs})})
+        if end == current:
+            break
+        for r in stream_ranges(current, end):
+            for parent in layout.segments[r.segment_id].parent_ids:
+                assert done_batch.get(parent, -1) < batch
+            lo = 0 if r.start == 0 else decode_position(r.start - 1)[1] + 1
+            hi = decode_position(r.end - 1)[1] + 1
+            read |= {(r.segment_id, i) for i in range(lo, hi)}
+            done_batch[r.segment_id] = batch
+        current = end
+    return read
+
+
+@settings(max_examples=150, deadline=None)
+@given(timed_histories(), st.integers(0, 40))
+def test_timestamp_start_reads_exactly_the_messages_at_or_after_it(
+    history: tuple[SegmentLayout, dict[int, list[int]]], ts: int
+) -> None:
+    layout, times = history
+    ends = {sid: _pos(len(t)) for sid, t in times.items()}
+    finals = {s.segment_id: ends[s.segment_id] for s in layout.segments.values() if not s.is_active}
+    starts = {
+        sid: timestamp_start(
+            [(encode_position(1, i, -1), t) for i, t in enumerate(seg)], ts, ends[sid]
+        )
+        for sid, seg in times.items()
+    }
+    start = timestamp_frontier(T, layout, starts, finals)
+    covered = sorted(
+        (layout.segments[s].hash_range.start, layout.segments[s].hash_range.end) for s in start.segs
+    )
+    assert covered[0][0] == 0 and covered[-1][1] == 0xFFFF  # the start tiles the keyspace
+    assert all(a[1] + 1 == b[0] for a, b in itertools.pairwise(covered))
+    expected = {(sid, i) for sid, seg in times.items() for i, t in enumerate(seg) if t >= ts}
+    assert _read_all(layout, start, ends) == expected
+    # A batch read from the same start to the latest ends reads the same messages.
+    latest = planning.latest_frontier(layout, ends)
+    batch = set()
+    for r in batch_ranges(T, layout, start, latest, ends):
+        lo = 0 if r.start == 0 else decode_position(r.start - 1)[1] + 1
+        batch |= {(r.segment_id, i) for i in range(lo, decode_position(r.end - 1)[1] + 1)}
+    assert batch == expected
+
+
+@given(st.lists(st.integers(0, 20), max_size=10).map(sorted), st.integers(0, 25))
+def test_timestamp_start_is_the_first_message_at_or_after(times: list[int], ts: int) -> None:
+    msgs = [(encode_position(2, i, -1), t) for i, t in enumerate(times)]
+    end = _pos(len(times))
+    start = timestamp_start(msgs, ts, end)
+    first = next((i for i, t in enumerate(times) if t >= ts), None)
+    if first is None:
+        assert start == end  # all older: the segment counts as fully read
+    else:  # resuming at `start` reads message `first` and nothing before it
+        assert all(p >= start for p, _t in msgs[first:])
+        assert all(p < start for p, _t in msgs[:first])
+
+
+def test_timestamp_offsets_round_trip_and_plan_nothing() -> None:
+    sym = Frontier.symbolic_timestamp(1_700_000_000_000)
+    assert Frontier.from_json(sym.to_json()) == sym and sym.symbolic
+    assert stream_ranges(sym, Frontier({T: TopicFrontier(0, {0: 5})})) == []
+    with pytest.raises(Exception, match="integer ts"):
+        Frontier.from_json('{"v":1,"init":"timestamp","ts":"x"}')
+
+
 @given(st.integers(0, 1000), st.dictionaries(st.integers(0, 20), st.integers(0, 300)))
 def test_allocate_water_fills(limit: int, available: dict[int, int]) -> None:
     grant = allocate(limit, available)
@@ -214,6 +312,15 @@ def test_options() -> None:
     assert o.topics == ("public/default/a", "x/y/z") and o.max_records == 5
     with pytest.raises(Exception, match="serviceUrl"):
         parse({"topic": "a"})
+    base = {"serviceUrl": "pulsar://h:1", "topic": "a"}
+    assert parse({**base, "startingtimestamp": "1700000000000"}).starting_timestamp == (
+        1_700_000_000_000
+    )
+    for bad in ("-1", "soon"):
+        with pytest.raises(Exception, match="startingTimestamp"):
+            parse({**base, "startingTimestamp": bad})
+    with pytest.raises(Exception, match="mutually exclusive"):
+        parse({**base, "startingTimestamp": "5", "startingOffsets": "earliest"}, batch=True)
     with pytest.raises(Exception, match="not yet supported"):
         options_module.SinkOptions.parse(
             {"serviceUrl": "pulsar://h:1", "deliveryGuarantee": "exactly_once"}

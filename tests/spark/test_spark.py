@@ -179,6 +179,40 @@ def test_latest_start_is_deterministic_and_loses_nothing(broker: Broker, topic: 
         reader.stop()
 
 
+def test_starting_timestamp_reads_exactly_the_later_messages(
+    spark: Any, broker: Broker, topic: str, tmp_path: Path
+) -> None:
+    broker.create(topic, 2)
+    broker.produce(topic, keyed("old", 8, 3))
+    broker.split(topic, 0)  # sealed, every message older than the timestamp: complete
+    time.sleep(0.05)
+    ts = int(time.time() * 1000)
+    time.sleep(0.05)
+    broker.produce(topic, keyed("new", 8, 3))
+    broker.split(topic, 1)  # sealed with messages on both sides of the timestamp
+    broker.produce(topic, keyed("new", 8, 3, offset=3))
+    expected = sorted(v for _k, v in keyed("new", 8, 6))
+    opts = broker.options(topic, startingTimestamp=str(ts))
+    reader = AnabranchStreamReader(SourceOptions.parse(opts))
+    try:  # the start is symbolic until the first latestOffset resolves it
+        init = reader.initialOffset()
+        assert init == {"v": 1, "init": "timestamp", "ts": ts} == reader.initialOffset()
+        resolved = Frontier.from_dict(reader.latestOffset(init, ReadAllAvailable()))
+        segs = resolved.topics[topic.removeprefix("topic://")].segs
+        assert 0 not in segs and segs[2] == segs[3] == 0  # children of the complete root
+        assert segs[1] > 0  # past its older messages
+    finally:
+        reader.stop()
+    _q, batches = collect(spark, opts, tmp_path / "cp")
+    values = [r["value"] for r in rows_of(batches)]
+    assert sorted(values) == expected
+    check_key_order(batches)
+    df = spark.read.format("anabranch").options(**opts).load()
+    assert sorted(r["value"] for r in df.select("value").collect()) == expected
+    with pytest.raises(Exception, match="mutually exclusive"):
+        SourceOptions.parse({**opts, "startingOffsets": "earliest"})
+
+
 def test_ack_subscription_shows_progress_to_the_broker(broker: Broker, topic: str) -> None:
     broker.create(topic, 1)
     broker.produce(topic, [(f"k{i}", f"v{i}".encode()) for i in range(10)])
