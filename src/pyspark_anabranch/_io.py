@@ -235,7 +235,13 @@ async def find_timestamp_start(
 ) -> int:
     """Where the segment ``name`` (current end ``end``) starts for ``startingTimestamp``
     (:func:`~pyspark_anabranch.planning.timestamp_start`): reads from its first message,
-    comparing publish times, and stops at the first one at or after ``timestamp_ms``."""
+    comparing publish times, and stops at the first one at or after ``timestamp_ms``. A segment
+    whose last entry is older (typically a sealed ancestor) is not scanned: it starts at its end.
+    """
+    if end == FIRST_POSITION:
+        return end
+    if await _entry_publish_ms(client, name, end - 1, timeout_s) < timestamp_ms:
+        return end  # publish times grow along a segment: every message is older
     previous = FIRST_POSITION
     async with RangeReader(client, name, FIRST_POSITION, end, timeout_s) as reader:
         while True:
@@ -247,6 +253,22 @@ async def find_timestamp_start(
             if found != -1:
                 return found if found != FIRST_POSITION else previous
             previous = pairs[-1][0] + 1
+
+
+async def _entry_publish_ms(client: Client, name: str, position: int, timeout_s: float) -> int:
+    """The publish time of the entry holding ``position`` (one entry read)."""
+    ledger_id, entry_id, _ = decode_position(position)
+    consumer = _EntryConsumer(client._pool, name, MessageId(ledger_id, entry_id))
+    await consumer._start()
+    try:
+        _ledger, _entry, md, _payload = await consumer.next_entry(timeout_s)
+    except TimeoutError:
+        raise AnabranchError(
+            f"{name}: entry {ledger_id}:{entry_id} not read in {timeout_s}s"
+        ) from None
+    finally:
+        await consumer.close()
+    return int(md.publish_time)
 
 
 # --- executor side ----------------------------------------------------------------------------
