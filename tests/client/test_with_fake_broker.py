@@ -109,6 +109,45 @@ async def test_pending_queue_blocks_then_fails_fast(fake: FakeBroker) -> None:
         await asyncio.gather(blocked, return_exceptions=True)
 
 
+async def test_blocked_send_resumes_when_the_queue_drains(fake: FakeBroker) -> None:
+    fake.answer_sends = False
+    async with Client(fake.url, random=lambda: 0.0) as client:
+        producer = await client.create_producer(TOPIC, batching=False, pending_messages_max=2)
+        first = await producer.send_async(b"1")
+        await producer.send_async(b"2")
+        first.cancel()  # a cancelled send still holds its room until it leaves the queue
+        blocked = asyncio.create_task(producer.send_async(b"3"))
+        await asyncio.sleep(0.1)
+        assert not blocked.done()
+        fake.answer_sends = True
+        await fake.drop_connections()  # the resent SENDs are answered, the queue drains
+        third = await asyncio.wait_for(blocked, 10)
+        assert (await third).entry_id >= 0
+        assert [f.payload for f in fake.of_type(T.SEND)][-1] == b"3"
+
+
+async def test_batch_keeps_each_messages_key_properties_and_event_time(fake: FakeBroker) -> None:
+    async with Client(fake.url) as client:
+        producer = await client.create_producer(TOPIC, batch_messages_max=3, batch_delay_s=10)
+        await producer.send_async(b"a", key="k1", properties={"p": "1", "q": "\u00e9"})
+        await producer.send_async(b"b", event_time=1_700_000_000_000)
+        last = await producer.send_async(b"c", key="k2")
+        await last
+    (frame,) = fake.of_type(T.SEND)
+    md = frame.metadata
+    assert md is not None and not md.HasField("partition_key")  # keys differ
+    entries = decode_batch(frame.payload, 3)
+    singles = [s for s, _ in entries]
+    assert [s.partition_key if s.HasField("partition_key") else None for s in singles] == [
+        "k1",
+        None,
+        "k2",
+    ]
+    assert {p.key: p.value for p in singles[0].properties} == {"p": "1", "q": "\u00e9"}
+    assert [s.event_time for s in singles] == [0, 1_700_000_000_000, 0]
+    assert [p for _, p in entries] == [b"a", b"b", b"c"]
+
+
 async def test_pending_sends_are_resent_in_order_after_a_drop(fake: FakeBroker) -> None:
     fake.answer_sends = False
     async with Client(fake.url, random=lambda: 0.0) as client:

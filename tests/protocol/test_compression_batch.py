@@ -6,11 +6,14 @@ import os
 import zlib
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from anabranch.errors import InvalidMessage, ProtocolError
 from anabranch.protocol._generated import pulsar_api_pb2 as pb
-from anabranch.protocol.batch import decode_batch, encode_batch
+from anabranch.protocol.batch import decode_batch, encode_batch, join_batch, single_metadata
 from anabranch.protocol.compression import CompressionType, compress, decompress
+from anabranch.protocol.varint import varint
 
 DATA = os.urandom(300) + b"pulsar " * 2000
 
@@ -122,3 +125,48 @@ def test_batch_bad_sizes() -> None:
         decode_batch(b"\x00\x00\x00\x02\xff\xff", 1)  # unparsable metadata
     with pytest.raises(InvalidMessage):
         decode_batch(b"\x00\x00\x00\x00", 1)  # metadata without payload_size
+
+
+U64 = st.integers(min_value=0, max_value=2**64 - 1)
+
+
+@given(
+    size=st.integers(min_value=0, max_value=2**31 - 1),
+    seq=U64,
+    key=st.none() | st.text(max_size=40),
+    event_time=st.none() | U64,
+    props=st.lists(st.tuples(st.text(max_size=20), st.text(max_size=200)), max_size=4),
+)
+def test_hand_encoded_single_metadata_matches_protobuf(
+    size: int, seq: int, key: str | None, event_time: int | None, props: list[tuple[str, str]]
+) -> None:
+    single = pb.SingleMessageMetadata(payload_size=size, sequence_id=seq)
+    if key is not None:
+        single.partition_key = key
+    if event_time is not None:
+        single.event_time = event_time
+    for k, v in props:
+        single.properties.add(key=k, value=v)
+    assert single_metadata(size, seq, key, event_time, props) == single.SerializeToString()
+
+
+def test_join_batch_equals_encode_batch() -> None:
+    entries = [(b"a", 1, "k1", None), (b"", 2, None, 7), (b"xyz" * 100, 3, "k2", 9)]
+    singles = []
+    for value, seq, key, event_time in entries:
+        single = pb.SingleMessageMetadata(sequence_id=seq)
+        if key is not None:
+            single.partition_key = key
+        if event_time is not None:
+            single.event_time = event_time
+        singles.append((single, value))
+    joined = join_batch((single_metadata(len(v), seq, key, t), v) for v, seq, key, t in entries)
+    assert joined == encode_batch(singles)
+    assert [p for _, p in decode_batch(joined, 3)] == [e[0] for e in entries]
+
+
+@given(U64)
+def test_varint_matches_protobuf(value: int) -> None:
+    encoded = pb.MessageIdData(ledgerId=value, entryId=0).SerializeToString()
+    assert encoded[1 : 1 + len(varint(value))] == varint(value)
+    assert encoded == b"\x08" + varint(value) + b"\x10\x00"

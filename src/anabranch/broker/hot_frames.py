@@ -19,30 +19,13 @@ from __future__ import annotations
 import struct
 
 from anabranch.protocol._generated import pulsar_api_pb2 as pb
+from anabranch.protocol.varint import U64, varint
 
-U64 = (1 << 64) - 1
-_BYTES = [bytes([i]) for i in range(0x80)]
 _PACK_U32 = struct.Struct(">I").pack
 _RECEIPT_HEAD = bytes([0x08, pb.BaseCommand.SEND_RECEIPT, 0x3A])
 """BaseCommand ``type`` (field 1) = SEND_RECEIPT, then the tag of ``send_receipt`` (7)."""
 _MESSAGE_HEAD = bytes([0x08, pb.BaseCommand.MESSAGE, 0x4A])
 """BaseCommand ``type`` (field 1) = MESSAGE, then the tag of ``message`` (9)."""
-
-
-def varint(value: int) -> bytes:
-    """Protobuf base-128 varint of a non-negative integer below 2**64.
-
-    >>> varint(1), varint(300)
-    (b'\\x01', b'\\xac\\x02')
-    """
-    if value < 0x80:
-        return _BYTES[value]
-    out = bytearray()
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
 
 
 def _message_id(ledger_id: int, entry_id: int, partition: int = -1) -> bytes:
@@ -73,7 +56,7 @@ def encode_send_receipt(
         + b"\x10"
         + varint(sequence_id)
         + b"\x1a"
-        + _BYTES[len(message_id)]
+        + varint(len(message_id))
         + message_id
     )
     if highest_sequence_id is not None:
@@ -103,7 +86,7 @@ def encode_message_frame(  # noqa: PLR0917 (the wire fields, in order)
     (5, 9, b'hi')
     """
     message_id = _message_id(ledger_id, entry_id, partition)
-    body = b"\x08" + varint(consumer_id) + b"\x12" + _BYTES[len(message_id)] + message_id
+    body = b"\x08" + varint(consumer_id) + b"\x12" + varint(len(message_id)) + message_id
     if redelivery_count:
         body += b"\x18" + varint(redelivery_count)
     if consumer_epoch:

@@ -46,7 +46,7 @@ from anabranch.limits import (
 )
 from anabranch.protocol import commands
 from anabranch.protocol._generated import pulsar_api_pb2 as pb
-from anabranch.protocol.batch import encode_batch
+from anabranch.protocol.batch import join_batch, single_metadata
 from anabranch.protocol.compression import CompressionType, compress
 from anabranch.protocol.frames import Frame
 
@@ -114,10 +114,14 @@ class _Op:
 
 @dataclass(slots=True)
 class _Pending:
-    single: pb.SingleMessageMetadata
+    """One message waiting in the open batch (plain fields: no protobuf object per message)."""
+
     value: bytes
     future: asyncio.Future[MessageId]
     sequence_id: int
+    key: str | None
+    event_time: int | None
+    properties: tuple[tuple[str, str], ...]
 
 
 def _now_ms() -> int:
@@ -144,7 +148,12 @@ class Producer(ReconnectingHandler):
         self._sequence_known = options.initial_sequence_id is not None
         self.last_sequence_id = self._next_sequence_id - 1
         self._pending: deque[_Op] = deque()
-        self._room = asyncio.Semaphore(options.pending_messages_max)
+        # Messages accepted and not yet completed (batched or in a pending op): the queue
+        # bound. A counter and one shared wake-up future, not a Semaphore: no callback per
+        # message, and a message whose future the caller cancelled still holds its room
+        # until it leaves the queue, so the bound covers the memory it really holds.
+        self._in_flight = 0
+        self._room_freed: asyncio.Future[None] | None = None
         self._batch: list[_Pending] = []
         self._batch_bytes = 0
         self._batch_timer: asyncio.TimerHandle | None = None
@@ -228,37 +237,46 @@ class Producer(ReconnectingHandler):
         self._check_open()
         if not isinstance(value, bytes | bytearray | memoryview):
             raise InvalidArgument(f"message value must be bytes, not {type(value).__name__}")
-        if self._room.locked() and not self.options.block_if_queue_full:
-            raise ProducerQueueFull(f"{self} has {self.options.pending_messages_max} pending")
-        await self._room.acquire()
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[MessageId] = loop.create_future()
-        fut.add_done_callback(lambda _: self._room.release())
+        while self._in_flight >= self.options.pending_messages_max:
+            if not self.options.block_if_queue_full:
+                raise ProducerQueueFull(f"{self} has {self.options.pending_messages_max} pending")
+            await self._wait_for_room()
+        fut: asyncio.Future[MessageId] = asyncio.get_running_loop().create_future()
         try:
             self._check_open()
         except Closed as err:
             fut.set_exception(err)
             return fut
-        value = bytes(value)
+        if type(value) is not bytes:
+            value = bytes(value)
         if sequence_id is None:
             sequence_id = self._next_sequence_id
         self._next_sequence_id = max(self._next_sequence_id, sequence_id + 1)
         if len(value) > self._max_message_size():
             fut.set_exception(MessageTooBig("message", len(value), self._max_message_size()))
             return fut
-        single = pb.SingleMessageMetadata(payload_size=len(value), sequence_id=sequence_id)
-        if key is not None:
-            single.partition_key = key
-        if event_time is not None:
-            single.event_time = event_time
-        for k, v in (properties or {}).items():
-            single.properties.add(key=k, value=v)
-        item = _Pending(single, value, fut, sequence_id)
+        self._in_flight += 1
+        props = tuple(properties.items()) if properties else ()
+        item = _Pending(value, fut, sequence_id, key, event_time, props)
         if self.options.batching:
             self._add_to_batch(item)
         else:
             self._enqueue(self._single_op(item))
         return fut
+
+    async def _wait_for_room(self) -> None:
+        if self._room_freed is None:
+            self._room_freed = asyncio.get_running_loop().create_future()
+        await asyncio.shield(self._room_freed)
+
+    def _leave_queue(self, count: int) -> None:
+        """``count`` messages left the queue (stored, failed or dropped): wake waiting senders."""
+        self._in_flight -= count
+        waiter = self._room_freed
+        if waiter is not None and self._in_flight < self.options.pending_messages_max:
+            self._room_freed = None
+            if not waiter.done():
+                waiter.set_result(None)
 
     def _max_message_size(self) -> int:
         return self._conn.max_message_size if self._conn is not None else MESSAGE_SIZE_MAX_BYTES
@@ -274,12 +292,12 @@ class Producer(ReconnectingHandler):
 
     def _single_op(self, item: _Pending) -> _Op:
         md = self._metadata(item.sequence_id)
-        s = item.single
-        if s.HasField("partition_key"):
-            md.partition_key = s.partition_key
-        if s.event_time:
-            md.event_time = s.event_time
-        md.properties.extend(s.properties)
+        if item.key is not None:
+            md.partition_key = item.key
+        if item.event_time:
+            md.event_time = item.event_time
+        for k, v in item.properties:
+            md.properties.add(key=k, value=v)
         return _Op(item.sequence_id, item.sequence_id, md, item.value, [item.future], False)
 
     def _add_to_batch(self, item: _Pending) -> None:
@@ -303,15 +321,23 @@ class Producer(ReconnectingHandler):
             self._batch_timer = None
         batch, self._batch, self._batch_bytes = self._batch, [], 0
         live = [item for item in batch if not item.future.done()]
+        if len(live) != len(batch):
+            self._leave_queue(len(batch) - len(live))
         if not live:
             return
         md = self._metadata(live[0].sequence_id)
         md.num_messages_in_batch = len(live)
-        keys = {i.single.partition_key for i in live if i.single.HasField("partition_key")}
-        if len(keys) == 1 and all(i.single.HasField("partition_key") for i in live):
+        first_key = live[0].key
+        if first_key is not None and all(i.key == first_key for i in live):
             # A one-key batch carries its key, so key-based dispatch can route the entry.
-            md.partition_key = keys.pop()
-        payload = encode_batch((i.single, i.value) for i in live)
+            md.partition_key = first_key
+        payload = join_batch(
+            (
+                single_metadata(len(i.value), i.sequence_id, i.key, i.event_time, i.properties),
+                i.value,
+            )
+            for i in live
+        )
         highest = max(i.sequence_id for i in live)
         futures = [i.future for i in live]
         self._enqueue(_Op(live[0].sequence_id, highest, md, payload, futures, True))
@@ -325,6 +351,7 @@ class Producer(ReconnectingHandler):
         size = len(op.payload) + op.metadata.ByteSize()
         if size > self._max_message_size():
             err = MessageTooBig("message", size, self._max_message_size())
+            self._leave_queue(len(op.futures))
             for fut in op.futures:
                 if not fut.done():
                     fut.set_exception(err)
@@ -364,6 +391,7 @@ class Producer(ReconnectingHandler):
             self._drop_connection()
             return
         self._pending.popleft()
+        self._leave_queue(len(op.futures))
         wire = body.message_id
         for index, fut in enumerate(op.futures):
             if fut.done():
@@ -385,6 +413,7 @@ class Producer(ReconnectingHandler):
             return
         if self._pending and self._pending[0].sequence_id == int(body.sequence_id):
             op = self._pending.popleft()
+            self._leave_queue(len(op.futures))
             for fut in op.futures:
                 if not fut.done():
                     fut.set_exception(err)
@@ -398,6 +427,7 @@ class Producer(ReconnectingHandler):
         pending, self._pending = self._pending, deque()
         batch, self._batch = self._batch, []
         futures = [f for op in pending for f in op.futures] + [i.future for i in batch]
+        self._leave_queue(len(futures))
         for fut in futures:
             if not fut.done():
                 fut.set_exception(error)

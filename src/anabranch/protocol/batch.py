@@ -20,6 +20,7 @@ from google.protobuf.message import DecodeError  # type: ignore[import-untyped]
 from anabranch.errors import InvalidMessage
 from anabranch.limits import BATCH_MESSAGES_MAX
 from anabranch.protocol._generated import pulsar_api_pb2 as pb
+from anabranch.protocol.varint import U64, varint
 
 _U32 = struct.Struct(">I")
 _I32 = struct.Struct(">i")
@@ -36,6 +37,47 @@ def encode_batch(entries: Iterable[tuple[pb.SingleMessageMetadata | None, bytes]
         encoded = single.SerializeToString()
         parts += [_U32.pack(len(encoded)), encoded, payload]
     return b"".join(parts)
+
+
+def join_batch(entries: Iterable[tuple[bytes, bytes]]) -> bytes:
+    """Join (encoded ``SingleMessageMetadata``, payload) pairs into a batch payload.
+
+    >>> join_batch([(single_metadata(1, 0), b"a")])
+    b'\\x00\\x00\\x00\\x04\\x18\\x01@\\x00a'
+    """
+    parts: list[bytes] = []
+    for metadata, payload in entries:
+        parts += [_U32.pack(len(metadata)), metadata, payload]
+    return b"".join(parts)
+
+
+def single_metadata(
+    payload_size: int,
+    sequence_id: int,
+    key: str | None = None,
+    event_time: int | None = None,
+    properties: Iterable[tuple[str, str]] = (),
+) -> bytes:
+    """The wire bytes of a ``SingleMessageMetadata``, written without a protobuf object.
+
+    A producer batching 100 k messages/s cannot afford a protobuf object per message;
+    the bytes are those the protobuf runtime writes (fields in number order).
+
+    >>> pb.SingleMessageMetadata.FromString(single_metadata(5, 9, "k")).partition_key
+    'k'
+    """
+    out = b""
+    for name, value in properties:
+        k, v = name.encode(), value.encode()
+        kv = b"\x0a" + varint(len(k)) + k + b"\x12" + varint(len(v)) + v
+        out += b"\x0a" + varint(len(kv)) + kv
+    if key is not None:
+        k = key.encode()
+        out += b"\x12" + varint(len(k)) + k
+    out += b"\x18" + varint(payload_size)
+    if event_time is not None:
+        out += b"\x28" + varint(event_time & U64)
+    return out + b"\x40" + varint(sequence_id & U64)
 
 
 def decode_batch(
