@@ -366,17 +366,38 @@ class Consumer(ReconnectingHandler):
             return [self._message(payload, key, md.properties, mid, md, md, redeliveries)]
         count = int(md.num_messages_in_batch)
         ack_set = list(body.ack_set)
+        filtering = self._filter_up_to is not None
+        # Per-message work is the consumer's cost: what is the same for the whole entry
+        # (publish time, producer, topic) is read once, not once per message.
+        topic, publish_time, producer = self.topic, int(md.publish_time), md.producer_name
+        ledger_id, entry_id, partition, consumer_id = (
+            entry.ledger_id,
+            entry.entry_id,
+            self.partition,
+            self._id,
+        )
         out: list[Message] = []
         for index, (single, value) in enumerate(decode_batch(payload, count)):
-            mid = MessageId(
-                entry.ledger_id, entry.entry_id, index, self.partition, batch_size=count
-            )
+            mid = MessageId(ledger_id, entry_id, index, partition, batch_size=count)
             still_unacked = not ack_set or (ack_set[index // 64] >> (index % 64)) & 1
-            if not still_unacked or single.compacted_out or self._filtered(mid):
+            if not still_unacked or single.compacted_out or (filtering and self._filtered(mid)):
                 self._count_consumed(1)
                 continue
-            key = single.partition_key if single.HasField("partition_key") else None
-            out.append(self._message(value, key, single.properties, mid, md, single, redeliveries))
+            out.append(
+                Message(
+                    value,
+                    single.partition_key if single.HasField("partition_key") else None,
+                    {p.key: p.value for p in single.properties} if single.properties else {},
+                    mid,
+                    topic,
+                    publish_time,
+                    int(single.event_time) or None,
+                    redeliveries,
+                    producer,
+                    int(single.sequence_id),
+                    consumer_id,
+                )
+            )
         if out:
             self._batches[entry] = {m.message_id.batch_index for m in out}
         return out
