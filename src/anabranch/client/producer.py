@@ -33,8 +33,9 @@ from typing import Any
 
 from anabranch.client._reconnect import ReconnectingHandler
 from anabranch.client.connection import ConnectionPool
-from anabranch.client.errors import MessageTooBig, ProducerQueueFull, from_server_error
+from anabranch.client.errors import MessageTooBig, from_server_error
 from anabranch.client.message_id import MessageId
+from anabranch.client.pending_bound import PendingBound
 from anabranch.client.routing import Hashing, Router
 from anabranch.errors import AnabranchError, Closed, InvalidArgument
 from anabranch.limits import (
@@ -148,12 +149,10 @@ class Producer(ReconnectingHandler):
         self._sequence_known = options.initial_sequence_id is not None
         self.last_sequence_id = self._next_sequence_id - 1
         self._pending: deque[_Op] = deque()
-        # Messages accepted and not yet completed (batched or in a pending op): the queue
-        # bound. A counter and one shared wake-up future, not a Semaphore: no callback per
-        # message, and a message whose future the caller cancelled still holds its room
-        # until it leaves the queue, so the bound covers the memory it really holds.
-        self._in_flight = 0
-        self._room_freed: asyncio.Future[None] | None = None
+        # Messages accepted and not yet completed (batched or in a pending op). A message
+        # whose future the caller cancelled still holds its slot until it leaves the
+        # queue, so the bound covers the memory really held.
+        self._bound = PendingBound(options.pending_messages_max)
         self._batch: list[_Pending] = []
         self._batch_bytes = 0
         self._batch_timer: asyncio.TimerHandle | None = None
@@ -237,14 +236,16 @@ class Producer(ReconnectingHandler):
         self._check_open()
         if not isinstance(value, bytes | bytearray | memoryview):
             raise InvalidArgument(f"message value must be bytes, not {type(value).__name__}")
-        while self._in_flight >= self.options.pending_messages_max:
-            if not self.options.block_if_queue_full:
-                raise ProducerQueueFull(f"{self} has {self.options.pending_messages_max} pending")
-            await self._wait_for_room()
+        bound = self._bound
+        if bound.count >= bound.limit:
+            await bound.enter(block=self.options.block_if_queue_full, owner=self)
+        else:
+            bound.count += 1
         fut: asyncio.Future[MessageId] = asyncio.get_running_loop().create_future()
         try:
             self._check_open()
         except Closed as err:
+            bound.leave(1)
             fut.set_exception(err)
             return fut
         if type(value) is not bytes:
@@ -253,9 +254,9 @@ class Producer(ReconnectingHandler):
             sequence_id = self._next_sequence_id
         self._next_sequence_id = max(self._next_sequence_id, sequence_id + 1)
         if len(value) > self._max_message_size():
+            bound.leave(1)
             fut.set_exception(MessageTooBig("message", len(value), self._max_message_size()))
             return fut
-        self._in_flight += 1
         props = tuple(properties.items()) if properties else ()
         item = _Pending(value, fut, sequence_id, key, event_time, props)
         if self.options.batching:
@@ -263,20 +264,6 @@ class Producer(ReconnectingHandler):
         else:
             self._enqueue(self._single_op(item))
         return fut
-
-    async def _wait_for_room(self) -> None:
-        if self._room_freed is None:
-            self._room_freed = asyncio.get_running_loop().create_future()
-        await asyncio.shield(self._room_freed)
-
-    def _leave_queue(self, count: int) -> None:
-        """``count`` messages left the queue (stored, failed or dropped): wake waiting senders."""
-        self._in_flight -= count
-        waiter = self._room_freed
-        if waiter is not None and self._in_flight < self.options.pending_messages_max:
-            self._room_freed = None
-            if not waiter.done():
-                waiter.set_result(None)
 
     def _max_message_size(self) -> int:
         return self._conn.max_message_size if self._conn is not None else MESSAGE_SIZE_MAX_BYTES
@@ -322,7 +309,7 @@ class Producer(ReconnectingHandler):
         batch, self._batch, self._batch_bytes = self._batch, [], 0
         live = [item for item in batch if not item.future.done()]
         if len(live) != len(batch):
-            self._leave_queue(len(batch) - len(live))
+            self._bound.leave(len(batch) - len(live))
         if not live:
             return
         md = self._metadata(live[0].sequence_id)
@@ -351,7 +338,7 @@ class Producer(ReconnectingHandler):
         size = len(op.payload) + op.metadata.ByteSize()
         if size > self._max_message_size():
             err = MessageTooBig("message", size, self._max_message_size())
-            self._leave_queue(len(op.futures))
+            self._bound.leave(len(op.futures))
             for fut in op.futures:
                 if not fut.done():
                     fut.set_exception(err)
@@ -391,7 +378,7 @@ class Producer(ReconnectingHandler):
             self._drop_connection()
             return
         self._pending.popleft()
-        self._leave_queue(len(op.futures))
+        self._bound.leave(len(op.futures))
         wire = body.message_id
         for index, fut in enumerate(op.futures):
             if fut.done():
@@ -413,7 +400,7 @@ class Producer(ReconnectingHandler):
             return
         if self._pending and self._pending[0].sequence_id == int(body.sequence_id):
             op = self._pending.popleft()
-            self._leave_queue(len(op.futures))
+            self._bound.leave(len(op.futures))
             for fut in op.futures:
                 if not fut.done():
                     fut.set_exception(err)
@@ -427,7 +414,7 @@ class Producer(ReconnectingHandler):
         pending, self._pending = self._pending, deque()
         batch, self._batch = self._batch, []
         futures = [f for op in pending for f in op.futures] + [i.future for i in batch]
-        self._leave_queue(len(futures))
+        self._bound.leave(len(futures))
         for fut in futures:
             if not fut.done():
                 fut.set_exception(error)

@@ -61,8 +61,8 @@ from typing import Generic, TypeVar
 
 from anabranch.client.connection import ConnectionPool
 from anabranch.client.dag_session import DagSession
-from anabranch.client.errors import ProducerQueueFull
 from anabranch.client.message_id import MessageId
+from anabranch.client.pending_bound import PendingBound
 from anabranch.client.producer import Producer, ProducerOptions
 from anabranch.core.hash_range import segment_hash
 from anabranch.core.segment_layout import Segment, SegmentLayout, segment_name
@@ -214,7 +214,7 @@ class _Entry:
 
     def __call__(self, fut: asyncio.Future[MessageId]) -> None:
         if fut is self.future:
-            self.owner._room.release()
+            self.owner._bound.leave(1)
         else:
             self.owner._on_answer(self.segment_id, self, fut)
 
@@ -246,7 +246,7 @@ class ScalableProducer:
         self._queue: deque[_Entry] = deque()
         self._state: RerouteState[_Entry] = RerouteState()
         self._router = SegmentRouter()
-        self._room = asyncio.Semaphore(options.pending_messages_max)
+        self._bound = PendingBound(options.pending_messages_max)
         self._serials = itertools.count()
         self._dispatching = False
         self._recovery: asyncio.Task[None] | None = None
@@ -314,9 +314,11 @@ class ScalableProducer:
             raise InvalidArgument("a scalable-topic producer assigns sequence ids itself")
         if not isinstance(value, bytes | bytearray | memoryview):
             raise InvalidArgument(f"message value must be bytes, not {type(value).__name__}")
-        if self._room.locked() and not self.options.block_if_queue_full:
-            raise ProducerQueueFull(f"{self} has {self.options.pending_messages_max} pending")
-        await self._room.acquire()
+        bound = self._bound
+        if bound.count >= bound.limit:
+            await bound.enter(block=self.options.block_if_queue_full, owner=self)
+        else:
+            bound.count += 1
         fut: asyncio.Future[MessageId] = asyncio.get_running_loop().create_future()
         entry = _Entry(
             self,
