@@ -25,7 +25,7 @@ import concurrent.futures
 import threading
 from collections.abc import Callable, Coroutine, Mapping
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar, overload
 
 from anabranch.client import client as aclient
 from anabranch.client.checkpoint import Checkpoint
@@ -43,6 +43,7 @@ from anabranch.client.stream_consumer import StreamConsumer as AsyncStreamConsum
 from anabranch.errors import Closed
 
 R = TypeVar("R")
+InnerT = TypeVar("InnerT")
 
 
 class Portal:
@@ -99,24 +100,43 @@ def _chain(source: asyncio.Future[R], target: concurrent.futures.Future[R]) -> N
     source.add_done_callback(copy)
 
 
-class Producer:
-    """Blocking twin of :class:`anabranch.client.producer.Producer`."""
+class _Facade(Generic[InnerT]):
+    """A blocking twin of one async object (``inner``), whose coroutines run on ``portal``."""
 
-    def __init__(
-        self, portal: Portal, inner: AsyncProducer | PartitionedProducer | ScalableProducer
-    ) -> None:
+    def __init__(self, portal: Portal, inner: InnerT) -> None:
         self._portal = portal
         self.inner = inner
 
-    @property
-    def topic(self) -> str:
-        """The topic this producer writes to."""
-        return self.inner.topic
 
-    @property
-    def producer_name(self) -> str:
-        """The producer name (assigned by the broker unless given)."""
-        return self.inner.producer_name
+class _InnerStr:
+    """A read-only property of a facade: the same-named ``str`` attribute of its ``inner``."""
+
+    def __init__(self, doc: str) -> None:
+        self.__doc__ = doc
+        self._name = ""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._name = name
+
+    @overload
+    def __get__(self, obj: None, objtype: type | None = None) -> _InnerStr: ...
+    @overload
+    def __get__(self, obj: _Facade[Any], objtype: type | None = None) -> str: ...
+    def __get__(self, obj: _Facade[Any] | None, objtype: type | None = None) -> _InnerStr | str:
+        if obj is None:
+            return self
+        value: str = getattr(obj.inner, self._name)
+        return value
+
+
+FacadeT = TypeVar("FacadeT", bound=_Facade[Any])
+
+
+class Producer(_Facade[AsyncProducer | PartitionedProducer | ScalableProducer]):
+    """Blocking twin of :class:`anabranch.client.producer.Producer`."""
+
+    topic = _InnerStr("The topic this producer writes to.")
+    producer_name = _InnerStr("The producer name (assigned by the broker unless given).")
 
     def send(
         self,
@@ -168,22 +188,11 @@ class Producer:
         self._portal.call(self.inner.close)
 
 
-class Consumer:
+class Consumer(_Facade[AsyncConsumer | PartitionedConsumer]):
     """Blocking twin of the async Consumer (or PartitionedConsumer)."""
 
-    def __init__(self, portal: Portal, inner: AsyncConsumer | PartitionedConsumer) -> None:
-        self._portal = portal
-        self.inner = inner
-
-    @property
-    def topic(self) -> str:
-        """The subscribed topic."""
-        return self.inner.topic
-
-    @property
-    def subscription(self) -> str:
-        """The subscription name."""
-        return self.inner.subscription
+    topic = _InnerStr("The subscribed topic.")
+    subscription = _InnerStr("The subscription name.")
 
     def receive(self, timeout: float | None = 1.0) -> Message | None:
         """The next message, or None after ``timeout`` seconds (None: wait forever)."""
@@ -214,17 +223,10 @@ class Consumer:
         self._portal.call(self.inner.close)
 
 
-class Reader:
+class Reader(_Facade[AsyncReader]):
     """Blocking twin of :class:`anabranch.client.reader.Reader`."""
 
-    def __init__(self, portal: Portal, inner: AsyncReader) -> None:
-        self._portal = portal
-        self.inner = inner
-
-    @property
-    def topic(self) -> str:
-        """The topic being read."""
-        return self.inner.topic
+    topic = _InnerStr("The topic being read.")
 
     def read_next(self, timeout: float | None = 1.0) -> Message | None:
         """The next message, or None after ``timeout`` seconds."""
@@ -243,27 +245,12 @@ class Reader:
         self._portal.call(self.inner.close)
 
 
-class StreamConsumer:
+class StreamConsumer(_Facade[AsyncStreamConsumer]):
     """Blocking twin of :class:`anabranch.client.stream_consumer.StreamConsumer`."""
 
-    def __init__(self, portal: Portal, inner: AsyncStreamConsumer) -> None:
-        self._portal = portal
-        self.inner = inner
-
-    @property
-    def topic(self) -> str:
-        """The scalable topic."""
-        return self.inner.topic
-
-    @property
-    def subscription(self) -> str:
-        """The subscription name."""
-        return self.inner.subscription
-
-    @property
-    def consumer_name(self) -> str:
-        """The identity the controller keeps for the grace period."""
-        return self.inner.consumer_name
+    topic = _InnerStr("The scalable topic.")
+    subscription = _InnerStr("The subscription name.")
+    consumer_name = _InnerStr("The identity the controller keeps for the grace period.")
 
     def receive(self, timeout: float | None = 1.0) -> Message | None:
         """The next message from any assigned segment, or None after ``timeout`` seconds."""
@@ -278,22 +265,11 @@ class StreamConsumer:
         self._portal.call(self.inner.close, leave=leave)
 
 
-class QueueConsumer:
+class QueueConsumer(_Facade[AsyncQueueConsumer]):
     """Blocking twin of :class:`anabranch.client.queue_consumer.QueueConsumer`."""
 
-    def __init__(self, portal: Portal, inner: AsyncQueueConsumer) -> None:
-        self._portal = portal
-        self.inner = inner
-
-    @property
-    def topic(self) -> str:
-        """The scalable topic."""
-        return self.inner.topic
-
-    @property
-    def subscription(self) -> str:
-        """The subscription name."""
-        return self.inner.subscription
+    topic = _InnerStr("The scalable topic.")
+    subscription = _InnerStr("The subscription name.")
 
     def receive(self, timeout: float | None = 1.0) -> Message | None:
         """The next message from any segment, or None after ``timeout`` seconds."""
@@ -312,17 +288,10 @@ class QueueConsumer:
         self._portal.call(self.inner.close)
 
 
-class CheckpointConsumer:
+class CheckpointConsumer(_Facade[AsyncCheckpointConsumer]):
     """Blocking twin of :class:`anabranch.client.checkpoint_consumer.CheckpointConsumer`."""
 
-    def __init__(self, portal: Portal, inner: AsyncCheckpointConsumer) -> None:
-        self._portal = portal
-        self.inner = inner
-
-    @property
-    def topic(self) -> str:
-        """The scalable topic."""
-        return self.inner.topic
+    topic = _InnerStr("The scalable topic.")
 
     def receive(self, timeout: float | None = 1.0) -> Message | None:
         """The next message in DAG order, or None after ``timeout`` seconds."""
@@ -373,38 +342,47 @@ class Client:
 
     def create_producer(self, topic: str, **options: Any) -> Producer:
         """A connected producer (options as ``anabranch.aio.Client.create_producer``)."""
-        return Producer(
-            self._portal, self._portal.call(self._inner.create_producer, topic, **options)
-        )
+        return self._open(Producer, self._inner.create_producer, topic, **options)
 
     def subscribe(self, topic: str, subscription: str, **options: Any) -> Consumer:
         """A subscribed consumer (options as ``anabranch.aio.Client.subscribe``)."""
-        inner = self._portal.call(self._inner.subscribe, topic, subscription, **options)
-        return Consumer(self._portal, inner)
+        return self._open(Consumer, self._inner.subscribe, topic, subscription, **options)
 
     def create_reader(
         self, topic: str, start: MessageId | str = "earliest", **options: Any
     ) -> Reader:
         """A reader from a MessageId, ``"earliest"`` or ``"latest"``."""
-        inner = self._portal.call(self._inner.create_reader, topic, start, **options)
-        return Reader(self._portal, inner)
+        return self._open(Reader, self._inner.create_reader, topic, start, **options)
 
     def subscribe_stream(self, topic: str, subscription: str, **options: Any) -> StreamConsumer:
         """A stream consumer of a scalable topic (options as in ``anabranch.aio``)."""
-        inner = self._portal.call(self._inner.subscribe_stream, topic, subscription, **options)
-        return StreamConsumer(self._portal, inner)
+        return self._open(
+            StreamConsumer, self._inner.subscribe_stream, topic, subscription, **options
+        )
 
     def subscribe_queue(self, topic: str, subscription: str, **options: Any) -> QueueConsumer:
         """A queue consumer of a scalable topic (options as in ``anabranch.aio``)."""
-        inner = self._portal.call(self._inner.subscribe_queue, topic, subscription, **options)
-        return QueueConsumer(self._portal, inner)
+        return self._open(
+            QueueConsumer, self._inner.subscribe_queue, topic, subscription, **options
+        )
 
     def create_checkpoint_consumer(
         self, topic: str, start: Checkpoint | None = None, **options: Any
     ) -> CheckpointConsumer:
         """A checkpoint consumer of a scalable topic from ``start`` (default earliest)."""
-        inner = self._portal.call(self._inner.create_checkpoint_consumer, topic, start, **options)
-        return CheckpointConsumer(self._portal, inner)
+        return self._open(
+            CheckpointConsumer, self._inner.create_checkpoint_consumer, topic, start, **options
+        )
+
+    def _open(
+        self,
+        facade: Callable[[Portal, InnerT], FacadeT],
+        make: Callable[..., Coroutine[Any, Any, InnerT]],
+        *args: Any,
+        **kwargs: Any,
+    ) -> FacadeT:
+        # Make the async object on the loop and wrap it in its blocking twin.
+        return facade(self._portal, self._portal.call(make, *args, **kwargs))
 
     def close(self) -> None:
         """Close everything and stop the loop thread. Idempotent."""
