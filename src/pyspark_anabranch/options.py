@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from urllib.parse import urlparse
 
+from anabranch.client.connection import parse_service_urls
 from anabranch.core.names import TopicDomain, TopicName
 from anabranch.errors import InvalidArgument, NotAllowed
 from anabranch.limits import CLIENT_OPERATION_TIMEOUT_S
@@ -88,10 +88,11 @@ def _service(options: Mapping[str, str]) -> tuple[str, str, dict[str, float]]:
     service_url = _get(options, "serviceUrl")
     if not service_url:
         raise InvalidArgument("option serviceUrl is required (e.g. pulsar://localhost:6650)")
+    brokers = parse_service_urls(service_url)  # a bad URL fails here, on the driver
     admin_url = _get(options, "adminUrl")
     if not admin_url:
-        host = urlparse(service_url).hostname or "localhost"
-        admin_url = f"http://{host}:8080"
+        host = brokers[0][0]
+        admin_url = f"http://[{host}]:8080" if ":" in host else f"http://{host}:8080"
     client: dict[str, float] = {}
     for key, value in options.items():
         if key.lower().startswith("client."):

@@ -6,6 +6,7 @@ import pulsar
 import pytest
 
 from anabranch.client.backoff import Backoff
+from anabranch.client.connection import parse_service_url, parse_service_urls
 from anabranch.client.consumer import ConsumerOptions, SubscriptionType
 from anabranch.client.errors import SERVER_ERRORS, MessageTooBig, from_server_error
 from anabranch.client.message_id import MessageId
@@ -134,3 +135,17 @@ def test_options_parse_names_and_reject_unknown() -> None:
         ProducerOptions.from_kwargs({"compression": "brotli"})
     with pytest.raises(InvalidArgument):
         ConsumerOptions(receiver_queue_size=0)
+
+
+def test_service_url_lists_several_brokers() -> None:
+    assert parse_service_urls("pulsar://a:6651, b ,[::1]:7000/") == (
+        ("a", 6651),
+        ("b", 6650),
+        ("::1", 7000),
+    )
+    assert parse_service_url("pulsar://only:1") == ("only", 1)
+    with pytest.raises(InvalidArgument, match="names 2 brokers"):
+        parse_service_url("pulsar://a,b")
+    for bad in ("http://a", "pulsar://", "pulsar://a,,b", "pulsar://a:port", "a:6650"):
+        with pytest.raises(InvalidArgument):
+            parse_service_urls(bad)

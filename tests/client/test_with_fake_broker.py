@@ -13,6 +13,7 @@ from anabranch.errors import NotAllowed
 from anabranch.protocol._generated import pulsar_api_pb2 as pb
 from anabranch.protocol.batch import decode_batch
 from anabranch.protocol.compression import decompress
+from anabranch.testing.broker import free_port
 from tests.client.fake_broker import FakeBroker
 
 T = pb.BaseCommand
@@ -197,3 +198,18 @@ async def test_consumer_flow_refills_at_half_and_acks_whole_batches(fake: FakeBr
         assert (await consumer.receive(timeout=5)) is not None
         flows = await fake.wait_for(T.FLOW, 2)
         assert flows[1].command.flow.messagePermits == 2
+
+
+async def test_service_url_with_several_brokers_skips_dead_ones(fake: FakeBroker) -> None:
+    second = await FakeBroker().start()
+    hosts = f"127.0.0.1:{free_port()},127.0.0.1:{fake.port},127.0.0.1:{second.port}"
+    try:
+        async with Client(f"pulsar://{hosts}", random=lambda: 0.0) as client:
+            producer = await client.create_producer(TOPIC, batching=False)
+            await producer.send(b"1")  # the first broker is down: the second one serves
+            assert [f.payload for f in fake.of_type(T.SEND)] == [b"1"]
+            await fake.stop()
+            await asyncio.wait_for(producer.send(b"2"), 10)  # then the third one
+            assert [f.payload for f in second.of_type(T.SEND)] == [b"2"]
+    finally:
+        await second.stop()

@@ -105,10 +105,35 @@ def parse_service_url(url: str) -> Address:
         >>> parse_service_url("pulsar://localhost:6651"), parse_service_url("pulsar://h")
         (('localhost', 6651), ('h', 6650))
     """
-    parts = urlsplit(url)
-    if parts.scheme != "pulsar" or not parts.hostname:
-        raise InvalidArgument(f"service URL {url!r} is not pulsar://host[:port]")
-    return parts.hostname, parts.port or DEFAULT_PORT
+    addresses = parse_service_urls(url)
+    if len(addresses) != 1:
+        raise InvalidArgument(f"{url!r} names {len(addresses)} brokers, not one")
+    return addresses[0]
+
+
+def parse_service_urls(url: str) -> tuple[Address, ...]:
+    """A service URL naming one or several brokers, as upstream clients accept it:
+    ``pulsar://h1:6650,h2:6651,h3`` (port 6650 by default, IPv6 hosts in brackets).
+
+    Example:
+        >>> parse_service_urls("pulsar://a:6651,b,[::1]:7000")
+        (('a', 6651), ('b', 6650), ('::1', 7000))
+    """
+    scheme, sep, hosts = url.partition("://")
+    if scheme != "pulsar" or not sep:
+        raise InvalidArgument(f"service URL {url!r} is not pulsar://host[:port][,host[:port]...]")
+    hosts = hosts.rstrip("/")
+    addresses: list[Address] = []
+    for host in hosts.split(","):
+        try:
+            parts = urlsplit(f"pulsar://{host.strip()}")
+            port = parts.port
+        except ValueError as err:
+            raise InvalidArgument(f"service URL {url!r}: bad host {host!r}: {err}") from err
+        if not parts.hostname or parts.path or parts.query or parts.fragment:
+            raise InvalidArgument(f"service URL {url!r}: bad host {host!r}")
+        addresses.append((parts.hostname, port or DEFAULT_PORT))
+    return tuple(addresses)
 
 
 def _request_id_of(frame: Frame) -> int | None:
@@ -410,7 +435,8 @@ class ConnectionPool:
     ) -> None:
         self.random = random
         self.service_url = service_url
-        self.service_address = parse_service_url(service_url)
+        self.service_addresses = parse_service_urls(service_url)
+        self._service_index = 0
         self.keepalive_interval_s = keepalive_interval_s
         self.operation_timeout_s = operation_timeout_s
         self.lookup_redirects_max = lookup_redirects_max
@@ -427,11 +453,31 @@ class ConnectionPool:
         """True once ``close`` was called."""
         return self._closed
 
+    @property
+    def service_address(self) -> Address:
+        """The service URL's broker used now (the next one is tried when it is unreachable)."""
+        return self.service_addresses[self._service_index]
+
     async def get(self, address: Address | None = None) -> ClientConnection:
-        """An open connection to ``address`` (the service URL's by default)."""
+        """An open connection to ``address``; by default to a service-URL broker, trying each
+        of several in turn until one answers (upstream's rule for ``pulsar://a,b,c``)."""
+        if address is not None:
+            return await self._get(address)
+        for attempt in range(len(self.service_addresses)):
+            current = self._service_index
+            try:
+                return await self._get(self.service_addresses[current])
+            except (ConnectionClosed, OperationTimeout):
+                if attempt == len(self.service_addresses) - 1:
+                    raise
+                if self._service_index == current:
+                    self._service_index = (current + 1) % len(self.service_addresses)
+                log.info("service broker %s unreachable; trying %s", current, self.service_address)
+        raise AssertionError("unreachable")  # the loop returns or raises
+
+    async def _get(self, address: Address) -> ClientConnection:
         if self._closed:
             raise Closed("the client is closed")
-        address = address or self.service_address
         fut = self._connections.get(address)
         if fut is not None:
             if not fut.done():

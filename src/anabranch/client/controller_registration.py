@@ -105,10 +105,11 @@ class ControllerRegistration:
         self._on_assignment(assignment)
 
     async def _register(self) -> pb.ScalableConsumerAssignment:
-        url = self._session.controller_url or self._pool.service_url
+        controller = self._session.controller_url
+        address = parse_service_url(controller) if controller else self._pool.service_address
         for _ in range(CLIENT_LOOKUP_REDIRECTS_MAX + 1):
             conn = ClientConnection(
-                parse_service_url(url),
+                address,
                 keepalive_interval_s=self._pool.keepalive_interval_s,
                 operation_timeout_s=self._pool.operation_timeout_s,
             )
@@ -145,7 +146,7 @@ class ControllerRegistration:
             redirect = leader_url(resp.message) if isinstance(err, ServiceNotReady) else None
             if redirect is None:
                 raise err
-            url = redirect
+            address = parse_service_url(redirect)
         raise ServiceNotReady(f"{self}: over {CLIENT_LOOKUP_REDIRECTS_MAX} controller redirects")
 
     def on_connection_closed(self, conn: ClientConnection) -> None:
