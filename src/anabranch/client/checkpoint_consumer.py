@@ -55,12 +55,8 @@ from anabranch.client.controller_registration import ControllerRegistration
 from anabranch.client.dag_session import DagSession
 from anabranch.client.message import Message
 from anabranch.client.message_id import MessageId
-from anabranch.client.queue_consumer import (
-    CountingInbox,
-    LayoutSource,
-    SegmentConsumer,
-    in_segment,
-)
+from anabranch.client.queue_consumer import LayoutSource, SegmentConsumer, in_segment
+from anabranch.client.segment_consumers import CountingInbox, close_all, stop_task, wake_or_change
 from anabranch.core.segment_layout import Segment, SegmentLayout, segment_name
 from anabranch.errors import AnabranchError, Closed, InvalidArgument
 from anabranch.limits import CONSUMER_RECEIVER_QUEUE_MESSAGES
@@ -249,12 +245,7 @@ class CheckpointConsumer:
             while not self._closed:
                 if change is None:
                     change = loop.create_task(self._source.wait_for_change(self._layout.epoch))
-                woke = loop.create_task(self._wake.wait())
-                await asyncio.wait(
-                    {change, woke}, timeout=retry_s, return_when=asyncio.FIRST_COMPLETED
-                )
-                woke.cancel()
-                self._wake.clear()
+                await wake_or_change(change, self._wake, retry_s)
                 async with self._lock:
                     if change.done():
                         finished, change = change, None
@@ -281,16 +272,9 @@ class CheckpointConsumer:
         """The next message in DAG order, or None after ``timeout`` seconds."""
         if self._closed:
             raise Closed(f"{self} is closed")
-        loop = asyncio.get_running_loop()
-        deadline = None if timeout is None else loop.time() + timeout
-        while True:
-            remaining = None if deadline is None else max(0.0, deadline - loop.time())
-            raw = await self._inbox.get(remaining)
-            if raw is None:
-                return None
-            reader = self._by_consumer_id.get(raw._consumer_id)
-            if reader is None:
-                continue
+        deadline = self._inbox.deadline(timeout)
+        while (got := await self._inbox.get_owned(deadline, self._by_consumer_id)) is not None:
+            raw, reader = got
             reader._on_dequeued(raw)
             if reader.reached_end_of_topic and not self._inbox.queued[reader._id]:
                 self._wake.set()  # the segment may be complete: open its children
@@ -299,6 +283,7 @@ class CheckpointConsumer:
                 continue  # before the start (a resumed batch, or a just-resolved latest)
             self._positions[reader.segment_id] = SegmentPosition.after_id(raw.message_id)
             return in_segment(raw, reader.segment_id, self.topic)
+        return None
 
     async def seek(self, position: Checkpoint) -> None:
         """Read from ``position`` next: every reader restarts there; what is queued and not
@@ -336,14 +321,8 @@ class CheckpointConsumer:
         if self._registration is not None:
             await self._registration.close()
         pump, self._pump = self._pump, None
-        if pump is not None:
-            pump.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await pump
-        readers = list(self._readers.values())
-        self._readers.clear()
-        self._by_consumer_id.clear()
-        await asyncio.gather(*(r.close() for r in readers), return_exceptions=True)
+        await stop_task(pump)
+        await close_all(self._readers, self._by_consumer_id)
         await self._source.close()
 
 

@@ -44,7 +44,6 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -54,12 +53,12 @@ from anabranch.client.consumer import (
     NACK_REDELIVERY_DELAY_S,
     Consumer,
     ConsumerOptions,
-    Inbox,
     InitialPosition,
     SubscriptionType,
 )
 from anabranch.client.message import Message
 from anabranch.client.message_id import MessageId
+from anabranch.client.segment_consumers import CountingInbox, close_all, stop_task, wake_or_change
 from anabranch.core.names import TopicName
 from anabranch.core.segment_layout import SegmentLayout, segment_name
 from anabranch.errors import AnabranchError, Closed, InvalidArgument
@@ -190,38 +189,6 @@ class QueueConsumerOptions:
             return QueueConsumerOptions(**kwargs)
         except TypeError as err:
             raise InvalidArgument(f"bad queue consumer option: {err}") from err
-
-
-class CountingInbox(Inbox):
-    """An inbox that knows how many queued messages each consumer id has."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.queued: Counter[int] = Counter()
-
-    def put(self, messages: list[Message]) -> None:
-        for m in messages:
-            self.queued[m._consumer_id] += 1
-        super().put(messages)
-
-    async def get(self, timeout: float | None) -> Message | None:  # noqa: ASYNC109
-        msg = await super().get(timeout)
-        if msg is not None:
-            self.queued[msg._consumer_id] -= 1
-        return msg
-
-    def remove_where(self, predicate: Callable[[Message], bool]) -> int:
-        removed = super().remove_where(predicate)
-        self.queued = Counter(m._consumer_id for m in self._items)
-        return removed
-
-    def close(self) -> None:
-        """Ignored: a segment consumer closing (retired, or a terminal error on its
-        segment) must not end the whole consumer; the owner calls :meth:`shutdown`."""
-
-    def shutdown(self) -> None:
-        """Wake every receiver with ``Closed``."""
-        super().close()
 
 
 class SegmentConsumer(Consumer):
@@ -392,14 +359,7 @@ class QueueConsumer:
             while not self._closed:
                 if change is None:
                     change = loop.create_task(self._source.wait_for_change(self._epoch))
-                woke = loop.create_task(self._wake.wait())
-                await asyncio.wait(
-                    {change, woke},
-                    timeout=DRAIN_CHECK_INTERVAL_S,
-                    return_when=asyncio.FIRST_COMPLETED,
-                )
-                woke.cancel()
-                self._wake.clear()
+                await wake_or_change(change, self._wake, DRAIN_CHECK_INTERVAL_S)
                 if change.done():
                     finished, change = change, None
                     finished.result()  # Closed ends the watcher
@@ -438,16 +398,9 @@ class QueueConsumer:
         """The next message from any segment, or None after ``timeout`` seconds."""
         if self._closed:
             raise Closed(f"{self} is closed")
-        loop = asyncio.get_running_loop()
-        deadline = None if timeout is None else loop.time() + timeout
-        while True:
-            remaining = None if deadline is None else max(0.0, deadline - loop.time())
-            raw = await self._inbox.get(remaining)
-            if raw is None:
-                return None
-            consumer = self._by_consumer_id.get(raw._consumer_id)
-            if consumer is None:
-                continue  # its segment was retired meanwhile
+        deadline = self._inbox.deadline(timeout)
+        while (got := await self._inbox.get_owned(deadline, self._by_consumer_id)) is not None:
+            raw, consumer = got
             consumer._on_dequeued(raw)
             if self.options.ack_timeout_s:
                 consumer._wake_timer.set()  # its timer may sleep a whole tick otherwise
@@ -458,6 +411,7 @@ class QueueConsumer:
                 continue
             self._outstanding[consumer.segment_id].add(raw.message_id)
             return msg
+        return None
 
     def _owner(self, message: Message | MessageId) -> tuple[SegmentConsumer | None, MessageId]:
         mid = message.message_id if isinstance(message, Message) else message
@@ -519,14 +473,8 @@ class QueueConsumer:
         self._closed = True
         self._inbox.shutdown()
         watcher, self._watcher = self._watcher, None
-        if watcher is not None:
-            watcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await watcher
-        consumers = list(self._segments.values())
-        self._segments.clear()
-        self._by_consumer_id.clear()
-        await asyncio.gather(*(c.close() for c in consumers), return_exceptions=True)
+        await stop_task(watcher)
+        await close_all(self._segments, self._by_consumer_id)
         if self._dlq is not None:
             with contextlib.suppress(AnabranchError):
                 await self._dlq.close()

@@ -59,7 +59,7 @@ from anabranch.client.dag_session import DagSession
 from anabranch.client.errors import ConsumerBusy, ServiceNotReady
 from anabranch.client.message import Message
 from anabranch.client.message_id import MessageId
-from anabranch.client.queue_consumer import CountingInbox
+from anabranch.client.segment_consumers import CountingInbox, close_all
 from anabranch.errors import AnabranchError, Closed, InvalidArgument, NotFound
 from anabranch.limits import (
     CLIENT_RECONNECT_BACKOFF_MIN_S,
@@ -339,19 +339,13 @@ class StreamConsumer:
         """
         if self._closing:
             raise Closed(f"{self} is closed")
-        loop = asyncio.get_running_loop()
-        deadline = None if timeout is None else loop.time() + timeout
-        while True:
-            remaining = None if deadline is None else max(0.0, deadline - loop.time())
-            raw = await self._inbox.get(remaining)
-            if raw is None:
-                return None
-            segment_id = self._by_consumer_id.get(raw._consumer_id)
-            if segment_id is None:
-                continue  # its segment left this consumer meanwhile
-            self._segments[segment_id]._on_dequeued(raw)
-            self._log.delivered(segment_id, raw.message_id)
-            return _in_segment(raw, segment_id, self.topic)
+        got = await self._inbox.get_owned(self._inbox.deadline(timeout), self._by_consumer_id)
+        if got is None:
+            return None
+        raw, segment_id = got
+        self._segments[segment_id]._on_dequeued(raw)
+        self._log.delivered(segment_id, raw.message_id)
+        return _in_segment(raw, segment_id, self.topic)
 
     async def acknowledge_cumulative(self, message: Message | MessageId) -> None:
         """Acknowledge this message and, on every assigned segment, everything received
@@ -383,12 +377,7 @@ class StreamConsumer:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        consumers = list(self._segments.values())
-        self._segments.clear()
-        self._by_consumer_id.clear()
-        await asyncio.gather(
-            *(c.close() for c in consumers), *self._background, return_exceptions=True
-        )
+        await close_all(self._segments, self._by_consumer_id, *self._background)
         if leave:
             await self._registration.close()
         else:

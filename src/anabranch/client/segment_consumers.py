@@ -1,0 +1,119 @@
+"""What the consumers of a scalable topic share: the internal consumers of many segments
+feeding one inbox.
+
+The stream, queue and checkpoint consumers each keep one internal consumer per segment
+(by segment id, and by consumer id to find a queued message's segment). All of them put
+their messages into one :class:`CountingInbox`; the owner's ``receive`` takes the next one
+with :meth:`CountingInbox.get_owned`, which drops the messages of segments that left
+meanwhile, and its ``close`` ends them all with :func:`close_all`. The queue and checkpoint
+consumers follow the DAG in a task that sleeps in :func:`wake_or_change`.
+
+Example::
+
+    got = await inbox.get_owned(inbox.deadline(1.0), by_consumer_id)
+    if got is not None:
+        raw, consumer = got
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import Counter
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, TypeVar
+
+from anabranch.client.consumer import Consumer, Inbox
+from anabranch.client.message import Message
+
+OwnerT = TypeVar("OwnerT")
+ConsumerT = TypeVar("ConsumerT", bound=Consumer)
+
+
+class CountingInbox(Inbox):
+    """An inbox that knows how many queued messages each consumer id has."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.queued: Counter[int] = Counter()
+
+    def put(self, messages: list[Message]) -> None:
+        for m in messages:
+            self.queued[m._consumer_id] += 1
+        super().put(messages)
+
+    async def get(self, timeout: float | None) -> Message | None:  # noqa: ASYNC109
+        msg = await super().get(timeout)
+        if msg is not None:
+            self.queued[msg._consumer_id] -= 1
+        return msg
+
+    @staticmethod
+    def deadline(timeout: float | None) -> float | None:
+        """The deadline of :meth:`get_owned`: the running loop's time ``timeout`` seconds
+        from now (None: no deadline)."""
+        return None if timeout is None else asyncio.get_running_loop().time() + timeout
+
+    async def get_owned(
+        self, deadline: float | None, owners: Mapping[int, OwnerT]
+    ) -> tuple[Message, OwnerT] | None:
+        """The next message whose consumer id is in ``owners``, with its owner; None once
+        the loop's clock passes ``deadline`` (None: wait forever).
+
+        Messages of a consumer id not in ``owners`` (its segment left meanwhile) are dropped.
+        """
+        loop = asyncio.get_running_loop()
+        while True:
+            remaining = None if deadline is None else max(0.0, deadline - loop.time())
+            raw = await self.get(remaining)
+            if raw is None:
+                return None
+            owner = owners.get(raw._consumer_id)
+            if owner is not None:
+                return raw, owner
+
+    def remove_where(self, predicate: Callable[[Message], bool]) -> int:
+        removed = super().remove_where(predicate)
+        self.queued = Counter(m._consumer_id for m in self._items)
+        return removed
+
+    def close(self) -> None:
+        """Ignored: a segment consumer closing (retired, or a terminal error on its
+        segment) must not end the whole consumer; the owner calls :meth:`shutdown`."""
+
+    def shutdown(self) -> None:
+        """Wake every receiver with ``Closed``."""
+        super().close()
+
+
+async def stop_task(task: asyncio.Task[Any] | None) -> None:
+    """Cancel ``task`` (if any) and wait until it has ended."""
+    if task is not None:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def wake_or_change(
+    change: asyncio.Task[Any], wake: asyncio.Event, max_wait_s: float | None
+) -> None:
+    """Wait until ``change`` is done, ``wake`` is set or ``max_wait_s`` seconds pass
+    (None: no limit); then clear ``wake``."""
+    woke = asyncio.get_running_loop().create_task(wake.wait())
+    await asyncio.wait({change, woke}, timeout=max_wait_s, return_when=asyncio.FIRST_COMPLETED)
+    woke.cancel()
+    wake.clear()
+
+
+async def close_all(
+    segments: dict[int, ConsumerT], by_consumer_id: dict[int, Any], *also: Awaitable[Any]
+) -> None:
+    """Forget every segment's consumer, then close them all (and await ``also``) at once,
+    ignoring their errors."""
+    consumers = list(segments.values())
+    segments.clear()
+    by_consumer_id.clear()
+    await asyncio.gather(*(c.close() for c in consumers), *also, return_exceptions=True)
+
+
+__all__ = ["CountingInbox", "close_all", "stop_task", "wake_or_change"]
