@@ -273,6 +273,11 @@ CLUSTER_RECENT_ASSIGNMENTS_MAX = 10_000
 """Assignments a broker remembers between two load reports (so a burst of lookups does
 not send every new topic to the same least-loaded broker); older ones are dropped."""
 
+CLUSTER_PLACEMENT_MSGS_PER_TOPIC = 1000.0
+"""Placement weighs a broker's reported message rate (in + out) against its topic count:
+this many msgs/s count as much as one more owned topic. Idle clusters place by topic count;
+a broker carrying hot topics gets new ones only once the others hold that much more."""
+
 CLUSTER_UNLOAD_CONCURRENCY_MAX = 64
 """Topics closed at once when a broker loses its session or unloads a namespace."""
 

@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from anabranch.broker.cluster.ownership import ClusterOwnership
-from anabranch.broker.cluster.placement import choose_broker
+from anabranch.broker.cluster.placement import broker_load, choose_broker
 from anabranch.broker.cluster.records import (
     OwnerRecord,
     OwnerState,
@@ -51,6 +51,14 @@ def test_equal_loads_spread_topics_over_every_broker() -> None:
     chosen = [choose_broker(f"persistent://t/ns/topic-{i}", loads) for i in range(300)]
     counts = [chosen.count(b) for b in loads]
     assert min(counts) > 60, counts
+
+
+def test_a_broker_with_hot_topics_gets_new_ones_last() -> None:
+    # b1 owns fewer topics but carries 50k msg/s: the idle brokers take new topics first.
+    loads = {"b1": broker_load(2, 50_000.0), "b2": broker_load(5, 10.0), "b3": broker_load(6, 0.0)}
+    chosen = {choose_broker(f"persistent://t/ns/topic-{i}", loads) for i in range(50)}
+    assert chosen == {"b2"}
+    assert choose_broker(TOPIC, {"b1": broker_load(2, 0.0), "b2": broker_load(5, 10.0)}) == "b1"
 
 
 @given(

@@ -52,7 +52,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from anabranch import limits
-from anabranch.broker.cluster.placement import choose_broker
+from anabranch.broker.cluster.placement import broker_load, choose_broker
 from anabranch.broker.cluster.records import (
     BROKERS_PREFIX,
     OWNERSHIP_PREFIX,
@@ -290,12 +290,16 @@ class ClusterOwnership:
         self._recent.append((time.monotonic(), choice))
         return live[choice]
 
-    def _loads(self, live: dict[str, BrokerRecord]) -> dict[str, int]:
+    def _loads(self, live: dict[str, BrokerRecord]) -> dict[str, float]:
         horizon = time.monotonic() - 2 * self.load_report_interval_s
         while self._recent and self._recent[0][0] < horizon:
             self._recent.popleft()
-        loads = {broker_id: record.owned_topics for broker_id, record in live.items()}
-        loads[self.me.broker_id] = len(self._owned)
+        loads = {
+            broker_id: broker_load(r.owned_topics, r.msg_rate_in + r.msg_rate_out)
+            for broker_id, r in live.items()
+        }
+        me = self.me
+        loads[me.broker_id] = broker_load(len(self._owned), me.msg_rate_in + me.msg_rate_out)
         for _, broker_id in self._recent:
             if broker_id in loads:
                 loads[broker_id] += 1

@@ -1,7 +1,8 @@
 """Which live broker gets an unowned topic: the least loaded, ties broken per topic.
 
-Pure: the lookup handler passes the live brokers with their load (the owned-topic count
-they last reported plus the assignments it made since) and gets one broker id back.
+Pure: the lookup handler passes the live brokers with their load (:func:`broker_load` of
+the owned-topic count and message rate they last reported, plus the assignments it made
+since) and gets one broker id back.
 Among equally loaded brokers the choice is by rendezvous hashing of (topic, broker), so
 brokers with the same view agree and a batch of new topics spreads evenly.
 
@@ -18,6 +19,8 @@ from collections.abc import Mapping
 
 import mmh3
 
+from anabranch.limits import CLUSTER_PLACEMENT_MSGS_PER_TOPIC
+
 
 def rendezvous_score(topic: str, broker_id: str) -> int:
     """A stable pseudo-random score of a (topic, broker) pair (murmur3: CRC would make
@@ -25,7 +28,17 @@ def rendezvous_score(topic: str, broker_id: str) -> int:
     return int(mmh3.hash(f"{topic}\x00{broker_id}".encode(), signed=False))
 
 
-def choose_broker(topic: str, loads: Mapping[str, int]) -> str | None:
+def broker_load(topics: int, msg_rate: float) -> float:
+    """One number for a broker's load: owned topics plus its message rate (in + out)
+    in units of ``CLUSTER_PLACEMENT_MSGS_PER_TOPIC``.
+
+    >>> broker_load(2, 0.0), broker_load(2, 3000.0)
+    (2.0, 5.0)
+    """
+    return topics + max(0.0, msg_rate) / CLUSTER_PLACEMENT_MSGS_PER_TOPIC
+
+
+def choose_broker(topic: str, loads: Mapping[str, float]) -> str | None:
     """The broker with the smallest load; None when there is none."""
     if not loads:
         return None
