@@ -219,6 +219,10 @@ async def test_lookup_health_and_unknown_paths(admin: AdminClient, broker: InPro
     assert answer["nativeUrl"] == broker.service_url
     assert answer["httpUrl"] == broker.http_url
     assert await status_of(admin.request("GET", "/lookup/v2/topic/weird/public/default/x")) == 400
+    segment = "/lookup/v2/topic/segment/public/default/orders/0000-7fff-1"
+    assert (await admin.request("GET", segment))["brokerUrl"] == broker.service_url
+    bad = "/lookup/v2/topic/segment/public/default/orders/not-a-range"
+    assert await status_of(admin.request("GET", bad)) == 400
     assert await admin.health() == "ok"
     assert await status_of(admin.request("GET", "/admin/v2/nothing")) == 404
     assert await status_of(admin.request("PATCH", "/admin/v2/tenants")) == 405

@@ -39,7 +39,7 @@ from anabranch.admin.routes import Route, json_body, namespace_param, param, top
 from anabranch.admin.routes_scalable import segment_param
 from anabranch.broker.cluster.ownership import ClusterOwnership
 from anabranch.broker.cluster.records import OwnerState
-from anabranch.core.names import NamespaceName, TopicName
+from anabranch.core.names import NamespaceName, TopicName, parse_name
 from anabranch.errors import NotFound, NotOwner, StorageError
 from anabranch.scalable.segment_ops import decode_dedup_snapshot, encode_dedup_snapshot
 
@@ -67,7 +67,7 @@ async def cluster_lookup(
     if ownership is None:
         return None
     authoritative = request.query.get("authoritative", "").lower() == "true"
-    answer = await ownership.lookup(str(TopicName.parse(topic)), authoritative=authoritative)
+    answer = await ownership.lookup(str(parse_name(topic)), authoritative=authoritative)
     if answer.redirect:
         response = web.Response(status=307)
         response.headers["Location"] = (

@@ -295,18 +295,14 @@ async def lookup(admin: AdminService, request: web.Request) -> object:
     from anabranch.admin.routes_cluster import cluster_lookup  # cluster mode: the owner
 
     topic = "{}://{}/{}/{}".format(*(param(request, k) for k in _LOOKUP_PARTS))
+    if "segment" in request.match_info:  # segment://tenant/namespace/topic/<range>-<id>
+        topic += "/" + param(request, "segment")
     owner = await cluster_lookup(admin, topic, request)
     if isinstance(owner, web.Response):
         return owner
     if owner is not None:
         return _struct(owner)
-    data = admin.lookup(
-        param(request, "domain"),
-        param(request, "tenant"),
-        param(request, "namespace"),
-        param(request, "topic"),
-    )
-    return _struct(data)
+    return _struct(admin.lookup(topic))
 
 
 async def health(admin: AdminService, request: web.Request) -> object:
@@ -395,6 +391,9 @@ ROUTES: list[Route] = [
           "Reset the subscription to a message id.", "persistent", request_schema=MESSAGE_ID),
     Route("GET", "/lookup/v2/topic/{domain}/{tenant}/{namespace}/{topic}", lookup,
           "Which broker serves a topic.", "lookup", response_schema=LOOKUP, errors=(400,)),
+    Route("GET", "/lookup/v2/topic/{domain}/{tenant}/{namespace}/{topic}/{segment}", lookup,
+          "Which broker serves a segment (segment://t/ns/topic/<range>-<id>).", "lookup",
+          response_schema=LOOKUP, errors=(400,)),
     Route("GET", f"{V2}/brokers/health", health, "Health check: answers ok.", "brokers",
           response_schema={"type": "string"}, errors=(503,), content_type="text/plain"),
 ]  # fmt: skip

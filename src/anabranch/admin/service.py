@@ -18,7 +18,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from anabranch.admin.models import LookupData, MessageIdBody
-from anabranch.core.names import NamespaceName, SegmentName, TopicDomain, TopicName
+from anabranch.core.names import NamespaceName, SegmentName, TopicDomain, TopicName, parse_name
 from anabranch.core.segment_layout import SegmentLayout, segment_name
 from anabranch.errors import AlreadyExists, InvalidArgument, NotEmpty, NotFound
 from anabranch.protocol._generated import pulsar_api_pb2 as pb
@@ -392,9 +392,9 @@ class AdminService:
 
     # --- lookup ---------------------------------------------------------------------------
 
-    def lookup(self, domain: str, tenant: str, namespace: str, local: str) -> LookupData:
-        """This broker serves every topic: answer its own URLs."""
-        TopicName.parse(f"{domain}://{tenant}/{namespace}/{local}")  # InvalidArgument
+    def lookup(self, topic: str) -> LookupData:
+        """This broker serves every topic and segment: answer its own URLs."""
+        parse_name(topic)  # InvalidArgument
         url = self.broker.advertised_url
         return LookupData(broker_url=url, native_url=url, http_url=self.http_url)
 
