@@ -155,6 +155,11 @@ class Producer(ReconnectingHandler):
         self._bound = PendingBound(options.pending_messages_max)
         self._batch: list[_Pending] = []
         self._batch_bytes = 0
+        # Read once per message: kept here rather than looked up through options/connection.
+        self._batch_messages_max = options.batch_messages_max
+        self._batch_bytes_max = options.batch_bytes_max
+        self._size_limit = MESSAGE_SIZE_MAX_BYTES
+        """The connected broker's max message size (the last one known while disconnected)."""
         self._batch_timer: asyncio.TimerHandle | None = None
         self._closed_error: AnabranchError | None = None
 
@@ -190,6 +195,7 @@ class Producer(ReconnectingHandler):
             self.last_sequence_id = self._next_sequence_id - 1
             self._sequence_known = True
         self._conn = conn
+        self._size_limit = conn.max_message_size
         for op in list(self._pending):
             self._write(op)
 
@@ -234,28 +240,30 @@ class Producer(ReconnectingHandler):
         ``ProducerQueueFull`` with ``block_if_queue_full=False``).
         """
         self._check_open()
-        if not isinstance(value, bytes | bytearray | memoryview):
-            raise InvalidArgument(f"message value must be bytes, not {type(value).__name__}")
-        bound = self._bound
-        if bound.count >= bound.limit:
-            await bound.enter(block=self.options.block_if_queue_full, owner=self)
-        else:
-            bound.count += 1
-        fut: asyncio.Future[MessageId] = asyncio.get_running_loop().create_future()
-        try:
-            self._check_open()
-        except Closed as err:
-            bound.leave(1)
-            fut.set_exception(err)
-            return fut
         if type(value) is not bytes:
+            if not isinstance(value, bytearray | memoryview):
+                raise InvalidArgument(f"message value must be bytes, not {type(value).__name__}")
             value = bytes(value)
+        fut: asyncio.Future[MessageId] = asyncio.get_running_loop().create_future()
+        bound = self._bound
+        if bound.count < bound.limit:
+            bound.count += 1
+        else:
+            await bound.enter(block=self.options.block_if_queue_full, owner=self)
+            try:
+                self._check_open()  # closed while this send waited for room
+            except Closed as err:
+                bound.leave(1)
+                fut.set_exception(err)
+                return fut
         if sequence_id is None:
             sequence_id = self._next_sequence_id
-        self._next_sequence_id = max(self._next_sequence_id, sequence_id + 1)
-        if len(value) > self._max_message_size():
+            self._next_sequence_id = sequence_id + 1
+        elif sequence_id >= self._next_sequence_id:
+            self._next_sequence_id = sequence_id + 1
+        if len(value) > self._size_limit:
             bound.leave(1)
-            fut.set_exception(MessageTooBig("message", len(value), self._max_message_size()))
+            fut.set_exception(MessageTooBig("message", len(value), self._size_limit))
             return fut
         props = tuple(properties.items()) if properties else ()
         item = _Pending(value, fut, sequence_id, key, event_time, props)
@@ -264,9 +272,6 @@ class Producer(ReconnectingHandler):
         else:
             self._enqueue(self._single_op(item))
         return fut
-
-    def _max_message_size(self) -> int:
-        return self._conn.max_message_size if self._conn is not None else MESSAGE_SIZE_MAX_BYTES
 
     def _check_open(self) -> None:
         if self._closing:
@@ -289,14 +294,13 @@ class Producer(ReconnectingHandler):
 
     def _add_to_batch(self, item: _Pending) -> None:
         size = len(item.value) + BATCH_ENTRY_OVERHEAD_BYTES
-        if self._batch and self._batch_bytes + size > self.options.batch_bytes_max:
+        batch = self._batch
+        if batch and self._batch_bytes + size > self._batch_bytes_max:
             self._flush_batch()
-        self._batch.append(item)
+            batch = self._batch
+        batch.append(item)
         self._batch_bytes += size
-        if (
-            len(self._batch) >= self.options.batch_messages_max
-            or self._batch_bytes >= self.options.batch_bytes_max
-        ):
+        if len(batch) >= self._batch_messages_max or self._batch_bytes >= self._batch_bytes_max:
             self._flush_batch()
         elif self._batch_timer is None:
             loop = asyncio.get_running_loop()
@@ -336,8 +340,8 @@ class Producer(ReconnectingHandler):
             op.metadata.uncompressed_size = len(op.payload)
             op.payload = compress(codec, op.payload)
         size = len(op.payload) + op.metadata.ByteSize()
-        if size > self._max_message_size():
-            err = MessageTooBig("message", size, self._max_message_size())
+        if size > self._size_limit:
+            err = MessageTooBig("message", size, self._size_limit)
             self._bound.leave(len(op.futures))
             for fut in op.futures:
                 if not fut.done():
