@@ -107,16 +107,29 @@ class BrokerServer:
         self._server: asyncio.Server | None = None
         self._timer: asyncio.Task[None] | None = None
 
-    async def start(self) -> int:
-        """Start listening; returns the bound port (useful with port 0)."""
+    async def start(self, *, serving: bool = True) -> int:
+        """Bind (and with ``serving``, start accepting); returns the bound port (useful
+        with port 0). A broker binds first to learn its address, then :meth:`serve` once
+        everything behind the port is up, so a client never meets a half-started broker."""
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
-            lambda: _Connection(self), self.host, self.port, reuse_address=True
+            lambda: _Connection(self),
+            self.host,
+            self.port,
+            reuse_address=True,
+            start_serving=serving,
         )
         self.port = int(self._server.sockets[0].getsockname()[1])
         self._timer = asyncio.ensure_future(self._run_timer())
-        log.info("broker listening on %s:%d", self.host, self.port)
+        if serving:
+            log.info("broker listening on %s:%d", self.host, self.port)
         return self.port
+
+    async def serve(self) -> None:
+        """Start accepting connections (after ``start(serving=False)``)."""
+        assert self._server is not None, "start() first"
+        await self._server.start_serving()
+        log.info("broker listening on %s:%d", self.host, self.port)
 
     def _open_session(self, transport: asyncio.Transport) -> Session:
         session = Session(

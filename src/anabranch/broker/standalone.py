@@ -102,7 +102,7 @@ class Standalone:
                 keepalive_interval_s=keepalive_interval_s,
                 handshake_timeout_s=handshake_timeout_s,
             )
-            port = await server.start()
+            port = await server.start(serving=False)
         except BaseException:
             await store.close()
             raise
@@ -113,6 +113,7 @@ class Standalone:
             if node.http_url is not None:
                 service.set_addresses(http_url=node.http_url)
             await service.scalable.start()
+            await server.serve()  # ready: clients connect only now
         except BaseException:
             await node.stop()
             raise
