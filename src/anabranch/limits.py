@@ -166,6 +166,10 @@ OperationTimeout (upstream operationTimeoutSeconds default)."""
 CLIENT_LOOKUP_REDIRECTS_MAX = 20
 """Lookup redirects followed before LookupFailed (upstream maxLookupRedirects default)."""
 
+SCALABLE_ROUTE_CACHE_MAX = 10_000
+"""Keys whose segment a scalable producer remembers under the current DAG (cleared when
+the DAG changes or the cache is full)."""
+
 SCALABLE_PRODUCER_REROUTE_WAIT_S = 30.0
 """How long a scalable-topic producer waits, after a segment answered TopicTerminated, for
 the DAG that shows the segment sealed (and for its in-flight sends to settle) before it

@@ -125,6 +125,14 @@ class _Pending:
     properties: tuple[tuple[str, str], ...]
 
 
+def _as_bytes(value: bytes | bytearray | memoryview) -> bytes:
+    if type(value) is bytes:
+        return value
+    if not isinstance(value, bytearray | memoryview):
+        raise InvalidArgument(f"message value must be bytes, not {type(value).__name__}")
+    return bytes(value)
+
+
 def _now_ms() -> int:
     return int(time.time() * 1000)
 
@@ -239,23 +247,50 @@ class Producer(ReconnectingHandler):
         Waits while ``pending_messages_max`` messages are unacknowledged (or raises
         ``ProducerQueueFull`` with ``block_if_queue_full=False``).
         """
-        self._check_open()
+        fut = self._send_nowait(value, key, properties, event_time, sequence_id)
+        if fut is not None:
+            return fut
+        await self._bound.enter(block=self.options.block_if_queue_full, owner=self)
+        fut = asyncio.get_running_loop().create_future()
+        try:
+            self._check_open()  # closed while this send waited for room
+        except Closed as err:
+            self._bound.leave(1)
+            fut.set_exception(err)
+            return fut
+        return self._submit(fut, _as_bytes(value), key, properties, event_time, sequence_id)
+
+    def _send_nowait(
+        self,
+        value: bytes,
+        key: str | None,
+        properties: Mapping[str, str] | None,
+        event_time: int | None,
+        sequence_id: int | None,
+    ) -> asyncio.Future[MessageId] | None:
+        """``send_async`` without waiting: None when the queue is full (nothing queued)."""
+        if self._closing:
+            self._check_open()
         if type(value) is not bytes:
-            if not isinstance(value, bytearray | memoryview):
-                raise InvalidArgument(f"message value must be bytes, not {type(value).__name__}")
-            value = bytes(value)
-        fut: asyncio.Future[MessageId] = asyncio.get_running_loop().create_future()
+            value = _as_bytes(value)
         bound = self._bound
-        if bound.count < bound.limit:
-            bound.count += 1
-        else:
-            await bound.enter(block=self.options.block_if_queue_full, owner=self)
-            try:
-                self._check_open()  # closed while this send waited for room
-            except Closed as err:
-                bound.leave(1)
-                fut.set_exception(err)
-                return fut
+        if bound.count >= bound.limit:
+            return None
+        bound.count += 1
+        fut: asyncio.Future[MessageId] = asyncio.get_running_loop().create_future()
+        return self._submit(fut, value, key, properties, event_time, sequence_id)
+
+    def _submit(  # noqa: PLR0917 (private)
+        self,
+        fut: asyncio.Future[MessageId],
+        value: bytes,
+        key: str | None,
+        properties: Mapping[str, str] | None,
+        event_time: int | None,
+        sequence_id: int | None,
+    ) -> asyncio.Future[MessageId]:
+        """Queue a message that holds a slot of the bound; its future is ``fut``."""
+        bound = self._bound
         if sequence_id is None:
             sequence_id = self._next_sequence_id
             self._next_sequence_id = sequence_id + 1

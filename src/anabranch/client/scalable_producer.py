@@ -67,7 +67,7 @@ from anabranch.client.producer import Producer, ProducerOptions
 from anabranch.core.hash_range import segment_hash
 from anabranch.core.segment_layout import Segment, SegmentLayout, segment_name
 from anabranch.errors import AnabranchError, Closed, InvalidArgument, NotFound, TopicTerminated
-from anabranch.limits import SCALABLE_PRODUCER_REROUTE_WAIT_S
+from anabranch.limits import SCALABLE_PRODUCER_REROUTE_WAIT_S, SCALABLE_ROUTE_CACHE_MAX
 
 log = logging.getLogger(__name__)
 
@@ -91,11 +91,19 @@ class SegmentRouter:
 
     def __init__(self) -> None:
         self._next = 0
+        self._layout: SegmentLayout | None = None
+        self._by_key: dict[str, Segment] = {}
+        """Keys routed under ``_layout`` (keys repeat: hashing and the range search once)."""
 
     def route(self, layout: SegmentLayout, key: str | None) -> Segment:
         """The active segment that takes a message with ``key``."""
         if key is not None:
-            return layout.find_active(segment_hash(key))
+            if layout is not self._layout or len(self._by_key) >= SCALABLE_ROUTE_CACHE_MAX:
+                self._layout, self._by_key = layout, {}
+            segment = self._by_key.get(key)
+            if segment is None:
+                segment = self._by_key[key] = layout.find_active(segment_hash(key))
+            return segment
         active = layout.active_segments()
         segment = active[self._next % len(active)]
         self._next += 1
@@ -254,6 +262,8 @@ class ScalableProducer:
         self._closing = False
         self._active: tuple[SegmentLayout | None, frozenset[int]] = (None, frozenset())
         self._retired_for: SegmentLayout | None = None
+        self._clear_under: frozenset[int] | None = None
+        """The active set under which the reroute state last had nothing to hold."""
 
     def __repr__(self) -> str:
         return f"ScalableProducer({self.topic!r}, name={self.producer_name!r})"
@@ -343,11 +353,16 @@ class ScalableProducer:
             return  # the running loop will take what was just queued
         self._dispatching = True
         try:
+            state = self._state
             while self._queue and not self._closing:
                 layout, active = self._current()
-                if self._state.hold(active) is not Hold.NONE:
-                    self._ensure_recovery()
-                    return
+                # In-flight sends only go to active segments: while the active set and the
+                # seal state are unchanged, a NONE answer stays NONE (no check per message).
+                if state.sealed or state.retry or active is not self._clear_under:
+                    if state.hold(active) is not Hold.NONE:
+                        self._ensure_recovery()
+                        return
+                    self._clear_under = active
                 if self._retired_for is not layout:
                     self._retire_stale(active)
                     self._retired_for = layout
@@ -369,13 +384,17 @@ class ScalableProducer:
         self._next_sequence_id += 1
         self._state.sent(segment_id, entry.serial, entry)
         try:
-            inner = await producer.send_async(
-                entry.value,
-                key=entry.key,
-                properties=entry.properties,
-                event_time=entry.event_time,
-                sequence_id=sequence_id,
+            inner = producer._send_nowait(
+                entry.value, entry.key, entry.properties, entry.event_time, sequence_id
             )
+            if inner is None:  # the segment's queue is full: wait for room there
+                inner = await producer.send_async(
+                    entry.value,
+                    key=entry.key,
+                    properties=entry.properties,
+                    event_time=entry.event_time,
+                    sequence_id=sequence_id,
+                )
         except REROUTE_ERRORS:
             self._state.refused(segment_id, entry.serial)
             self._drop_producer(segment_id)
