@@ -12,66 +12,32 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 
 import pulsar
-import pytest
 
 from anabranch.aio import Client
 from anabranch.client.connection import ConnectionPool
 from anabranch.testing.cluster import ClusterBroker, LocalCluster
-
-SESSION_TTL_S = 3.0
-TAKEOVER_SLACK_S = 6.0
-"""What failover may take beyond the session TTL: the client's reconnect backoff, the
-new owner's ledger recovery, a loaded 2-core CI machine."""
-
-_names = itertools.count()
+from tests.cluster.local_cluster import (
+    SESSION_TTL_S,
+    TAKEOVER_SLACK_S,
+    fresh_name,
+    others,
+    read_all,
+)
 
 
 def fresh_topic(prefix: str) -> str:
-    return f"persistent://public/default/{prefix}-{next(_names)}-{time.time_ns() % 10**6}"
+    return f"persistent://public/default/{fresh_name(prefix)}"
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    root: Path = tmp_path_factory.mktemp("cluster")
-    local = LocalCluster(root, brokers=3, session_ttl_s=SESSION_TTL_S)
-    asyncio.run(local.start())
-    try:
-        status, body = asyncio.run(
-            local.http("POST", "/admin/v2/namespaces/public/default/deduplication", json=True)
-        )
-        assert status == 204, body
-        yield local
-    finally:
-        asyncio.run(local.stop())
-
-
-@pytest.fixture
-async def three_brokers(cluster: LocalCluster) -> AsyncIterator[LocalCluster]:
-    """The cluster, with every broker running again after the test."""
-    yield cluster
-    for broker in cluster.brokers:
-        broker.resume()
-        if not broker.running:
-            await broker.start()
-    await cluster.wait_registered(3)
-
-
-def others(cluster: LocalCluster, broker: ClusterBroker) -> list[ClusterBroker]:
-    return [b for b in cluster.brokers if b is not broker]
-
-
-async def read_all(url: str, topic: str) -> list[bytes]:
-    """Every stored message of ``topic``, from the earliest."""
-    async with Client(url) as client:
-        reader = await client.create_reader(topic, "earliest")
-        out: list[bytes] = []
-        while (msg := await reader.read_next(timeout=3.0)) is not None:
-            out.append(msg.value)
-        return out
+async def owned_topic(
+    cluster: LocalCluster, prefix: str
+) -> tuple[str, ClusterBroker, list[ClusterBroker]]:
+    """A fresh topic, the broker that owns it, and the other brokers."""
+    topic = fresh_topic(prefix)
+    owner = await cluster.owner_of(topic)
+    return topic, owner, others(cluster, owner)
 
 
 # --- lookup and ownership -------------------------------------------------------------------
@@ -109,9 +75,7 @@ async def test_official_client_at_any_broker_reaches_the_owner(cluster: LocalClu
 
 
 async def test_our_client_at_a_non_owner_reaches_the_owner(cluster: LocalCluster) -> None:
-    topic = fresh_topic("ours")
-    owner = await cluster.owner_of(topic)
-    bootstrap = others(cluster, owner)[0]
+    topic, owner, (bootstrap, _) = await owned_topic(cluster, "ours")
     async with Client(bootstrap.service_url) as client:
         consumer = await client.subscribe(topic, "ours", initial_position="earliest")
         producer = await client.create_producer(topic)
@@ -152,10 +116,8 @@ async def test_concurrent_lookups_at_every_broker_agree_on_one_owner(
 
 async def test_unload_through_admin_moves_the_topic(three_brokers: LocalCluster) -> None:
     cluster = three_brokers
-    topic = fresh_topic("unload")
+    topic, owner, (bootstrap, _) = await owned_topic(cluster, "unload")
     short = topic.split("://", 1)[1]
-    owner = await cluster.owner_of(topic)
-    bootstrap = others(cluster, owner)[0]
     async with Client(bootstrap.service_url) as client:
         producer = await client.create_producer(topic)
         for i in range(5):
@@ -180,7 +142,7 @@ async def test_unload_through_admin_moves_the_topic(three_brokers: LocalCluster)
 async def test_namespace_unload_moves_every_topic_from_every_owner(
     cluster: LocalCluster,
 ) -> None:
-    namespace = f"public/unload-{next(_names)}"
+    namespace = f"public/{fresh_name('unload')}"
     status, body = await cluster.http("PUT", f"/admin/v2/namespaces/{namespace}")
     assert status == 204, body
     topics = [f"persistent://{namespace}/t{i}" for i in range(6)]
@@ -199,9 +161,7 @@ async def test_clean_stop_hands_topics_over_without_waiting_for_the_ttl(
     three_brokers: LocalCluster,
 ) -> None:
     cluster = three_brokers
-    topic = fresh_topic("handover")
-    owner = await cluster.owner_of(topic)
-    bootstrap = others(cluster, owner)[0]
+    topic, owner, (bootstrap, _) = await owned_topic(cluster, "handover")
     async with Client(bootstrap.service_url) as client:
         producer = await client.create_producer(topic)
         await producer.send(b"one")
@@ -251,10 +211,14 @@ class Traffic:
 
     async def _consume(self) -> None:
         while not self._stop.is_set():
-            msg = await self.consumer.receive(timeout=0.5)
-            if msg is not None:
-                self.received.add(msg.value)
-                await self.consumer.acknowledge(msg)
+            await self._take()
+
+    async def _take(self) -> None:
+        """Receive (waiting at most half a second) and acknowledge one message."""
+        msg = await self.consumer.receive(timeout=0.5)
+        if msg is not None:
+            self.received.add(msg.value)
+            await self.consumer.acknowledge(msg)
 
     def first_ack_after(self, instant: float) -> float | None:
         return next((t for t in self.ack_times if t > instant), None)
@@ -275,19 +239,14 @@ class Traffic:
     async def drain(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
         while not set(self.acked) <= self.received and time.monotonic() < deadline:
-            msg = await self.consumer.receive(timeout=0.5)
-            if msg is not None:
-                self.received.add(msg.value)
-                await self.consumer.acknowledge(msg)
+            await self._take()
 
 
 async def test_sigkill_of_the_owner_moves_the_topic_without_losing_acked_messages(
     three_brokers: LocalCluster,
 ) -> None:
     cluster = three_brokers
-    topic = fresh_topic("sigkill")
-    owner = await cluster.owner_of(topic)
-    bootstrap = others(cluster, owner)[0]
+    topic, owner, (bootstrap, _) = await owned_topic(cluster, "sigkill")
     async with Client(bootstrap.service_url) as client:
         traffic = Traffic(client, topic)
         await traffic.start()
@@ -312,10 +271,8 @@ async def test_sigstop_past_the_ttl_then_sigcont_the_old_owner_no_longer_serves(
     three_brokers: LocalCluster,
 ) -> None:
     cluster = three_brokers
-    topic = fresh_topic("sigstop")
+    topic, owner, (bootstrap, spare) = await owned_topic(cluster, "sigstop")
     short = topic.split("://", 1)[1]
-    owner = await cluster.owner_of(topic)
-    bootstrap, spare = others(cluster, owner)
     async with Client(bootstrap.service_url) as client:
         traffic = Traffic(client, topic)
         await traffic.start()

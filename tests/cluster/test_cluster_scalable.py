@@ -10,8 +10,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,41 +19,12 @@ from anabranch.core.hash_range import segment_hash
 from anabranch.errors import TopicTerminated
 from anabranch.metadata.etcd import EtcdMetadataStore
 from anabranch.testing.cluster import ClusterBroker, LocalCluster
+from tests.cluster.local_cluster import SESSION_TTL_S, TAKEOVER_SLACK_S, fresh_name, read_all
 from tests.scalable.wire import RawClient
 
-SESSION_TTL_S = 3.0
-TAKEOVER_SLACK_S = 6.0
-"""What a segment's failover may take beyond the session TTL (reconnects, recovery, CI)."""
 SCALABLE_TAKEOVER_S = 40.0
 """Bound on a new controller leader finishing a dead leader's split: the scalable
 service's own session TTL (limits.SCALABLE_SESSION_TTL_S, 10 s) plus recovery."""
-
-_names = itertools.count()
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    root: Path = tmp_path_factory.mktemp("scalable-cluster")
-    local = LocalCluster(root, brokers=3, session_ttl_s=SESSION_TTL_S)
-    asyncio.run(local.start())
-    try:
-        status, body = asyncio.run(
-            local.http("POST", "/admin/v2/namespaces/public/default/deduplication", json=True)
-        )
-        assert status == 204, body
-        yield local
-    finally:
-        asyncio.run(local.stop())
-
-
-@pytest.fixture
-async def three_brokers(cluster: LocalCluster) -> AsyncIterator[LocalCluster]:
-    yield cluster
-    for broker in cluster.brokers:
-        broker.resume()
-        if not broker.running:
-            await broker.start()
-    await cluster.wait_registered(3)
 
 
 def segment_names(topic: str, layout: dict[str, Any]) -> dict[int, str]:
@@ -70,7 +39,7 @@ def segment_names(topic: str, layout: dict[str, Any]) -> dict[int, str]:
 
 async def create_topic(cluster: LocalCluster, segments: int) -> tuple[str, ClusterBroker]:
     """A new scalable topic; returns it and its controller leader."""
-    topic = f"topic://public/default/scal-{next(_names)}-{time.time_ns() % 10**6}"
+    topic = f"topic://public/default/{fresh_name('scal')}"
     short = topic.split("://", 1)[1]
     status, body, leader = await cluster.http_follow(
         "PUT", f"/admin/v2/scalable/{short}?numInitialSegments={segments}"
@@ -162,11 +131,7 @@ async def test_segments_on_different_brokers_split_at_a_non_leader(
     # The sealed parent keeps its messages and refuses new ones; children take writes.
     with pytest.raises(TopicTerminated):
         await produce(bootstrap, names[0], [b"too-late"])
-    async with Client(bootstrap) as client:
-        reader = await client.create_reader(names[0], "earliest")
-        stored = []
-        while (msg := await reader.read_next(timeout=3.0)) is not None:
-            stored.append(msg.value)
+    stored = await read_all(bootstrap, names[0])
     assert [v for v in stored if v.startswith(b"p0")] == [b"p0-a", b"p0-b"]
     await produce(bootstrap, names[2], [b"child"])
 
@@ -306,13 +271,11 @@ async def test_sigkill_of_a_hot_segment_owner_with_keyed_traffic(
 
     # Stored: every acknowledged message once, each key's messages in send order.
     stored: list[tuple[str, int]] = []
-    async with Client(bootstrap.service_url) as client:
-        for name in names.values():
-            reader = await client.create_reader(name, "earliest")
-            while (msg := await reader.read_next(timeout=3.0)) is not None:
-                if b":" in msg.value:
-                    key, seq = msg.value.decode().split(":")
-                    stored.append((key, int(seq)))
+    for name in names.values():
+        for value in await read_all(bootstrap.service_url, name):
+            if b":" in value:
+                key, seq = value.decode().split(":")
+                stored.append((key, int(seq)))
     assert len(stored) == len(set(stored)), "duplicates stored despite deduplication"
     assert set(acked) <= set(stored)
     for key in keys:
