@@ -153,21 +153,23 @@ async def _handshake(host: str, port: int) -> None:
         await writer.wait_closed()
 
 
-class BrokerProcess:
-    """``python -m anabranch.cli.main standalone`` on fixed free ports, for crash tests.
+class BrokerSubprocess:
+    """A broker in a child process of this one, to crash, pause and restart.
 
-    ``start`` waits until the broker answers CONNECT; ``kill`` is SIGKILL, ``stop`` is
-    SIGTERM (clean shutdown) and waits; ``restart`` is stop + start. Ports and data dir
-    stay the same across restarts. Output goes to ``<data_dir>.log``.
+    ``start`` launches the command line of :meth:`_command` (output appended to
+    ``log_path``) and waits until the broker answers CONNECT at ``host:port``; ``kill``
+    is SIGKILL, ``pause``/``resume`` SIGSTOP/SIGCONT, ``stop`` SIGTERM (clean shutdown)
+    and waits, ``restart`` is stop + start. ``label`` names it in errors.
     """
 
-    def __init__(self, data_dir: Path, *, host: str = "127.0.0.1", fsync: str = "always") -> None:
-        self.data_dir = Path(data_dir)
+    READY_TIMEOUT_S = 60.0
+    """How long a start may take to answer CONNECT."""
+
+    def __init__(self, host: str, port: int, log_path: Path, label: str) -> None:
         self.host = host
-        self.port = free_port(host)
-        self.http_port = free_port(host)
-        self.fsync = fsync
-        self.log_path = self.data_dir.with_suffix(".log")
+        self.port = port
+        self.log_path = log_path
+        self.label = label
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -178,19 +180,19 @@ class BrokerProcess:
     def pid(self) -> int | None:
         return self.process.pid if self.process is not None else None
 
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def _command(self) -> tuple[list[str], dict[str, str]]:
+        """The arguments and environment to launch with (run just before each launch)."""
+        raise NotImplementedError
+
     async def start(self) -> None:
         """Start the process (if not running) and wait until it serves."""
-        if self.process is not None and self.process.poll() is None:
+        if self.running:
             return
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        env = {k: v for k, v in os.environ.items() if not k.startswith("ANABRANCH_")}
-        env["ANABRANCH_FSYNC"] = self.fsync
-        env["ANABRANCH_BIND_ADDRESS"] = self.host
-        args = [
-            sys.executable, "-m", "anabranch.cli.main", "standalone",
-            "--data-dir", str(self.data_dir),
-            "--port", str(self.port), "--http-port", str(self.http_port),
-        ]  # fmt: skip
+        args, env = self._command()
         self.process = await asyncio.to_thread(self._spawn, args, env)
         try:
             await self._wait_ready()
@@ -204,20 +206,24 @@ class BrokerProcess:
 
     async def _wait_ready(self) -> None:
         loop = asyncio.get_running_loop()
-        end = loop.time() + 60.0
+        end = loop.time() + self.READY_TIMEOUT_S
         while True:
-            assert self.process is not None
-            if self.process.poll() is not None:
-                raise RuntimeError(
-                    f"broker exited with {self.process.returncode}; see {self.log_path}"
-                )
+            if self.process is None or self.process.poll() is not None:
+                code = None if self.process is None else self.process.returncode
+                raise RuntimeError(f"{self.label} exited ({code}); see {self.log_path}")
             try:
                 await _handshake(self.host, self.port)
                 return
             except (OSError, asyncio.IncompleteReadError, ConnectionError):
                 if loop.time() > end:
-                    raise TimeoutError(f"broker not ready; see {self.log_path}") from None
+                    message = f"{self.label} not serving; see {self.log_path}"
+                    raise TimeoutError(message) from None
                 await asyncio.sleep(0.1)
+
+    def _signal(self, sig: signal.Signals) -> None:
+        if self.running:
+            assert self.process is not None
+            os.kill(self.process.pid, sig)
 
     def kill(self) -> None:
         """SIGKILL the process (a crash) and reap it."""
@@ -225,11 +231,21 @@ class BrokerProcess:
             os.kill(self.process.pid, signal.SIGKILL)
             self.process.wait()
 
+    def pause(self) -> None:
+        """SIGSTOP: the process keeps its sockets but runs nothing (a long GC pause)."""
+        self._signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """SIGCONT after :meth:`pause`."""
+        self._signal(signal.SIGCONT)
+
     async def stop(self) -> None:
-        """SIGTERM (clean shutdown) and wait; SIGKILL if it does not exit in 60 s."""
+        """SIGTERM (clean shutdown; resumed first if paused) and wait; SIGKILL if it does
+        not exit in 60 s."""
         process = self.process
         if process is None or process.poll() is not None:
             return
+        self.resume()
         os.kill(process.pid, signal.SIGTERM)
         try:
             await asyncio.to_thread(process.wait, 60.0)
@@ -237,6 +253,32 @@ class BrokerProcess:
             self.kill()
 
     async def restart(self) -> None:
-        """Clean stop, then start again on the same ports and data."""
+        """Clean stop, then start again with the same command line, ports and data."""
         await self.stop()
         await self.start()
+
+
+class BrokerProcess(BrokerSubprocess):
+    """``python -m anabranch.cli.main standalone`` on fixed free ports, for crash tests.
+
+    Ports and data dir stay the same across restarts (see :class:`BrokerSubprocess`).
+    Output goes to ``<data_dir>.log``.
+    """
+
+    def __init__(self, data_dir: Path, *, host: str = "127.0.0.1", fsync: str = "always") -> None:
+        self.data_dir = Path(data_dir)
+        super().__init__(host, free_port(host), self.data_dir.with_suffix(".log"), "broker")
+        self.http_port = free_port(host)
+        self.fsync = fsync
+
+    def _command(self) -> tuple[list[str], dict[str, str]]:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("ANABRANCH_")}
+        env["ANABRANCH_FSYNC"] = self.fsync
+        env["ANABRANCH_BIND_ADDRESS"] = self.host
+        args = [
+            sys.executable, "-m", "anabranch.cli.main", "standalone",
+            "--data-dir", str(self.data_dir),
+            "--port", str(self.port), "--http-port", str(self.http_port),
+        ]  # fmt: skip
+        return args, env

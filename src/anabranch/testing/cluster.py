@@ -22,8 +22,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import signal
-import subprocess
 import sys
 from pathlib import Path
 from types import TracebackType
@@ -31,25 +29,29 @@ from typing import Any
 
 import aiohttp
 
-from anabranch.testing.broker import _handshake, free_port
+from anabranch.testing.broker import BrokerSubprocess, free_port
 from anabranch.testing.etcd import EtcdServer
 
 READY_TIMEOUT_S = 60.0
 """How long a broker may take to serve and register (a loaded 2-core CI box: ~2 s)."""
 
 
-class ClusterBroker:
+class ClusterBroker(BrokerSubprocess):
     """One broker subprocess of a :class:`LocalCluster`."""
 
+    READY_TIMEOUT_S = READY_TIMEOUT_S
+
     def __init__(self, root: Path, index: int, settings: dict[str, Any]) -> None:
+        super().__init__(
+            str(settings["advertised_address"]),
+            int(settings["port"]),
+            root / f"broker-{index}.log",
+            f"broker {index}",
+        )
         self.index = index
-        self.host = str(settings["advertised_address"])
-        self.port = int(settings["port"])
         self.http_port = int(settings["http_port"])
         self.config_path = root / f"broker-{index}.toml"
-        self.log_path = root / f"broker-{index}.log"
         self.config_path.write_text(_toml(settings))
-        self.process: subprocess.Popen[bytes] | None = None
 
     @property
     def broker_id(self) -> str:
@@ -57,25 +59,10 @@ class ClusterBroker:
         return f"{self.host}:{self.port}"
 
     @property
-    def service_url(self) -> str:
-        return f"pulsar://{self.host}:{self.port}"
-
-    @property
     def http_url(self) -> str:
         return f"http://{self.host}:{self.http_port}"
 
-    @property
-    def pid(self) -> int | None:
-        return self.process.pid if self.process is not None else None
-
-    @property
-    def running(self) -> bool:
-        return self.process is not None and self.process.poll() is None
-
-    async def start(self) -> None:
-        """Launch (if not running) and wait until it answers CONNECT."""
-        if self.running:
-            return
+    def _command(self) -> tuple[list[str], dict[str, str]]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("ANABRANCH_")}
         args = [
             sys.executable,
@@ -85,67 +72,7 @@ class ClusterBroker:
             "--config",
             str(self.config_path),
         ]
-        self.process = await asyncio.to_thread(self._spawn, args, env)
-        try:
-            await self._wait_serving()
-        except BaseException:
-            self.kill()
-            raise
-
-    def _spawn(self, args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
-        with open(self.log_path, "ab") as log_file:
-            return subprocess.Popen(args, stdout=log_file, stderr=log_file, env=env)
-
-    async def _wait_serving(self) -> None:
-        loop = asyncio.get_running_loop()
-        end = loop.time() + READY_TIMEOUT_S
-        while True:
-            if self.process is None or self.process.poll() is not None:
-                code = None if self.process is None else self.process.returncode
-                raise RuntimeError(f"broker {self.index} exited ({code}); see {self.log_path}")
-            try:
-                await _handshake(self.host, self.port)
-                return
-            except (OSError, asyncio.IncompleteReadError, ConnectionError):
-                if loop.time() > end:
-                    message = f"broker {self.index} not serving; see {self.log_path}"
-                    raise TimeoutError(message) from None
-                await asyncio.sleep(0.1)
-
-    def _signal(self, sig: signal.Signals) -> None:
-        if self.process is not None and self.process.poll() is None:
-            os.kill(self.process.pid, sig)
-
-    def kill(self) -> None:
-        """SIGKILL (a crash) and reap."""
-        if self.process is not None and self.process.poll() is None:
-            os.kill(self.process.pid, signal.SIGKILL)
-            self.process.wait()
-
-    def pause(self) -> None:
-        """SIGSTOP: the process keeps its sockets but runs nothing (a long GC pause)."""
-        self._signal(signal.SIGSTOP)
-
-    def resume(self) -> None:
-        """SIGCONT after :meth:`pause`."""
-        self._signal(signal.SIGCONT)
-
-    async def stop(self) -> None:
-        """SIGTERM (clean shutdown: topics handed back) and wait; SIGKILL after 60 s."""
-        process = self.process
-        if process is None or process.poll() is not None:
-            return
-        self.resume()
-        os.kill(process.pid, signal.SIGTERM)
-        try:
-            await asyncio.to_thread(process.wait, 60.0)
-        except subprocess.TimeoutExpired:
-            self.kill()
-
-    async def restart(self) -> None:
-        """Clean stop, then start again with the same ports, config and data."""
-        await self.stop()
-        await self.start()
+        return args, env
 
 
 class LocalCluster:
