@@ -282,6 +282,9 @@ CLUSTER_PLACEMENT_MSGS_PER_TOPIC = 1000.0
 this many msgs/s count as much as one more owned topic. Idle clusters place by topic count;
 a broker carrying hot topics gets new ones only once the others hold that much more."""
 
+CLUSTER_LOAD_RATE_HORIZON_S = 60.0
+"""Time constant of the long-term message rate a broker reports for placement."""
+
 CLUSTER_UNLOAD_CONCURRENCY_MAX = 64
 """Topics closed at once when a broker loses its session or unloads a namespace."""
 

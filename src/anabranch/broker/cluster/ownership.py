@@ -52,7 +52,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from anabranch import limits
-from anabranch.broker.cluster.placement import broker_load, choose_broker
+from anabranch.broker.cluster.placement import broker_load, choose_broker, smoothed_rate
 from anabranch.broker.cluster.records import (
     BROKERS_PREFIX,
     OWNERSHIP_PREFIX,
@@ -295,11 +295,10 @@ class ClusterOwnership:
         while self._recent and self._recent[0][0] < horizon:
             self._recent.popleft()
         loads = {
-            broker_id: broker_load(r.owned_topics, r.msg_rate_in + r.msg_rate_out)
+            broker_id: broker_load(r.owned_topics, r.msg_rate_long_term)
             for broker_id, r in live.items()
         }
-        me = self.me
-        loads[me.broker_id] = broker_load(len(self._owned), me.msg_rate_in + me.msg_rate_out)
+        loads[self.me.broker_id] = broker_load(len(self._owned), self.me.msg_rate_long_term)
         for _, broker_id in self._recent:
             if broker_id in loads:
                 loads[broker_id] += 1
@@ -436,6 +435,14 @@ class ClusterOwnership:
         then, last_in, last_out = self._rates
         elapsed = max(now - then, 1e-3)
         self._rates = (now, msg_in, msg_out)
+        rate_in = max(0.0, (msg_in - last_in) / elapsed)
+        rate_out = max(0.0, (msg_out - last_out) / elapsed)
+        long_term = smoothed_rate(
+            self.me.msg_rate_long_term,
+            rate_in + rate_out,
+            elapsed,
+            limits.CLUSTER_LOAD_RATE_HORIZON_S,
+        )
         self.me = BrokerRecord(
             broker_id=self.me.broker_id,
             pulsar_url=self.me.pulsar_url,
@@ -444,8 +451,9 @@ class ClusterOwnership:
             owned_topics=len(self._owned),
             loaded_topics=len(topics),
             connections=self._connections(),
-            msg_rate_in=max(0.0, (msg_in - last_in) / elapsed),
-            msg_rate_out=max(0.0, (msg_out - last_out) / elapsed),
+            msg_rate_in=rate_in,
+            msg_rate_out=rate_out,
+            msg_rate_long_term=long_term,
             reported_ms=int(time.time() * 1000),
         )
         await self._store.put(broker_path(self.me.broker_id), encode(self.me), session=session)

@@ -15,6 +15,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 import mmh3
@@ -26,6 +27,19 @@ def rendezvous_score(topic: str, broker_id: str) -> int:
     """A stable pseudo-random score of a (topic, broker) pair (murmur3: CRC would make
     the order of two brokers the same for every topic of equal length)."""
     return int(mmh3.hash(f"{topic}\x00{broker_id}".encode(), signed=False))
+
+
+def smoothed_rate(previous: float, sample: float, elapsed_s: float, horizon_s: float) -> float:
+    """Exponentially weighted rate: ``sample`` (measured over the last ``elapsed_s``) moves
+    ``previous`` by the share of ``horizon_s`` that passed.
+
+    >>> round(smoothed_rate(0.0, 20_000.0, 5.0, 60.0))   # a 5 s burst: a twelfth of it
+    1599
+    >>> round(smoothed_rate(1000.0, 1000.0, 5.0, 60.0))  # a steady rate stays
+    1000
+    """
+    weight = 1.0 - math.exp(-max(0.0, elapsed_s) / horizon_s)
+    return previous + (max(0.0, sample) - previous) * weight
 
 
 def broker_load(topics: int, msg_rate: float) -> float:

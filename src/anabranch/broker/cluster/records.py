@@ -49,6 +49,9 @@ class BrokerRecord(msgspec.Struct, rename="camel", kw_only=True):
     connections: int = 0
     msg_rate_in: float = 0.0
     msg_rate_out: float = 0.0
+    msg_rate_long_term: float = 0.0
+    """In + out msgs/s smoothed over ``CLUSTER_LOAD_RATE_HORIZON_S`` (what placement weighs:
+    a burst of a few seconds barely moves it, a sustained rate does)."""
     reported_ms: int = 0
 
 
