@@ -463,17 +463,15 @@ class ConnectionPool:
         of several in turn until one answers (upstream's rule for ``pulsar://a,b,c``)."""
         if address is not None:
             return await self._get(address)
-        for attempt in range(len(self.service_addresses)):
+        for _ in range(len(self.service_addresses) - 1):
             current = self._service_index
             try:
                 return await self._get(self.service_addresses[current])
-            except (ConnectionClosed, OperationTimeout):
-                if attempt == len(self.service_addresses) - 1:
-                    raise
-                if self._service_index == current:
+            except (ConnectionClosed, OperationTimeout) as err:
+                if self._service_index == current:  # a concurrent get may have moved on
                     self._service_index = (current + 1) % len(self.service_addresses)
-                log.info("service broker %s unreachable; trying %s", current, self.service_address)
-        raise AssertionError("unreachable")  # the loop returns or raises
+                log.info("%s; trying %s:%d next", err, *self.service_address)
+        return await self._get(self.service_address)
 
     async def _get(self, address: Address) -> ClientConnection:
         if self._closed:

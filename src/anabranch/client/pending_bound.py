@@ -36,6 +36,13 @@ class PendingBound:
         self.count = 0
         self._freed: asyncio.Future[None] | None = None
 
+    def try_enter(self) -> bool:
+        """Take one slot if one is free (the no-wait path every send tries first)."""
+        if self.count >= self.limit:
+            return False
+        self.count += 1
+        return True
+
     async def enter(self, *, block: bool, owner: object) -> None:
         """Take one slot, waiting while every slot is taken (``block``) or raising."""
         while self.count >= self.limit:

@@ -269,14 +269,10 @@ class Producer(ReconnectingHandler):
         sequence_id: int | None,
     ) -> asyncio.Future[MessageId] | None:
         """``send_async`` without waiting: None when the queue is full (nothing queued)."""
-        if self._closing:
-            self._check_open()
-        if type(value) is not bytes:
-            value = _as_bytes(value)
-        bound = self._bound
-        if bound.count >= bound.limit:
+        self._check_open()
+        value = _as_bytes(value)
+        if not self._bound.try_enter():
             return None
-        bound.count += 1
         fut: asyncio.Future[MessageId] = asyncio.get_running_loop().create_future()
         return self._submit(fut, value, key, properties, event_time, sequence_id)
 

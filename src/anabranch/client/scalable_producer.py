@@ -324,11 +324,8 @@ class ScalableProducer:
             raise InvalidArgument("a scalable-topic producer assigns sequence ids itself")
         if not isinstance(value, bytes | bytearray | memoryview):
             raise InvalidArgument(f"message value must be bytes, not {type(value).__name__}")
-        bound = self._bound
-        if bound.count >= bound.limit:
-            await bound.enter(block=self.options.block_if_queue_full, owner=self)
-        else:
-            bound.count += 1
+        if not self._bound.try_enter():
+            await self._bound.enter(block=self.options.block_if_queue_full, owner=self)
         fut: asyncio.Future[MessageId] = asyncio.get_running_loop().create_future()
         entry = _Entry(
             self,

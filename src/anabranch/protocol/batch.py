@@ -28,15 +28,17 @@ _I32 = struct.Struct(">i")
 
 def encode_batch(entries: Iterable[tuple[pb.SingleMessageMetadata | None, bytes]]) -> bytes:
     """Encode (metadata, payload) pairs; ``payload_size`` is set from the payload."""
-    parts: list[bytes] = []
-    for metadata, payload in entries:
-        single = pb.SingleMessageMetadata()
-        if metadata is not None:
-            single.CopyFrom(metadata)
-        single.payload_size = len(payload)
-        encoded = single.SerializeToString()
-        parts += [_U32.pack(len(encoded)), encoded, payload]
-    return b"".join(parts)
+    return join_batch(
+        (_encode_single(metadata, len(payload)), payload) for metadata, payload in entries
+    )
+
+
+def _encode_single(metadata: pb.SingleMessageMetadata | None, payload_size: int) -> bytes:
+    single = pb.SingleMessageMetadata()
+    if metadata is not None:
+        single.CopyFrom(metadata)
+    single.payload_size = payload_size
+    return bytes(single.SerializeToString())
 
 
 def join_batch(entries: Iterable[tuple[bytes, bytes]]) -> bytes:
