@@ -21,12 +21,19 @@ TOPIC = "persistent://public/default/durable"
 
 
 def produce_until_killed(url: str, acked: list[bytes], enough: threading.Event) -> None:
-    """Send forever (async, batched); record each acknowledged payload; stop on errors."""
+    """Send forever (async, batched); record each acknowledged payload; stop on errors.
+    ``enough`` is set after 2000 acknowledgements or when the stream ends."""
     client = pulsar.Client(url, operation_timeout_seconds=5)
     failed = threading.Event()
     try:
         producer = client.create_producer(
-            TOPIC, batching_enabled=True, batching_max_publish_delay_ms=2, send_timeout_millis=3000
+            TOPIC,
+            batching_enabled=True,
+            batching_max_publish_delay_ms=2,
+            send_timeout_millis=3000,
+            # Wait for room rather than fail a send with ProducerQueueIsFull when the broker
+            # is slower than this loop (a busy machine): only the kill may end the stream.
+            block_if_queue_full=True,
         )
 
         def on_sent(payload: bytes, result: pulsar.Result) -> None:
@@ -45,6 +52,7 @@ def produce_until_killed(url: str, acked: list[bytes], enough: threading.Event) 
             if i % 500 == 0:
                 failed.wait(0.01)  # let the broker keep up a little
     finally:
+        enough.set()  # a stream that failed early ends the wait too (the count is asserted)
         client.close()
 
 
