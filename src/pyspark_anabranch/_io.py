@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import atexit
 import logging
-import struct
 import threading
 import uuid
 from collections import deque
@@ -25,12 +24,11 @@ from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from google.protobuf.message import DecodeError  # type: ignore[import-untyped]
+import pyarrow.compute as pc
 
 from anabranch.admin.client import AdminClient
 from anabranch.client.client import Client
 from anabranch.client.consumer import (
-    UNCOMPRESSED_BYTES_MAX,
     Consumer,
     ConsumerOptions,
     InitialPosition,
@@ -41,16 +39,14 @@ from anabranch.client.scalable_producer import ScalableProducer
 from anabranch.core.hash_range import HashRange
 from anabranch.core.names import TopicName
 from anabranch.core.segment_layout import SegmentLayout, segment_name
-from anabranch.errors import AnabranchError, InvalidMessage, NotFound
-from anabranch.limits import BATCH_MESSAGES_MAX
+from anabranch.errors import AnabranchError, NotFound
 from anabranch.protocol._generated import pulsar_api_pb2 as pb
-from anabranch.protocol.compression import decompress
 from anabranch.protocol.frames import Frame
+from pyspark_anabranch.columns import Chunk, ChunkBuilder, EntryDecoder
 from pyspark_anabranch.planning import (
     FIRST_POSITION,
     DataLoss,
     decode_position,
-    encode_position,
     entry_end,
     resume_entry,
     timestamp_start,
@@ -58,7 +54,6 @@ from pyspark_anabranch.planning import (
 
 T = TypeVar("T")
 log = logging.getLogger("pyspark_anabranch")
-_I32 = struct.Struct(">i")
 
 RANGE_READER_QUEUE_MESSAGES = 10_000
 """Receiver queue of an executor's range reader: deep enough that flow permits never stall a
@@ -226,7 +221,8 @@ async def scan(  # noqa: PLR0917 (one call site)
             cols = await reader.chunk(max_count - len(out))
             if cols is None:
                 break
-            out.extend(zip(cols.positions, map(len, cols.values), strict=True))
+            sizes = pc.binary_length(cols.values).fill_null(0).to_pylist()
+            out.extend(zip(cols.positions.tolist(), sizes, strict=True))
     return out[:max_count]
 
 
@@ -248,7 +244,7 @@ async def find_timestamp_start(
             cols = await reader.chunk(SCAN_CHUNK_MESSAGES)
             if cols is None:
                 return end
-            pairs = list(zip(cols.positions, cols.publish, strict=True))
+            pairs = list(zip(cols.positions.tolist(), cols.publish_ms.tolist(), strict=True))
             found = timestamp_start(pairs, timestamp_ms, -1)
             if found != -1:
                 return found if found != FIRST_POSITION else previous
@@ -322,23 +318,8 @@ class _EntryConsumer(Consumer):
         return entry
 
 
-@dataclass
-class Columns:
-    """Decoded messages of a range, column by column (publish/event times in ms)."""
-
-    keys: list[str | None] = field(default_factory=list)
-    values: list[bytes] = field(default_factory=list)
-    positions: list[int] = field(default_factory=list)
-    publish: list[int] = field(default_factory=list)
-    event: list[int | None] = field(default_factory=list)
-    properties: list[list[tuple[str, str]]] = field(default_factory=list)
-
-    def __len__(self) -> int:
-        return len(self.values)
-
-
 class RangeReader:
-    """Messages of one segment with positions in ``[start, end)``, in order.
+    """Messages of one segment with positions in ``[start, end)``, in order, as column chunks.
 
     ``end - 1`` is always a real message's position (ends come from message ids), so the
     reader stops on it without waiting. A message that does not arrive within ``timeout_s``
@@ -362,8 +343,8 @@ class RangeReader:
         self.end = end
         self.timeout_s = timeout_s
         self.consumer: _EntryConsumer | None = None
+        self.decoder = EntryDecoder(name, start, end)
         self.done = end <= start
-        self.last = start - 1
         self.end_entry = decode_position(end - 1)[:2] if end > start else (0, 0)
         self._first = True
 
@@ -380,123 +361,40 @@ class RangeReader:
             await self.consumer.close()
             self.consumer = None
 
-    async def chunk(self, max_rows: int, *, properties: bool = False) -> Columns | None:
+    async def chunk(self, max_rows: int, *, properties: bool = False) -> Chunk | None:
         """At least one and about ``max_rows`` next messages (whole entries), or None at the end."""
-        out = Columns()
-        while not self.done and len(out) < max_rows:
-            assert self.consumer is not None
-            try:
-                ledger_id, entry_id, md, payload = await self.consumer.next_entry(self.timeout_s)
-            except TimeoutError:
-                raise AnabranchError(
-                    f"{self.name}: no message within {self.timeout_s}s while reading "
-                    f"[{self.start}, {self.end})"
-                ) from None
-            if self._first:
-                self._first = False
-                entry = resume_entry(self.start)
-                if entry is not None and (ledger_id, entry_id) != entry:
-                    problem = (
-                        f"{self.name}: position {self.start} is gone (first available entry "
-                        f"is {ledger_id}:{entry_id})"
-                    )
-                    if self.fail_on_data_loss:
-                        raise DataLoss(problem)
-                    log.warning("%s; skipping to it (failOnDataLoss=false)", problem)
-            self._decode(ledger_id, entry_id, md, payload, out, properties)
-            if (ledger_id, entry_id) >= self.end_entry:
-                self.done = True  # the range ends after (or inside) this entry
-        return out if len(out) else None
+        builder = ChunkBuilder(self.decoder, properties)
+        while True:
+            while not self.done and builder.rows < max_rows:
+                ledger_id, entry_id, md, payload = await self._next_entry()
+                builder.add(ledger_id, entry_id, md, payload)
+                if self.decoder.done or (ledger_id, entry_id) >= self.end_entry:
+                    self.done = True  # the range ends after (or inside) this entry
+            chunk = builder.finish()
+            if chunk is not None or self.done:
+                return chunk
 
-    def _decode(  # noqa: PLR0917 (private, one call site)
-        self,
-        ledger_id: int,
-        entry_id: int,
-        md: pb.MessageMetadata,
-        payload: bytes,
-        out: Columns,
-        properties: bool,
-    ) -> None:
-        base = encode_position(ledger_id, entry_id, -1)
-        payload = decompress(
-            int(md.compression), payload, int(md.uncompressed_size), UNCOMPRESSED_BYTES_MAX
-        )
-        publish = int(md.publish_time)
-        if not md.HasField("num_messages_in_batch"):
-            self._take(base, md, payload, publish, out, properties)
-            return
-        # A batch: [size:4][SingleMessageMetadata][payload] x n, decoded in one fused loop
-        # (what protocol.batch.decode_batch checks, without building an intermediate list).
-        count = int(md.num_messages_in_batch)
-        if not 0 <= count <= BATCH_MESSAGES_MAX:
-            raise InvalidMessage(f"{self.name}: batch declares {count} messages")
-        lo, hi, last = self.start, self.end, self.last
-        keys, values, positions = out.keys, out.values, out.positions
-        pubs, events, props = out.publish, out.event, out.properties
-        parse = pb.SingleMessageMetadata.FromString
-        unpack = _I32.unpack_from
-        total = len(payload)
-        offset = 0
-        for index in range(count):
-            if total - offset < 4:
-                raise InvalidMessage(f"{self.name}: batch truncated before message {index}")
-            (meta_size,) = unpack(payload, offset)
-            offset += 4
-            end_meta = offset + meta_size
-            if meta_size < 0 or end_meta > total:
-                raise InvalidMessage(f"{self.name}: message {index} metadata does not fit")
-            try:
-                single = parse(payload[offset:end_meta])
-            except DecodeError as err:
-                raise InvalidMessage(f"{self.name}: message {index}: {err}") from err
-            size = single.payload_size
-            offset = end_meta + size
-            if size < 0 or offset > total:
-                raise InvalidMessage(f"{self.name}: message {index} payload does not fit")
-            pos = base + 1 + index
-            if pos >= hi:
-                self.done = True
-                break
-            if pos < lo or pos <= last or single.compacted_out:
-                continue
-            last = pos
-            keys.append(single.partition_key if single.HasField("partition_key") else None)
-            values.append(payload[end_meta:offset])
-            positions.append(pos)
-            pubs.append(publish)
-            events.append(single.event_time or None)
-            if properties:
-                props.append([(p.key, p.value) for p in single.properties])
-            if pos >= hi - 1:
-                self.done = True
-                break
-        self.last = last
-
-    def _take(  # noqa: PLR0917 (private)
-        self,
-        pos: int,
-        md: pb.MessageMetadata,
-        value: bytes,
-        publish: int,
-        out: Columns,
-        properties: bool,
-    ) -> None:
-        """A non-batched message at ``pos``."""
-        if pos >= self.end:
-            self.done = True
-            return
-        if pos < self.start or pos <= self.last:
-            return
-        self.last = pos
-        out.keys.append(md.partition_key if md.HasField("partition_key") else None)
-        out.values.append(value)
-        out.positions.append(pos)
-        out.publish.append(publish)
-        out.event.append(int(md.event_time) or None)
-        if properties:
-            out.properties.append([(p.key, p.value) for p in md.properties])
-        if pos >= self.end - 1:
-            self.done = True
+    async def _next_entry(self) -> tuple[int, int, pb.MessageMetadata, bytes]:
+        assert self.consumer is not None
+        try:
+            ledger_id, entry_id, md, payload = await self.consumer.next_entry(self.timeout_s)
+        except TimeoutError:
+            raise AnabranchError(
+                f"{self.name}: no message within {self.timeout_s}s while reading "
+                f"[{self.start}, {self.end})"
+            ) from None
+        if self._first:
+            self._first = False
+            entry = resume_entry(self.start)
+            if entry is not None and (ledger_id, entry_id) != entry:
+                problem = (
+                    f"{self.name}: position {self.start} is gone (first available entry "
+                    f"is {ledger_id}:{entry_id})"
+                )
+                if self.fail_on_data_loss:
+                    raise DataLoss(problem)
+                log.warning("%s; skipping to it (failOnDataLoss=false)", problem)
+        return ledger_id, entry_id, md, payload
 
 
 # --- the sink ---------------------------------------------------------------------------------

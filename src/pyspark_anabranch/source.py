@@ -55,6 +55,7 @@ from anabranch.client.consumer import Consumer
 from anabranch.client.message_id import MessageId
 from anabranch.core.segment_layout import SegmentLayout
 from pyspark_anabranch import _io
+from pyspark_anabranch.columns import Chunk
 from pyspark_anabranch.options import SinkOptions, SourceOptions, topic_key
 from pyspark_anabranch.planning import (
     FIRST_POSITION,
@@ -155,22 +156,23 @@ def read_range(opts: SourceOptions, part: SegmentRange) -> Iterator[pa.RecordBat
 
 
 def _batch(
-    schema: pa.Schema, part: SegmentRange, cols: _io.Columns, with_props: bool
+    schema: pa.Schema, part: SegmentRange, cols: Chunk, with_props: bool
 ) -> pa.RecordBatch:
     n = len(cols)
     ts = schema.field("publishTime").type
+    publish_us = cols.publish_ms * 1000
     arrays = [
-        pa.array(cols.keys, pa.string()).cast(pa.binary()),
-        pa.array(cols.values, pa.binary()),
+        cols.keys,
+        cols.values,
         pa.repeat(pa.scalar(f"topic://{part.topic}", pa.string()), n),
         pa.repeat(pa.scalar(part.segment_id, pa.int64()), n),
         pa.repeat(pa.scalar(part.epoch, pa.int32()), n),
         pa.array(cols.positions, pa.int64()),
-        pc.multiply(pa.array(cols.publish, pa.int64()), 1000).cast(ts),
-        pc.multiply(pa.array(cols.event, pa.int64()), 1000).cast(ts),
+        pa.array(publish_us, pa.int64()).view(ts),
+        pc.multiply(cols.event_ms, 1000).view(ts),
     ]
     if with_props:
-        arrays.append(pa.array(cols.properties, schema.field("properties").type))
+        arrays.append(cols.properties)
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
