@@ -8,12 +8,16 @@
    2-row batches, mean ``triggerExecution`` after batch 0, for our source (which then scans
    ahead on the driver to cut at 2 rows) and for the in-memory one.
 3. Each source reads all N rows into ``noop`` under ``Trigger.AvailableNow`` (one batch; the
-   rate source: three batches of N); rows/s is rows over summed ``triggerExecution``. Ours runs
-   again with ``maxRecordsPerTrigger=--batch-rows`` to show the cost of cutting at a limit.
+   rate source: three batches of N); rows/s is rows over summed ``triggerExecution``. Ours and
+   the in-memory source alternate ``--reps`` times after ``--warmup`` uncounted runs each (the
+   JVM's JIT and the Python workers warm up over the first runs); the medians are reported,
+   and the ratio is that of the medians. Ours runs again with
+   ``maxRecordsPerTrigger=--batch-rows`` to show the cost of cutting at a limit. Spark's phase
+   durations are reported per run.
 
 The broker's peak RSS (``VmHWM``) is reported. The last printed line is one JSON object.
 
-Usage: ``python benchmarks/spark_source.py [--messages 1000000] [--size 100]``
+Usage: ``python benchmarks/spark_source.py [--messages 1000000] [--size 100] [--reps 3]``
 """
 
 from __future__ import annotations
@@ -129,12 +133,22 @@ def rate(progress: list[Any]) -> dict[str, Any]:
     steady = progress[1:] or progress
     steady_rows = sum(p["numInputRows"] for p in steady)
     steady_s = sum(p["durationMs"]["triggerExecution"] for p in steady) / 1000
+    phases: dict[str, int] = {}
+    for p in progress:
+        for name, ms in p["durationMs"].items():
+            phases[name] = phases.get(name, 0) + ms
     return {
         "rows": rows,
         "batches": len(progress),
+        "phases_ms": phases,
         "rows_per_s": round(rows / seconds) if seconds else None,
         "rows_per_s_after_batch0": round(steady_rows / steady_s) if steady_s else None,
     }
+
+
+def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run with the median rows/s."""
+    return sorted(runs, key=lambda r: r["rows_per_s"] or 0)[len(runs) // 2]
 
 
 def main() -> None:
@@ -142,6 +156,8 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=1_000_000)
     parser.add_argument("--size", type=int, default=100)
     parser.add_argument("--batch-rows", type=int, default=250_000)
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--warmup", type=int, default=1, help="uncounted runs of each first")
     args = parser.parse_args()
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
@@ -185,18 +201,32 @@ def main() -> None:
         result["per_batch_overhead_ms_python_arrow_memory"] = overhead_ms(tiny)
         print("overheads", result, flush=True)
 
-        t0 = time.perf_counter()
-        result["anabranch"] = rate(run_noop(ours(None), str(tmp / "cp-1"), available_now=True))
-        result["anabranch"]["wall_s"] = round(time.perf_counter() - t0, 2)
-        print("anabranch", result["anabranch"], flush=True)
+        # Ours and the in-memory ceiling alternate, so both see the same machine load.
+        mem = memory(args.messages, args.messages)
+        ours_runs: list[dict[str, Any]] = []
+        mem_runs: list[dict[str, Any]] = []
+        for rep in range(args.warmup):  # JIT-compile the JVM's and warm the workers' paths
+            run_noop(ours(None), str(tmp / f"cp-wo{rep}"), available_now=True)
+            run_noop(mem, str(tmp / f"cp-wm{rep}"), available_now=True)
+        for rep in range(args.reps):
+            t0 = time.perf_counter()
+            ours_runs.append(
+                rate(run_noop(ours(None), str(tmp / f"cp-o{rep}"), available_now=True))
+            )
+            ours_runs[-1]["wall_s"] = round(time.perf_counter() - t0, 2)
+            print("anabranch", ours_runs[-1], flush=True)
+            mem_runs.append(rate(run_noop(mem, str(tmp / f"cp-m{rep}"), available_now=True)))
+            print("memory", mem_runs[-1], flush=True)
+        result["anabranch"] = median_run(ours_runs)
+        result["python_arrow_memory"] = median_run(mem_runs)
+        result["per_rep_rows_per_s"] = {
+            "anabranch": [r["rows_per_s"] for r in ours_runs],
+            "python_arrow_memory": [r["rows_per_s"] for r in mem_runs],
+        }
         limited = run_noop(ours(args.batch_rows), str(tmp / "cp-2"), available_now=True)
         result["anabranch_max_records"] = rate(limited)
         result["anabranch_max_records"]["maxRecordsPerTrigger"] = args.batch_rows
         print("anabranch limited", result["anabranch_max_records"], flush=True)
-
-        mem = memory(args.messages, args.messages)
-        result["python_arrow_memory"] = rate(run_noop(mem, str(tmp / "cp-3"), available_now=True))
-        print("memory", result["python_arrow_memory"], flush=True)
 
         rate_df = (
             spark.readStream.format("rate-micro-batch")
@@ -206,8 +236,8 @@ def main() -> None:
             run_noop(rate_df, str(tmp / "cp-4"), available_now=False, max_batches=3)
         )
         print("rate", result["spark_rate"], flush=True)
-        result["anabranch_read_every_message"] = (
-            result["anabranch"]["rows"] == result["anabranch_max_records"]["rows"] == args.messages
+        result["anabranch_read_every_message"] = all(
+            r["rows"] == args.messages for r in [*ours_runs, result["anabranch_max_records"]]
         )
         ours_rate = result["anabranch"]["rows_per_s"] or 0
         mem_rate = result["python_arrow_memory"]["rows_per_s"] or 1

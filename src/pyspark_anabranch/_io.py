@@ -24,6 +24,8 @@ from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+import numpy as np
+import numpy.typing as npt
 import pyarrow.compute as pc
 
 from anabranch.admin.client import AdminClient
@@ -47,6 +49,7 @@ from pyspark_anabranch.planning import (
     FIRST_POSITION,
     DataLoss,
     decode_position,
+    encode_position,
     entry_end,
     resume_entry,
     timestamp_start,
@@ -208,22 +211,78 @@ async def segment_end(client: Client, name: str) -> int:
         await reader.close()
 
 
-async def scan(  # noqa: PLR0917 (one call site)
-    client: Client, name: str, start: int, end: int, max_count: int, timeout_s: float
-) -> list[tuple[int, int]]:
-    """``(position, value size)`` of up to ``max_count`` messages in ``[start, end)``: the
-    driver uses it to cut a range at a record or byte limit."""
-    out: list[tuple[int, int]] = []
-    if max_count <= 0 or end <= start:
-        return out
-    async with RangeReader(client, name, start, end, timeout_s) as reader:
-        while len(out) < max_count:
-            cols = await reader.chunk(max_count - len(out))
-            if cols is None:
-                break
-            sizes = pc.binary_length(cols.values).fill_null(0).to_pylist()
-            out.extend(zip(cols.positions.tolist(), sizes, strict=True))
-    return out[:max_count]
+@dataclass
+class _Scanned:
+    """What is known of one segment's messages in ``[start, next)``: their positions (and
+    value sizes)."""
+
+    start: int
+    next: int
+    positions: npt.NDArray[np.int64]
+    sizes: npt.NDArray[np.int64] | None
+
+
+@dataclass
+class Scanner:
+    """Driver-side: the positions (and value sizes) of a segment's next messages, which the
+    driver needs to cut a range at a record or byte limit.
+
+    What one batch scanned beyond its cut is kept for the next one, so over a stream every
+    message is scanned about once, not once per batch that could have taken it. A record limit
+    alone needs no payload: positions come from the entries' metadata.
+    """
+
+    client: Client
+    timeout_s: float
+    kept: dict[str, _Scanned] = field(default_factory=dict)
+
+    async def scan(
+        self, name: str, lo: int, hi: int, count: int, sizes: bool
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64] | None]:
+        """Up to ``count`` (at least all of a first entry's) next positions in ``[lo, hi)``,
+        with their value sizes if asked for."""
+        got = self.kept.get(name)
+        if got is None or lo < got.start or (sizes and got.sizes is None):
+            empty = np.zeros(0, np.int64)
+            got = _Scanned(lo, lo, empty, empty if sizes else None)
+        skip = int(np.searchsorted(got.positions, lo))
+        got.positions = got.positions[skip:]
+        got.sizes = None if got.sizes is None else got.sizes[skip:]
+        got.start = lo
+        got.next = max(got.next, lo)
+        if len(got.positions) < count and got.next < hi:
+            await self._read(name, got, hi, count - len(got.positions))
+        self.kept[name] = got
+        positions = got.positions[got.positions < hi][:count]
+        return positions, None if got.sizes is None else got.sizes[: len(positions)]
+
+    async def _read(self, name: str, got: _Scanned, hi: int, count: int) -> None:
+        more_pos: list[npt.NDArray[np.int64]] = [got.positions]
+        more_sizes: list[npt.NDArray[np.int64]] = [] if got.sizes is None else [got.sizes]
+        async with RangeReader(self.client, name, got.next, hi, self.timeout_s) as reader:
+            while count > 0:
+                if got.sizes is None:
+                    positions = await reader.positions(count)
+                    if positions is None:
+                        break
+                else:
+                    cols = await reader.chunk(count)
+                    if cols is None:
+                        break
+                    positions = cols.positions
+                    lengths = pc.binary_length(cols.values).fill_null(0)
+                    more_sizes.append(lengths.to_numpy().astype(np.int64))
+                more_pos.append(positions)
+                count -= len(positions)
+            if reader.done:
+                got.next = hi
+            elif reader.decoder.last >= got.next:
+                got.next = reader.decoder.last + 1
+        got.positions = np.concatenate(more_pos)
+        got.sizes = np.concatenate(more_sizes) if got.sizes is not None else None
+
+    async def close(self) -> None:
+        self.kept.clear()
 
 
 async def find_timestamp_start(
@@ -373,6 +432,19 @@ class RangeReader:
             chunk = builder.finish()
             if chunk is not None or self.done:
                 return chunk
+
+    async def positions(self, max_rows: int) -> npt.NDArray[np.int64] | None:
+        """Like :meth:`chunk`, positions only, from the entries' metadata (nothing decoded)."""
+        parts: list[npt.NDArray[np.int64]] = []
+        rows = 0
+        while not self.done and (rows < max_rows or rows == 0):
+            ledger_id, entry_id, md, _payload = await self._next_entry()
+            got = self.decoder.positions(encode_position(ledger_id, entry_id, -1), md)
+            parts.append(got)
+            rows += len(got)
+            if self.decoder.done or (ledger_id, entry_id) >= self.end_entry:
+                self.done = True
+        return np.concatenate(parts) if rows else None
 
     async def _next_entry(self) -> tuple[int, int, pb.MessageMetadata, bytes]:
         assert self.consumer is not None

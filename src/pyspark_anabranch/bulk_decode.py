@@ -135,15 +135,19 @@ def _candidates(
     has_event = (q < meta_end) & (take(q) == _EVENT)
     event = np.zeros(len(o), np.uint64)
     if has_event.any():
-        value, length, ends = _varints(buf, q + 1, values=True)
+        value, length, ends = _varints(buf, q + 1)
         ok &= ~has_event | ends
         event = np.where(has_event, value, np.uint64(0))
         q = np.where(has_event, q + 1 + length, q)
     # Only a sequence id may follow, as one varint ending exactly at the metadata's end.
+    # Its bytes are [q + 1, meta_end): all but the last have the continuation bit.
     has_seq = q < meta_end
     if has_seq.any():
-        _, length, ends = _varints(buf, q + 1)
-        seq_ok = (take(q) == _SEQUENCE) & ends & (q + 1 + length == meta_end)
+        length = meta_end - q - 1
+        seq_ok = (take(q) == _SEQUENCE) & (length >= 1) & (length <= _VARINT_MAX)
+        seq_ok &= take(np.maximum(meta_end - 1, 0)) < 0x80
+        for i in range(1, int(np.max(np.where(seq_ok, length, 1)))):
+            seq_ok &= (length <= i) | (take(q + i) >= 0x80)
         ok &= ~has_seq | seq_ok
     ok &= q <= meta_end
     nexts = meta_end + size
@@ -152,16 +156,13 @@ def _candidates(
 
 
 def _varints(
-    buf: npt.NDArray[np.uint8], at: Ints, *, values: bool = False
-) -> tuple[npt.NDArray[np.uint64] | None, Ints, npt.NDArray[np.bool_]]:
-    """The varints starting at each offset of ``at``: (value if asked for, length in bytes,
-    well formed)."""
+    buf: npt.NDArray[np.uint8], at: Ints
+) -> tuple[npt.NDArray[np.uint64], Ints, npt.NDArray[np.bool_]]:
+    """The varints starting at each offset of ``at``: (value, length in bytes, well formed)."""
     window = buf.take(at[:, None] + np.arange(_VARINT_MAX))
     low = window < 0x80
-    ends = low.any(axis=1)
+    ends: npt.NDArray[np.bool_] = np.asarray(low.any(axis=1))
     last = np.argmax(low, axis=1)
-    if not values:
-        return None, (last + 1).astype(np.int64), ends
     used = np.arange(_VARINT_MAX) <= last[:, None]
     shifts = (7 * np.arange(_VARINT_MAX)).astype(np.uint64)
     parts = (window & 0x7F).astype(np.uint64) << shifts

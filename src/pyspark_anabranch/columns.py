@@ -136,6 +136,22 @@ class EntryDecoder:
         self.done = last >= self.end - 1
         return True
 
+    def positions(self, base: int, md: pb.MessageMetadata) -> npt.NDArray[np.int64]:
+        """The positions an entry at ``base`` adds to the range, from its metadata alone (no
+        payload decoding: what the driver needs to cut a range at a record limit)."""
+        if not md.HasField("num_messages_in_batch"):
+            first = last = base
+        else:
+            first, last = base + 1, base + self.count(md)
+        first = max(first, self.start, self.last + 1)
+        last = min(last, self.end - 1)
+        if base >= self.end or last >= self.end - 1:
+            self.done = True
+        if last < first:
+            return np.zeros(0, np.int64)
+        self.last = last
+        return np.arange(first, last + 1, dtype=np.int64)
+
     def add(
         self,
         base: int,
@@ -359,13 +375,13 @@ class ChunkBuilder:
             self.parts.append(Chunk.of(cols, self.properties))
             return
         bases = np.array(run.bases, np.int64)
-        publish = np.array(run.publish, np.int64)
+        publish_ms = np.array(run.publish, np.int64)
         self.parts.append(
             Chunk(
                 decoded.keys,
                 decoded.values,
                 bases[decoded.entry] + 1 + decoded.index,
-                publish[decoded.entry],
+                publish_ms[decoded.entry],
                 decoded.event_ms,
                 None,
             )

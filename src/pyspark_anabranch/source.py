@@ -19,6 +19,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql.datasource import (
@@ -155,9 +157,7 @@ def read_range(opts: SourceOptions, part: SegmentRange) -> Iterator[pa.RecordBat
         _io.run(reader.__aexit__())
 
 
-def _batch(
-    schema: pa.Schema, part: SegmentRange, cols: Chunk, with_props: bool
-) -> pa.RecordBatch:
+def _batch(schema: pa.Schema, part: SegmentRange, cols: Chunk, with_props: bool) -> pa.RecordBatch:
     n = len(cols)
     ts = schema.field("publishTime").type
     publish_us = cols.publish_ms * 1000
@@ -187,12 +187,14 @@ class _Driver:
         self.client: Client = _io.client_for(opts.service_url, **opts.client)
         self.admin = _io.admin_for(opts.admin_url)
         self.probe = _io.EndProbe(self.client)
+        self.scanner = _io.Scanner(self.client, opts.poll_timeout_s)
         self.last_layouts: dict[str, SegmentLayout] = {}
         self.acks: dict[str, Consumer] = {}
         """ackSubscription consumers, one per segment, kept open across commits."""
 
     async def close(self) -> None:
         await self.probe.close()
+        await self.scanner.close()
         acks, self.acks = self.acks, {}
         for consumer in acks.values():
             await consumer.close()
@@ -257,10 +259,18 @@ class _Driver:
                 )
 
     def scan(  # noqa: PLR0917 (private)
-        self, topic: str, layout: SegmentLayout, sid: int, lo: int, hi: int, n: int
-    ) -> list[tuple[int, int]]:
+        self, topic: str, layout: SegmentLayout, sid: int, lo: int, hi: int, n: int, sizes: bool
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64] | None]:
+        """Positions (and value sizes) of up to ``n`` next messages of a segment range."""
         name = _io.segment_topic(topic, layout, sid)
-        return _io.run(_io.scan(self.client, name, lo, hi, n, self.opts.poll_timeout_s))
+        return _io.run(self.scanner.scan(name, lo, hi, n, sizes))
+
+
+def _sizes(
+    scan: tuple[npt.NDArray[np.int64], npt.NDArray[np.int64] | None],
+) -> npt.NDArray[np.int64]:
+    assert scan[1] is not None, "value sizes are scanned when a byte limit is set"
+    return scan[1]
 
 
 def _initial(opts: SourceOptions, spec: str, layouts: Mapping[str, SegmentLayout]) -> Frontier:
@@ -407,37 +417,38 @@ class AnabranchStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         if max_bytes is not None and max_rows is None:
             cap = max(cap, 10_000)
         scans = {
-            key: self.driver.scan(key[0], layouts[key[0]], key[1], lo, hi, cap)
+            key: self.driver.scan(
+                key[0], layouts[key[0]], key[1], lo, hi, cap, max_bytes is not None
+            )
             for key, (lo, hi) in backlog.items()
         }
         if min_rows is not None:
             waited_ms = int((time.monotonic() - self._last_batch_s) * 1000)
-            total = sum(len(v) for v in scans.values())
+            total = sum(len(positions) for positions, _ in scans.values())
             if should_wait(total, min_rows, waited_ms, self.opts.max_trigger_delay_ms):
                 return None
-        counts = {key: len(v) for key, v in scans.items()}
+        counts = {key: len(positions) for key, (positions, _) in scans.items()}
         if max_rows is not None:
             counts = allocate(max_rows, counts)
         if max_bytes is not None:
-            sizes = {key: sum(s for _p, s in scans[key][: counts[key]]) for key in scans}
-            budget = allocate(max_bytes, sizes)
+            sizes = {key: _sizes(scans[key])[: counts[key]].tolist() for key in scans}
+            budget = allocate(max_bytes, {key: sum(v) for key, v in sizes.items()})
             counts = {
-                key: cut_by_bytes([s for _p, s in scans[key][: counts[key]]], budget[key] or 1)
-                if counts[key]
-                else 0
+                key: cut_by_bytes(sizes[key], budget[key] or 1) if counts[key] else 0
                 for key in scans
             }
         out: dict[tuple[str, int], int] = {}
         for key, (lo, hi) in backlog.items():
             n = counts[key]
+            scanned = scans[key][0]
             if max_rows is None and max_bytes is None:
                 out[key] = hi
             elif n == 0:
                 out[key] = lo
-            elif n >= len(scans[key]) and len(scans[key]) < cap:
+            elif n >= len(scanned) and len(scanned) < cap:
                 out[key] = hi  # the whole backlog was scanned and fits
             else:
-                out[key] = scans[key][n - 1][0] + 1
+                out[key] = int(scanned[n - 1]) + 1
         return out
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:

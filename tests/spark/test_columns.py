@@ -18,7 +18,13 @@ from anabranch.protocol._generated import pulsar_api_pb2 as pb
 from anabranch.protocol.batch import decode_batch, encode_batch, join_batch, single_metadata
 from anabranch.protocol.compression import CompressionType, compress
 from pyspark_anabranch.bulk_decode import decode_run
-from pyspark_anabranch.columns import BULK_MIN_MESSAGES, EVENT_MS_MAX, Chunk, ChunkBuilder, EntryDecoder
+from pyspark_anabranch.columns import (
+    BULK_MIN_MESSAGES,
+    EVENT_MS_MAX,
+    Chunk,
+    ChunkBuilder,
+    EntryDecoder,
+)
 from pyspark_anabranch.planning import encode_position
 
 LEDGER = 3
@@ -102,7 +108,10 @@ class Entry:
         if not self.batched:
             return [(base, self.messages[0].row(base, self.publish, properties))]
         return [
-            (base + 1 + i, None if m.compacted_out else m.row(base + 1 + i, self.publish, properties))
+            (
+                base + 1 + i,
+                None if m.compacted_out else m.row(base + 1 + i, self.publish, properties),
+            )
             for i, m in enumerate(self.messages)
         ]
 
@@ -243,7 +252,7 @@ def producer_batch(count: int, key_of: Any, value_of: Any) -> bytes:
         (lambda i: f"k{i % 1000}", lambda i: b"x" * 100),
         (lambda i: None, lambda i: bytes(i % 7)),  # values of zero bytes, no keys
         (lambda i: "é" * (i % 60), lambda i: fake_header_value() * (i % 3)),
-        (lambda i: str(i), lambda i: b"v" * (i * 97 % 20_000)),
+        (str, lambda i: b"v" * (i * 97 % 20_000)),
     ],
 )
 def test_producer_layouts_take_the_vectorized_walk(key_of: Any, value_of: Any) -> None:
@@ -257,7 +266,7 @@ def test_producer_layouts_take_the_vectorized_walk(key_of: Any, value_of: Any) -
         m.partition_key.encode() if m.HasField("partition_key") else None for m, _ in expected
     ]
     assert run.entry.tolist() == [0] * 50 + [1] + [2] * 300
-    assert run.index.tolist() == list(range(50)) + [0] + list(range(300))
+    assert run.index.tolist() == [*range(50), 0, *range(300)]
 
 
 def test_event_times_and_unknown_layouts() -> None:
