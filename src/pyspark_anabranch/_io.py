@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import concurrent.futures
 import logging
 import threading
 import uuid
@@ -87,8 +88,12 @@ def _loop_thread() -> asyncio.AbstractEventLoop:
 
 def run(coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
     """Run ``coro`` on the process's connector loop and wait for its result."""
-    future = asyncio.run_coroutine_threadsafe(coro, _loop_thread())
-    return future.result(timeout)
+    return submit(coro).result(timeout)
+
+
+def submit(coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+    """Start ``coro`` on the process's connector loop; its result comes later."""
+    return asyncio.run_coroutine_threadsafe(coro, _loop_thread())
 
 
 def client_for(service_url: str, **options: float) -> Client:

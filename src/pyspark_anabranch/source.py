@@ -13,6 +13,8 @@ Example::
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
 import logging
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -135,7 +137,11 @@ def _partition(layout: SegmentLayout, r: Range) -> SegmentRange:
 
 
 def read_range(opts: SourceOptions, part: SegmentRange) -> Iterator[pa.RecordBatch]:
-    """Arrow batches of one partition's messages (runs on an executor)."""
+    """Arrow batches of one partition's messages (runs on an executor).
+
+    The next chunk is read and decoded on the connector's loop thread while this one is
+    handed to Spark, so that decoding overlaps Spark's serialization of the previous batch.
+    """
     schema = to_arrow_schema(source_schema(opts.include_properties), timezone="UTC")
     client = _io.client_for(opts.service_url, **opts.client)
     reader = _io.RangeReader(
@@ -146,27 +152,56 @@ def read_range(opts: SourceOptions, part: SegmentRange) -> Iterator[pa.RecordBat
         opts.poll_timeout_s,
         fail_on_data_loss=opts.fail_on_data_loss,
     )
+    constants = _Constants(part)
     _io.run(reader.__aenter__())
+    ahead: concurrent.futures.Future[Chunk | None] | None = None
     try:
-        while True:
-            cols = _io.run(reader.chunk(READ_CHUNK_ROWS, properties=opts.include_properties))
+        ahead = _io.submit(reader.chunk(READ_CHUNK_ROWS, properties=opts.include_properties))
+        while ahead is not None:
+            cols = ahead.result()
+            ahead = None
             if cols is None:
                 return
-            yield _batch(schema, part, cols, opts.include_properties)
+            if not reader.done:
+                ahead = _io.submit(
+                    reader.chunk(READ_CHUNK_ROWS, properties=opts.include_properties)
+                )
+            yield _batch(schema, constants, cols, opts.include_properties)
     finally:
+        if ahead is not None:  # Spark stopped early: let the read in flight end first
+            ahead.cancel()
+            with contextlib.suppress(BaseException):
+                ahead.result()
         _io.run(reader.__aexit__())
 
 
-def _batch(schema: pa.Schema, part: SegmentRange, cols: Chunk, with_props: bool) -> pa.RecordBatch:
-    n = len(cols)
+class _Constants:
+    """A partition's constant columns (topic, segment id, epoch), built once and sliced."""
+
+    def __init__(self, part: SegmentRange) -> None:
+        self.part = part
+        self.arrays: list[pa.Array] = []
+
+    def columns(self, n: int) -> list[pa.Array]:
+        if not self.arrays or len(self.arrays[0]) < n:
+            size = max(n, READ_CHUNK_ROWS * 2)
+            self.arrays = [
+                pa.repeat(pa.scalar(f"topic://{self.part.topic}", pa.string()), size),
+                pa.repeat(pa.scalar(self.part.segment_id, pa.int64()), size),
+                pa.repeat(pa.scalar(self.part.epoch, pa.int32()), size),
+            ]
+        return [a.slice(0, n) for a in self.arrays]
+
+
+def _batch(
+    schema: pa.Schema, constants: _Constants, cols: Chunk, with_props: bool
+) -> pa.RecordBatch:
     ts = schema.field("publishTime").type
     publish_us = cols.publish_ms * 1000
     arrays = [
         cols.keys,
         cols.values,
-        pa.repeat(pa.scalar(f"topic://{part.topic}", pa.string()), n),
-        pa.repeat(pa.scalar(part.segment_id, pa.int64()), n),
-        pa.repeat(pa.scalar(part.epoch, pa.int32()), n),
+        *constants.columns(len(cols)),
         pa.array(cols.positions, pa.int64()),
         pa.array(publish_us, pa.int64()).view(ts),
         pc.multiply(cols.event_ms, 1000).view(ts),
