@@ -318,7 +318,7 @@ async def find_timestamp_start(
 async def _entry_publish_ms(client: Client, name: str, position: int, timeout_s: float) -> int:
     """The publish time of the entry holding ``position`` (one entry read)."""
     ledger_id, entry_id, _ = decode_position(position)
-    consumer = _EntryConsumer(client._pool, name, MessageId(ledger_id, entry_id))
+    consumer = _EntryConsumer(client._pool, name, MessageId(ledger_id, entry_id), queue=1)
     await consumer._start()
     try:
         _ledger, _entry, md, _payload = await consumer.next_entry(timeout_s)
@@ -337,12 +337,23 @@ async def _entry_publish_ms(client: Client, name: str, position: int, timeout_s:
 class _EntryConsumer(Consumer):
     """A non-durable consumer that queues whole stored entries ``(ledger, entry, metadata,
     payload)`` instead of building a ``Message`` per message: the range reader decodes batches
-    straight into columns. Flow permits are returned as entries are taken."""
+    straight into columns. Flow permits are returned as entries are taken.
 
-    def __init__(self, pool: Any, topic: str, start: MessageId | None) -> None:
+    ``queue`` is the receiver queue in messages; a read of one entry asks for one message's
+    worth, which is one entry: the broker dispatches whole entries while permits remain, and
+    more would only be sent to be thrown away (and delay the close behind them).
+    """
+
+    def __init__(
+        self,
+        pool: Any,
+        topic: str,
+        start: MessageId | None,
+        queue: int = RANGE_READER_QUEUE_MESSAGES,
+    ) -> None:
         options = ConsumerOptions(
             initial_position=InitialPosition.EARLIEST,
-            receiver_queue_size=RANGE_READER_QUEUE_MESSAGES,
+            receiver_queue_size=queue,
         )
         super().__init__(
             pool,
@@ -416,7 +427,9 @@ class RangeReader:
         if not self.done:
             entry = resume_entry(self.start)
             begin = None if entry is None else MessageId(*entry)
-            self.consumer = _EntryConsumer(self.client._pool, self.name, begin)
+            one_entry = entry is not None and entry == self.end_entry
+            queue = 1 if one_entry else RANGE_READER_QUEUE_MESSAGES
+            self.consumer = _EntryConsumer(self.client._pool, self.name, begin, queue)
             await self.consumer._start()
         return self
 
