@@ -10,9 +10,9 @@ also counts what Spark spends on our schema.
 
 1. A broker subprocess (``BrokerProcess``, fsync=never) with a 2-segment scalable topic; N
    messages of S bytes are produced with the client's scalable producer (keys ``k0..k999``).
-2. Per-micro-batch overhead first (it also starts the Python workers that later runs reuse):
-   2-row batches, mean ``triggerExecution`` after batch 0, for our source (which then scans
-   ahead on the driver to cut at 2 rows) and for the in-memory one.
+2. Per-micro-batch overhead, measured after the warm-up runs of step 3: 2-row batches, mean
+   ``triggerExecution`` after batch 0, for our source (which then scans ahead on the driver to
+   cut at 2 rows) and for the in-memory one of our schema.
 3. Each source reads all N rows into ``noop`` under ``Trigger.AvailableNow`` (one batch; the
    rate source: three batches of N); rows/s is rows over summed ``triggerExecution``. Ours and
    the in-memory sources alternate ``--reps`` times after ``--warmup`` uncounted runs each (the
@@ -232,14 +232,6 @@ def main() -> None:
             spark.dataSource.register(source)
             return spark.readStream.format(source.name()).load()
 
-        # Tiny batches first: they also start the Python workers every later run reuses.
-        tiny = run_noop(ours(2), str(tmp / "cp-t1"), available_now=False, max_batches=21)
-        result["per_batch_overhead_ms"] = overhead_ms(tiny)
-        tiny = memory(10**9, 2, full=True)
-        tiny_runs = run_noop(tiny, str(tmp / "cp-t2"), available_now=False, max_batches=21)
-        result["per_batch_overhead_ms_python_arrow_memory"] = overhead_ms(tiny_runs)
-        print("overheads", result, flush=True)
-
         # Ours and the in-memory ceilings alternate, so all see the same machine load.
         kinds: dict[str, Any] = {
             "anabranch": lambda: ours(None),
@@ -247,7 +239,19 @@ def main() -> None:
             "python_arrow_memory_2col": lambda: memory(args.messages, args.messages, full=False),
         }
         runs: dict[str, list[dict[str, Any]]] = {kind: [] for kind in kinds}
+
+        def overheads() -> None:
+            tiny = run_noop(ours(2), str(tmp / "cp-t1"), available_now=False, max_batches=21)
+            result["per_batch_overhead_ms"] = overhead_ms(tiny)
+            tiny = run_noop(
+                memory(10**9, 2, full=True), str(tmp / "cp-t2"), available_now=False, max_batches=21
+            )
+            result["per_batch_overhead_ms_python_arrow_memory"] = overhead_ms(tiny)
+            print("overheads", result, flush=True)
+
         for rep in range(args.warmup + args.reps):
+            if rep == args.warmup:  # tiny batches, on the warm JVM and workers
+                overheads()
             for kind, make in kinds.items():
                 t0 = time.perf_counter()
                 got = rate(run_noop(make(), str(tmp / f"cp-{kind}-{rep}"), available_now=True))
