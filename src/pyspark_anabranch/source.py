@@ -80,8 +80,10 @@ from pyspark_anabranch.planning import (
 
 log = logging.getLogger("pyspark_anabranch")
 
-READ_CHUNK_ROWS = 8192
-"""Messages per Arrow record batch yielded by ``read``."""
+READ_CHUNK_ROWS = 32768
+"""Messages per Arrow record batch yielded by ``read`` (about that many: whole entries). Larger
+batches cost Spark less per row (~8% fewer from 8192 to 32768, measured with
+``benchmarks/spark_source.py``); at 100 B a batch holds ~5 MB."""
 SINK_CHUNK_ROWS = 4096
 """Rows handed to the loop thread per call by the sink."""
 
