@@ -64,7 +64,8 @@ RANGE_READER_QUEUE_MESSAGES = 10_000
 bulk read (a 100 B message costs ~0.3 KB queued, so ~3 MB per reader)."""
 
 SCAN_CHUNK_MESSAGES = 4096
-"""Messages per chunk while looking for a segment's first message at a timestamp."""
+"""Messages per chunk while scanning (for a segment's first message at a timestamp, or for
+value sizes to cut a range at a byte limit)."""
 
 _lock = threading.Lock()
 _loop: asyncio.AbstractEventLoop | None = None
@@ -271,7 +272,7 @@ class Scanner:
                     if positions is None:
                         break
                 else:
-                    cols = await reader.chunk(count)
+                    cols = await reader.chunk(min(count, SCAN_CHUNK_MESSAGES))
                     if cols is None:
                         break
                     positions = cols.positions
@@ -285,6 +286,11 @@ class Scanner:
                 got.next = reader.decoder.last + 1
         got.positions = np.concatenate(more_pos)
         got.sizes = np.concatenate(more_sizes) if got.sizes is not None else None
+
+    def retain(self, names: set[str]) -> None:
+        """Forget what was scanned ahead in segments other than ``names``."""
+        for name in set(self.kept) - names:
+            del self.kept[name]
 
     async def close(self) -> None:
         self.kept.clear()

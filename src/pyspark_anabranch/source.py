@@ -295,17 +295,32 @@ class _Driver:
                     )
                 )
 
-    def scan(  # noqa: PLR0917 (private)
-        self, topic: str, layout: SegmentLayout, sid: int, lo: int, hi: int, n: int, sizes: bool
-    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64] | None]:
-        """Positions (and value sizes) of up to ``n`` next messages of a segment range."""
-        name = _io.segment_topic(topic, layout, sid)
-        return _io.run(self.scanner.scan(name, lo, hi, n, sizes))
+    def scan(
+        self,
+        layouts: Mapping[str, SegmentLayout],
+        backlog: Mapping[tuple[str, int], tuple[int, int]],
+        count: int,
+        sizes: bool,
+    ) -> dict[tuple[str, int], Scan]:
+        """Positions (and value sizes) of up to ``count`` next messages of each segment range
+        in ``backlog``; what was scanned ahead for other segments is dropped."""
+        names = {key: _io.segment_topic(key[0], layouts[key[0]], key[1]) for key in backlog}
+
+        async def scan_all() -> dict[tuple[str, int], Scan]:
+            self.scanner.retain(set(names.values()))
+            return {
+                key: await self.scanner.scan(names[key], lo, hi, count, sizes)
+                for key, (lo, hi) in backlog.items()
+            }
+
+        return _io.run(scan_all())
 
 
-def _sizes(
-    scan: tuple[npt.NDArray[np.int64], npt.NDArray[np.int64] | None],
-) -> npt.NDArray[np.int64]:
+Scan = tuple[npt.NDArray[np.int64], npt.NDArray[np.int64] | None]
+"""Positions of a segment's next messages, and their value sizes when a byte limit needs them."""
+
+
+def _sizes(scan: Scan) -> npt.NDArray[np.int64]:
     assert scan[1] is not None, "value sizes are scanned when a byte limit is set"
     return scan[1]
 
@@ -453,12 +468,7 @@ class AnabranchStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         cap = max(x for x in (max_rows, min_rows, 1) if x is not None)
         if max_bytes is not None and max_rows is None:
             cap = max(cap, 10_000)
-        scans = {
-            key: self.driver.scan(
-                key[0], layouts[key[0]], key[1], lo, hi, cap, max_bytes is not None
-            )
-            for key, (lo, hi) in backlog.items()
-        }
+        scans = self.driver.scan(layouts, backlog, cap, max_bytes is not None)
         if min_rows is not None:
             waited_ms = int((time.monotonic() - self._last_batch_s) * 1000)
             total = sum(len(positions) for positions, _ in scans.values())

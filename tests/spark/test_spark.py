@@ -473,7 +473,9 @@ def test_driver_scan_cuts_exactly_and_reuses_what_it_read_ahead(
             SourceOptions.parse(broker.options(topic)),
             SegmentRange(topic.removeprefix("topic://"), 0, 0, 0xFFFF, 0, 0, end),
         )
-        for pos, value in zip(batch["position"].to_pylist(), batch["value"].to_pylist())
+        for pos, value in zip(
+            batch["position"].to_pylist(), batch["value"].to_pylist(), strict=True
+        )
     ]
     assert [size for _p, size in everything] == [len(v) for _k, v in rows]
     positions = [p for p, _s in everything]
@@ -495,9 +497,9 @@ def test_driver_scan_cuts_exactly_and_reuses_what_it_read_ahead(
             assert len(cut) == min(150, len(positions) - len(got))
             if sizes:
                 assert cut_sizes is not None
-                assert [(int(p), int(s)) for p, s in zip(cut, cut_sizes)] == everything[
-                    len(got) : len(got) + len(cut)
-                ]
+                assert [
+                    (int(p), int(s)) for p, s in zip(cut, cut_sizes, strict=True)
+                ] == everything[len(got) : len(got) + len(cut)]
             got += cut.tolist()
             lo = int(cut[-1]) + 1 if len(cut) else end
         assert got == positions
