@@ -490,7 +490,7 @@ def test_driver_scan_cuts_exactly_and_reuses_what_it_read_ahead(
     monkeypatch.setattr(_io.Scanner, "_read", counting_read)
     for sizes in (False, True):
         scanner = _io.Scanner(client, 30.0)
-        lo, got = 0, []
+        lo, got = 0, list[int]()
         reads = 0
         while lo < end:
             cut, cut_sizes = _io.run(scanner.scan(name, lo, end, 150, sizes))
