@@ -514,15 +514,15 @@ class TopicSink:
         self.stored = 0
 
     async def send(self, rows: list[Row]) -> None:
+        per_topic: dict[str, list[tuple[bytes, str | None, dict[str, str] | None, int | None]]]
+        per_topic = {}
         for topic, value, key, properties, event_time in rows:
+            per_topic.setdefault(topic, []).append((value, key, properties, event_time))
+        for topic, messages in per_topic.items():
             producer = self.producers.get(topic)
             if producer is None:
                 producer = self.producers[topic] = await self._open(topic)
-            self.futures.append(
-                await producer.send_async(
-                    value, key=key, properties=properties, event_time=event_time
-                )
-            )
+            self.futures += await producer.send_many(messages)
         self._reap()
 
     async def _open(self, topic: str) -> ScalableProducer:

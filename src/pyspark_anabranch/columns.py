@@ -23,6 +23,7 @@ import base64
 import binascii
 import struct
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -49,6 +50,16 @@ PROPERTIES_TYPE = pa.map_(pa.string(), pa.string())
 EVENT_MS_MAX = (2**63 - 1) // 1000
 """Event times above this cannot be a microsecond timestamp: they read as null, like 0
 (Pulsar's "not set")."""
+
+
+class StoredBatch(NamedTuple):
+    """A stored batch entry: its base position (messages follow at ``base + 1 + index``),
+    number of messages, decompressed payload and publish time (ms)."""
+
+    base: int
+    messages: int
+    payload: bytes
+    publish: int
 
 
 @dataclass
@@ -165,22 +176,15 @@ class EntryDecoder:
         if not md.HasField("num_messages_in_batch"):
             self._single(base, md, payload, publish, out, properties)
             return
-        count = self.count(md)
-        if self.claim_whole(base, count):
-            self.whole_batch(base, count, payload, publish, out, properties)
+        batch = StoredBatch(base, self.count(md), payload, publish)
+        if self.claim_whole(base, batch.messages):
+            self.whole_batch(batch, out, properties)
         else:
-            self._batch_in_range(base, count, payload, publish, out, properties)
+            self._batch_in_range(batch, out, properties)
 
-    def whole_batch(  # noqa: PLR0917 (private to this module and ChunkBuilder)
-        self,
-        base: int,
-        count: int,
-        payload: bytes,
-        publish: int,
-        out: Columns,
-        properties: bool,
-    ) -> None:
+    def whole_batch(self, batch: StoredBatch, out: Columns, properties: bool) -> None:
         """Every message of a claimed batch (compacted-out messages are skipped)."""
+        base, count, payload, publish = batch
         total = len(payload)
         offset = 0
         for index in range(count):
@@ -194,16 +198,9 @@ class EntryDecoder:
         if offset != total:
             raise InvalidMessage(f"{self.name}: {total - offset} bytes after the batch's messages")
 
-    def _batch_in_range(  # noqa: PLR0917 (private)
-        self,
-        base: int,
-        count: int,
-        payload: bytes,
-        publish: int,
-        out: Columns,
-        properties: bool,
-    ) -> None:
+    def _batch_in_range(self, batch: StoredBatch, out: Columns, properties: bool) -> None:
         """A batch the range starts or ends inside, or that was partly taken already."""
+        base, count, payload, publish = batch
         lo, hi, last = self.start, self.end, self.last
         total = len(payload)
         offset = 0
@@ -301,10 +298,7 @@ class EntryDecoder:
 class _Run:
     """Claimed whole batches waiting for one vectorized decode."""
 
-    bases: list[int] = field(default_factory=list)
-    counts: list[int] = field(default_factory=list)
-    payloads: list[bytes] = field(default_factory=list)
-    publish: list[int] = field(default_factory=list)
+    batches: list[StoredBatch] = field(default_factory=list)
     size: int = 0
 
 
@@ -339,10 +333,7 @@ class ChunkBuilder:
             return
         self._end_columns()
         run = self.run
-        run.bases.append(base)
-        run.counts.append(count)
-        run.payloads.append(payload)
-        run.publish.append(int(md.publish_time))
+        run.batches.append(StoredBatch(base, count, payload, int(md.publish_time)))
         run.size += len(payload)
         if run.size >= BULK_RUN_BYTES:
             self._end_run()
@@ -362,20 +353,18 @@ class ChunkBuilder:
             self.cols = Columns()
 
     def _end_run(self) -> None:
-        run, self.run = self.run, _Run()
-        if not run.counts:
+        batches, self.run = self.run.batches, _Run()
+        if not batches:
             return
-        decoded = decode_run(run.payloads, run.counts)
+        decoded = decode_run([b.payload for b in batches], [b.messages for b in batches])
         if decoded is None:  # a layout the vectorized walk does not know: one by one
             cols = Columns()
-            for base, count, payload, publish in zip(
-                run.bases, run.counts, run.payloads, run.publish, strict=True
-            ):
-                self.decoder.whole_batch(base, count, payload, publish, cols, self.properties)
+            for batch in batches:
+                self.decoder.whole_batch(batch, cols, self.properties)
             self.parts.append(Chunk.of(cols, self.properties))
             return
-        bases = np.array(run.bases, np.int64)
-        publish_ms = np.array(run.publish, np.int64)
+        bases = np.array([b.base for b in batches], np.int64)
+        publish_ms = np.array([b.publish for b in batches], np.int64)
         self.parts.append(
             Chunk(
                 decoded.keys,

@@ -361,3 +361,35 @@ async def test_producer_and_stream_consumer_ride_out_a_broker_crash(tmp_path: Pa
             await producer.close()
     finally:
         await broker.stop()
+
+
+async def test_send_many_keeps_key_order_across_a_split_and_waits_for_room(world: World) -> None:
+    topic = "topic://public/default/bulk"
+    await world.admin.create_scalable_topic(topic, 2)
+    stream = await world.stream(topic, "worker-1")
+    made = await world.client.create_producer(topic, batch_delay_s=0.002, pending_messages_max=64)
+    assert isinstance(made, ScalableProducer)
+    producer = made
+
+    async def produce_bulk(count: int) -> None:
+        messages = []
+        for i in range(count):
+            key = KEYS[i % len(KEYS)]
+            messages.append((f"{key}:{world.sent[key]}".encode(), key, {"n": str(i)}, None))
+            world.sent[key] += 1
+        futures = await producer.send_many(messages)  # 200 > 64: it waits for room in between
+        ids = await asyncio.gather(*futures)
+        assert all(mid.segment_id is not None for mid in ids)
+
+    async def produce() -> None:
+        await produce_bulk(200)
+        await world.admin.split_segment(topic, 0)
+        await produce_bulk(200)
+
+    producing = asyncio.ensure_future(produce())
+    messages = await _consume(stream, 400)
+    await producing
+    assert _by_key(messages) == world.expected()
+    assert {m.message_id.segment_id for m in messages} >= {1, 2, 3}
+    await stream.close()
+    await producer.close()

@@ -54,7 +54,7 @@ import itertools
 import logging
 import uuid
 from collections import deque
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
@@ -318,14 +318,51 @@ class ScalableProducer:
         across every segment). Waits while ``pending_messages_max`` messages are
         unanswered, or raises ``ProducerQueueFull`` with ``block_if_queue_full=False``.
         """
-        if self._closing:
-            raise Closed(f"{self} is closed")
         if sequence_id is not None:
             raise InvalidArgument("a scalable-topic producer assigns sequence ids itself")
-        if not isinstance(value, bytes | bytearray | memoryview):
-            raise InvalidArgument(f"message value must be bytes, not {type(value).__name__}")
+        self._check_sendable(value)
         if not self._bound.try_enter():
             await self._bound.enter(block=self.options.block_if_queue_full, owner=self)
+        fut = self._enqueue(value, key, properties, event_time)
+        await self._dispatch()
+        return fut
+
+    async def send_many(
+        self, messages: Iterable[tuple[bytes, str | None, Mapping[str, str] | None, int | None]]
+    ) -> list[asyncio.Future[MessageId]]:
+        """Queue ``(value, key, properties, event time)`` messages in order; returns their
+        futures. Like ``send_async`` per message, without a coroutine per message (what a
+        sink writing rows in bulk wants).
+
+        Example::
+
+            futures = await producer.send_many([(b"a", "k1", None, None), (b"b", "k2", None, None)])
+            ids = await asyncio.gather(*futures)
+        """
+        out: list[asyncio.Future[MessageId]] = []
+        for value, key, properties, event_time in messages:
+            self._check_sendable(value)
+            if not self._bound.try_enter():
+                await self._dispatch()  # hand over what is queued, then wait for room
+                await self._bound.enter(block=self.options.block_if_queue_full, owner=self)
+            out.append(self._enqueue(value, key, properties, event_time))
+        await self._dispatch()
+        return out
+
+    def _check_sendable(self, value: bytes) -> None:
+        if self._closing:
+            raise Closed(f"{self} is closed")
+        if not isinstance(value, bytes | bytearray | memoryview):
+            raise InvalidArgument(f"message value must be bytes, not {type(value).__name__}")
+
+    def _enqueue(
+        self,
+        value: bytes,
+        key: str | None,
+        properties: Mapping[str, str] | None,
+        event_time: int | None,
+    ) -> asyncio.Future[MessageId]:
+        """Queue a message that holds a slot of the bound."""
         fut: asyncio.Future[MessageId] = asyncio.get_running_loop().create_future()
         entry = _Entry(
             self,
@@ -339,9 +376,8 @@ class ScalableProducer:
         fut.add_done_callback(entry)
         if self._closing:
             fut.set_exception(Closed(f"{self} is closed"))
-            return fut
-        self._queue.append(entry)
-        await self._dispatch()
+        else:
+            self._queue.append(entry)
         return fut
 
     async def _dispatch(self) -> None:
@@ -370,13 +406,17 @@ class ScalableProducer:
                     self._ensure_creating(segment)
                     return
                 self._queue.popleft()
-                await self._send(producer, segment.segment_id, entry)
+                waiting = self._send_now(producer, segment.segment_id, entry)
+                if waiting is not None:  # the segment's queue is full: wait for room there
+                    await self._send_waiting(producer, segment.segment_id, entry, waiting)
         finally:
             self._dispatching = False
 
-    async def _send(self, producer: Producer, segment_id: int, entry: _Entry) -> None:
+    def _send_now(self, producer: Producer, segment_id: int, entry: _Entry) -> int | None:
+        """Hand ``entry`` to a segment producer without waiting. Returns the sequence id to
+        send it with once that producer has room, or None when it was handed (or failed)."""
         if entry.future.done():
-            return
+            return None
         sequence_id = self._next_sequence_id
         self._next_sequence_id += 1
         self._state.sent(segment_id, entry.serial, entry)
@@ -384,27 +424,48 @@ class ScalableProducer:
             inner = producer._send_nowait(
                 entry.value, entry.key, entry.properties, entry.event_time, sequence_id
             )
-            if inner is None:  # the segment's queue is full: wait for room there
-                inner = await producer.send_async(
-                    entry.value,
-                    key=entry.key,
-                    properties=entry.properties,
-                    event_time=entry.event_time,
-                    sequence_id=sequence_id,
-                )
-        except REROUTE_ERRORS:
-            self._state.refused(segment_id, entry.serial)
-            self._drop_producer(segment_id)
-            return
         except AnabranchError as err:
-            self._state.answered(segment_id, entry.serial)
-            entry.future.set_exception(err)
-            if producer._closing:
-                self._drop_producer(segment_id)  # failed for good: the next send makes a new one
+            self._send_failed(producer, segment_id, entry, err)
+            return None
+        if inner is None:
+            return sequence_id
+        self._handed(segment_id, entry, sequence_id, inner)
+        return None
+
+    async def _send_waiting(
+        self, producer: Producer, segment_id: int, entry: _Entry, sequence_id: int
+    ) -> None:
+        try:
+            inner = await producer.send_async(
+                entry.value,
+                key=entry.key,
+                properties=entry.properties,
+                event_time=entry.event_time,
+                sequence_id=sequence_id,
+            )
+        except AnabranchError as err:
+            self._send_failed(producer, segment_id, entry, err)
             return
+        self._handed(segment_id, entry, sequence_id, inner)
+
+    def _handed(
+        self, segment_id: int, entry: _Entry, sequence_id: int, inner: asyncio.Future[MessageId]
+    ) -> None:
         self.last_sequence_id = sequence_id
         entry.segment_id = segment_id
         inner.add_done_callback(entry)
+
+    def _send_failed(
+        self, producer: Producer, segment_id: int, entry: _Entry, err: AnabranchError
+    ) -> None:
+        if isinstance(err, REROUTE_ERRORS):
+            self._state.refused(segment_id, entry.serial)
+            self._drop_producer(segment_id)
+            return
+        self._state.answered(segment_id, entry.serial)
+        entry.future.set_exception(err)
+        if producer._closing:
+            self._drop_producer(segment_id)  # failed for good: the next send makes a new one
 
     def _on_answer(self, segment_id: int, entry: _Entry, inner: asyncio.Future[MessageId]) -> None:
         err: BaseException | None = (
