@@ -14,7 +14,8 @@ microsecond per message. Here numpy does the walk instead:
    the run, passing through every entry start, with each entry's declared message count.
    Candidates that sit inside values are pruned; anything that does not resolve to exactly one
    such chain makes :func:`decode_run` answer None, and the caller decodes those entries with
-   the protobuf parser instead. A wrong answer is impossible; a slow one is only possible.
+   the protobuf parser instead. The chain is forced (each message's own bytes say where the
+   next one starts, from offset 0 on), so a decoy can make the walk give up, never mislead it.
 
 Columns come out as Arrow arrays built from offsets into the payload bytes, with no Python
 object per message.
@@ -76,11 +77,11 @@ def decode_run(payloads: list[bytes], counts: list[int]) -> Run | None:
     bounds = np.zeros(len(payloads) + 1, np.int64)
     np.cumsum(sizes, out=bounds[1:])
     total = int(bounds[-1])
+    if total < 6:
+        return None
     entry_starts = bounds[:-1]
     joined = pa.py_buffer(b"".join(payloads) + b"\xff" * _PAD)
     buf = np.frombuffer(joined, np.uint8)
-    if total < 6:
-        return None
     starts, nexts, parsed = _candidates(buf, total, entry_starts)
     keep = _chain(starts, nexts, total, entry_starts)
     if keep is None:
