@@ -17,7 +17,7 @@ import concurrent.futures
 import contextlib
 import logging
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -138,7 +138,7 @@ def _partition(layout: SegmentLayout, r: Range) -> SegmentRange:
 # --- shared reading ---------------------------------------------------------------------------
 
 
-def read_range(opts: SourceOptions, part: SegmentRange) -> Iterator[pa.RecordBatch]:
+def read_range(opts: SourceOptions, part: SegmentRange) -> Generator[pa.RecordBatch, None, None]:
     """Arrow batches of one partition's messages (runs on an executor).
 
     The next chunk is read and decoded on the connector's loop thread while this one is

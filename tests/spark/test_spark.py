@@ -21,6 +21,7 @@ from pyspark_anabranch import _io
 from pyspark_anabranch.options import SinkOptions, SourceOptions
 from pyspark_anabranch.planning import DataLoss, Frontier, encode_position
 from pyspark_anabranch.source import (
+    READ_CHUNK_ROWS,
     AnabranchStreamReader,
     AnabranchStreamWriter,
     SegmentRange,
@@ -509,3 +510,33 @@ def test_driver_scan_cuts_exactly_and_reuses_what_it_read_ahead(
         # A replay from before what was kept scans afresh, and identically.
         again, _ = _io.run(scanner.scan(name, 0, end, 150, sizes))
         assert again.tolist() == positions[:150]
+
+
+def test_a_read_stopped_early_leaves_no_consumer_and_reads_again(
+    broker: Broker, topic: str
+) -> None:
+    # More than two Arrow batches' worth: the read has the next chunk in flight when it stops.
+    broker.create(topic, 1)
+    broker.produce(topic, [(f"k{i % 5}", b"%d" % i) for i in range(2 * READ_CHUNK_ROWS + 500)])
+    opts = SourceOptions.parse(broker.options(topic))
+    layout = SegmentLayout.from_dict(broker.layout(topic))
+    name = topic.removeprefix("topic://")
+    client = _io.client_for(broker.service_url)
+    end = _io.run(_io.segment_end(client, _io.segment_topic(name, layout, 0)))
+    part = SegmentRange(name, 0, 0, 0xFFFF, 0, 0, end)
+
+    def consumers() -> int:
+        async def count() -> int:
+            conns = [await c for c in client._pool._connections.values()]
+            return sum(len(c._consumers) for c in conns)
+
+        return _io.run(count())
+
+    before = consumers()
+    batches = read_range(opts, part)
+    first = next(batches)
+    assert first.num_rows >= READ_CHUNK_ROWS
+    batches.close()  # what Spark does when a task stops early
+    assert consumers() == before
+    values = [v for b in read_range(opts, part) for v in b["value"].to_pylist()]
+    assert values == [b"%d" % i for i in range(2 * READ_CHUNK_ROWS + 500)]
