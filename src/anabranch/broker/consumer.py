@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from anabranch.broker.hot_frames import encode_message_frame
+from anabranch.broker.hot_frames import encode_message_head
 from anabranch.protocol import commands
 from anabranch.protocol._generated import pulsar_api_pb2 as pb
 from anabranch.storage.api import Position
@@ -134,8 +134,11 @@ class Consumer:
         remote_address: str = "",
     ) -> None:
         self.session = session
-        self._write_bytes: Callable[[bytes], None] | None = getattr(session, "write_bytes", None)
-        """Writes encoded frames (a ``Session``); a plain ``Writer`` gets commands."""
+        self._write_parts: Callable[[bytes, bytes], None] | None = getattr(
+            session, "write_parts", None
+        )
+        """Writes an encoded frame in two parts (a ``Session``); a plain ``Writer`` gets
+        commands."""
         self.consumer_id = consumer_id
         self.name = name
         self.sub_type = sub_type
@@ -194,20 +197,20 @@ class Consumer:
         = index still to deliver), ``unacked_in_batch`` how many indexes it leaves.
         """
         messages = batch_size if unacked_in_batch is None else unacked_in_batch
-        write_bytes = self._write_bytes
-        if write_bytes is not None and not ack_set:
-            # The hot path: the frame's bytes directly (see ``hot_frames``).
-            write_bytes(
-                encode_message_frame(
-                    self.consumer_id,
-                    position[0],
-                    position[1],
-                    self.partition,
-                    redelivery_count,
-                    self.epoch,
-                    data,
-                )
+        write_parts = self._write_parts
+        if write_parts is not None and not ack_set:
+            # The hot path: the frame's bytes directly (see ``hot_frames``), the stored entry
+            # written as it is, not copied into a joined frame.
+            head = encode_message_head(
+                self.consumer_id,
+                position[0],
+                position[1],
+                self.partition,
+                redelivery_count,
+                self.epoch,
+                len(data),
             )
+            write_parts(head, data)
         else:
             body = pb.CommandMessage(
                 consumer_id=self.consumer_id,

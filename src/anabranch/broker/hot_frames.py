@@ -85,6 +85,23 @@ def encode_message_frame(  # noqa: PLR0917 (the wire fields, in order)
     >>> (frame.command.message.consumer_id, frame.command.message.message_id.entryId, frame.payload)
     (5, 9, b'hi')
     """
+    head = encode_message_head(
+        consumer_id, ledger_id, entry_id, partition, redelivery_count, consumer_epoch, len(entry)
+    )
+    return head + entry
+
+
+def encode_message_head(  # noqa: PLR0917 (the wire fields, in order)
+    consumer_id: int,
+    ledger_id: int,
+    entry_id: int,
+    partition: int,
+    redelivery_count: int,
+    consumer_epoch: int,
+    entry_size: int,
+) -> bytes:
+    """The bytes of a MESSAGE frame before its stored entry of ``entry_size`` bytes: a sender
+    writes the two parts one after the other, without joining a copy of the entry."""
     message_id = _message_id(ledger_id, entry_id, partition)
     body = b"\x08" + varint(consumer_id) + b"\x12" + varint(len(message_id)) + message_id
     if redelivery_count:
@@ -93,4 +110,4 @@ def encode_message_frame(  # noqa: PLR0917 (the wire fields, in order)
         body += b"\x28" + varint(consumer_epoch)
     command = _MESSAGE_HEAD + varint(len(body)) + body
     size = len(command)
-    return b"".join((_PACK_U32(size + 4 + len(entry)), _PACK_U32(size), command, entry))
+    return _PACK_U32(size + 4 + entry_size) + _PACK_U32(size) + command

@@ -173,12 +173,26 @@ class Session:
             self._loop.call_soon(self.flush)
         out.append(data)
 
+    def write_parts(self, head: bytes, body: bytes) -> None:
+        """Queue one frame given as two parts (``write_bytes`` of ``head + body``, without
+        the copy: a MESSAGE's stored entry is written as it is)."""
+        if self.closed:
+            return
+        out = self._out
+        if not out:
+            self._loop.call_soon(self.flush)
+        out += (head, body)
+
     def flush(self) -> None:
-        """Hand what ``write_bytes`` queued to the transport now."""
+        """Hand what ``write_bytes`` queued to the transport now (a vectored write: the
+        parts are not joined into one copy first)."""
         out = self._out
         if out:
             self._out = []
-            self.transport.write(out[0] if len(out) == 1 else b"".join(out))
+            if len(out) == 1:
+                self.transport.write(out[0])
+            else:
+                self.transport.writelines(out)
 
     def reply_error(self, request_id: int, code: int, message: str) -> None:
         """ERROR for a request; ``code`` is a ``pb.ServerError`` value."""
