@@ -355,6 +355,7 @@ class FrameDecoder:
         end = LENGTH_PREFIX_BYTES + total_size
         if len(buf) < end:
             return None
-        body = bytes(buf[LENGTH_PREFIX_BYTES:end])
+        with memoryview(buf) as view:  # one copy (a bytearray slice would make two)
+            body = bytes(view[LENGTH_PREFIX_BYTES:end])
         del buf[:end]
         return decode_frame(body)
