@@ -8,7 +8,7 @@ import pytest
 
 from anabranch.aio import Client, Producer
 from anabranch.client.connection import ConnectionPool
-from anabranch.client.errors import ProducerQueueFull
+from anabranch.client.errors import ConnectionClosed, ProducerQueueFull
 from anabranch.errors import NotAllowed
 from anabranch.protocol._generated import pulsar_api_pb2 as pb
 from anabranch.protocol.batch import decode_batch
@@ -213,3 +213,19 @@ async def test_service_url_with_several_brokers_skips_dead_ones(fake: FakeBroker
             assert [f.payload for f in second.of_type(T.SEND)] == [b"2"]
     finally:
         await second.stop()
+
+
+async def test_a_malformed_frame_from_the_broker_closes_the_connection(fake: FakeBroker) -> None:
+    pool = ConnectionPool(fake.url)
+    conn = await pool.get(("127.0.0.1", fake.port))
+    unanswered = pb.BaseCommand(
+        type=T.GET_SCHEMA, getSchema=pb.CommandGetSchema(request_id=77, topic=TOPIC)
+    )  # the fake broker does not answer GET_SCHEMA
+    request = asyncio.ensure_future(conn.request(unanswered, request_id=77))
+    await fake.wait_for(T.GET_SCHEMA)
+    fake.sessions[-1].write(b"\x00\x00\x00\x08\x00\x00\x00\x04junk")  # command size 4: unparsable
+    with pytest.raises(ConnectionClosed, match="protocol error"):
+        await request
+    await asyncio.wait_for(conn.wait_closed(), 5)
+    assert not conn.is_open
+    await pool.close()

@@ -1,8 +1,9 @@
 """Asyncio connections to brokers: handshake, request correlation, keepalive, lookups.
 
 Theory of operation: a :class:`ClientConnection` owns one socket and one sans-IO
-``ProtocolConnection``. A reader task feeds received bytes to the protocol object and
-dispatches each frame: responses that carry a ``request_id`` resolve the future of the
+``ProtocolConnection``. Received bytes go, as the event loop hands them over (an
+``asyncio.Protocol``, no stream buffer in between), to the protocol object, and each frame
+is dispatched: responses that carry a ``request_id`` resolve the future of the
 matching request; SEND_RECEIPT/SEND_ERROR go to the producer and MESSAGE and friends to the
 consumer registered under the id; PING is answered with PONG. A keepalive task sends PING
 after a silent interval and closes the connection when no PONG comes back. When the
@@ -29,7 +30,7 @@ import logging
 import random as _random
 import time
 from collections.abc import Callable
-from typing import Protocol
+from typing import Protocol, cast
 from urllib.parse import urlsplit
 
 from anabranch import __version__
@@ -54,7 +55,6 @@ from anabranch.protocol.frames import Frame
 log = logging.getLogger(__name__)
 T = pb.BaseCommand
 CLIENT_VERSION = f"anabranch-python-{__version__}"
-READ_CHUNK_BYTES = 256 * 1024
 DEFAULT_PORT = 6650
 
 Address = tuple[str, int]
@@ -143,6 +143,44 @@ def _request_id_of(frame: Frame) -> int | None:
     return int(getattr(frame.command, field).request_id)
 
 
+class _Wire(asyncio.Protocol):
+    """The socket side of a :class:`ClientConnection`: received bytes go straight to its frame
+    decoder (no stream buffer to copy them through and no task woken per read), and
+    ``drain`` waits while the transport's write buffer is over its high-water mark."""
+
+    def __init__(self, conn: ClientConnection) -> None:
+        self.conn = conn
+        self.transport: asyncio.Transport | None = None
+        loop = asyncio.get_running_loop()
+        self.lost: asyncio.Future[None] = loop.create_future()
+        self._resumed: asyncio.Future[None] | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+
+    def data_received(self, data: bytes) -> None:
+        self.conn._on_data(data)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.lost.done():
+            self.lost.set_result(None)
+        self.resume_writing()
+        self.conn._on_lost(exc)
+
+    def pause_writing(self) -> None:
+        if self._resumed is None:
+            self._resumed = asyncio.get_running_loop().create_future()
+
+    def resume_writing(self) -> None:
+        resumed, self._resumed = self._resumed, None
+        if resumed is not None and not resumed.done():
+            resumed.set_result(None)
+
+    async def drain(self) -> None:
+        if self._resumed is not None:
+            await asyncio.shield(self._resumed)
+
+
 class ClientConnection:
     """One connection to one broker (see the module docstring)."""
 
@@ -160,7 +198,7 @@ class ClientConnection:
         self._proto = ProtocolConnection(
             Role.CLIENT, now=clock(), keepalive_interval_s=keepalive_interval_s
         )
-        self._writer: asyncio.StreamWriter | None = None
+        self._wire: _Wire | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._pending: dict[int, asyncio.Future[Frame]] = {}
         self._producers: dict[int, Handler] = {}
@@ -190,17 +228,15 @@ class ClientConnection:
     async def open(self) -> None:
         """Connect the socket and complete the CONNECT/CONNECTED handshake."""
         host, port = self.address
+        loop = asyncio.get_running_loop()
         try:
-            reader, self._writer = await asyncio.wait_for(
-                asyncio.open_connection(host, port), self.operation_timeout_s
+            _transport, self._wire = await asyncio.wait_for(
+                loop.create_connection(lambda: _Wire(self), host, port), self.operation_timeout_s
             )
         except (OSError, TimeoutError) as err:
             self._closed.set()
             raise ConnectionClosed(f"cannot connect to {host}:{port}: {err}") from err
-        self._tasks = [
-            asyncio.create_task(self._read_loop(reader)),
-            asyncio.create_task(self._keepalive_loop()),
-        ]
+        self._tasks = [asyncio.create_task(self._keepalive_loop())]
         flags = pb.FeatureFlags(
             supports_auth_refresh=True,
             supports_broker_entry_metadata=True,
@@ -231,17 +267,17 @@ class ClientConnection:
             if task is not current:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
-        if self._writer is not None:
+        if self._wire is not None:
             with contextlib.suppress(Exception):
-                await self._writer.wait_closed()
+                await self._wire.lost
 
     def _shutdown(self, error: AnabranchError) -> None:
         if self._closed.is_set():
             return
         self._closed.set()
         self._proto.close()
-        if self._writer is not None:
-            self._writer.close()
+        if self._wire is not None and self._wire.transport is not None:
+            self._wire.transport.close()
         if not self._connected.done():
             self._connected.set_exception(error)
             self._connected.exception()  # retrieved here: open() may already be gone
@@ -266,9 +302,10 @@ class ClientConnection:
         return next(self._request_ids)
 
     def _write(self, data: bytes) -> None:
-        if self._writer is None or self._closed.is_set():
+        wire = self._wire
+        if wire is None or wire.transport is None or self._closed.is_set():
             raise ConnectionClosed(f"connection to {self._peer()} is closed")
-        self._writer.write(data)
+        wire.transport.write(data)
 
     def send_command(
         self,
@@ -304,9 +341,8 @@ class ClientConnection:
 
     async def drain(self) -> None:
         """Wait until the socket's write buffer is below its high-water mark."""
-        if self._writer is not None and not self._closed.is_set():
-            with contextlib.suppress(ConnectionError):
-                await self._writer.drain()
+        if self._wire is not None and not self._closed.is_set():
+            await self._wire.drain()
 
     # --- handlers --------------------------------------------------------------------------
 
@@ -343,18 +379,24 @@ class ClientConnection:
 
     # --- receiving -------------------------------------------------------------------------
 
-    async def _read_loop(self, reader: asyncio.StreamReader) -> None:
-        error: AnabranchError = ConnectionClosed(f"{self._peer()} closed the connection")
+    def _on_data(self, data: bytes) -> None:
+        if self._closed.is_set():
+            return
         try:
-            while data := await reader.read(READ_CHUNK_BYTES):
-                for frame in self._proto.receive_data(data, now=self._clock()):
-                    self._dispatch(frame)
+            for frame in self._proto.receive_data(data, now=self._clock()):
+                self._dispatch(frame)
         except AnabranchError as err:
             log.warning("closing connection to %s: %s", self._peer(), err)
-            error = ConnectionClosed(f"protocol error from {self._peer()}: {err}")
-        except OSError as err:
-            error = ConnectionClosed(f"connection to {self._peer()} failed: {err}")
-        self._shutdown(error)
+            self._shutdown(ConnectionClosed(f"protocol error from {self._peer()}: {err}"))
+        except Exception:
+            log.exception("closing connection to %s: a frame handler failed", self._peer())
+            self._shutdown(ConnectionClosed(f"connection to {self._peer()} failed"))
+
+    def _on_lost(self, exc: Exception | None) -> None:
+        if exc is None:
+            self._shutdown(ConnectionClosed(f"{self._peer()} closed the connection"))
+        else:
+            self._shutdown(ConnectionClosed(f"connection to {self._peer()} failed: {exc}"))
 
     def _dispatch(self, frame: Frame) -> None:
         kind = frame.type
