@@ -42,6 +42,7 @@ _SEQUENCE = 0x40  # field 8 (sequence_id), varint
 _VARINT_MAX = 10
 _PAD = 512
 """Bytes appended after the run so that gathers at computed offsets stay in the buffer."""
+_PADDING = b"\xff" * _PAD
 _PRUNE_ROUNDS = 8
 _EVENT_MS_MAX = np.uint64((2**63 - 1) // 1000)
 
@@ -80,7 +81,7 @@ def decode_run(payloads: list[bytes], counts: list[int]) -> Run | None:
     if total < 6:
         return None
     entry_starts = bounds[:-1]
-    joined = pa.py_buffer(b"".join(payloads) + b"\xff" * _PAD)
+    joined = pa.py_buffer(b"".join([*payloads, _PADDING]))
     buf = np.frombuffer(joined, np.uint8)
     starts, nexts, parsed = _candidates(buf, total, entry_starts)
     keep = _chain(starts, nexts, total, entry_starts)
