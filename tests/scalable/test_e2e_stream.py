@@ -13,6 +13,7 @@ from collections import defaultdict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -22,6 +23,7 @@ from anabranch.admin.client import AdminClient
 from anabranch.aio import Client, Message
 from anabranch.client.scalable_producer import ScalableProducer
 from anabranch.client.stream_consumer import StreamConsumer
+from anabranch.errors import InvalidArgument
 from anabranch.testing.broker import BrokerProcess, InProcessBroker
 
 KEYS = [f"key-{i}" for i in range(16)]
@@ -392,4 +394,16 @@ async def test_send_many_keeps_key_order_across_a_split_and_waits_for_room(world
     assert _by_key(messages) == world.expected()
     assert {m.message_id.segment_id for m in messages} >= {1, 2, 3}
     await stream.close()
+    await producer.close()
+
+
+async def test_send_many_refuses_a_bad_value_without_queueing_the_others(world: World) -> None:
+    topic = "topic://public/default/bulk-bad"
+    await world.admin.create_scalable_topic(topic, 1)
+    producer = await world.producer(topic)
+    bad: Any = "not bytes"
+    with pytest.raises(InvalidArgument):
+        await producer.send_many([(b"fine", "k", None, None), (bad, "k", None, None)])
+    await producer.flush()
+    assert producer.last_sequence_id == -1  # nothing was sent
     await producer.close()

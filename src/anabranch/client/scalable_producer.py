@@ -339,9 +339,11 @@ class ScalableProducer:
             futures = await producer.send_many([(b"a", "k1", None, None), (b"b", "k2", None, None)])
             ids = await asyncio.gather(*futures)
         """
-        out: list[asyncio.Future[MessageId]] = []
-        for value, key, properties, event_time in messages:
+        items = list(messages)
+        for value, *_rest in items:  # a bad value refuses the whole call, nothing queued
             self._check_sendable(value)
+        out: list[asyncio.Future[MessageId]] = []
+        for value, key, properties, event_time in items:
             if not self._bound.try_enter():
                 await self._dispatch()  # hand over what is queued, then wait for room
                 await self._bound.enter(block=self.options.block_if_queue_full, owner=self)
