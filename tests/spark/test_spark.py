@@ -504,8 +504,8 @@ def test_driver_scan_cuts_exactly_and_reuses_what_it_read_ahead(
             got += cut.tolist()
             lo = int(cut[-1]) + 1 if len(cut) else end
         assert got == positions
-        # 700 messages cut in fives of 150 reads less often than once per cut: what a scan
-        # read ahead (whole entries) is used by the next cut.
+        # Five cuts of up to 150 of the 700 messages read less often than once per cut: what
+        # a scan read beyond a cut (whole entries) serves the next cut.
         assert reads < 5
         # A replay from before what was kept scans afresh, and identically.
         again, _ = _io.run(scanner.scan(name, 0, end, 150, sizes))
