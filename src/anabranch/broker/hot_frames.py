@@ -66,31 +66,6 @@ def encode_send_receipt(
     return _PACK_U32(size + 4) + _PACK_U32(size) + command
 
 
-def encode_message_frame(  # noqa: PLR0917 (the wire fields, in order)
-    consumer_id: int,
-    ledger_id: int,
-    entry_id: int,
-    partition: int,
-    redelivery_count: int,
-    consumer_epoch: int,
-    entry: bytes,
-) -> bytes:
-    """A whole MESSAGE frame around a stored entry (no ``ack_set``), as
-    ``encode_entry_frame`` writes it for the same ``CommandMessage``.
-
-    >>> from anabranch.protocol.frames import decode_frame
-    >>> from anabranch.protocol.frames import encode_entry
-    >>> md = pb.MessageMetadata(producer_name="p", sequence_id=1, publish_time=2)
-    >>> frame = decode_frame(encode_message_frame(5, 3, 9, -1, 0, 0, encode_entry(md, b"hi"))[4:])
-    >>> (frame.command.message.consumer_id, frame.command.message.message_id.entryId, frame.payload)
-    (5, 9, b'hi')
-    """
-    head = encode_message_head(
-        consumer_id, ledger_id, entry_id, partition, redelivery_count, consumer_epoch, len(entry)
-    )
-    return head + entry
-
-
 def encode_message_head(  # noqa: PLR0917 (the wire fields, in order)
     consumer_id: int,
     ledger_id: int,
@@ -100,8 +75,18 @@ def encode_message_head(  # noqa: PLR0917 (the wire fields, in order)
     consumer_epoch: int,
     entry_size: int,
 ) -> bytes:
-    """The bytes of a MESSAGE frame before its stored entry of ``entry_size`` bytes: a sender
-    writes the two parts one after the other, without joining a copy of the entry."""
+    """The bytes of a MESSAGE frame before its stored entry of ``entry_size`` bytes (no
+    ``ack_set``), as ``encode_entry_frame`` writes them for the same ``CommandMessage``: a
+    sender writes the two parts one after the other, without joining a copy of the entry.
+
+    >>> from anabranch.protocol.frames import decode_frame
+    >>> from anabranch.protocol.frames import encode_entry
+    >>> md = pb.MessageMetadata(producer_name="p", sequence_id=1, publish_time=2)
+    >>> entry = encode_entry(md, b"hi")
+    >>> frame = decode_frame((encode_message_head(5, 3, 9, -1, 0, 0, len(entry)) + entry)[4:])
+    >>> (frame.command.message.consumer_id, frame.command.message.message_id.entryId, frame.payload)
+    (5, 9, b'hi')
+    """
     message_id = _message_id(ledger_id, entry_id, partition)
     body = b"\x08" + varint(consumer_id) + b"\x12" + varint(len(message_id)) + message_id
     if redelivery_count:
