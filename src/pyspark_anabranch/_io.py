@@ -292,9 +292,6 @@ class Scanner:
         for name in set(self.kept) - names:
             del self.kept[name]
 
-    async def close(self) -> None:
-        self.kept.clear()
-
 
 async def find_timestamp_start(
     client: Client, name: str, end: int, timestamp_ms: int, timeout_s: float
@@ -425,9 +422,15 @@ class RangeReader:
         self.timeout_s = timeout_s
         self.consumer: _EntryConsumer | None = None
         self.decoder = EntryDecoder(name, start, end)
-        self.done = end <= start
         self.end_entry = decode_position(end - 1)[:2] if end > start else (0, 0)
+        self._past_end = False
+        """An entry at or after the one holding ``end - 1`` was read."""
         self._first = True
+
+    @property
+    def done(self) -> bool:
+        """Nothing more of the range can come."""
+        return self._past_end or self.decoder.done
 
     async def __aenter__(self) -> RangeReader:
         if not self.done:
@@ -449,10 +452,7 @@ class RangeReader:
         builder = ChunkBuilder(self.decoder, properties)
         while True:
             while not self.done and builder.rows < max_rows:
-                ledger_id, entry_id, md, payload = await self._next_entry()
-                builder.add(ledger_id, entry_id, md, payload)
-                if self.decoder.done or (ledger_id, entry_id) >= self.end_entry:
-                    self.done = True  # the range ends after (or inside) this entry
+                builder.add(*await self._next_entry())
             chunk = builder.finish()
             if chunk is not None or self.done:
                 return chunk
@@ -466,8 +466,6 @@ class RangeReader:
             got = self.decoder.positions(encode_position(ledger_id, entry_id, -1), md)
             parts.append(got)
             rows += len(got)
-            if self.decoder.done or (ledger_id, entry_id) >= self.end_entry:
-                self.done = True
         return np.concatenate(parts) if rows else None
 
     async def _next_entry(self) -> tuple[int, int, pb.MessageMetadata, bytes]:
@@ -490,6 +488,8 @@ class RangeReader:
                 if self.fail_on_data_loss:
                     raise DataLoss(problem)
                 log.warning("%s; skipping to it (failOnDataLoss=false)", problem)
+        if (ledger_id, entry_id) >= self.end_entry:
+            self._past_end = True  # the range ends after (or inside) this entry
         return ledger_id, entry_id, md, payload
 
 

@@ -192,9 +192,7 @@ class EntryDecoder:
             if single.compacted_out:
                 continue
             value = None if single.null_value else payload[start:offset]
-            self._append(single, value, out, properties)
-            out.positions.append(base + 1 + index)
-            out.publish.append(publish)
+            self._append(single, value, base + 1 + index, publish, out, properties)
         if offset != total:
             raise InvalidMessage(f"{self.name}: {total - offset} bytes after the batch's messages")
 
@@ -214,9 +212,7 @@ class EntryDecoder:
                 continue
             last = pos
             value = None if single.null_value else payload[start:offset]
-            self._append(single, value, out, properties)
-            out.positions.append(pos)
-            out.publish.append(publish)
+            self._append(single, value, pos, publish, out, properties)
             if pos >= hi - 1:
                 self.done = True
                 break
@@ -245,14 +241,19 @@ class EntryDecoder:
             raise InvalidMessage(f"{self.name}: message {index} payload does not fit")
         return single, end_meta, end
 
-    def _append(
+    def _append(  # noqa: PLR0917 (one message's columns)
         self,
         single: pb.SingleMessageMetadata | pb.MessageMetadata,
         value: bytes | None,
+        position: int,
+        publish: int,
         out: Columns,
         properties: bool,
     ) -> None:
-        """Key, value, event time and properties of one message's metadata."""
+        """One message: its value, position, publish time, and key, event time and
+        properties from its metadata."""
+        out.positions.append(position)
+        out.publish.append(publish)
         if not single.HasField("partition_key") or single.null_partition_key:
             out.keys.append(None)
         elif single.partition_key_b64_encoded:
@@ -287,9 +288,7 @@ class EntryDecoder:
         if pos < self.start or pos <= self.last:
             return
         self.last = pos
-        self._append(md, None if md.null_value else value, out, properties)
-        out.positions.append(pos)
-        out.publish.append(publish)
+        self._append(md, None if md.null_value else value, pos, publish, out, properties)
         if pos >= self.end - 1:
             self.done = True
 

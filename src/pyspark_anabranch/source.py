@@ -231,7 +231,6 @@ class _Driver:
 
     async def close(self) -> None:
         await self.probe.close()
-        await self.scanner.close()
         acks, self.acks = self.acks, {}
         for consumer in acks.values():
             await consumer.close()

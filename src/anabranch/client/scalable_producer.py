@@ -320,11 +320,7 @@ class ScalableProducer:
         """
         if sequence_id is not None:
             raise InvalidArgument("a scalable-topic producer assigns sequence ids itself")
-        self._check_sendable(value)
-        if not self._bound.try_enter():
-            await self._bound.enter(block=self.options.block_if_queue_full, owner=self)
-        fut = self._enqueue(value, key, properties, event_time)
-        await self._dispatch()
+        (fut,) = await self.send_many([(value, key, properties, event_time)])
         return fut
 
     async def send_many(
