@@ -1,0 +1,83 @@
+"""Test-only failpoints: named switches that each break one guarantee on purpose.
+
+The fault-injection harness (:mod:`anabranch.testing.faults`) must prove it can fail: for
+every guarantee it checks there is a deliberately broken variant of the code behind a
+failpoint, and a test that the checker flags it. A failpoint is off unless it is named in
+the ``ANABRANCH_FAILPOINTS`` environment variable (comma-separated) of the process, read
+once at import, or switched on in-process with :func:`activate` (tests of one process).
+An unknown name is a ``ValueError`` at start-up, so a typo never silently tests nothing.
+
+Production code asks ``failpoints.enabled(NAME)`` at the one place it would break; the
+check is a frozenset lookup and costs nothing measurable when nothing is active.
+
+Example:
+    >>> activate({SKIP_PARENT_CURSOR_FLUSH})
+    >>> enabled(SKIP_PARENT_CURSOR_FLUSH), enabled(ACK_BEFORE_FSYNC)
+    (True, False)
+    >>> activate(())
+    >>> enabled(SKIP_PARENT_CURSOR_FLUSH)
+    False
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+
+ENV_VAR = "ANABRANCH_FAILPOINTS"
+
+SKIP_PARENT_CURSOR_FLUSH = "skip-parent-cursor-flush"
+"""A sealed parent's cursors are not made durable before its children are dispatched."""
+ACK_BEFORE_FSYNC = "ack-before-fsync"
+"""The ledger acknowledges appends before they are on disk (group commit skips fdatasync)."""
+DROP_DEDUP_CARRY = "drop-dedup-carry"
+"""A split or merge does not carry the parents' dedup state into the children."""
+NO_RECAMPAIGN = "no-recampaign"
+"""A controller whose metadata session expired never campaigns again."""
+NO_ASSIGNMENT_REFRESH = "no-assignment-refresh"
+"""A stream consumer re-registers only when its connection drops, not after a failover."""
+
+KNOWN: frozenset[str] = frozenset(
+    {
+        SKIP_PARENT_CURSOR_FLUSH,
+        ACK_BEFORE_FSYNC,
+        DROP_DEDUP_CARRY,
+        NO_RECAMPAIGN,
+        NO_ASSIGNMENT_REFRESH,
+    }
+)
+
+
+def parse(text: str) -> frozenset[str]:
+    """The failpoints named in ``text`` (comma-separated); unknown names raise ValueError.
+
+    Example:
+        >>> sorted(parse("ack-before-fsync, no-recampaign"))
+        ['ack-before-fsync', 'no-recampaign']
+        >>> parse("")
+        frozenset()
+    """
+    names = frozenset(part.strip() for part in text.split(",") if part.strip())
+    unknown = names - KNOWN
+    if unknown:
+        raise ValueError(f"unknown failpoints {sorted(unknown)}; known: {sorted(KNOWN)}")
+    return names
+
+
+_active: frozenset[str] = parse(os.environ.get(ENV_VAR, ""))
+
+
+def enabled(name: str) -> bool:
+    """Whether failpoint ``name`` is active in this process."""
+    return name in _active
+
+
+def activate(names: Iterable[str]) -> None:
+    """Replace the active set in this process (tests of one process; ``()`` clears it)."""
+    global _active  # noqa: PLW0603 (one process-wide switchboard, by design)
+    _active = parse(",".join(names))
+
+
+def active() -> frozenset[str]:
+    """The failpoints active in this process."""
+    return _active
