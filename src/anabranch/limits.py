@@ -249,6 +249,14 @@ SCALABLE_SESSION_TTL_S = 10.0
 """TTL of the metadata session that holds a broker's controller leaderships when the
 service opens its own: a dead broker's topics get a new leader within about this long."""
 
+SCALABLE_SESSION_POLL_S = 0.1
+"""How often the controllers' session guard looks at the session's deadline; a broker
+notices its expiry (and campaigns again under a new session) at most this late."""
+
+SCALABLE_SESSION_RETRY_S = 0.5
+"""Pause between attempts to open a new controller session while the store is down."""
+
+
 SCALABLE_WATCH_SESSIONS_PER_CONNECTION_MAX = 1_000
 """DAG-watch sessions (SCALABLE_TOPIC_LOOKUP) one connection may hold: a client watches
 each scalable topic it produces to or consumes once; each session costs a pump task and a

@@ -147,6 +147,8 @@ class ScalableCounters:
     """Controller leaderships this broker acquired (a fail-over elects a new one)."""
     assignment_changes: int = 0
     """Assignment pushes to consumers (each one is a changed share or a (re)registration)."""
+    sessions_renewed: int = 0
+    """Metadata sessions this broker's controllers lost and replaced (pause, partition)."""
 
 
 STREAM = "STREAM"
@@ -244,10 +246,33 @@ class ScalableTopicController:
             self._elected.clear()
             await self._elected.wait()
 
+    async def rejoin(self, session: Session) -> None:
+        """Campaign again under ``session``: the broker's previous session expired.
+
+        A broker paused past its session TTL comes back with a dead session: its key (if
+        it led) is gone, and a put under that session can never succeed again. Without a
+        new session it would answer every request with "no leader" forever, and once every
+        broker had been paused once, no broker could lead (issue 19).
+        """
+        if self._closed:
+            return
+        if self._campaign is not None:
+            self._campaign.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._campaign
+        await self._lost_leadership()
+        self.session = session
+        self._watch_from = None
+        self._campaign = asyncio.create_task(self._campaign_loop())
+
     async def _try_acquire(self) -> None:
         """One attempt: take the key if it is free, else learn who holds it."""
         path = self.paths.controller
         while True:
+            if self.session.expired:
+                # Checked first: while another leader holds the key we would never put, and
+                # would not notice that we can no longer campaign (the service rejoins us).
+                raise SessionExpired(self.session.id)
             page = await self.store.list_range(path, path + "\x00")
             if page.records:
                 record = page.records[0]

@@ -24,17 +24,18 @@ Example:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 from collections.abc import Callable
 from typing import Any
 
-from anabranch import limits
+from anabranch import failpoints, limits
 from anabranch.clock import Clock
 from anabranch.core.assignment import PushAssignment, SubscriptionAssignment
 from anabranch.core.names import NamespaceName, TopicDomain, TopicName
 from anabranch.core.segment_layout import SegmentLayout, segment_name
-from anabranch.errors import Closed, InvalidArgument, NotFound, NotLeader
+from anabranch.errors import Closed, InvalidArgument, MetadataError, NotFound, NotLeader
 from anabranch.metadata.api import MetadataStore, Session
 from anabranch.scalable.controller import ScalableCounters, ScalableTopicController
 from anabranch.scalable.paths import LeaderAddress, TopicPaths, namespace_path
@@ -90,14 +91,59 @@ class ScalableTopicService:
         self._session = session
         self._own_session = session is None
         self._session_ttl_s = session_ttl_s
+        self._guard: asyncio.Task[None] | None = None
         self._controllers: dict[TopicName, ScalableTopicController] = {}
         self._lock = asyncio.Lock()
         self._closed = False
 
     async def start(self) -> None:
-        """Open this broker's metadata session unless one was given."""
+        """Open this broker's metadata session unless one was given, and guard it."""
         if self._session is None:
             self._session = await self.store.open_session(self._session_ttl_s)
+        if self._guard is None:
+            self._guard = asyncio.create_task(self._guard_session())
+
+    @property
+    def session(self) -> Session | None:
+        """The session the controllers campaign under (a new one after each expiry)."""
+        return self._session
+
+    async def _guard_session(self) -> None:
+        """Open a new session whenever ours expires and make every controller rejoin.
+
+        A session expires while the broker is paused, partitioned from the store or too
+        busy to keep it alive; the broker itself lives on and must lead again one day.
+        """
+        while not self._closed:
+            session = self._session
+            # Expiry is a deadline passing on the clock (no event fires for it): poll.
+            while session is not None and not session.expired and not self._closed:  # noqa: ASYNC110
+                await asyncio.sleep(limits.SCALABLE_SESSION_POLL_S)
+            if self._closed or failpoints.enabled(failpoints.NO_RECAMPAIGN):
+                return
+            log.warning("the scalable-topic controllers' metadata session expired: rejoining")
+            fresh = await self._reopen_session()
+            if fresh is None:
+                return
+            self._session = fresh
+            self._own_session = True
+            self.counters.sessions_renewed += 1
+            async with self._lock:
+                controllers = list(self._controllers.values())
+            for controller in controllers:
+                try:
+                    await controller.rejoin(fresh)
+                except Exception:
+                    log.exception("%s: rejoining the election failed", controller.topic)
+
+    async def _reopen_session(self) -> Session | None:
+        while not self._closed:
+            try:
+                return await self.store.open_session(self._session_ttl_s)
+            except (MetadataError, Closed) as err:
+                log.warning("cannot open a metadata session yet: %s", err)
+                await asyncio.sleep(limits.SCALABLE_SESSION_RETRY_S)
+        return None
 
     async def controller(self, topic: str | TopicName) -> ScalableTopicController:
         """The started local controller of ``topic`` (created on first use)."""
@@ -107,7 +153,7 @@ class ScalableTopicService:
         async with self._lock:
             controller = self._controllers.get(name)
             if controller is None:
-                if self._session is None:
+                if self._session is None or self._guard is None:
                     await self.start()
                 assert self._session is not None
                 controller = ScalableTopicController(
@@ -234,6 +280,10 @@ class ScalableTopicService:
     async def close(self) -> None:
         """Close every controller (stepping down) and our own session. Idempotent."""
         self._closed = True
+        if self._guard is not None:
+            self._guard.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._guard
         async with self._lock:
             controllers, self._controllers = list(self._controllers.values()), {}
         for controller in controllers:
