@@ -182,6 +182,20 @@ STREAM_CONSUMER_RESUBSCRIBE_MAX_S = 2.0
 whose previous owner still holds it (Exclusive answers ConsumerBusy until that consumer
 acts on its own assignment update); attempts go on while the segment stays assigned."""
 
+SCALABLE_ASSIGNMENT_REFRESH_S = 5.0
+"""How long a stream or checkpoint consumer waits, once its DAG watch shows a layout epoch
+above its last assignment's, for an assignment update from the controller (a live leader
+pushes one to every consumer within milliseconds of each layout change) before it
+registers again, through another broker if it can. This is what moves a consumer off a
+controller that lost its leadership without dropping the connection (a paused or
+partitioned old leader); a spurious renewal costs one SUBSCRIBE and keeps the share."""
+
+SCALABLE_REGISTRATION_KEEPALIVE_S = 5.0
+"""Keepalive interval of a consumer's controller connection (upstream's 30 s for data
+connections): a PING after this much silence, the connection closed when no PONG follows
+within as long, and a connect or handshake bounded by it too. A frozen controller is thus
+left after about twice this, and the consumer registers again elsewhere."""
+
 PRODUCER_PENDING_MESSAGES_MAX = 1000
 """Messages sent but not yet acknowledged by the broker, per producer; further sends wait
 for room (or fail with ProducerQueueFull). Upstream maxPendingMessages default."""

@@ -152,10 +152,25 @@ def test_active_children_blocked_until_parent_drained() -> None:
     state = register(start(2), "c1")
     state, out = feed(state, LayoutChanged(state.layout.split(0, now_ms=1)))
     assert state.assignment["c1"] == (0, 1)  # children 2, 3 held back; sealed 0 still read
-    assert out == [PollDrain("sub", (0,))]
+    # The share is unchanged, but the new epoch is pushed (the consumer's sign of a live leader).
+    assert out == [PushAssignment("c1", 100, (0, 1), 1), PollDrain("sub", (0,))]
     state, out = feed(state, SegmentDrained(0))
     assert state.assignment["c1"] == (2, 3, 1)  # drained parent retires
     assert out == [PushAssignment("c1", 100, (2, 3, 1), 1), PollDrain("sub", ())]
+
+
+def test_every_connected_consumer_hears_of_a_new_epoch() -> None:
+    state = register(start(4), "a", "b", "c")
+    state, _ = feed(state, ConsumerDisconnected("c", now_ms=1, consumer_id=102))
+    before = dict(state.assignment)
+    state, out = feed(state, LayoutChanged(state.layout.split(before["a"][0], now_ms=2)))
+    # a's segment was sealed (still assigned until drained); b's share did not change at
+    # all; c is disconnected and hears nothing until it registers again.
+    assert [i for i in out if isinstance(i, PushAssignment)] == [
+        PushAssignment("a", 100, state.assignment["a"], 1),
+        PushAssignment("b", 101, before["b"], 1),
+    ]
+    assert state.handle(LayoutChanged(state.layout)) == (state, [])  # a repeat is no news
 
 
 def test_gating_across_an_empty_middle_generation() -> None:
@@ -398,14 +413,20 @@ class AssignmentMachine(RuleBasedStateMachine):
     def split(self, pick: int) -> None:
         active = [s for s in self.state.layout.active_segments() if s.hash_range.size > 1]
         target = active[pick % len(active)]
-        self.apply(LayoutChanged(self.state.layout.split(target.segment_id, self.now)))
+        out = self.apply(LayoutChanged(self.state.layout.split(target.segment_id, self.now)))
+        self.every_connected_consumer_told_the_epoch(out)
+
+    def every_connected_consumer_told_the_epoch(self, out: list[Instruction]) -> None:
+        epochs = {i.consumer: i.epoch for i in out if isinstance(i, PushAssignment)}
+        assert epochs == dict.fromkeys(self.connected, self.state.layout.epoch)
 
     @precondition(lambda self: len(self.state.layout.active_segments()) > 1)
     @rule(pick=st.integers(0, 10**6))
     def merge(self, pick: int) -> None:
         pairs = list(itertools.pairwise(self.state.layout.active_segments()))
         a, b = pairs[pick % len(pairs)]
-        self.apply(LayoutChanged(self.state.layout.merge(a.segment_id, b.segment_id, self.now)))
+        layout = self.state.layout.merge(a.segment_id, b.segment_id, self.now)
+        self.every_connected_consumer_told_the_epoch(self.apply(LayoutChanged(layout)))
 
     @precondition(lambda self: bool(self.state.pending_drains()))
     @rule(pick=st.integers(0, 10**6))

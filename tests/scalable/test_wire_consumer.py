@@ -138,7 +138,10 @@ async def test_children_assigned_only_after_the_parent_drains(
         await producer.send(b"before the split", key="k")
         await producer.close()
     await broker.service.scalable.split(TOPIC, 0)
-    # The parent still has a backlog for "s": the children wait.
+    # The parent still has a backlog for "s": the children wait. The new epoch is pushed
+    # with the unchanged share (the consumer's sign that its controller is alive).
+    news = await client.assignment_update(1)
+    assert (news.layout_epoch, segment_ids(news)) == (1, [0])
     await client.none(is_assignment_update(1), within=0.3)
     async with Client(broker.service_url) as pulsar:
         consumer = await pulsar.subscribe(parent, "s")

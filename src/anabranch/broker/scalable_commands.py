@@ -49,6 +49,14 @@ connection), NotAllowedError (the subscription exists with the other type),
 TooManyRequests (over ``limits.SCALABLE_CONSUMERS_PER_CONNECTION_MAX``), ServiceNotReady
 (not the leader, below).
 
+When the controller that answered stops leading (its metadata session expired, e.g. after
+a pause, or it stepped down), it ends each registration it served with
+``CLOSE_CONSUMER{consumer_id}``: the client registers again, with the new leader. A
+leader also pushes an ASSIGNMENT_UPDATE to every registered consumer after each layout
+change, whether its share changed or not, so an assignment's ``layout_epoch`` keeps up
+with the DAG; a consumer whose assignment stays behind the DAG it watches registers again
+(its old leader may be unable to tell it anything: paused or cut off).
+
 ``SCALABLE_TOPIC_UNSUBSCRIBE{request_id, consumer_id}`` (82) is a clean leave: the
 registration is dropped and the others are rebalanced at once; answered with SUCCESS, also
 for an unknown ``consumer_id`` (idempotent). When the connection drops instead, each of its
@@ -97,6 +105,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from anabranch import limits
+from anabranch.broker.consumer import NO_REQUEST_ID
 from anabranch.core.assignment import PushAssignment
 from anabranch.core.names import NamespaceName, TopicDomain, TopicName, validate_component
 from anabranch.core.segment_layout import SegmentLayout, segment_name
@@ -596,10 +605,15 @@ class ScalableEndpoint:
         try:
             await self._ensure_topic(topic, create_if_missing=True)
             controller = await self.service.scalable.controller(topic)
+            controller.add_leadership_listener(self.controller_lost)
             kind = CHECKPOINT if consumer.consumer_type == pb.CHECKPOINT else STREAM
             segments = await controller.register_consumer(
                 consumer.subscription, consumer.name, consumer_id, kind=kind
             )
+            if not controller.is_leader:
+                # Leadership ended while registering: controller_lost has already run, so
+                # this registration would be served by no one.
+                raise NotLeader(str(topic), None)
             # No await from here on: no push can slip between the state read and the answer.
             state = controller.assignment(consumer.subscription)
             assert state is not None
@@ -654,6 +668,23 @@ class ScalableEndpoint:
             return
         assignment = assignment_proto(topic, state.layout, push.segments, push.epoch)
         session.write(_assignment_update(consumer_id, assignment))
+
+    def controller_lost(self, topic: TopicName) -> None:
+        """This broker's controller of ``topic`` stopped leading (its session expired while
+        it was paused or cut off, or it stepped down): end every registration it served with
+        CLOSE_CONSUMER, so each client registers with the new leader now instead of waiting
+        here for updates that will never come. They are forgotten, not disconnected: the
+        new leader keeps their sessions (restored with a fresh grace period)."""
+        for key, (session, consumer_id) in list(self._consumers.items()):
+            if key[0] != topic:
+                continue
+            del self._consumers[key]
+            conn = self._connections.get(session)
+            if conn is not None:
+                conn.consumers.pop(consumer_id, None)
+            if not session.closed:
+                log.info("%s: %s must register with the new controller", topic, key[2])
+                session.write(commands.close_consumer(consumer_id, NO_REQUEST_ID))
 
     async def _disconnect(self, consumer: _Consumer) -> None:
         key = (consumer.topic, consumer.subscription, consumer.name)

@@ -52,14 +52,17 @@ Session transitions (anything not listed changes nothing; see also layout events
 
     | layout event                               | effect                                         |
     |--------------------------------------------|------------------------------------------------|
-    | LayoutChanged, epoch > current             | new layout, rebalance, PollDrain if changed    |
+    | LayoutChanged, epoch > current             | new layout, rebalance, Push to every CONNECTED |
+    |                                            | consumer (changed or not), PollDrain if changed|
     | LayoutChanged, epoch <= current            | none: a stale or repeated watch event          |
     | SegmentDrained, sealed and not yet drained | retire it, rebalance, PollDrain                |
     | SegmentDrained, already drained or unknown | none (a pruned segment counts as drained)      |
     | SegmentDrained, ACTIVE segment             | NotAllowed raised, state unchanged             |
 
 A rebalance pushes :class:`PushAssignment` to every CONNECTED consumer whose segment list
-changed. Example:
+changed; a new layout epoch is pushed to every CONNECTED consumer, so a consumer whose last
+assignment's epoch stays behind the DAG it watches knows its controller stopped serving it
+and registers again. Example:
 
     >>> from anabranch.core.segment_layout import SegmentLayout
     >>> state, _ = SubscriptionAssignment.create("billing", SegmentLayout.initial(2, 0), 60_000)
@@ -67,8 +70,8 @@ changed. Example:
     >>> out
     [PersistSession(subscription='billing', consumer='w1'), PushAssignment(consumer='w1', consumer_id=1, segments=(0, 1), epoch=0)]
     >>> state, out = state.handle(LayoutChanged(state.layout.split(0, now_ms=5)))
-    >>> out  # the children 2 and 3 wait until sealed segment 0 is drained
-    [PollDrain(subscription='billing', segment_ids=(0,))]
+    >>> out  # the children 2 and 3 wait until sealed segment 0 is drained; epoch 1 is news
+    [PushAssignment(consumer='w1', consumer_id=1, segments=(0, 1), epoch=1), PollDrain(subscription='billing', segment_ids=(0,))]
     >>> state, out = state.handle(SegmentDrained(0))
     >>> out[0]
     PushAssignment(consumer='w1', consumer_id=1, segments=(2, 3, 1), epoch=1)
@@ -417,7 +420,18 @@ class SubscriptionAssignment:
             return self, []
         # Forget drains of segments that were pruned: they count as drained by absence.
         drained = frozenset(i for i in self.drained if i in event.layout.segments)
-        return self._rebalanced(layout=event.layout, drained=drained)
+        state, out = self._rebalanced(layout=event.layout, drained=drained)
+        # Every connected consumer hears of the new epoch, its share changed or not: an
+        # assignment whose epoch stays behind the DAG it watches is how a consumer tells
+        # that this controller stopped serving it (a paused or deposed leader).
+        told = {i.consumer for i in out if isinstance(i, PushAssignment)}
+        news: list[Instruction] = [
+            state._push(session, state.assignment[name])
+            for name, session in sorted(state.sessions.items())
+            if session.connected and name not in told
+        ]
+        pushes = [i for i in out if isinstance(i, PushAssignment)]
+        return state, [*pushes, *news, *(i for i in out if not isinstance(i, PushAssignment))]
 
     def _on_drained(
         self, event: SegmentDrained

@@ -55,7 +55,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from anabranch import limits
@@ -207,6 +207,7 @@ class ScalableTopicController:
         self._coordinators: dict[str, SubscriptionCoordinator] = {}
         self._campaign: asyncio.Task[None] | None = None
         self._elected = asyncio.Event()
+        self._leadership_listeners: set[Callable[[TopicName], None]] = set()
         self._closed = False
 
     # --- leadership -----------------------------------------------------------------------
@@ -343,14 +344,26 @@ class ScalableTopicController:
                 await self.clock.sleep(limits.SCALABLE_WATCH_RETRY_S)
 
     async def _lost_leadership(self) -> None:
-        if self._token is None:
+        if self._token is None and not self._coordinators:
             self._leader = None
             return
+        # (Coordinators left with no token: a fenced commit found us deposed first.)
         log.info("%s: controller leadership lost", self.topic)
         self._token = None
         self._leader = None
         self._elected.clear()
         await self._stop_coordinators()
+        for listener in list(self._leadership_listeners):
+            try:
+                listener(self.topic)
+            except Exception:
+                log.exception("%s: a leadership listener failed", self.topic)
+
+    def add_leadership_listener(self, listener: Callable[[TopicName], None]) -> None:
+        """Call ``listener(topic)`` whenever this controller stops leading (idempotent per
+        listener): the broker ends the consumer registrations it served as the controller,
+        so their clients register with the new leader instead of waiting on this one."""
+        self._leadership_listeners.add(listener)
 
     async def _commit(self, ops: Sequence[Op]) -> CommitResult:
         """A commit fenced by our leadership token; NotLeader if we were deposed."""
