@@ -271,6 +271,13 @@ SCALABLE_SESSION_RETRY_S = 0.5
 """Pause between attempts to open a new controller session while the store is down."""
 
 
+SCALABLE_PENDING_RETRY_MIN_S = 0.5
+SCALABLE_PENDING_RETRY_MAX_S = 5.0
+"""Backoff of the leader's retries of a split or merge whose segment operation failed (a
+dead segment owner is replaced after its session TTL): doubling from the first to the
+second, forever while it leads, because the topic takes no other change until it is done."""
+
+
 SCALABLE_WATCH_SESSIONS_PER_CONNECTION_MAX = 1_000
 """DAG-watch sessions (SCALABLE_TOPIC_LOOKUP) one connection may hold: a client watches
 each scalable topic it produces to or consumes once; each session costs a pump task and a

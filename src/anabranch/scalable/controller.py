@@ -206,6 +206,7 @@ class ScalableTopicController:
         self._layout_version = 0
         self._coordinators: dict[str, SubscriptionCoordinator] = {}
         self._campaign: asyncio.Task[None] | None = None
+        self._resume: asyncio.Task[None] | None = None
         self._elected = asyncio.Event()
         self._leadership_listeners: set[Callable[[TopicName], None]] = set()
         self._closed = False
@@ -439,6 +440,7 @@ class ScalableTopicController:
         """Split active segment ``segment_id`` at its midpoint (PIP-468 order)."""
         async with self._lock:
             self._require_leader()
+            await self._finish_pending()
             layout, _ = await self._read_layout()
             intent = PendingOp("split", (segment_id,), layout.epoch, self.clock.wall_ms())
             return await self._change(layout, intent)
@@ -447,6 +449,7 @@ class ScalableTopicController:
         """Merge two adjacent active segments into one (PIP-468 order)."""
         async with self._lock:
             self._require_leader()
+            await self._finish_pending()
             layout, _ = await self._read_layout()
             intent = PendingOp("merge", (first_id, second_id), layout.epoch, self.clock.wall_ms())
             return await self._change(layout, intent)
@@ -457,7 +460,50 @@ class ScalableTopicController:
             await self._commit([Put(self.paths.pending_op, intent.to_json(), MUST_NOT_EXIST)])
         except BadVersion:
             raise NotAllowed(f"{self.topic} has a split or merge in progress") from None
-        return await self._execute(intent)
+        try:
+            return await self._execute(intent)
+        except (InvalidArgument, NotAllowed, NotLeader, Closed):
+            raise
+        except Exception:
+            # A segment operation failed (its owner died, the store blinked): the intent
+            # stays, and is finished in the background, so the topic is never stuck "in
+            # progress" waiting for a leadership change (issue 19).
+            self._resume_pending_later()
+            raise
+
+    async def _finish_pending(self) -> None:
+        """Finish a change a failed request (or a previous leader) left half done; under
+        ``_lock``. Raises what the change's segment operations raise (retriable)."""
+        record = await self.store.get(self.paths.pending_op)
+        if record is None:
+            return
+        intent = PendingOp.from_json(record.value)
+        log.info("%s: finishing the pending %s of %s", self.topic, intent.op, intent.segment_ids)
+        try:
+            await self._execute(intent)
+        except (InvalidArgument, NotAllowed) as err:
+            log.warning("%s: pending %s could not be applied: %s", self.topic, intent.op, err)
+
+    def _resume_pending_later(self) -> None:
+        if self._resume is None or self._resume.done():
+            self._resume = asyncio.create_task(self._resume_pending())
+
+    async def _resume_pending(self) -> None:
+        """Retry the pending change with backoff until it is done or we no longer lead."""
+        delay = limits.SCALABLE_PENDING_RETRY_MIN_S
+        while not self._closed and self._token is not None:
+            await self.clock.sleep(delay)
+            try:
+                async with self._lock:
+                    if self._token is None:
+                        return
+                    await self._finish_pending()
+                return
+            except (NotLeader, Closed):
+                return
+            except Exception as err:
+                log.warning("%s: the pending change failed again: %s", self.topic, err)
+                delay = min(delay * 2, limits.SCALABLE_PENDING_RETRY_MAX_S)
 
     async def _execute(self, intent: PendingOp) -> SegmentLayout:
         """Steps 2-6 of a change; safe to repeat after a crash at any point."""
@@ -510,19 +556,15 @@ class ScalableTopicController:
 
     async def _recover(self) -> None:
         """A new leader: finish a half-done change, then restore consumer sessions."""
-        record = await self.store.get(self.paths.pending_op)
-        if record is not None and await self.store.get(self.paths.layout) is not None:
-            intent = PendingOp.from_json(record.value)
-            log.info(
-                "%s: finishing %s of %s left by a previous leader",
-                self.topic,
-                intent.op,
-                intent.segment_ids,
-            )
+        if await self.store.get(self.paths.layout) is not None:
             try:
-                await self._execute(intent)
-            except (InvalidArgument, NotAllowed) as err:
-                log.warning("%s: pending %s could not be applied: %s", self.topic, intent.op, err)
+                await self._finish_pending()
+            except (NotLeader, Closed):
+                raise
+            except Exception as err:
+                # Consumers need their coordinators now; the change is retried meanwhile.
+                log.warning("%s: the pending change failed: %s", self.topic, err)
+                self._resume_pending_later()
         try:
             layout, _ = await self._read_layout()
         except NotFound:
@@ -571,6 +613,9 @@ class ScalableTopicController:
         await coordinator.start(instructions)
 
     async def _stop_coordinators(self) -> None:
+        # Leader-only background work ends with the coordinators.
+        if self._resume is not None and self._resume is not asyncio.current_task():
+            self._resume.cancel()
         coordinators, self._coordinators = list(self._coordinators.values()), {}
         for coordinator in coordinators:
             await coordinator.close()
