@@ -163,6 +163,23 @@ CLIENT_OPERATION_TIMEOUT_S = 30.0
 """A request (lookup, subscribe, seek...) without an answer after this fails with
 OperationTimeout (upstream operationTimeoutSeconds default)."""
 
+CLIENT_OPERATION_STUCK_S = 1.5
+"""A SEND without its receipt, or a request without its answer, for this long makes the
+client probe its connection (a PING that must be answered within CLIENT_PROBE_TIMEOUT_S);
+a connection that fails the probe is closed, and its producers and consumers look their
+topics up again through another broker and resend (dedup keeps resent messages once). A
+paused or partitioned broker keeps TCP open and answers nothing, so without this a client
+waits for the keepalive (a minute). A healthy broker answers a PING even while its disk is
+slow, so a short bound costs one PING per stuck interval, never a reconnect; together with
+the probe it stays under a cluster's session TTL (3-10 s), so the client is ready to move
+by the time the topic has."""
+
+CLIENT_PROBE_TIMEOUT_S = 1.0
+"""How long a probed connection may take to answer (PONG or anything else) before it is
+closed as unresponsive; also the handshake timeout of a new connection to a broker that
+failed a probe (a paused broker's kernel still accepts TCP connections), until it answers
+one again. A loaded broker answers a PING in milliseconds; a second is 100x that."""
+
 CLIENT_LOOKUP_REDIRECTS_MAX = 20
 """Lookup redirects followed before LookupFailed (upstream maxLookupRedirects default)."""
 

@@ -4,6 +4,12 @@ A handler connects once when created (retrying retriable errors until the operat
 timeout, so a broker that is still starting is waited for), and after any later loss of its
 connection reconnects in the background with :class:`Backoff` until it succeeds, is
 closed, or meets a terminal error (topic gone, terminated, fenced), which ends it.
+
+An attempt that failed because the broker it was sent to does not answer
+(``BrokerUnresponsive``: a paused owner whose session has not expired yet, so lookups
+still name it) already waited the probe timeout; the next one follows after the minimum
+delay instead of a growing one, so the handler moves within about a probe timeout of the
+topic's new owner taking over.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ import logging
 
 from anabranch.client.backoff import Backoff
 from anabranch.client.connection import ClientConnection, ConnectionPool
+from anabranch.client.errors import BrokerUnresponsive
 from anabranch.errors import AnabranchError, Closed, NotFound, ProducerFenced, TopicTerminated
 
 log = logging.getLogger(__name__)
@@ -87,6 +94,10 @@ class ReconnectingHandler:
                 log.warning("%s: giving up reconnecting: %s", self.topic, err)
                 self._on_terminal_error(err)
                 return
+            except BrokerUnresponsive as err:
+                log.info("%s: reconnect failed (retrying at once): %s", self.topic, err)
+                self._backoff.reset()
+                continue
             except (AnabranchError, OSError) as err:
                 log.info("%s: reconnect failed, next in ~%.2fs: %s", self.topic, delay, err)
                 continue

@@ -39,7 +39,9 @@ from anabranch.client.stream_consumer import StreamConsumer, StreamConsumerOptio
 from anabranch.core.names import SegmentName, TopicDomain, parse_name
 from anabranch.errors import InvalidArgument
 from anabranch.limits import (
+    CLIENT_OPERATION_STUCK_S,
     CLIENT_OPERATION_TIMEOUT_S,
+    CLIENT_PROBE_TIMEOUT_S,
     CONSUMER_RECEIVER_QUEUE_MESSAGES,
     KEEPALIVE_INTERVAL_S,
 )
@@ -60,7 +62,14 @@ class Client:
     """An async Pulsar client (see the module docstring).
 
     Options: ``operation_timeout_s`` (requests), ``keepalive_interval_s`` (PING period),
+    ``operation_stuck_s`` (a send or request waiting this long makes the client PING its
+    connection), ``probe_timeout_s`` (how long that PING may go unanswered before the
+    connection is dropped and its producers move to the topic's current owner),
     ``random`` (the reconnect jitter source, injectable for tests).
+
+    Example (a broker across a slow WAN link: probe later, wait longer for the PONG)::
+
+        client = Client("pulsar://broker:6650", operation_stuck_s=5.0, probe_timeout_s=3.0)
     """
 
     def __init__(
@@ -69,6 +78,8 @@ class Client:
         *,
         operation_timeout_s: float = CLIENT_OPERATION_TIMEOUT_S,
         keepalive_interval_s: float = KEEPALIVE_INTERVAL_S,
+        operation_stuck_s: float = CLIENT_OPERATION_STUCK_S,
+        probe_timeout_s: float = CLIENT_PROBE_TIMEOUT_S,
         random: Callable[[], float] = _random.random,
     ) -> None:
         self.service_url = service_url
@@ -76,6 +87,8 @@ class Client:
             service_url,
             operation_timeout_s=operation_timeout_s,
             keepalive_interval_s=keepalive_interval_s,
+            operation_stuck_s=operation_stuck_s,
+            probe_timeout_s=probe_timeout_s,
             random=random,
         )
         self._handlers: list[

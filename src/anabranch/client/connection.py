@@ -10,8 +10,17 @@ after a silent interval and closes the connection when no PONG comes back. When 
 connection closes for any reason every pending request fails with ``ConnectionClosed``
 and every registered producer/consumer is told, so it can reconnect with backoff.
 
+A paused or partitioned broker keeps TCP open and answers nothing, which the keepalive
+notices only after a minute. So an operation waiting longer than ``operation_stuck_s`` (a
+request here, a SEND in the producer) calls :meth:`ClientConnection.probe`: a PING that
+must be answered (by anything) within ``probe_timeout_s``, or the connection is closed with
+``BrokerUnresponsive`` and its users reconnect, looking their topics up again.
+
 :class:`ConnectionPool` keeps one connection per broker address and performs LOOKUP and
-PARTITIONED_METADATA, following redirects up to ``CLIENT_LOOKUP_REDIRECTS_MAX`` hops.
+PARTITIONED_METADATA, following redirects up to ``CLIENT_LOOKUP_REDIRECTS_MAX`` hops. It
+remembers the brokers that failed a probe: a new connection to one of them must complete
+its handshake within the probe timeout (a paused broker's kernel still accepts TCP), and
+requests that may go to any broker (lookups) go to another service-URL broker first.
 
 Example (against a running broker)::
 
@@ -35,6 +44,7 @@ from urllib.parse import urlsplit
 
 from anabranch import __version__
 from anabranch.client.errors import (
+    BrokerUnresponsive,
     ConnectionClosed,
     LookupFailed,
     OperationTimeout,
@@ -44,7 +54,9 @@ from anabranch.core.names import SegmentName, parse_name
 from anabranch.errors import AnabranchError, Closed, InvalidArgument
 from anabranch.limits import (
     CLIENT_LOOKUP_REDIRECTS_MAX,
+    CLIENT_OPERATION_STUCK_S,
     CLIENT_OPERATION_TIMEOUT_S,
+    CLIENT_PROBE_TIMEOUT_S,
     KEEPALIVE_INTERVAL_S,
 )
 from anabranch.protocol import commands
@@ -182,7 +194,12 @@ class _Wire(asyncio.Protocol):
 
 
 class ClientConnection:
-    """One connection to one broker (see the module docstring)."""
+    """One connection to one broker (see the module docstring).
+
+    ``handshake_timeout_s`` bounds connecting and the CONNECT/CONNECTED exchange (by
+    default the operation timeout); ``on_unresponsive`` is told the address when a probe
+    closes the connection.
+    """
 
     def __init__(
         self,
@@ -190,10 +207,23 @@ class ClientConnection:
         *,
         keepalive_interval_s: float = KEEPALIVE_INTERVAL_S,
         operation_timeout_s: float = CLIENT_OPERATION_TIMEOUT_S,
+        operation_stuck_s: float = CLIENT_OPERATION_STUCK_S,
+        probe_timeout_s: float = CLIENT_PROBE_TIMEOUT_S,
+        handshake_timeout_s: float | None = None,
+        on_unresponsive: Callable[[Address], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.address = address
         self.operation_timeout_s = operation_timeout_s
+        self.operation_stuck_s = operation_stuck_s
+        self.probe_timeout_s = probe_timeout_s
+        self.handshake_timeout_s = (
+            operation_timeout_s if handshake_timeout_s is None else handshake_timeout_s
+        )
+        self._on_unresponsive = on_unresponsive
+        self._probe_task: asyncio.Task[bool] | None = None
+        self._heard: asyncio.Future[None] | None = None
+        """Resolved by the next bytes received while a probe waits for them."""
         self._clock = clock
         self._proto = ProtocolConnection(
             Role.CLIENT, now=clock(), keepalive_interval_s=keepalive_interval_s
@@ -231,7 +261,7 @@ class ClientConnection:
         loop = asyncio.get_running_loop()
         try:
             _transport, self._wire = await asyncio.wait_for(
-                loop.create_connection(lambda: _Wire(self), host, port), self.operation_timeout_s
+                loop.create_connection(lambda: _Wire(self), host, port), self.handshake_timeout_s
             )
         except (OSError, TimeoutError) as err:
             self._closed.set()
@@ -244,9 +274,14 @@ class ClientConnection:
         )
         self._write(self._proto.send(commands.connect(CLIENT_VERSION, PROTOCOL_VERSION_MAX, flags)))
         try:
-            await asyncio.wait_for(asyncio.shield(self._connected), self.operation_timeout_s)
+            await asyncio.wait_for(asyncio.shield(self._connected), self.handshake_timeout_s)
         except TimeoutError as err:
             await self.close()
+            if self.handshake_timeout_s < self.operation_timeout_s:
+                # The short handshake of a broker that failed a probe: still not answering.
+                raise BrokerUnresponsive(
+                    f"no CONNECTED from {host}:{port} within {self.handshake_timeout_s}s"
+                ) from err
             raise OperationTimeout(f"no CONNECTED from {host}:{port}") from err
         except BaseException:
             await self.close()
@@ -281,6 +316,8 @@ class ClientConnection:
         if not self._connected.done():
             self._connected.set_exception(error)
             self._connected.exception()  # retrieved here: open() may already be gone
+        if self._heard is not None and not self._heard.done():
+            self._heard.set_result(None)  # a probe in progress ends (and sees the close)
         pending, self._pending = self._pending, {}
         for fut in pending.values():
             if not fut.done():
@@ -327,17 +364,78 @@ class ClientConnection:
         self._pending[request_id] = fut
         try:
             self.send_command(command)
-            frame = await asyncio.wait_for(fut, self.operation_timeout_s)
-        except TimeoutError as err:
-            raise OperationTimeout(
-                f"no answer to request {request_id} from {self._peer()}"
-            ) from err
+            frame = await self._answer(fut, request_id)
         finally:
             self._pending.pop(request_id, None)
         if frame.type == T.ERROR:
             body = frame.command.error
             raise from_server_error(int(body.error), body.message)
         return frame
+
+    async def _answer(self, fut: asyncio.Future[Frame], request_id: int) -> Frame:
+        """``fut``'s frame within the operation timeout, probing the connection each time
+        the wait passes ``operation_stuck_s`` (a failed probe fails ``fut``)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.operation_timeout_s
+        while True:
+            remaining = deadline - loop.time()
+            try:
+                if remaining <= 0:
+                    raise TimeoutError
+                return await asyncio.wait_for(
+                    asyncio.shield(fut), min(self.operation_stuck_s, remaining)
+                )
+            except TimeoutError as err:
+                if loop.time() >= deadline:
+                    raise OperationTimeout(
+                        f"no answer to request {request_id} from {self._peer()}"
+                    ) from err
+            # A slow answer (a lookup waiting for a dead owner's record, a ledger recovery)
+            # from a live broker keeps waiting; a broker that answers nothing is left.
+            if not await self.probe():
+                return await fut  # closed: fails with the connection's error
+
+    async def probe(self) -> bool:
+        """Whether the broker still answers: a PING, then anything received within
+        ``probe_timeout_s``. Otherwise the connection is closed with ``BrokerUnresponsive``
+        (pending requests fail, producers and consumers reconnect) and False returned.
+        Concurrent callers share one probe.
+
+        Example (a connected ``conn``)::
+
+            if not await conn.probe():
+                ...  # conn is closed now; look the topic up again
+        """
+        if self._closed.is_set():
+            return False
+        task = self._probe_task
+        if task is None:
+            task = self._probe_task = asyncio.get_running_loop().create_task(self._run_probe())
+        return await asyncio.shield(task)
+
+    async def _run_probe(self) -> bool:
+        heard = self._heard = asyncio.get_running_loop().create_future()
+        try:
+            self._write(self._proto.ping(self._clock()))
+            await asyncio.wait_for(heard, self.probe_timeout_s)
+        except AnabranchError:  # closed before the PING went out
+            return False
+        except TimeoutError:
+            if self._closed.is_set():
+                return False
+            log.warning(
+                "%s answered nothing within %.1fs of a PING: closing the connection",
+                self._peer(),
+                self.probe_timeout_s,
+            )
+            if self._on_unresponsive is not None:
+                self._on_unresponsive(self.address)
+            self._shutdown(BrokerUnresponsive(f"{self._peer()} stopped answering"))
+            return False
+        finally:
+            self._heard = None
+            self._probe_task = None
+        return not self._closed.is_set()
 
     async def drain(self) -> None:
         """Wait until the socket's write buffer is below its high-water mark."""
@@ -382,6 +480,9 @@ class ClientConnection:
     def _on_data(self, data: bytes) -> None:
         if self._closed.is_set():
             return
+        heard = self._heard
+        if heard is not None and not heard.done():
+            heard.set_result(None)  # any bytes from the broker prove it is alive
         try:
             for frame in self._proto.receive_data(data, now=self._clock()):
                 self._dispatch(frame)
@@ -472,16 +573,25 @@ class ConnectionPool:
         *,
         keepalive_interval_s: float = KEEPALIVE_INTERVAL_S,
         operation_timeout_s: float = CLIENT_OPERATION_TIMEOUT_S,
+        operation_stuck_s: float = CLIENT_OPERATION_STUCK_S,
+        probe_timeout_s: float = CLIENT_PROBE_TIMEOUT_S,
         lookup_redirects_max: int = CLIENT_LOOKUP_REDIRECTS_MAX,
         random: Callable[[], float] = _random.random,
     ) -> None:
+        if operation_stuck_s <= 0 or probe_timeout_s <= 0:
+            raise InvalidArgument("operation_stuck_s and probe_timeout_s must be > 0")
         self.random = random
         self.service_url = service_url
         self.service_addresses = parse_service_urls(service_url)
         self._service_index = 0
         self.keepalive_interval_s = keepalive_interval_s
         self.operation_timeout_s = operation_timeout_s
+        self.operation_stuck_s = operation_stuck_s
+        self.probe_timeout_s = probe_timeout_s
         self.lookup_redirects_max = lookup_redirects_max
+        self._unresponsive: set[Address] = set()
+        """Brokers that failed a probe and have not completed a handshake since (at most
+        every broker the client ever talked to, a handful)."""
         self._connections: dict[Address, asyncio.Future[ClientConnection]] = {}
         self._handler_ids = itertools.count(1)
         self._closed = False
@@ -495,6 +605,13 @@ class ConnectionPool:
         """True once ``close`` was called."""
         return self._closed
 
+    def unresponsive(self, address: Address) -> bool:
+        """Whether ``address`` failed a probe and has not answered a handshake since."""
+        return address in self._unresponsive
+
+    def _mark_unresponsive(self, address: Address) -> None:
+        self._unresponsive.add(address)
+
     @property
     def service_address(self) -> Address:
         """The service URL's broker used now (the next one is tried when it is unreachable)."""
@@ -505,6 +622,14 @@ class ConnectionPool:
         of several in turn until one answers (upstream's rule for ``pulsar://a,b,c``)."""
         if address is not None:
             return await self._get(address)
+        if self.service_address in self._unresponsive:
+            # Ask a service-URL broker that answers, while there is one.
+            count = len(self.service_addresses)
+            for step in range(1, count):
+                candidate = (self._service_index + step) % count
+                if self.service_addresses[candidate] not in self._unresponsive:
+                    self._service_index = candidate
+                    break
         for _ in range(len(self.service_addresses) - 1):
             current = self._service_index
             try:
@@ -526,10 +651,19 @@ class ConnectionPool:
                 return fut.result()
         fut = asyncio.get_running_loop().create_future()
         self._connections[address] = fut
+        suspect = address in self._unresponsive
         conn = ClientConnection(
             address,
             keepalive_interval_s=self.keepalive_interval_s,
             operation_timeout_s=self.operation_timeout_s,
+            operation_stuck_s=self.operation_stuck_s,
+            probe_timeout_s=self.probe_timeout_s,
+            # A broker that failed a probe gets the probe's time to answer, not the
+            # operation timeout: a paused one would hold every reconnect for that long.
+            handshake_timeout_s=min(self.probe_timeout_s, self.operation_timeout_s)
+            if suspect
+            else None,
+            on_unresponsive=self._mark_unresponsive,
         )
         try:
             await conn.open()
@@ -539,6 +673,7 @@ class ConnectionPool:
             fut.set_exception(err)
             fut.exception()  # consumed: waiters (if any) got it through shield
             raise
+        self._unresponsive.discard(address)
         fut.set_result(conn)
         return conn
 

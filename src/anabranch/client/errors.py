@@ -7,6 +7,7 @@ one table from wire code to class; ``from_server_error`` builds the exception.
     AnabranchError
     ├── ClientError                       base of the errors only the client raises
     │   ├── ConnectionClosed              retriable: the connection went away mid-request
+    │   │   └── BrokerUnresponsive        retriable: closed because the broker stopped answering
     │   ├── OperationTimeout              retriable: no answer within the operation timeout
     │   ├── ServiceNotReady               retriable: broker not ready / topic moving
     │   ├── TooManyRequests               retriable: broker throttling lookups
@@ -57,6 +58,12 @@ class ConnectionClosed(ClientError):
     """The connection closed before the request was answered; retrying may succeed."""
 
     retriable = True
+
+
+class BrokerUnresponsive(ConnectionClosed):
+    """The broker stopped answering (a probe's PING or a handshake got no answer within
+    the probe timeout) although TCP stayed up, as a paused or partitioned broker does; the
+    connection was closed so that its users look their topics up again elsewhere."""
 
 
 class OperationTimeout(ClientError):

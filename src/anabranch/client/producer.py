@@ -12,6 +12,14 @@ closed and everything is resent (upstream's rule). SEND_ERROR with a retriable c
 typed error. Sequence ids continue from the broker's ``last_sequence_id`` on the first
 connect, unless ``initial_sequence_id`` is given.
 
+A connection can also go silent without closing (the broker paused, or cut off by the
+network): while SENDs are pending, a timer looks at the head of the queue a few times per
+``operation_stuck_s``, and when the same op has waited that long on the same connection
+it probes the connection (``ClientConnection.probe``). A connection that does not answer
+is closed, and the reconnect above looks the topic up again (through another broker) and
+resends the pending ops under their sequence ids and the same producer name, so the new
+owner's dedup state, rebuilt from the topic's ledger, drops what the old owner stored.
+
 Example (with a client)::
 
     producer = await client.create_producer("persistent://public/default/t")
@@ -25,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections import deque
 from collections.abc import Mapping
@@ -32,7 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from anabranch.client._reconnect import ReconnectingHandler
-from anabranch.client.connection import ConnectionPool
+from anabranch.client.connection import ClientConnection, ConnectionPool
 from anabranch.client.errors import MessageTooBig, from_server_error
 from anabranch.client.message_id import MessageId
 from anabranch.client.pending_bound import PendingBound
@@ -51,6 +60,7 @@ from anabranch.protocol.batch import join_batch, single_metadata
 from anabranch.protocol.compression import CompressionType, compress
 from anabranch.protocol.frames import Frame
 
+log = logging.getLogger(__name__)
 T = pb.BaseCommand
 
 BATCH_ENTRY_OVERHEAD_BYTES = 16
@@ -170,6 +180,11 @@ class Producer(ReconnectingHandler):
         """The connected broker's max message size (the last one known while disconnected)."""
         self._batch_timer: asyncio.TimerHandle | None = None
         self._closed_error: AnabranchError | None = None
+        self._stuck_timer: asyncio.TimerHandle | None = None
+        """Runs while ops are pending (started by ``_enqueue``, see ``_check_stuck``)."""
+        self._watched: tuple[_Op, ClientConnection | None, float] | None = None
+        """The head op, its connection, and since when the pair has not changed."""
+        self._probing: asyncio.Task[None] | None = None
 
     def __repr__(self) -> str:
         return f"Producer({self.topic!r}, name={self.producer_name!r})"
@@ -380,6 +395,8 @@ class Producer(ReconnectingHandler):
             return
         self._pending.append(op)
         self.last_sequence_id = max(self.last_sequence_id, op.highest_sequence_id)
+        if self._stuck_timer is None:
+            self._watch_stuck()
         if self._conn is not None:
             self._write(op)
 
@@ -440,6 +457,43 @@ class Producer(ReconnectingHandler):
                 if not fut.done():
                     fut.set_exception(err)
 
+    # --- stuck sends -----------------------------------------------------------------------
+
+    def _watch_stuck(self) -> None:
+        # A few looks per bound: a stuck op is noticed within 1.25 bounds, at the cost of
+        # one timer per producer with pending sends (none when idle).
+        interval = self._pool.operation_stuck_s / 4
+        self._stuck_timer = asyncio.get_running_loop().call_later(interval, self._check_stuck)
+
+    def _check_stuck(self) -> None:
+        """Probe the connection when the head op has waited ``operation_stuck_s`` on it."""
+        self._stuck_timer = None
+        if self._closing or not self._pending:
+            self._watched = None
+            return  # the next _enqueue starts watching again
+        now = asyncio.get_running_loop().time()
+        head, conn, watched = self._pending[0], self._conn, self._watched
+        if watched is None or watched[0] is not head or watched[1] is not conn:
+            self._watched = (head, conn, now)  # progress (or a new connection): start over
+        elif (
+            conn is not None
+            and self._probing is None
+            and now - watched[2] >= self._pool.operation_stuck_s
+        ):
+            self._probing = asyncio.get_running_loop().create_task(self._probe(conn))
+        self._watch_stuck()
+
+    async def _probe(self, conn: ClientConnection) -> None:
+        try:
+            alive = await conn.probe()
+        finally:
+            self._probing = None
+        if alive:
+            # The broker answers: it is slow, not gone. Look again after another bound.
+            self._watched = None
+        else:
+            log.info("%s: %s stopped answering; moving to the topic's owner", self, conn.address)
+
     def _drop_connection(self) -> None:
         conn = self._conn
         if conn is not None:
@@ -473,6 +527,14 @@ class Producer(ReconnectingHandler):
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.flush(), self._pool.operation_timeout_s)
         self._closing = True
+        if self._stuck_timer is not None:
+            self._stuck_timer.cancel()
+            self._stuck_timer = None
+        probing, self._probing = self._probing, None
+        if probing is not None:
+            probing.cancel()  # the connection's probe itself goes on (shared, shielded)
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await probing
         await self._stop_reconnecting()
         conn, self._conn = self._conn, None
         if conn is not None:
