@@ -244,3 +244,19 @@ def test_the_report_serialises_with_examples() -> None:
     doc = check(b.ops, LAYOUT).to_dict()
     assert doc["ok"] is False
     assert doc["examples"]["lost"][0]["value"] == Value("p0", K, 9).text()
+
+
+def test_a_resend_the_broker_stored_again_is_a_duplicate() -> None:
+    b = clean_history()
+    v = b.ops[0].value["value"]
+    b.history.record("p0", "invoke", "resend", {"key": K, "value": v})
+    b.history.record("p0", "ok", "resend", {"key": K, "value": v, "id": [2, 12, 40, -1]})
+    assert check(b.ops, LAYOUT).counts() == {"duplicate": 1}
+
+
+def test_a_resend_dropped_by_dedup_is_fine() -> None:
+    b = clean_history()
+    v = b.ops[0].value["value"]
+    b.history.record("p0", "invoke", "resend", {"key": K, "value": v})
+    b.history.record("p0", "ok", "resend", {"key": K, "value": v, "id": [2, -1, -1, -1]})
+    assert check(b.ops, LAYOUT).ok

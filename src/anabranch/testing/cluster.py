@@ -7,7 +7,11 @@ and the etcd store. Faults are signals to one PID: :meth:`ClusterBroker.kill` (S
 until every broker answers CONNECT *and* is listed in the cluster's broker registry.
 
 Each broker's settings are a TOML file under ``root`` (``broker-<i>.toml``), its output
-``broker-<i>.log``; short ``session_ttl_s`` make failover tests quick.
+``broker-<i>.log``; short ``session_ttl_s`` make failover tests quick. ``env`` is added to
+every broker's environment after the caller's ``ANABRANCH_*`` variables are stripped (e.g.
+``{"ANABRANCH_FAILPOINTS": "ack-before-fsync"}``). Subclasses (the fault harness) override
+:meth:`LocalCluster._etcd_endpoint_for` (a proxy per broker) and
+:meth:`LocalCluster._make_broker` (another launcher).
 
 Example:
     >>> async def demo(tmp_path: Path) -> None:
@@ -41,7 +45,9 @@ class ClusterBroker(BrokerSubprocess):
 
     READY_TIMEOUT_S = READY_TIMEOUT_S
 
-    def __init__(self, root: Path, index: int, settings: dict[str, Any]) -> None:
+    def __init__(
+        self, root: Path, index: int, settings: dict[str, Any], env: dict[str, str] | None = None
+    ) -> None:
         super().__init__(
             str(settings["advertised_address"]),
             int(settings["port"]),
@@ -49,6 +55,7 @@ class ClusterBroker(BrokerSubprocess):
             f"broker {index}",
         )
         self.index = index
+        self.env = dict(env or {})
         self.http_port = int(settings["http_port"])
         self.config_path = root / f"broker-{index}.toml"
         self.config_path.write_text(_toml(settings))
@@ -64,6 +71,7 @@ class ClusterBroker(BrokerSubprocess):
 
     def _command(self) -> tuple[list[str], dict[str, str]]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("ANABRANCH_")}
+        env.update(self.env)
         args = [
             sys.executable,
             "-m",
@@ -91,6 +99,7 @@ class LocalCluster:
         load_report_interval_s: float = 1.0,
         fsync: str = "always",
         host: str = "127.0.0.1",
+        env: dict[str, str] | None = None,
         **broker_settings: Any,
     ) -> None:
         self.root = Path(root)
@@ -101,6 +110,7 @@ class LocalCluster:
         self.data_dir = self.root / "data"
         self.etcd: EtcdServer | None = None
         self._count = brokers
+        self.env = dict(env or {})
         self._settings = {
             "cluster_name": cluster_name,
             "data_dir": str(self.data_dir),
@@ -116,20 +126,28 @@ class LocalCluster:
     async def start(self) -> None:
         """Start etcd, then every broker; wait until all are registered."""
         self.etcd = await asyncio.to_thread(EtcdServer.start, self.root / "etcd")
-        for index in range(self._count):
-            settings = {
-                **self._settings,
-                "metadata_url": f"etcd://{self.etcd.endpoint}",
-                "port": free_port(self.host),
-                "http_port": free_port(self.host),
-            }
-            self.brokers.append(ClusterBroker(self.root, index, settings))
         try:
+            for index in range(self._count):
+                settings = {
+                    **self._settings,
+                    "metadata_url": f"etcd://{await self._etcd_endpoint_for(index)}",
+                    "port": free_port(self.host),
+                    "http_port": free_port(self.host),
+                }
+                self.brokers.append(self._make_broker(index, settings))
             await asyncio.gather(*(broker.start() for broker in self.brokers))
             await self.wait_registered(self._count)
         except BaseException:
             await self.stop()
             raise
+
+    async def _etcd_endpoint_for(self, index: int) -> str:
+        """``host:port`` broker ``index`` reaches etcd at (here: etcd itself)."""
+        assert self.etcd is not None
+        return self.etcd.endpoint
+
+    def _make_broker(self, index: int, settings: dict[str, Any]) -> ClusterBroker:
+        return ClusterBroker(self.root, index, settings, self.env)
 
     async def stop(self) -> None:
         """SIGKILL every broker (tests end fast; clean stops are tested on purpose), then

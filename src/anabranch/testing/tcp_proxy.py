@@ -5,6 +5,11 @@ every live connection (both directions, like a network reset); :meth:`TcpProxy.r
 makes new connections close at once until :meth:`TcpProxy.accept` (a partition). The
 server never notices anything but disconnects.
 
+For the fault harness: :meth:`TcpProxy.partition` also blackholes live connections
+(bytes are swallowed, nothing is closed: peers only notice by their own timeouts, like a
+cut cable) and :meth:`TcpProxy.heal` ends it (the blackholed connections are dropped,
+since their byte streams have holes); ``delay_s`` holds every chunk that long.
+
 Example:
     >>> async def demo(server_port: int) -> None:
     ...     proxy = await TcpProxy.start("127.0.0.1", server_port)
@@ -36,6 +41,9 @@ class TcpProxy:
         self._writers: set[asyncio.StreamWriter] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._refusing = False
+        self._blackholed = False
+        self.delay_s = 0.0
+        """Seconds each forwarded chunk waits (a slow link; 0: none)."""
 
     @classmethod
     async def start(cls, target_host: str, target_port: int) -> TcpProxy:
@@ -68,6 +76,19 @@ class TcpProxy:
     def accept(self) -> None:
         """Forward new connections again."""
         self._refusing = False
+
+    def partition(self) -> None:
+        """Refuse new connections and silently swallow the bytes of live ones."""
+        self._refusing = True
+        self._blackholed = True
+
+    def heal(self) -> None:
+        """End a partition or a delay: drop the blackholed connections, accept again."""
+        if self._blackholed:
+            self.drop()
+        self._blackholed = False
+        self._refusing = False
+        self.delay_s = 0.0
 
     async def close(self) -> None:
         """Stop listening and drop every connection."""
@@ -108,6 +129,10 @@ class TcpProxy:
         """Copy one direction until EOF or error, then close the other side too."""
         try:
             while chunk := await reader.read(PROXY_CHUNK_BYTES):
+                if self.delay_s > 0:
+                    await asyncio.sleep(self.delay_s)
+                if self._blackholed:
+                    continue
                 writer.write(chunk)
                 await writer.drain()
         except (OSError, ConnectionError):

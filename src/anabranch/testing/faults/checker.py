@@ -6,8 +6,9 @@ It finds, over the ops of :mod:`~anabranch.testing.faults.history`:
     an acknowledged send whose value no read ever returned (the final full read, a
     checkpoint read from the earliest position, sees everything stored);
 ``duplicate``
-    one value stored at two positions (dedup is on: a retry must never be stored twice;
-    a redelivery of one position is not a duplicate);
+    one value stored at two positions (dedup is on: a retry -- an ``f="resend"`` op of
+    the same value, producer and sequence id -- must never be stored twice; a
+    redelivery of one position is not a duplicate);
 ``inconsistent``
     one position returned with two different values;
 ``phantom``
@@ -122,7 +123,7 @@ def check(
     report = Report()
     lineage = Lineage(layout)
     sends = _sends(ops)
-    reads = [_read(op) for op in ops if op.f == "recv" and op.type == "ok"]
+    reads = [_read(op) for op in ops if op.f == "recv" and op.type == "ok" and "value" in op.value]
     heal_t = _heal_time(ops)
     report.stats.update(_stats(ops, sends, reads, heal_t))
     _check_storage(report, sends, reads)
@@ -143,13 +144,21 @@ class _Send:
     outcome: str = "pending"  # ok | fail | info | pending
     ack_t: float | None = None
     position: Position | None = None
+    resent_to: list[Position] = field(default_factory=list)
+    """Where resends of the same (producer, sequence id) were stored (dedup: nowhere)."""
 
 
 def _sends(ops: Iterable[Op]) -> dict[str, _Send]:
     """Sends by value; values are unique, so the value identifies the op."""
     sends: dict[str, _Send] = {}
     for op in ops:
-        if op.f != "send":
+        if op.f == "resend" and op.type == "ok":
+            resent = sends.get(str(op.value["value"]))
+            position = _position(op.value.get("id"))
+            if resent is not None and position is not None:
+                resent.resent_to.append(position)
+            continue
+        if op.f != "send" or "value" not in op.value:
             continue
         value = str(op.value["value"])
         if op.type == "invoke":
@@ -179,8 +188,9 @@ def _read(op: Op) -> _Read:
 
 
 def _position(raw: Any) -> Position | None:
-    """``[segment, ledger, entry, batch]``; None when unknown or a dedup answer (ledger < 0)."""
-    if not raw or len(raw) != 4 or int(raw[1]) < 0:
+    """``[segment, ledger, entry, batch]``; None when unknown or a dedup answer (ledger -1,
+    also as its unsigned 64-bit form)."""
+    if not raw or len(raw) != 4 or not 0 <= int(raw[1]) < 2**63:
         return None
     return (int(raw[0]), int(raw[1]), int(raw[2]), int(raw[3]))
 
@@ -242,6 +252,7 @@ def _check_storage(report: Report, sends: dict[str, _Send], reads: list[_Read]) 
     for send in sends.values():
         if send.outcome == "ok" and send.position is not None:
             positions[send.value].add(send.position)
+        positions[send.value].update(send.resent_to)
     for value, where in positions.items():
         if len(where) > 1:
             report.add("duplicate", value=value, positions=sorted(list(p) for p in where))

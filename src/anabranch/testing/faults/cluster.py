@@ -1,0 +1,142 @@
+"""The fault harness's cluster: :class:`~anabranch.testing.cluster.LocalCluster` with a TCP
+proxy between each broker and etcd, brokers started through the test-only
+:mod:`~anabranch.testing.faults.launcher`, a control file per broker and failpoints.
+
+- Broker ``i`` reaches etcd only through ``proxies[i]``: partitioning or slowing that
+  proxy cuts that one broker off the metadata store (its session expires, its topics
+  and leaderships move) while clients still reach it.
+- ``control(i, ...)`` rewrites broker ``i``'s control file (disk faults, clock offsets).
+- ``crash(i)`` is SIGKILL followed by lose-unfsynced on the files broker ``i`` wrote.
+- ``failpoints`` are passed to every broker as ``ANABRANCH_FAILPOINTS``.
+
+Not built: client-to-broker and broker-to-broker proxies. A broker advertises its own
+bind port (``BrokerConfig`` has no advertised port), so a lookup sends clients and other
+brokers straight to it; putting a proxy in those paths needs an advertised-port setting.
+
+Example:
+    >>> async def demo(tmp_path: Path) -> None:  # doctest: +SKIP
+    ...     async with FaultCluster(tmp_path, failpoints=("ack-before-fsync",)) as cluster:
+    ...         cluster.proxies[0].partition()      # broker 0 loses etcd
+    ...         cluster.control(1, disk_errno="EIO")  # broker 1's disk fails
+    ...         await cluster.crash(2)               # broker 2 dies, loses unsynced bytes
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from anabranch.errors import AnabranchError
+from anabranch.failpoints import ENV_VAR, parse
+from anabranch.testing.cluster import ClusterBroker, LocalCluster
+from anabranch.testing.faults.control import Control, write_control
+from anabranch.testing.faults.disk import lose_unfsynced
+from anabranch.testing.tcp_proxy import TcpProxy
+
+
+class FaultBroker(ClusterBroker):
+    """A cluster broker launched with a control file (see the module docstring)."""
+
+    def __init__(
+        self, root: Path, index: int, settings: dict[str, Any], env: dict[str, str]
+    ) -> None:
+        super().__init__(root, index, settings, env)
+        self.name = f"b{index}"
+        self.control_path = root / f"broker-{index}.control.json"
+        self.controls = Control()
+        write_control(self.control_path, self.controls)
+
+    def _command(self) -> tuple[list[str], dict[str, str]]:
+        args, env = super()._command()
+        launcher = [sys.executable, "-m", "anabranch.testing.faults.launcher"]
+        hooks = ["--control", str(self.control_path), "--broker-name", self.name]
+        # super() runs "python -m anabranch.cli.main broker --config X": keep "broker ..."
+        return [*launcher, *hooks, *args[3:]], env
+
+
+class FaultCluster(LocalCluster):
+    """See the module docstring."""
+
+    def __init__(
+        self,
+        root: Path,
+        brokers: int = 3,
+        *,
+        failpoints: Iterable[str] = (),
+        session_ttl_s: float = 3.0,
+        **settings: Any,
+    ) -> None:
+        names = parse(",".join(failpoints))  # a typo fails here, not in a subprocess
+        env = {ENV_VAR: ",".join(sorted(names))} if names else {}
+        super().__init__(root, brokers, session_ttl_s=session_ttl_s, env=env, **settings)
+        self.failpoints = names
+        self.proxies: list[TcpProxy] = []
+
+    async def _etcd_endpoint_for(self, index: int) -> str:
+        assert self.etcd is not None
+        host, port = self.etcd.endpoint.rsplit(":", 1)
+        proxy = await TcpProxy.start(host, int(port))
+        self.proxies.append(proxy)
+        return proxy.endpoint
+
+    def _make_broker(self, index: int, settings: dict[str, Any]) -> ClusterBroker:
+        return FaultBroker(self.root, index, settings, self.env)
+
+    async def stop(self) -> None:
+        try:
+            await super().stop()
+        finally:
+            for proxy in self.proxies:
+                await proxy.close()
+            self.proxies.clear()
+
+    @property
+    def fault_brokers(self) -> list[FaultBroker]:
+        return [b for b in self.brokers if isinstance(b, FaultBroker)]
+
+    def control(self, index: int, **changes: Any) -> Control:
+        """Change broker ``index``'s control file (fields of :class:`Control`)."""
+        broker = self.fault_brokers[index]
+        broker.controls = dataclasses.replace(broker.controls, **changes)
+        write_control(broker.control_path, broker.controls)
+        return broker.controls
+
+    async def crash(self, index: int) -> int:
+        """SIGKILL broker ``index`` and drop its unfsynced bytes; returns files cut."""
+        broker = self.fault_brokers[index]
+        broker.resume()
+        broker.kill()
+        return await asyncio.to_thread(lose_unfsynced, self.data_dir, broker.name)
+
+    async def controller_leader(self, topic: str) -> int | None:
+        """The index of the broker leading ``topic``'s controller (None: no leader, or etcd
+        unreachable). Read from etcd directly, not through any proxy."""
+        from anabranch.metadata.etcd import EtcdMetadataStore
+
+        if self.etcd is None or not self.etcd.running:
+            return None
+        tenant, ns, name = topic.split("://", 1)[1].split("/")
+        try:
+            store = await asyncio.wait_for(EtcdMetadataStore.open(self.etcd.endpoint), 5.0)
+        except (TimeoutError, AnabranchError, OSError):
+            return None
+        try:
+            record = await asyncio.wait_for(
+                store.get(f"/topics/{tenant}/{ns}/{name}/controller"), 5.0
+            )
+        except (TimeoutError, AnabranchError, OSError):
+            return None
+        finally:
+            await store.close()
+        if record is None:
+            return None
+        pulsar = str(json.loads(record.value).get("pulsar", ""))
+        for broker in self.brokers:
+            if pulsar.endswith(broker.broker_id):
+                return broker.index
+        return None

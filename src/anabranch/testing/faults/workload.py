@@ -1,0 +1,447 @@
+"""The workloads of a fault run, each logging to the history as it goes.
+
+- :meth:`Workload.producer` -- a scalable-topic producer: keyed values
+  ``p=producer-i;k=key-j;c=n`` (unique per key), up to ``inflight`` sends in flight, a
+  send unanswered after ``SEND_TIMEOUT_S`` is ``info`` (indeterminate); a producer whose
+  sends fail is replaced by a new one (a fresh client-side session).
+- :meth:`Workload.idempotent` -- sends straight to the key's active segment under one
+  producer name with explicit sequence ids and, when the key's segment has changed since
+  its last acknowledged send, first re-sends that send (same name, sequence id and value)
+  to the new segment: the retry after an ambiguous timeout that crosses a split. With
+  deduplication (carried across splits) the broker stores it once.
+- :meth:`Workload.stream` / :meth:`Workload.queue` / :meth:`Workload.checkpoint` -- a
+  stream consumer (cumulative ack after every message), a queue consumer (individual
+  acks) and a checkpoint consumer from the earliest position; an error ends the session
+  and a new one starts (a new ``process`` name in the history).
+- :meth:`Workload.storm` -- splits and merges through the admin API at seeded moments.
+- :meth:`Workload.probe` -- after the heal: a split, retried until it succeeds.
+- :meth:`Workload.final_read` -- a new client reads the whole DAG from the earliest
+  position: what is stored.
+
+Example (inside a run, see :mod:`~anabranch.testing.faults.run`)::
+
+    workload = Workload(cluster, history, topic, random.Random(seed))
+    tasks = [asyncio.create_task(workload.producer(0)), asyncio.create_task(workload.stream())]
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from collections.abc import Awaitable
+from typing import Any
+
+import aiohttp
+
+from anabranch.aio import Client, Message, MessageId
+from anabranch.client.producer import Producer
+from anabranch.core.hash_range import segment_hash
+from anabranch.core.names import TopicName
+from anabranch.core.segment_layout import SegmentLayout, segment_name
+from anabranch.errors import AnabranchError
+from anabranch.testing.faults.cluster import FaultCluster
+from anabranch.testing.faults.history import History
+from anabranch.testing.faults.values import Value
+
+log = logging.getLogger(__name__)
+
+SEND_TIMEOUT_S = 30.0
+"""A send unanswered this long is logged ``info`` (the client may still store it)."""
+RECEIVE_POLL_S = 0.5
+ADMIN_TIMEOUT_S = 10.0
+"""One admin request; a split or merge that takes longer is ``info``."""
+RESTART_PAUSE_S = 0.5
+"""Between a failed client session and the next one."""
+SEGMENTS_MAX = 6
+"""The storm merges instead of splitting once this many segments are active."""
+STREAM_SUBSCRIPTION = "faults-stream"
+QUEUE_SUBSCRIPTION = "faults-queue"
+_ERRORS = (AnabranchError, OSError, TimeoutError, aiohttp.ClientError, RuntimeError)
+
+
+def message_position(message_id: MessageId, segment: int | None = None) -> list[int]:
+    """``[segment, ledger, entry, batch]`` as the checker wants it."""
+    seg = message_id.segment_id if message_id.segment_id is not None else segment
+    return [
+        -1 if seg is None else int(seg),
+        message_id.ledger_id,
+        message_id.entry_id,
+        message_id.batch_index,
+    ]
+
+
+class Workload:
+    """The clients of one run (see the module docstring)."""
+
+    def __init__(
+        self,
+        cluster: FaultCluster,
+        history: History,
+        topic: str,
+        rng: random.Random,
+        *,
+        keys: int = 8,
+        rate_per_producer: float = 25.0,
+        inflight: int = 4,
+    ) -> None:
+        self.cluster = cluster
+        self.history = history
+        self.topic = topic
+        self.topic_name = TopicName.parse(topic)
+        self.rng = rng
+        self.keys = [f"key-{i}" for i in range(keys)]
+        self.rate = rate_per_producer
+        self.inflight = inflight
+        self.producing = True
+        self.consuming = True
+        self.acked: set[str] = set()
+        self.seen: dict[str, set[str]] = {"stream": set(), "queue": set()}
+        self._clients: list[Client] = []
+
+    # --- helpers -----------------------------------------------------------------------------
+
+    def client(self) -> Client:
+        client = Client(self.cluster.service_url)
+        self._clients.append(client)
+        return client
+
+    async def close(self) -> None:
+        for client in self._clients:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(client.close(), 10.0)
+        self._clients.clear()
+
+    @property
+    def _admin_path(self) -> str:
+        t = self.topic_name
+        return f"/admin/v2/scalable/{t.tenant}/{t.namespace}/{t.local_name}"
+
+    async def layout(self) -> SegmentLayout | None:
+        """The topic's layout from any live broker (None if none answers)."""
+        for broker in self.cluster.live():
+            with contextlib.suppress(*_ERRORS):
+                status, body = await asyncio.wait_for(
+                    self.cluster.http("GET", self._admin_path, via=broker), ADMIN_TIMEOUT_S
+                )
+                if status == 200:
+                    return SegmentLayout.from_dict(body)
+        return None
+
+    async def admin(self, method: str, suffix: str) -> tuple[int, Any]:
+        """A request at a random live broker, following redirects to the leader."""
+        live = self.cluster.live()
+        via = live[self.rng.randrange(len(live))] if live else None
+        status, body, _ = await asyncio.wait_for(
+            self.cluster.http_follow(method, self._admin_path + suffix, via=via),
+            ADMIN_TIMEOUT_S,
+        )
+        return status, body
+
+    # --- producers ---------------------------------------------------------------------------
+
+    async def producer(self, index: int) -> None:
+        name = f"producer-{index}"
+        rng = random.Random(self.rng.random())
+        counters = dict.fromkeys(self.keys, 0)
+        slots = asyncio.Semaphore(self.inflight)
+        pending: set[asyncio.Task[None]] = set()
+        client = self.client()
+        producer: Any = None
+        while self.producing:
+            if producer is None:
+                try:
+                    producer = await asyncio.wait_for(client.create_producer(self.topic), 30.0)
+                except _ERRORS as err:
+                    self.history.record(name, "info", "open", {"error": repr(err)})
+                    await asyncio.sleep(RESTART_PAUSE_S)
+                    continue
+            key = rng.choice(self.keys)
+            value = Value(name, key, counters[key]).text()
+            counters[key] += 1
+            await slots.acquire()
+            self.history.record(name, "invoke", "send", {"key": key, "value": value})
+            try:
+                fut = await asyncio.wait_for(
+                    producer.send_async(value.encode(), key=key), SEND_TIMEOUT_S
+                )
+            except _ERRORS as err:
+                slots.release()
+                self.history.record(name, "info", "send", _failed(key, value, err))
+                producer = None  # a new producer: the old one may be wedged
+                await asyncio.sleep(RESTART_PAUSE_S)
+                continue
+            task = asyncio.create_task(self._await_send(name, key, value, fut, slots))
+            pending.add(task)
+            task.add_done_callback(pending.discard)
+            await asyncio.sleep(1.0 / self.rate)
+        if pending:
+            await asyncio.wait(pending)
+
+    async def _await_send(
+        self,
+        name: str,
+        key: str,
+        value: str,
+        fut: Awaitable[MessageId],
+        slots: asyncio.Semaphore,
+    ) -> None:
+        try:
+            message_id = await asyncio.wait_for(fut, SEND_TIMEOUT_S)
+        except _ERRORS as err:
+            self.history.record(name, "info", "send", _failed(key, value, err))
+        else:
+            self.acked.add(value)
+            done = {"key": key, "value": value, "id": message_position(message_id)}
+            self.history.record(name, "ok", "send", done)
+        finally:
+            slots.release()
+
+    async def idempotent(self, interval_s: float = 0.2) -> None:
+        name = "idem-0"
+        rng = random.Random(self.rng.random())
+        keys = [f"idem-key-{i}" for i in range(4)]
+        counters = dict.fromkeys(keys, 0)
+        last: dict[str, tuple[int, str, int]] = {}  # key -> (segment, value, sequence id)
+        producers: dict[int, Producer] = {}
+        sequence = 0
+        client = self.client()
+        while self.producing:
+            await asyncio.sleep(interval_s)
+            layout = await self.layout()
+            if layout is None:
+                continue
+            key = rng.choice(keys)
+            segment = layout.find_active(segment_hash(key))
+            f = "send"
+            op: dict[str, Any] = {"key": key}
+            try:
+                producer = producers.get(segment.segment_id)
+                if producer is None:
+                    topic = str(segment_name(self.topic_name, segment))
+                    created = await asyncio.wait_for(
+                        client.create_producer(topic, producer_name=name, batching=False), 30.0
+                    )
+                    assert isinstance(created, Producer)
+                    producer = producers[segment.segment_id] = created
+                previous = last.get(key)
+                if previous is not None and previous[0] != segment.segment_id:
+                    # The key moved since its last ack: retry that send on the new segment.
+                    _, value, sequence_id = previous
+                    f = "resend"
+                else:
+                    value = Value(name, key, counters[key]).text()
+                    counters[key] += 1
+                    sequence_id = sequence
+                    sequence += 1
+                op.update(value=value, sequence_id=sequence_id)
+                self.history.record(name, "invoke", f, op)
+                message_id = await asyncio.wait_for(
+                    producer.send(value.encode(), key=key, sequence_id=sequence_id),
+                    SEND_TIMEOUT_S,
+                )
+                if f == "send":
+                    self.acked.add(value)
+                op["id"] = message_position(message_id, segment.segment_id)
+                self.history.record(name, "ok", f, op)
+                last[key] = (segment.segment_id, value, sequence_id)
+            except _ERRORS as err:
+                if "value" in op:
+                    self.history.record(name, "info", f, {**op, "error": repr(err)[:300]})
+                stale = producers.pop(segment.segment_id, None)
+                if stale is not None:
+                    with contextlib.suppress(Exception):
+                        await asyncio.wait_for(stale.close(), 5.0)
+
+    # --- consumers ---------------------------------------------------------------------------
+
+    def _received(self, session: str, kind: str, subscription: str, msg: Message) -> None:
+        value = msg.value.decode(errors="replace")
+        if kind in self.seen:
+            self.seen[kind].add(value)
+        self.history.record(
+            session,
+            "ok",
+            "recv",
+            {
+                "key": msg.key or "",
+                "value": value,
+                "id": message_position(msg.message_id),
+                "kind": kind,
+                "subscription": subscription,
+            },
+        )
+
+    async def stream(self, name: str = "stream-0") -> None:
+        client = self.client()
+        incarnation = 0
+        while self.consuming:
+            session = f"{name}#{incarnation}"
+            incarnation += 1
+            consumer: Any = None
+            try:
+                consumer = await asyncio.wait_for(
+                    client.subscribe_stream(
+                        self.topic, subscription=STREAM_SUBSCRIPTION, consumer_name=name
+                    ),
+                    30.0,
+                )
+                while self.consuming:
+                    msg = await consumer.receive(timeout=RECEIVE_POLL_S)
+                    if msg is None:
+                        continue
+                    self._received(session, "stream", STREAM_SUBSCRIPTION, msg)
+                    await consumer.acknowledge_cumulative(msg)
+            except _ERRORS as err:
+                self.history.record(session, "info", "recv", {"error": repr(err)})
+                await asyncio.sleep(RESTART_PAUSE_S)
+            finally:
+                if consumer is not None:
+                    with contextlib.suppress(Exception):
+                        await asyncio.wait_for(consumer.close(), 10.0)
+
+    async def queue(self, name: str = "queue-0") -> None:
+        client = self.client()
+        incarnation = 0
+        while self.consuming:
+            session = f"{name}#{incarnation}"
+            incarnation += 1
+            consumer: Any = None
+            try:
+                consumer = await asyncio.wait_for(
+                    client.subscribe_queue(self.topic, QUEUE_SUBSCRIPTION), 30.0
+                )
+                while self.consuming:
+                    msg = await consumer.receive(timeout=RECEIVE_POLL_S)
+                    if msg is None:
+                        continue
+                    self._received(session, "queue", QUEUE_SUBSCRIPTION, msg)
+                    await consumer.acknowledge(msg)
+            except _ERRORS as err:
+                self.history.record(session, "info", "recv", {"error": repr(err)})
+                await asyncio.sleep(RESTART_PAUSE_S)
+            finally:
+                if consumer is not None:
+                    with contextlib.suppress(Exception):
+                        await asyncio.wait_for(consumer.close(), 10.0)
+
+    async def checkpoint(self, name: str = "checkpoint-0") -> None:
+        """A checkpoint consumer from the earliest position; a new session restarts from
+        the earliest position again (it is an unmanaged reader)."""
+        client = self.client()
+        incarnation = 0
+        while self.consuming:
+            session = f"{name}#{incarnation}"
+            incarnation += 1
+            consumer: Any = None
+            try:
+                consumer = await asyncio.wait_for(
+                    client.create_checkpoint_consumer(self.topic), 30.0
+                )
+                while self.consuming:
+                    msg = await consumer.receive(timeout=RECEIVE_POLL_S)
+                    if msg is not None:
+                        self._received(session, "checkpoint", "-", msg)
+            except _ERRORS as err:
+                self.history.record(session, "info", "recv", {"error": repr(err)})
+                await asyncio.sleep(RESTART_PAUSE_S)
+            finally:
+                if consumer is not None:
+                    with contextlib.suppress(Exception):
+                        await asyncio.wait_for(consumer.close(), 10.0)
+
+    async def drain(self, deadline_s: float) -> bool:
+        """Wait until the stream and queue consumers saw every acknowledged value (True),
+        or ``deadline_s`` seconds passed (False)."""
+        loop = asyncio.get_running_loop()
+        end = loop.time() + deadline_s
+        while loop.time() < end:
+            if all(self.acked <= seen for seen in self.seen.values()):
+                return True
+            await asyncio.sleep(0.5)
+        return False
+
+    async def final_read(self, deadline_s: float, idle_s: float = 3.0) -> int:
+        """Read the whole DAG from the earliest position with a new client (session
+        ``final``) until every acknowledged value was read and nothing came for
+        ``idle_s``, or ``deadline_s`` passed. Returns the number of messages read."""
+        loop = asyncio.get_running_loop()
+        end = loop.time() + deadline_s
+        seen: set[str] = set()
+        count = 0
+        client = Client(self.cluster.service_url)
+        try:
+            consumer = await asyncio.wait_for(client.create_checkpoint_consumer(self.topic), 30.0)
+            idle_since = loop.time()
+            while loop.time() < end:
+                msg = await consumer.receive(timeout=RECEIVE_POLL_S)
+                if msg is None:
+                    if self.acked <= seen and loop.time() - idle_since > idle_s:
+                        break
+                    continue
+                idle_since = loop.time()
+                count += 1
+                seen.add(msg.value.decode(errors="replace"))
+                self._received("final", "final", "-", msg)
+        except _ERRORS as err:
+            self.history.record("final", "info", "recv", {"error": repr(err)})
+        finally:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(client.close(), 10.0)
+        self.history.record("final", "info", "final-done", {"read": count})
+        return count
+
+    # --- the controller ----------------------------------------------------------------------
+
+    async def storm(self, interval_s: tuple[float, float]) -> None:
+        rng = random.Random(self.rng.random())
+        while self.producing:
+            await asyncio.sleep(rng.uniform(*interval_s))
+            layout = await self.layout()
+            if layout is None:
+                continue
+            await self.change(layout, rng, "storm")
+
+    async def change(self, layout: SegmentLayout, rng: random.Random, process: str) -> bool:
+        """One split (or merge, with many segments or by chance) logged under
+        ``process``; True if it succeeded."""
+        active = sorted(layout.active_segments(), key=lambda s: s.hash_range.start)
+        merge = len(active) > 1 and (len(active) >= SEGMENTS_MAX or rng.random() < 0.4)
+        if merge:
+            i = rng.randrange(len(active) - 1)
+            ids = [active[i].segment_id, active[i + 1].segment_id]
+            f, suffix = "merge", f"/merge/{ids[0]}/{ids[1]}"
+        else:
+            ids = [rng.choice(active).segment_id]
+            f, suffix = "split", f"/split/{ids[0]}"
+        self.history.record(process, "invoke", f, {"segments": ids, "epoch": layout.epoch})
+        try:
+            status, body = await self.admin("POST", suffix)
+        except _ERRORS as err:
+            self.history.record(process, "info", f, {"segments": ids, "error": repr(err)})
+            return False
+        if status == 200:
+            epoch = body.get("epoch") if isinstance(body, dict) else None
+            self.history.record(process, "ok", f, {"segments": ids, "epoch": epoch})
+            return True
+        error = {"segments": ids, "status": status, "error": str(body)[:300]}
+        self.history.record(process, "fail", f, error)
+        return False
+
+    async def probe(self, deadline_s: float, interval_s: float = 1.0) -> bool:
+        """After the heal: request splits (or merges) until one succeeds or
+        ``deadline_s`` passes."""
+        loop = asyncio.get_running_loop()
+        end = loop.time() + deadline_s
+        rng = random.Random(self.rng.random())
+        while loop.time() < end:
+            layout = await self.layout()
+            if layout is not None and await self.change(layout, rng, "probe"):
+                return True
+            await asyncio.sleep(interval_s)
+        return False
+
+
+def _failed(key: str, value: str, err: BaseException) -> dict[str, Any]:
+    return {"key": key, "value": value, "error": repr(err)[:300]}
