@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
+from anabranch import failpoints
 from anabranch.core.names import SegmentName
 from anabranch.protocol._generated import pulsar_api_pb2 as pb
 from anabranch.scalable.segment_ops import decode_dedup_snapshot, encode_dedup_snapshot
@@ -75,7 +76,14 @@ class BrokerSegmentOps:
         topic = await self._topic(segment)
         for cursor in topic.ledger.cursors():
             if cursor.name == subscription:
-                return cursor.backlog()
+                backlog = cursor.backlog()
+                if backlog == 0 and not failpoints.enabled(failpoints.SKIP_PARENT_CURSOR_FLUSH):
+                    # A drained sealed parent's children are handed out on this answer: its
+                    # cursor must be durable first. Cursors persist lazily; after a failover
+                    # a lazily saved one rewinds, and the parent's messages would reach a
+                    # consumer after its children's (parent-before-child broken, issue 19).
+                    await cursor.flush()
+                return backlog
         return 0
 
     async def remove_subscription(self, segment: SegmentName, subscription: str) -> None:

@@ -69,7 +69,10 @@ class SegmentOps(Protocol):
         ...
 
     async def segment_backlog(self, segment: SegmentName, subscription: str) -> int:
-        """Unacknowledged entries of ``subscription`` on the segment (0 without a cursor)."""
+        """Unacknowledged entries of ``subscription`` on the segment (0 without a cursor).
+
+        A 0 answer for an existing cursor means that cursor is durable (flushed) as it is:
+        the controller hands a drained parent's children out on it."""
         ...
 
     async def remove_subscription(self, segment: SegmentName, subscription: str) -> None:
@@ -198,7 +201,10 @@ class StorageSegmentOps:
         ledger = await self._ledger(segment)
         for cursor in ledger.cursors():
             if cursor.name == subscription:
-                return cursor.backlog()
+                backlog = cursor.backlog()
+                if backlog == 0:
+                    await cursor.flush()  # the contract: drained means durably drained
+                return backlog
         return 0
 
     async def remove_subscription(self, segment: SegmentName, subscription: str) -> None:
