@@ -59,7 +59,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, unquote
 
-from anabranch import limits
+from anabranch import failpoints, limits
 from anabranch.clock import Clock, SystemClock
 from anabranch.errors import (
     BadVersion,
@@ -156,7 +156,8 @@ class _Writer(threading.Thread):
         super().__init__(name=f"ledger-writer:{ml.name}", daemon=True)
         self._ml = ml
         self._loop = asyncio.get_running_loop()
-        self._sync = sync
+        # The ack-before-fsync seeded bug (test-only failpoint): acks without fdatasync.
+        self._sync = sync and not failpoints.enabled(failpoints.ACK_BEFORE_FSYNC)
         self._queue: queue.SimpleQueue[tuple[SegmentFile, _Batch] | None] = queue.SimpleQueue()
         self._broken: BaseException | None = None
 
