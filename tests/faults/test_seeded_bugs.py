@@ -1,0 +1,143 @@
+"""The harness can fail: each seeded bug (a failpoint in the brokers) is flagged by the
+checker in a targeted real run.
+
+Every scenario is a :class:`~anabranch.testing.faults.run.RunConfig` with the failpoint
+set in every broker's environment and a fixed fault schedule aimed at the guarantee the
+failpoint breaks. A scenario may take a second seed: real timing decides whether, say, a
+killed broker held unsynced acknowledged data at that moment.
+
+- ``ack-before-fsync``: SIGKILL keeps the page cache, so a plain crash never loses a
+  write that was acknowledged before its fdatasync. The harness's brokers write ledger
+  files through :mod:`anabranch.testing.faults.disk`, which records each file's last
+  fsynced length; the ``kill`` fault truncates every file the killed broker wrote to that
+  length before anyone recovers it (what a power cut leaves). With the failpoint the
+  group commit never fsyncs, so acknowledged entries vanish: ``lost``.
+- ``drop-dedup-carry``: the idempotent workload re-sends a key's last acknowledged
+  (producer, sequence id, value) to the key's new segment after a split; a child that did
+  not inherit its parents' dedup marks stores it again: ``duplicate``.
+- ``no-recampaign``: each broker in turn is paused past the session TTL while it leads;
+  none campaigns again, so the split probe after the heal never succeeds:
+  ``controller-unavailable``.
+- ``no-assignment-refresh``: the leader is paused past the TTL (its process survives),
+  the storm goes on under the new leader, and the stream consumer keeps its stale
+  assignment: ``undelivered`` (or ``late``).
+- ``skip-parent-cursor-flush``: brokers are killed while the storm seals segments; a
+  parent's cursor rewinds to a lazily saved position and its messages come again after
+  the child's, in the same session: ``parent-after-child``.
+
+The last three failpoints are wired by the fixes of issue 19 bugs 1, 2 and 4; until
+those land, their tests fail (the failpoint changes nothing and, with the bug still
+present, the anomaly may or may not show).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from anabranch import failpoints
+from anabranch.testing.faults.nemesis import Fault
+from anabranch.testing.faults.run import RunConfig, run_once
+
+pytestmark = pytest.mark.timeout(600)
+
+
+def flagged(
+    tmp_path: Path, config: RunConfig, anomalies: set[str], seeds: int = 2
+) -> dict[str, int]:
+    """Run ``config`` with up to ``seeds`` seeds; the counts of the first run that shows
+    one of ``anomalies`` (else of the last run)."""
+    counts: dict[str, int] = {}
+    for attempt in range(seeds):
+        seed = config.seed + attempt
+        run = dataclasses.replace(config, seed=seed)
+        result = asyncio.run(run_once(run, tmp_path / f"seed-{seed}"))
+        counts = result.report.counts()
+        if anomalies & set(counts):
+            break
+    return counts
+
+
+def test_ack_before_fsync_loses_acknowledged_writes(tmp_path: Path) -> None:
+    kills = tuple(Fault(4.0 + 6.0 * i, "kill", 2.0, target=i) for i in range(3))
+    config = RunConfig(
+        seed=101,
+        duration_s=24.0,
+        failpoints=(failpoints.ACK_BEFORE_FSYNC,),
+        faults=kills,
+        storm_interval_s=None,
+        queue=False,
+        checkpoint=False,
+        idempotent=False,
+    )
+    counts = flagged(tmp_path, config, {"lost"})
+    assert counts.get("lost", 0) > 0, counts
+
+
+def test_drop_dedup_carry_stores_a_retried_send_twice(tmp_path: Path) -> None:
+    config = RunConfig(
+        seed=201,
+        duration_s=20.0,
+        failpoints=(failpoints.DROP_DEDUP_CARRY,),
+        faults=(),
+        storm_interval_s=(1.0, 2.0),
+        producers=1,
+        queue=False,
+        checkpoint=False,
+    )
+    counts = flagged(tmp_path, config, {"duplicate"})
+    assert counts.get("duplicate", 0) > 0, counts
+
+
+def test_no_recampaign_leaves_the_topic_without_a_controller(tmp_path: Path) -> None:
+    pauses = tuple(Fault(3.0 + 9.0 * i, "pause-long", 7.0, target="leader") for i in range(3))
+    config = RunConfig(
+        seed=301,
+        duration_s=30.0,
+        failpoints=(failpoints.NO_RECAMPAIGN,),
+        faults=pauses,
+        storm_interval_s=None,
+        queue=False,
+        checkpoint=False,
+        idempotent=False,
+        availability_bound_s=15.0,
+        liveness_bound_s=15.0,
+    )
+    counts = flagged(tmp_path, config, {"controller-unavailable"})
+    assert counts.get("controller-unavailable", 0) > 0, counts
+
+
+def test_no_assignment_refresh_starves_the_stream_consumer(tmp_path: Path) -> None:
+    config = RunConfig(
+        seed=401,
+        duration_s=25.0,
+        failpoints=(failpoints.NO_ASSIGNMENT_REFRESH,),
+        faults=(Fault(4.0, "pause-long", 7.0, target="leader"),),
+        storm_interval_s=(1.0, 2.5),
+        queue=False,
+        checkpoint=False,
+        idempotent=False,
+        liveness_bound_s=15.0,
+    )
+    counts = flagged(tmp_path, config, {"undelivered", "late"})
+    assert counts.get("undelivered", 0) + counts.get("late", 0) > 0, counts
+
+
+def test_skip_parent_cursor_flush_delivers_a_parent_after_its_child(tmp_path: Path) -> None:
+    kills = tuple(Fault(4.0 + 6.0 * i, "kill", 2.0, target=i % 3) for i in range(4))
+    config = RunConfig(
+        seed=501,
+        duration_s=30.0,
+        failpoints=(failpoints.SKIP_PARENT_CURSOR_FLUSH,),
+        faults=kills,
+        storm_interval_s=(0.5, 1.5),
+        keys=4,
+        queue=False,
+        checkpoint=False,
+        idempotent=False,
+    )
+    counts = flagged(tmp_path, config, {"parent-after-child"}, seeds=3)
+    assert counts.get("parent-after-child", 0) > 0, counts
