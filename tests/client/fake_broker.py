@@ -35,6 +35,8 @@ class FakeBroker:
     last_sequence_id: int = -1
     answer_sends: bool = True
     answer_pings: bool = True
+    paused: bool = False
+    """Answer nothing at all, handshakes included (a SIGSTOPped broker: TCP still up)."""
     send_error: int | None = None
     frames: list[Frame] = field(default_factory=list)
     sessions: list[Session] = field(default_factory=list)
@@ -99,6 +101,8 @@ class FakeBroker:
             writer.close()
 
     def _answer(self, s: Session, frame: Frame) -> None:
+        if self.paused:
+            return
         c, kind = frame.command, frame.type
         if kind == T.CONNECT:
             s.write(s.conn.send(commands.connected("fake", s.conn.negotiate_version(), 5242880)))
