@@ -95,10 +95,19 @@ async def test_every_broker_paused_past_its_session_still_leads_again(
         # leads itself) instead of answering "no leader is elected".
         await split_somewhere(cluster, short, via=leader)
 
-    # Every broker has been paused while leading: splits still work through every broker.
+    # Every broker has been paused while leading: splits still work through every broker,
+    # and each broker reports the session it replaced.
     for broker in cluster.brokers:
         layout = await split_somewhere(cluster, short, via=broker)
         assert all(s["state"] in ("ACTIVE", "SEALED") for s in layout["segments"].values())
+        status, text = await cluster.http("GET", "/metrics", via=broker)
+        assert status == 200
+        renewed = [
+            float(line.rsplit(" ", 1)[1])
+            for line in str(text).splitlines()
+            if line.startswith("anabranch_scalable_controller_sessions_renewed_total")
+        ]
+        assert renewed and renewed[0] >= 1, (broker.broker_id, renewed)
 
 
 async def test_a_failed_segment_operation_is_finished_later(three_brokers: LocalCluster) -> None:

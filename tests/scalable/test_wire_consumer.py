@@ -225,6 +225,7 @@ async def test_scalable_metrics(broker: InProcessBroker, client: RawClient) -> N
     assert samples[("anabranch_scalable_merges_total", broker_labels)] == 0
     assert samples[("anabranch_scalable_controller_elections_total", broker_labels)] == 1
     assert samples[("anabranch_scalable_assignment_changes_total", broker_labels)] >= 1
+    assert samples[("anabranch_scalable_controller_sessions_renewed_total", broker_labels)] == 0
     assert samples[("anabranch_scalable_watch_sessions", broker_labels)] == 1
     assert samples[("anabranch_scalable_consumers", broker_labels)] == 1
     # A segment is a topic: its counters and backlog are the per-topic families.

@@ -254,6 +254,8 @@ class ScalableCollector(Collector):
              "(each fail-over to it counts one).", c.leader_elections),
             ("assignment_changes", "Assignment pushes to stream/checkpoint consumers.",
              c.assignment_changes),
+            ("controller_sessions_renewed", "Metadata sessions of this broker's controllers "
+             "that expired (pause, partition) and were replaced.", c.sessions_renewed),
         ):  # fmt: skip
             counter = CounterMetricFamily(f"{prefix}_{name}", text, labels=["cluster"])
             counter.add_metric([cluster], value)
