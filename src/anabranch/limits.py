@@ -172,13 +172,14 @@ paused or partitioned broker keeps TCP open and answers nothing, so without this
 waits for the keepalive (a minute). A healthy broker answers a PING even while its disk is
 slow, so a short bound costs one PING per stuck interval, never a reconnect; together with
 the probe it stays under a cluster's session TTL (3-10 s), so the client is ready to move
-by the time the topic has."""
+by the time the topic has. A new connection's handshake gets this plus the probe timeout."""
 
 CLIENT_PROBE_TIMEOUT_S = 1.0
 """How long a probed connection may take to answer (PONG or anything else) before it is
 closed as unresponsive; also the handshake timeout of a new connection to a broker that
-failed a probe (a paused broker's kernel still accepts TCP connections), until it answers
-one again. A loaded broker answers a PING in milliseconds; a second is 100x that."""
+failed a probe or a handshake (a paused broker's kernel still accepts TCP connections),
+until it answers one again. A loaded broker answers a PING in milliseconds; a second is
+100x that."""
 
 CLIENT_LOOKUP_REDIRECTS_MAX = 20
 """Lookup redirects followed before LookupFailed (upstream maxLookupRedirects default)."""

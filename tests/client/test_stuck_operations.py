@@ -98,3 +98,14 @@ async def test_a_lookup_at_a_paused_broker_fails_fast_then_goes_elsewhere(
         assert conn.is_open and not pool.unresponsive(("127.0.0.1", paused.port))
     finally:
         await pool.close()
+
+
+async def test_a_broker_silent_from_the_start_fails_the_handshake_fast(fake: FakeBroker) -> None:
+    fake.paused = True
+    pool = ConnectionPool(fake.url, operation_stuck_s=STUCK_S, probe_timeout_s=PROBE_S)
+    try:
+        with pytest.raises(BrokerUnresponsive):
+            await asyncio.wait_for(pool.get(), DEADLINE_S)
+        assert pool.unresponsive(("127.0.0.1", fake.port))
+    finally:
+        await pool.close()

@@ -62,6 +62,8 @@ class ReconnectingHandler:
                 self._backoff.reset()
                 return
             except AnabranchError as err:
+                if isinstance(err, BrokerUnresponsive):
+                    self._backoff.reset()  # the attempt itself waited (module docstring)
                 delay = self._backoff.next()
                 if not err.retriable or asyncio.get_running_loop().time() + delay > deadline:
                     raise

@@ -18,9 +18,10 @@ must be answered (by anything) within ``probe_timeout_s``, or the connection is 
 
 :class:`ConnectionPool` keeps one connection per broker address and performs LOOKUP and
 PARTITIONED_METADATA, following redirects up to ``CLIENT_LOOKUP_REDIRECTS_MAX`` hops. It
-remembers the brokers that failed a probe: a new connection to one of them must complete
-its handshake within the probe timeout (a paused broker's kernel still accepts TCP), and
-requests that may go to any broker (lookups) go to another service-URL broker first.
+remembers the brokers that failed a probe or a handshake: a new connection to one of them
+must complete its handshake within the probe timeout (a paused broker's kernel still
+accepts TCP), and requests that may go to any broker (lookups) go to another service-URL
+broker first.
 
 Example (against a running broker)::
 
@@ -196,9 +197,10 @@ class _Wire(asyncio.Protocol):
 class ClientConnection:
     """One connection to one broker (see the module docstring).
 
-    ``handshake_timeout_s`` bounds connecting and the CONNECT/CONNECTED exchange (by
-    default the operation timeout); ``on_unresponsive`` is told the address when a probe
-    closes the connection.
+    ``handshake_timeout_s`` bounds connecting and the CONNECT/CONNECTED exchange: by
+    default ``operation_stuck_s + probe_timeout_s`` (a CONNECT is an operation, and its
+    own probe, since no PING may precede it), at most the operation timeout.
+    ``on_unresponsive`` is told the address when a probe or a handshake gets no answer.
     """
 
     def __init__(
@@ -217,9 +219,9 @@ class ClientConnection:
         self.operation_timeout_s = operation_timeout_s
         self.operation_stuck_s = operation_stuck_s
         self.probe_timeout_s = probe_timeout_s
-        self.handshake_timeout_s = (
-            operation_timeout_s if handshake_timeout_s is None else handshake_timeout_s
-        )
+        if handshake_timeout_s is None:
+            handshake_timeout_s = operation_stuck_s + probe_timeout_s
+        self.handshake_timeout_s = min(handshake_timeout_s, operation_timeout_s)
         self._on_unresponsive = on_unresponsive
         self._probe_task: asyncio.Task[bool] | None = None
         self._heard: asyncio.Future[None] | None = None
@@ -277,12 +279,12 @@ class ClientConnection:
             await asyncio.wait_for(asyncio.shield(self._connected), self.handshake_timeout_s)
         except TimeoutError as err:
             await self.close()
-            if self.handshake_timeout_s < self.operation_timeout_s:
-                # The short handshake of a broker that failed a probe: still not answering.
-                raise BrokerUnresponsive(
-                    f"no CONNECTED from {host}:{port} within {self.handshake_timeout_s}s"
-                ) from err
-            raise OperationTimeout(f"no CONNECTED from {host}:{port}") from err
+            # TCP is up (a paused broker's kernel accepts connections) but nothing answers.
+            if self._on_unresponsive is not None:
+                self._on_unresponsive(self.address)
+            raise BrokerUnresponsive(
+                f"no CONNECTED from {host}:{port} within {self.handshake_timeout_s}s"
+            ) from err
         except BaseException:
             await self.close()
             raise
