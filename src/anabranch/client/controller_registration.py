@@ -176,6 +176,9 @@ class ControllerRegistration:
         self.consumer_type = consumer_type
         self._on_assignment = on_assignment
         self._conn: ClientConnection | None = None
+        self._registering: ClientConnection | None = None
+        """The connection of a SUBSCRIBE in flight (a CLOSE_CONSUMER may beat its answer)."""
+        self._registering_closed = False
         self._address: Address | None = None
         """The broker of the last registration (while renewing: the one to avoid)."""
         self._consumer_id = 0
@@ -261,6 +264,7 @@ class ControllerRegistration:
                 consumer_type=self.consumer_type,  # type: ignore[arg-type]
             )
             conn.register_consumer(consumer_id, self)
+            self._registering, self._registering_closed = conn, False
             try:
                 frame = await conn.request(
                     pb.BaseCommand(type=T.SCALABLE_TOPIC_SUBSCRIBE, scalableTopicSubscribe=body),
@@ -269,11 +273,18 @@ class ControllerRegistration:
             except BaseException:
                 await conn.close()
                 raise
+            finally:
+                self._registering = None
             resp = frame.command.scalableTopicSubscribeResponse
             if not resp.HasField("error"):
                 if self._closing:
                     await conn.close()
                     raise Closed(f"{self} was closed while registering")
+                if self._registering_closed:
+                    # The controller was deposed right after answering (its CLOSE_CONSUMER
+                    # came in the same read as the answer): this registration is void.
+                    await conn.close()
+                    raise ServiceNotReady(f"{self}: the controller closed the registration")
                 self._conn, self._consumer_id, self._address = conn, consumer_id, address
                 return resp.assignment
             conn.unregister_consumer(consumer_id)
@@ -288,6 +299,8 @@ class ControllerRegistration:
     def on_connection_closed(self, conn: ClientConnection) -> None:
         """The controller connection dropped, or the controller closed the registration
         (CLOSE_CONSUMER: it was deposed): register again (same name) in the background."""
+        if conn is self._registering:
+            self._registering_closed = True
         if conn is not self._conn:
             return
         if conn.is_open and not self._follow:

@@ -146,7 +146,7 @@ class ScalableCounters:
     leader_elections: int = 0
     """Controller leaderships this broker acquired (a fail-over elects a new one)."""
     assignment_changes: int = 0
-    """Assignment pushes to consumers (each one is a changed share or a (re)registration)."""
+    """Assignment pushes to consumers (a changed share, a (re)registration or a new epoch)."""
     sessions_renewed: int = 0
     """Metadata sessions this broker's controllers lost and replaced (pause, partition)."""
 
