@@ -288,7 +288,6 @@ notices its expiry (and campaigns again under a new session) at most this late."
 SCALABLE_SESSION_RETRY_S = 0.5
 """Pause between attempts to open a new controller session while the store is down."""
 
-
 SCALABLE_PENDING_RETRY_MIN_S = 0.5
 SCALABLE_PENDING_RETRY_MAX_S = 5.0
 """Backoff of the leader's retries of a split or merge whose segment operation failed (a
