@@ -260,3 +260,13 @@ def test_a_resend_dropped_by_dedup_is_fine() -> None:
     b.history.record("p0", "invoke", "resend", {"key": K, "value": v})
     b.history.record("p0", "ok", "resend", {"key": K, "value": v, "id": [2, -1, -1, -1]})
     assert check(b.ops, LAYOUT).ok
+
+
+def test_a_value_a_consumer_got_but_the_final_read_did_not_is_lost() -> None:
+    b = clean_history()
+    v = b.at(12).send(9, segment=2)
+    b.at(13).recv(v, "stream-0#0")
+    b.at(13).recv(v, "queue-0#0", kind="queue")
+    b.history.record("final", "info", "final-done", {"read": 8})
+    report = check(b.ops, LAYOUT)
+    assert report.counts() == {"lost": 1}

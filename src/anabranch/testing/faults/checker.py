@@ -3,8 +3,10 @@
 It finds, over the ops of :mod:`~anabranch.testing.faults.history`:
 
 ``lost``
-    an acknowledged send whose value no read ever returned (the final full read, a
-    checkpoint read from the earliest position, sees everything stored);
+    an acknowledged send whose value the final full read (a checkpoint read of the whole
+    DAG from the earliest position, ``kind="final"``) did not return -- a live consumer
+    that got it before a crash wiped it does not make it stored; without a final read,
+    one no read returned;
 ``duplicate``
     one value stored at two positions (dedup is on: a retry -- an ``f="resend"`` op of
     the same value, producer and sequence id -- must never be stored twice; a
@@ -126,7 +128,8 @@ def check(
     reads = [_read(op) for op in ops if op.f == "recv" and op.type == "ok" and "value" in op.value]
     heal_t = _heal_time(ops)
     report.stats.update(_stats(ops, sends, reads, heal_t))
-    _check_storage(report, sends, reads)
+    final_read = any(op.f == "final-done" for op in ops) or any(r.kind == "final" for r in reads)
+    _check_storage(report, sends, reads, final_read)
     _check_sessions(report, reads, lineage)
     _check_liveness(report, sends, reads, heal_t, liveness_bound_s)
     _check_availability(report, ops, heal_t, availability_bound_s)
@@ -232,7 +235,9 @@ def _stats(
 # --- storage: lost, duplicate, inconsistent, phantom -----------------------------------------
 
 
-def _check_storage(report: Report, sends: dict[str, _Send], reads: list[_Read]) -> None:
+def _check_storage(
+    report: Report, sends: dict[str, _Send], reads: list[_Read], final_read: bool
+) -> None:
     positions: dict[str, set[Position]] = defaultdict(set)
     at: dict[Position, str] = {}
     seen: set[str] = set()
@@ -256,8 +261,12 @@ def _check_storage(report: Report, sends: dict[str, _Send], reads: list[_Read]) 
     for value, where in positions.items():
         if len(where) > 1:
             report.add("duplicate", value=value, positions=sorted(list(p) for p in where))
+    # What is stored is what the final full read returns: a value a live consumer got
+    # before a crash wiped it is still lost. Without a final read, any read counts.
+    final = {read.value for read in reads if read.kind == "final"}
+    stored = final if final_read else seen
     for send in sends.values():
-        if send.outcome == "ok" and send.value not in seen:
+        if send.outcome == "ok" and send.value not in stored:
             report.add("lost", value=send.value, key=send.key, ack_t=send.ack_t)
 
 
