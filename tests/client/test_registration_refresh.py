@@ -13,19 +13,26 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
 
 from anabranch import failpoints
 from anabranch.aio import Client
 from anabranch.client import controller_registration
-from anabranch.client.controller_registration import AssignmentFreshness, controller_moved
+from anabranch.client.controller_registration import (
+    AssignmentFreshness,
+    ControllerRegistration,
+    controller_moved,
+)
 from anabranch.client.dag_session import scalable_topic_name
 from anabranch.client.stream_consumer import StreamConsumer
 from anabranch.clock import SystemClock
 from anabranch.core.assignment import PushAssignment
 from anabranch.core.names import TopicName
 from anabranch.metadata.memory import MemoryMetadataStore
+from anabranch.protocol._generated import pulsar_api_pb2 as pb
 from anabranch.scalable.controller import ScalableTopicController
 from anabranch.scalable.paths import TopicPaths
 from anabranch.scalable.segment_ops import StorageSegmentOps
@@ -82,6 +89,35 @@ def test_controller_moved_compares_addresses() -> None:
     assert not controller_moved(("b1", 6650), None)
     assert not controller_moved(None, "pulsar://b2:6650")
     assert not controller_moved(("b1", 6650), "http://b2:8080")  # unusable: no news
+
+
+def registration_at(
+    service: list[tuple[str, int]], controller: str | None, segment_brokers: dict[int, str]
+) -> ControllerRegistration:
+    """A registration over stand-ins of a pool and a DAG session (no I/O: for
+    ``_first_address``)."""
+    pool = SimpleNamespace(
+        random=lambda: 0.0, service_addresses=tuple(service), service_address=service[0]
+    )
+    session = SimpleNamespace(
+        topic="topic://t/n/x", controller_url=controller, segment_brokers=segment_brokers
+    )
+    return ControllerRegistration(cast(Any, pool), cast(Any, session), "s", "c", pb.STREAM, print)
+
+
+def test_a_renewal_starts_away_from_the_broker_it_left() -> None:
+    left = ("b1", 6650)
+    b2, b3 = ("b2", 6650), ("b3", 6650)
+    reg = registration_at([left, b2, b3], "pulsar://b1:6650", {0: "pulsar://b3:6650"})
+    assert reg._first_address(None) == left  # the DAG's controller, when nothing is left
+    assert [reg._first_address(left) for _ in range(3)] == [b2, b3, b2]
+    reg = registration_at([left, b2, b3], "pulsar://b2:6650", {})
+    assert reg._first_address(left) == b2  # the DAG already names another controller
+    # One bootstrap broker, and it is the one left: a broker the DAG names still redirects.
+    reg = registration_at([left], "pulsar://b1:6650", {0: "pulsar://b3:6650", 1: "pulsar://b1"})
+    assert reg._first_address(left) == b3
+    reg = registration_at([left], "pulsar://b1:6650", {})
+    assert reg._first_address(left) == left  # nowhere else to go
 
 
 # --- the controller tells its broker -------------------------------------------------------

@@ -25,7 +25,8 @@ connection to drop; it registers again (same name, same share) when
   (``limits.SCALABLE_REGISTRATION_KEEPALIVE_S``), which also bounds connecting.
 
 A renewal starts at the DAG's controller unless that is the broker just left, else at
-another broker of the service URL, which redirects to the leader it knows. The failpoint
+another broker (of the service URL, or one the DAG names as a segment owner), which
+redirects to the leader it knows. The failpoint
 ``NO_ASSIGNMENT_REFRESH`` turns all of this off (a re-registration only after the
 connection dropped) so the fault harness can show what it catches.
 
@@ -223,8 +224,9 @@ class ControllerRegistration:
         self._on_assignment(assignment)
 
     def _first_address(self, avoid: Address | None) -> Address:
-        """The DAG's controller, unless that is the broker just left; else a broker of the
-        service URL (another one each attempt), which redirects to the leader it knows."""
+        """The DAG's controller, unless that is the broker just left; else another broker
+        of the service URL or of the DAG's segment owners (another one each attempt), which
+        redirects to the leader it knows."""
         controller = self._session.controller_url
         if controller:
             with contextlib.suppress(AnabranchError):
@@ -232,10 +234,16 @@ class ControllerRegistration:
                 if address != avoid:
                     return address
         others = [a for a in self._pool.service_addresses if a != avoid]
+        for url in sorted(set(self._session.segment_brokers.values())):
+            with contextlib.suppress(AnabranchError):
+                address = parse_service_url(url)
+                if address != avoid and address not in others:
+                    others.append(address)
         if not others:
             return self._pool.service_address
+        address = others[self._attempts % len(others)]
         self._attempts += 1
-        return others[self._attempts % len(others)]
+        return address
 
     async def _register(self, avoid: Address | None = None) -> pb.ScalableConsumerAssignment:
         address = self._first_address(avoid)
