@@ -26,11 +26,11 @@ connection to drop; it registers again (same name, same share) when
 
 A renewal starts at the DAG's controller unless that is the broker just left, else at
 another broker (of the service URL, or one the DAG names as a segment owner), which
-redirects to the leader it knows. The failpoint
-``NO_ASSIGNMENT_REFRESH`` turns all of this off (a re-registration only after the
-connection dropped) so the fault harness can show what it catches.
+redirects to the leader it knows. The failpoint ``NO_ASSIGNMENT_REFRESH`` turns all of
+this off (a re-registration only after the connection dropped) so the fault harness can
+show what it catches.
 
-Used by checkpoint consumer groups (``consumer_type=CHECKPOINT``).
+Used by stream consumers and checkpoint consumer groups (``consumer_type=CHECKPOINT``).
 
 Example (with a pool and a DAG session)::
 

@@ -9,7 +9,9 @@ A stream consumer registers with the topic's controller (``SCALABLE_TOPIC_SUBSCR
 ``controller_broker_url``, following a ``ServiceNotReady`` redirect, on a connection of its
 own. When that connection drops, the controller keeps this consumer's segments for its
 grace period and the registration re-registers with the same ``consumer_name``, which gets
-the same segments back without a rebalance. :meth:`StreamConsumer.close` leaves the
+the same segments back without a rebalance; it also registers again when leadership
+moves while that connection stays open (a paused old leader), which it tells from the DAG
+watch and a short keepalive. :meth:`StreamConsumer.close` leaves the
 subscription (``SCALABLE_TOPIC_UNSUBSCRIBE``: the others get the segments at once), or with
 ``leave=False`` only disconnects (the segments wait for a restart for the grace period).
 
