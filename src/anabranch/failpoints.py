@@ -74,7 +74,7 @@ def enabled(name: str) -> bool:
 
 def activate(names: Iterable[str]) -> None:
     """Replace the active set in this process (tests of one process; ``()`` clears it)."""
-    global _active  # noqa: PLW0603 (one process-wide switchboard, by design)
+    global _active
     _active = parse(",".join(names))
 
 
