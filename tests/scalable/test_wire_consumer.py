@@ -286,3 +286,62 @@ async def test_a_name_taken_over_by_another_connection_revokes_the_old_one(
         assert segment_ids(await client.assignment_update(1)) == []
     finally:
         await other.close()
+
+
+async def _send_to(broker: InProcessBroker, segment: str, value: bytes) -> None:
+    async with Client(broker.service_url) as pulsar:
+        producer = await pulsar.create_producer(segment)
+        await producer.send(value, key="k")
+        await producer.close()
+
+
+async def _ack_all(broker: InProcessBroker, segment: str, subscription: str) -> None:
+    async with Client(broker.service_url) as pulsar:
+        consumer = await pulsar.subscribe(segment, subscription)
+        message = await consumer.receive()
+        assert message is not None
+        await consumer.acknowledge(message)
+        await consumer.close()
+
+
+async def _assignment_with(client: RawClient, wanted: list[int]) -> pb.ScalableConsumerAssignment:
+    """The first pushed assignment naming exactly ``wanted`` (earlier epochs' pushes of
+    the unchanged share are skipped)."""
+    while True:
+        update = await client.assignment_update(1)
+        if sorted(segment_ids(update)) == wanted:
+            return update
+
+
+async def test_the_ack_that_drains_a_parent_hands_out_its_children_without_a_poll(
+    broker: InProcessBroker, client: RawClient
+) -> None:
+    # A poll interval no test waits for: only the drain wake-up can assign the children.
+    broker.service.scalable.drain_poll_interval_s = 3600.0
+    await broker.service.scalable.create(TOPIC, 1)
+    assert segment_ids((await client.subscribe(1, TOPIC, "s", "w1", 1)).assignment) == [0]
+    parent = "segment://public/default/orders/0000-ffff-0"
+    await _send_to(broker, parent, b"before the split")
+    await broker.service.scalable.split(TOPIC, 0)
+    await _ack_all(broker, parent, "s")
+    assert (await _assignment_with(client, [1, 2])).layout_epoch == 1
+
+
+async def test_a_chain_of_empty_sealed_generations_resolves_at_once(
+    broker: InProcessBroker, client: RawClient
+) -> None:
+    """A split storm seals children before anyone reads them: once the parent drains, the
+    empty generations below it drain with it, not one poll interval each."""
+    broker.service.scalable.drain_poll_interval_s = 3600.0
+    scalable = broker.service.scalable
+    await scalable.create(TOPIC, 1)
+    assert segment_ids((await client.subscribe(1, TOPIC, "s", "w1", 1)).assignment) == [0]
+    parent = "segment://public/default/orders/0000-ffff-0"
+    await _send_to(broker, parent, b"before the splits")
+    await scalable.split(TOPIC, 0)  # -> 1, 2
+    await scalable.split(TOPIC, 1)  # -> 3, 4
+    await scalable.split(TOPIC, 3)  # -> 5, 6
+    await scalable.merge(TOPIC, 5, 6)  # -> 7
+    await _ack_all(broker, parent, "s")
+    update = await _assignment_with(client, [2, 4, 7])
+    assert update.layout_epoch == 4

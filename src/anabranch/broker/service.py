@@ -227,6 +227,8 @@ class BrokerService:
             await topic.load()
             if isinstance(name, SegmentName) and topic.dedup is not None:
                 topic.seed_dedup(await self._parent_seal_marks(name))
+            if isinstance(name, SegmentName):
+                topic.on_drained = self.scalable.segment_drained
         except BaseException:
             await ledger.close()
             raise

@@ -217,7 +217,15 @@ class Subscription:
             txn = TxnId(cmd.txnid_most_bits, cmd.txnid_least_bits)
         if cumulative:
             await self._ack_cumulative(consumer, cmd.message_id, txn)
-            return
+        else:
+            await self._ack_individual(consumer, cmd, txn)
+        on_drained = getattr(self.topic, "on_drained", None)
+        if on_drained is not None and self.ledger.is_terminated and self.cursor.backlog() == 0:
+            on_drained(self.topic_name, self.name)
+
+    async def _ack_individual(
+        self, consumer: Consumer, cmd: pb.CommandAck, txn: TxnId | None
+    ) -> None:
         if txn is not None and any(m.ack_set for m in cmd.message_id):
             # PendingAckStore has no batch-index state yet: refuse rather than ack whole.
             raise NotAllowed("transactional batch-index acks are not supported")

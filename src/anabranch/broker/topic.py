@@ -127,6 +127,9 @@ class PersistentTopic:
         )
         self.subscriptions: dict[str, Any] = {}
         self.producers: dict[str, Producer] = {}
+        self.on_drained: Callable[[str, str], None] | None = None
+        """``(topic, subscription)``: a sealed topic's subscription has acknowledged
+        everything (a scalable segment's controller hands out its children on that)."""
         self.dedup: DedupState | None = DedupState() if dedup_enabled else None
         self.topic_epoch = 0
         self._exclusive: str | None = None

@@ -620,6 +620,13 @@ class ScalableTopicController:
         for coordinator in coordinators:
             await coordinator.close()
 
+    def wake_drains(self, subscription: str) -> None:
+        """A sealed segment of ``subscription`` may have drained: look now, not at the
+        next poll (no-op unless this controller leads the subscription)."""
+        coordinator = self._coordinators.get(subscription)
+        if coordinator is not None:
+            coordinator.wake()
+
     def assignment(self, subscription: str) -> SubscriptionAssignment | None:
         """The leader's current assignment state of ``subscription`` (None if unknown)."""
         coordinator = self._coordinators.get(subscription)

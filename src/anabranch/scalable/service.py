@@ -33,7 +33,7 @@ from typing import Any
 from anabranch import failpoints, limits
 from anabranch.clock import Clock
 from anabranch.core.assignment import PushAssignment, SubscriptionAssignment
-from anabranch.core.names import NamespaceName, TopicDomain, TopicName
+from anabranch.core.names import NamespaceName, SegmentName, TopicDomain, TopicName
 from anabranch.core.segment_layout import SegmentLayout, segment_name
 from anabranch.errors import Closed, InvalidArgument, MetadataError, NotFound, NotLeader
 from anabranch.metadata.api import MetadataStore, Session
@@ -177,6 +177,18 @@ class ScalableTopicService:
         self.counters.assignment_changes += 1
         if self._on_assignment is not None:
             self._on_assignment(topic, subscription, push)
+
+    def segment_drained(self, segment: str, subscription: str) -> None:
+        """A sealed segment's subscription acknowledged everything on this broker: wake
+        the topic's local controller (if it leads here) to hand out the children now,
+        instead of at its next drain poll. Other brokers' controllers poll."""
+        try:
+            name = SegmentName.parse(segment)
+        except InvalidArgument:
+            return
+        controller = self._controllers.get(name.topic)
+        if controller is not None:
+            controller.wake_drains(subscription)
 
     def local_controllers(self) -> list[ScalableTopicController]:
         """The controllers running on this broker (leaders or followers)."""

@@ -10,8 +10,9 @@ the pure state machine returns instructions, which this shell performs:
     | PersistSession  | fenced put of ``.../subscriptions/{sub}/consumers/{name}``       |
     | DeleteSession   | fenced delete of that node                                      |
     | PushAssignment  | the ``on_assignment`` callback (the broker writes it to the wire)|
-    | PollDrain       | a poller reads those segments' backlog every poll interval and   |
-    |                 | feeds ``SegmentDrained`` when it reaches 0                        |
+    | PollDrain       | a poller reads those segments' backlog every poll interval (at   |
+    |                 | once on :meth:`wake`: the segment's broker saw an ack drain it)  |
+    |                 | and feeds ``SegmentDrained`` when it reaches 0                    |
     | ScheduleTick    | one timer armed at the earliest grace deadline feeds ``Tick``     |
 
 Time is the injected clock's monotonic milliseconds, so a test's ``ManualClock`` drives
@@ -83,6 +84,7 @@ class SubscriptionCoordinator:
         self._timer_at_ms: int | None = None
         self._poller: asyncio.Task[None] | None = None
         self._pending_drains: tuple[int, ...] = ()
+        self._wake = asyncio.Event()
         self._closed = False
 
     @property
@@ -158,17 +160,35 @@ class SubscriptionCoordinator:
         if segment_ids and (self._poller is None or self._poller.done()) and not self._closed:
             self._poller = asyncio.create_task(self._poll_drains())
 
+    def wake(self) -> None:
+        """Poll the pending drains now (a segment's owner saw its backlog reach 0)."""
+        self._wake.set()
+
     async def _poll_drains(self) -> None:
         while self._pending_drains and not self._closed:
-            for segment_id in self._pending_drains:
+            self._wake.clear()
+            polled = self._pending_drains
+            for segment_id in polled:
                 try:
                     backlog = await self._backlog(segment_id, self.subscription)
                     if backlog == 0:
                         await self.handle(SegmentDrained(segment_id))
                 except Exception:
                     log.exception("drain poll of segment %d failed", segment_id)
-            if self._pending_drains:
-                await self._clock.sleep(self._poll_interval_s)
+            if self._pending_drains and self._pending_drains == polled:
+                # Nothing moved: wait for the poll interval or a wake-up (the segment's
+                # broker saw the drain). When something did, the segments it made pending
+                # are polled at once: they are often drained already.
+                await self._sleep_or_wake()
+
+    async def _sleep_or_wake(self) -> None:
+        sleep = asyncio.ensure_future(self._clock.sleep(self._poll_interval_s))
+        woke = asyncio.ensure_future(self._wake.wait())
+        try:
+            await asyncio.wait({sleep, woke}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (sleep, woke):
+                task.cancel()
 
     async def close(self) -> None:
         """Stop the timer and the poller; later events are ignored. Idempotent."""
