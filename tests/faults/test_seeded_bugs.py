@@ -25,9 +25,10 @@ killed broker held unsynced acknowledged data at that moment.
   parent's cursor rewinds to a lazily saved position and its messages come again after
   the child's, in the same session: ``parent-after-child``.
 
-The last three failpoints are wired by the fixes of issue 19 bugs 1, 2 and 4; until
-those land, their tests fail (the failpoint changes nothing and, with the bug still
-present, the anomaly may or may not show).
+The last three failpoints are wired by the fixes of issue 19 bugs 1, 2 and 4 (in the
+broker's controller service, the client's controller registration and the broker's
+segment operations); ``no-assignment-refresh`` is a client-side failpoint, which
+:func:`~anabranch.testing.faults.run.run_once` switches on in the test process.
 """
 
 from __future__ import annotations

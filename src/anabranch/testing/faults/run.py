@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from anabranch import failpoints
 from anabranch.core.segment_layout import SegmentLayout
 from anabranch.testing.faults.checker import Report, check
 from anabranch.testing.faults.cluster import FaultCluster
@@ -54,6 +55,8 @@ class RunConfig:
     duration_s: float = 40.0
     kinds: tuple[str, ...] = KINDS
     failpoints: tuple[str, ...] = ()
+    """Seeded bugs: in every broker's environment and, for client-side ones, switched on
+    in this process for the run."""
     faults: tuple[Fault, ...] | None = None
     """An explicit schedule (targeted scenarios); None: drawn from the seed."""
     session_ttl_s: float = 3.0
@@ -113,6 +116,17 @@ class RunResult:
 async def run_once(config: RunConfig, root: Path) -> RunResult:
     """Run ``config`` under ``root`` (created) and check it; see the module docstring."""
     await asyncio.to_thread(root.mkdir, parents=True, exist_ok=True)
+    # Client-side failpoints (no-assignment-refresh) act in this process: switch them on
+    # for the run, as the brokers get them through their environment.
+    saved_failpoints = failpoints.active()
+    failpoints.activate(saved_failpoints | set(config.failpoints))
+    try:
+        return await _run(config, root)
+    finally:
+        failpoints.activate(saved_failpoints)
+
+
+async def _run(config: RunConfig, root: Path) -> RunResult:
     began = time.monotonic()
     history = History.to_file(root / "history.jsonl")
     cluster = FaultCluster(root, failpoints=config.failpoints, session_ttl_s=config.session_ttl_s)
