@@ -66,6 +66,9 @@ class RunConfig:
     rate_per_producer: float = 20.0
     storm_interval_s: tuple[float, float] | None = (2.0, 5.0)
     """Seconds between storm operations; None: no storm."""
+    storm_crash_every_s: float = 0.0
+    """With a storm: at most this often, SIGKILL a parent's owner right after a change
+    succeeds (0: never)."""
     stream: bool = True
     queue: bool = True
     checkpoint: bool = True
@@ -154,7 +157,8 @@ async def _run(config: RunConfig, root: Path) -> RunResult:
         if config.idempotent:
             tasks.append(asyncio.create_task(workload.idempotent()))
         if config.storm_interval_s is not None:
-            tasks.append(asyncio.create_task(workload.storm(config.storm_interval_s)))
+            storm = workload.storm(config.storm_interval_s, config.storm_crash_every_s)
+            tasks.append(asyncio.create_task(storm))
         sampler = asyncio.create_task(_sample_rss(cluster, rss))
         start_t = history.now()
         try:

@@ -394,18 +394,45 @@ class Workload:
 
     # --- the controller ----------------------------------------------------------------------
 
-    async def storm(self, interval_s: tuple[float, float]) -> None:
+    async def storm(self, interval_s: tuple[float, float], crash_every_s: float = 0.0) -> None:
+        """Splits and merges at random intervals; with ``crash_every_s``, at most that often
+        the broker owning a parent is SIGKILLed (lose-unfsynced) right after the change
+        succeeds and restarted 2 s later: a crash just after a seal, in the window where
+        the parent's lazily saved cursor may not be durable yet."""
         rng = random.Random(self.rng.random())
+        last_crash = float("-inf")
+        restarts: set[asyncio.Task[None]] = set()
         while self.producing:
             await asyncio.sleep(rng.uniform(*interval_s))
             layout = await self.layout()
             if layout is None:
                 continue
-            await self.change(layout, rng, "storm")
+            loop = asyncio.get_running_loop()
+            crash = crash_every_s > 0 and loop.time() - last_crash > crash_every_s
+            crash = crash and len(self.cluster.live()) == len(self.cluster.brokers)
+            owner = await self.change(layout, rng, "storm", find_owner=crash)
+            if crash and owner is not None:
+                last_crash = loop.time()
+                info = {"fault": "kill-after-change", "target": owner}
+                self.history.nemesis("start", info)
+                await self.cluster.crash(owner)
+                task = asyncio.create_task(self._restart(owner, info))
+                restarts.add(task)
+                task.add_done_callback(restarts.discard)
+        await asyncio.gather(*restarts, return_exceptions=True)
 
-    async def change(self, layout: SegmentLayout, rng: random.Random, process: str) -> bool:
+    async def _restart(self, index: int, info: dict[str, Any], after_s: float = 2.0) -> None:
+        await asyncio.sleep(after_s)
+        with contextlib.suppress(*_ERRORS):
+            await self.cluster.brokers[index].start()
+        self.history.nemesis("stop", info)
+
+    async def change(
+        self, layout: SegmentLayout, rng: random.Random, process: str, find_owner: bool = False
+    ) -> int | None:
         """One split (or merge, with many segments or by chance) logged under
-        ``process``; True if it succeeded."""
+        ``process``; None if it failed, else the index of the broker that owned the first
+        parent segment (with ``find_owner``; else -1)."""
         active = sorted(layout.active_segments(), key=lambda s: s.hash_range.start)
         merge = len(active) > 1 and (len(active) >= SEGMENTS_MAX or rng.random() < 0.4)
         if merge:
@@ -415,19 +442,25 @@ class Workload:
         else:
             ids = [rng.choice(active).segment_id]
             f, suffix = "split", f"/split/{ids[0]}"
+        owner = -1
+        if find_owner:
+            parent = str(segment_name(self.topic_name, layout.segment(ids[0])))
+            with contextlib.suppress(*_ERRORS):
+                found = await asyncio.wait_for(self.cluster.segment_owner(parent), 5.0)
+                owner = found.index if found is not None else -1
         self.history.record(process, "invoke", f, {"segments": ids, "epoch": layout.epoch})
         try:
             status, body = await self.admin("POST", suffix)
         except _ERRORS as err:
             self.history.record(process, "info", f, {"segments": ids, "error": repr(err)})
-            return False
+            return None
         if status == 200:
             epoch = body.get("epoch") if isinstance(body, dict) else None
             self.history.record(process, "ok", f, {"segments": ids, "epoch": epoch})
-            return True
+            return owner if owner >= 0 or not find_owner else None
         error = {"segments": ids, "status": status, "error": str(body)[:300]}
         self.history.record(process, "fail", f, error)
-        return False
+        return None
 
     async def probe(self, deadline_s: float, interval_s: float = 1.0) -> bool:
         """After the heal: request splits (or merges) until one succeeds or
@@ -437,7 +470,7 @@ class Workload:
         rng = random.Random(self.rng.random())
         while loop.time() < end:
             layout = await self.layout()
-            if layout is not None and await self.change(layout, rng, "probe"):
+            if layout is not None and await self.change(layout, rng, "probe") is not None:
                 return True
             await asyncio.sleep(interval_s)
         return False
