@@ -21,10 +21,12 @@ killed broker held unsynced acknowledged data at that moment.
 - ``no-assignment-refresh``: the leader is paused past the TTL (its process survives),
   the storm goes on under the new leader, and the stream consumer keeps its stale
   assignment: ``undelivered`` (or ``late``).
-- ``skip-parent-cursor-flush``: the storm SIGKILLs a parent's owner right after each
-  change (every 5 s at most), inside the 200 ms in which the drained parent's cursor is
-  saved lazily; its cursor rewinds and its messages come again after the child's, in
-  the same session: ``parent-after-child``.
+- ``skip-parent-cursor-flush``: brokers are SIGKILLed in turn while the storm seals
+  segments, and the storm also kills a parent's owner right after a change (every 5 s
+  at most), aiming at the 200 ms in which a drained parent's cursor is saved lazily; a
+  rewound cursor sends the parent's messages again after the child's, in the same
+  session: ``parent-after-child``. Timing-dependent: seen in 1 of 3 seeds of the
+  random-kill variant alone.
 
 The last three failpoints are wired by the fixes of issue 19 bugs 1, 2 and 4 (in the
 broker's controller service, the client's controller registration and the broker's
@@ -129,11 +131,12 @@ def test_no_assignment_refresh_starves_the_stream_consumer(tmp_path: Path) -> No
 
 
 def test_skip_parent_cursor_flush_delivers_a_parent_after_its_child(tmp_path: Path) -> None:
+    kills = tuple(Fault(4.0 + 6.0 * i, "kill", 2.0, target=i % 3) for i in range(4))
     config = RunConfig(
         seed=501,
         duration_s=30.0,
         failpoints=(failpoints.SKIP_PARENT_CURSOR_FLUSH,),
-        faults=(),
+        faults=kills,
         storm_interval_s=(0.5, 1.5),
         storm_crash_every_s=5.0,
         keys=4,
