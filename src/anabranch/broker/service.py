@@ -229,6 +229,7 @@ class BrokerService:
                 topic.seed_dedup(await self._parent_seal_marks(name))
             if isinstance(name, SegmentName):
                 topic.on_drained = self.scalable.segment_drained
+            topic.on_storage_failure = self._storage_failed
         except BaseException:
             await ledger.close()
             raise
@@ -285,6 +286,12 @@ class BrokerService:
         await topic.close()
         log.info("unloaded topic %s", name)
         return True
+
+    def _storage_failed(self, topic: PersistentTopic) -> None:
+        # Only the instance that failed: a late failure must not unload its reload.
+        if self._topics.get(topic.name) is topic:
+            log.warning("%s: the disk failed an append; unloading to recover", topic.name)
+            self.unload_in_background(topic.name)
 
     def unload_in_background(self, name: str) -> None:
         """Unload ``name`` from a callback that cannot await (e.g. a fenced append)."""

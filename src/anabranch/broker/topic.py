@@ -47,6 +47,7 @@ from anabranch.errors import (
     NotAllowed,
     ProducerBusy,
     ProducerFenced,
+    StorageIOError,
     TopicTerminated,
 )
 from anabranch.metadata.api import MetadataStore
@@ -128,6 +129,10 @@ class PersistentTopic:
         self.subscriptions: dict[str, Any] = {}
         self.producers: dict[str, Producer] = {}
         self.on_drained: Callable[[str, str], None] | None = None
+        self.on_storage_failure: Callable[[PersistentTopic], None] | None = None
+        """An append failed on the disk: the managed ledger refuses every later append
+        until it is opened again, so the broker unloads the topic (its clients reconnect,
+        the reload recovers the ledger and they resend)."""
         """``(topic, subscription)``: a sealed topic's subscription has acknowledged
         everything (a scalable segment's controller hands out its children on that)."""
         self.dedup: DedupState | None = DedupState() if dedup_enabled else None
@@ -344,6 +349,8 @@ class PersistentTopic:
         try:
             positions = await self._append_entries([send[3] for send in group])
         except BaseException as err:
+            if isinstance(err, StorageIOError) and self.on_storage_failure is not None:
+                self.on_storage_failure(self)
             for fut, producer_name, _, _, _ in group:
                 if self.dedup is not None:
                     self.dedup.on_failed(producer_name)
