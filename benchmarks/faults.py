@@ -5,8 +5,8 @@ One run of the fault harness (:mod:`anabranch.testing.faults.run`): 3 brokers on
 producers at ``--rate`` msg/s each, the idempotent resender, stream, queue and checkpoint
 consumers, and a fixed schedule:
 
-1. SIGKILL the controller leader (lose-unfsynced applied), restart it after 3 s;
-2. SIGSTOP a broker for 2x the TTL (its session expires), SIGCONT;
+1. SIGKILL the owner of an active segment (lose-unfsynced applied), restart it after 3 s;
+2. SIGSTOP the owner of an active segment for 2x the TTL (its session expires), SIGCONT;
 3. SIGSTOP a broker for half the TTL;
 4. cut a broker off etcd for 2x the TTL;
 5. SIGKILL etcd, restart it after 2 s.
@@ -15,17 +15,21 @@ Then heal, a split probe, drain and a full read. Figures: acknowledged sends/s i
 fault windows vs outside them (same run), the longest a send waited for its ack when it
 was sent during (or up to 1 s before) a kill and a pause (target: TTL + 2 s), time from
 the heal to a successful split, the checker's counts of lost / duplicated /
-out-of-order / undelivered messages (all expected 0) and the brokers' peak RSS.
+out-of-order / undelivered messages (all expected 0) and the brokers' peak RSS. With
+``--reps N`` (seeds ``seed .. seed+N-1``) the figures are medians over the runs, the
+anomaly counts sums.
 
-Usage: ``python benchmarks/faults.py [--seed 1] [--quick]``; the last line is one JSON
-object.
+Usage: ``python benchmarks/faults.py [--seed 1] [--reps 3] [--quick]``; the last line is
+one JSON object.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
+import statistics
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -37,8 +41,8 @@ from anabranch.testing.faults.run import RunConfig, RunResult, run_once
 
 def fault_schedule(ttl: float) -> tuple[Fault, ...]:
     return (
-        Fault(5.0, "kill", 3.0, target="leader"),
-        Fault(12.0, "pause-long", 2.0 * ttl, target=1),
+        Fault(5.0, "kill", 3.0, target="owner"),
+        Fault(12.0, "pause-long", 2.0 * ttl, target="owner"),
         Fault(12.0 + 2.0 * ttl + 4.0, "pause-short", 0.5 * ttl, target=2),
         Fault(20.0 + 2.5 * ttl, "partition", 2.0 * ttl, target=0),
         Fault(26.0 + 4.5 * ttl, "etcd-kill", 2.0),
@@ -118,6 +122,7 @@ def main() -> None:
     parser.add_argument("--ttl", type=float, default=3.0)
     parser.add_argument("--rate", type=float, default=20.0, help="msg/s per producer")
     parser.add_argument("--quick", action="store_true", help="only the kill and a pause")
+    parser.add_argument("--reps", type=int, default=3, help="runs (seeds seed..seed+reps-1)")
     args = parser.parse_args()
     faults = fault_schedule(args.ttl)
     if args.quick:
@@ -130,10 +135,35 @@ def main() -> None:
         session_ttl_s=args.ttl,
         rate_per_producer=args.rate,
     )
-    root = Path(tempfile.mkdtemp(prefix="anabranch-faults-bench-"))
-    result = asyncio.run(run_once(config, root))
-    print(f"history, layout, summary and logs under {root}")
-    print(json.dumps(figures(result)))
+    runs = []
+    for rep in range(args.reps):
+        root = Path(tempfile.mkdtemp(prefix="anabranch-faults-bench-"))
+        seeded = dataclasses.replace(config, seed=args.seed + rep)
+        result = asyncio.run(run_once(seeded, root))
+        runs.append(figures(result))
+        print(f"run {rep + 1}/{args.reps}: {json.dumps(runs[-1])} (under {root})", flush=True)
+    print(json.dumps(combine(runs)))
+
+
+SUMMED = ("lost", "duplicated", "out_of_order", "undelivered", "sends_ok")
+
+
+def combine(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Medians of the figures over runs; anomaly counts summed."""
+    out: dict[str, Any] = {"reps": len(runs), "seeds": [r["seed"] for r in runs]}
+    for name in runs[0]:
+        if name in ("seed", "anomalies", "layout_changes"):
+            continue
+        values = [r[name] for r in runs if r[name] is not None]
+        if name in SUMMED:
+            out[name] = sum(values)
+        elif values and all(isinstance(v, (int, float)) for v in values):
+            out[name] = round(statistics.median(values), 3)
+    out["anomalies"] = {
+        k: sum(r["anomalies"].get(k, 0) for r in runs)
+        for k in sorted({k for r in runs for k in r["anomalies"]})
+    }
+    return out
 
 
 if __name__ == "__main__":

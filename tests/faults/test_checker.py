@@ -112,7 +112,7 @@ def test_an_acknowledged_send_nobody_read_is_lost_and_undelivered() -> None:
 
 def test_an_indeterminate_send_nobody_read_is_not_lost() -> None:
     b = clean_history()
-    b.at(12).send(9, outcome="info")
+    b.at(7.5).send(9, outcome="info")  # before the heal (after it, see producer-unavailable)
     assert check(b.ops, LAYOUT).ok
 
 
@@ -136,7 +136,7 @@ def test_one_position_with_two_values_is_inconsistent() -> None:
 
 def test_reading_a_value_nobody_sent_or_a_failed_send_is_a_phantom() -> None:
     b = clean_history()
-    failed = b.at(12).send(7, outcome="fail")
+    failed = b.at(7.5).send(7, outcome="fail")
     b.at(13).recv(failed, "final", kind="final", position=[2, 12, 77, -1])
     b.at(13).recv(Value("ghost", K, 0).text(), "final", kind="final", position=[2, 12, 78, -1])
     assert check(b.ops, LAYOUT).counts() == {"phantom": 2}
@@ -236,6 +236,25 @@ def test_a_split_that_succeeds_too_late_is_controller_unavailability() -> None:
     b.at(60).history.record("probe", "ok", "split", {"segment": 2})
     report = check(b.ops, LAYOUT, availability_bound_s=30.0)
     assert report.counts() == {"controller-unavailable": 1}
+
+
+def test_a_producer_with_no_ack_after_the_heal_is_unavailable() -> None:
+    b = clean_history()
+    for t in (20, 30, 40):  # after the heal at 8: every send times out
+        b.at(t).send(100 + t, segment=2, outcome="info")
+    report = check(b.ops, LAYOUT, availability_bound_s=30.0)
+    assert report.counts() == {"producer-unavailable": 1}
+
+
+def test_a_producer_acknowledged_soon_after_the_heal_is_available() -> None:
+    b = clean_history()
+    b.at(20).send(100, segment=2, outcome="info")
+    v = b.at(25).send(101, segment=2)
+    for session, kind in (("final", "final"), ("queue-0#0", "queue"), ("stream-0#0", "stream")):
+        b.at(26).recv(v, session, kind=kind)
+    report = check(b.ops, LAYOUT, availability_bound_s=30.0)
+    assert report.ok, report.counts()
+    assert report.stats["heal_to_send_s"] == pytest.approx(17.0)
 
 
 def test_the_report_serialises_with_examples() -> None:

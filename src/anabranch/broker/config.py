@@ -47,6 +47,10 @@ class BrokerConfig(BaseSettings):
     load_report_interval_s: float = Field(5.0, gt=0)
     """How often a cluster broker rewrites its registry record with its load."""
     consumer_grace_period_s: float = Field(60.0, ge=0)
+    cursor_persist_interval_ms: int = Field(200, ge=0, le=60_000)
+    """A subscription's acknowledgements are saved at most this often (Pulsar's
+    mark-delete rate limit); a crash redelivers what was acknowledged since. Draining a
+    sealed segment saves at once whatever this is."""
     allow_auto_topic_creation: bool = True
     use_uvloop: bool = True
 

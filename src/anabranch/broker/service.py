@@ -214,7 +214,10 @@ class BrokerService:
                 if not (create and auto):
                     raise NotFound(f"topic {key}")
             await self.policies.register_topic(key)
-        ml_config = ManagedLedgerConfig(fsync=self.config.fsync)
+        ml_config = ManagedLedgerConfig(
+            fsync=self.config.fsync,
+            cursor_persist_interval_ms=self.config.cursor_persist_interval_ms,
+        )
         ledger = await self.ledgers.open(managed_ledger_name(name), ml_config)
         topic = PersistentTopic(
             key,

@@ -28,7 +28,10 @@ It finds, over the ops of :mod:`~anabranch.testing.faults.history`:
     an acknowledged send never delivered to a stream (or queue) subscription, or first
     delivered more than ``liveness_bound_s`` after the later of its ack and the heal;
 ``controller-unavailable``
-    no split probe requested after the heal succeeded within ``availability_bound_s``.
+    no split probe requested after the heal succeeded within ``availability_bound_s``;
+``producer-unavailable``
+    a producer that sent after the heal got no acknowledgement within
+    ``availability_bound_s`` of the heal (a topic wedged by a fault that is over).
 
 Sessions are ``recv`` ops' ``process``; ``value["kind"]`` is ``stream``, ``queue``,
 ``checkpoint`` or ``final``; ``value["id"]`` is ``[segment, ledger, entry, batch]``.
@@ -133,6 +136,7 @@ def check(
     _check_sessions(report, reads, lineage)
     _check_liveness(report, sends, reads, heal_t, liveness_bound_s)
     _check_availability(report, ops, heal_t, availability_bound_s)
+    _check_producers(report, ops, heal_t, availability_bound_s)
     return report
 
 
@@ -351,6 +355,29 @@ def _check_liveness(
                     lag_s=round(lag, 3),
                 )
     report.stats["worst_delivery_lag_after_heal_s"] = round(worst, 3)
+
+
+def _check_producers(report: Report, ops: Sequence[Op], heal_t: float, bound_s: float) -> None:
+    """Every producer that sent after the heal has a send acknowledged within the bound."""
+    sent_after: set[str] = set()
+    first_ack: dict[str, float] = {}
+    for op in ops:
+        if op.f != "send" or op.t < heal_t:
+            continue
+        if op.type == "invoke":
+            sent_after.add(op.process)
+        elif op.type == "ok":
+            first_ack.setdefault(op.process, op.t)
+    worst = 0.0
+    for process in sorted(sent_after):
+        acked = first_ack.get(process)
+        took = None if acked is None else acked - heal_t
+        if took is None or took > bound_s:
+            report.add("producer-unavailable", producer=process, heal_t=heal_t, took_s=took)
+        else:
+            worst = max(worst, took)
+    if sent_after:
+        report.stats["heal_to_send_s"] = round(worst, 3)
 
 
 def _check_availability(report: Report, ops: Sequence[Op], heal_t: float, bound_s: float) -> None:

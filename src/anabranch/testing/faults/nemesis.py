@@ -70,7 +70,8 @@ class Fault:
     kind: str
     duration_s: float
     target: int | str | None = None
-    """A broker index, ``"leader"``, or None (etcd)."""
+    """A broker index, ``"leader"``, ``"owner"`` (of the topic's first active segment,
+    when the fault starts), or None (etcd)."""
     detail: dict[str, Any] = field(default_factory=dict)
 
     def describe(self) -> dict[str, Any]:
@@ -146,8 +147,29 @@ class Nemesis:
         if fault.target == "leader":
             leader = await self.cluster.controller_leader(self.topic)
             return leader if leader is not None else 0
+        if fault.target == "owner":
+            owner = await self._segment_owner()
+            return owner if owner is not None else 0
         assert isinstance(fault.target, int)
         return fault.target
+
+    async def _segment_owner(self) -> int | None:
+        """The broker owning the topic's first active segment (one producers write to)."""
+        short = self.topic.split("://", 1)[1]
+        with contextlib.suppress(Exception):
+            status, layout = await self.cluster.http("GET", f"/admin/v2/scalable/{short}")
+            if status != 200:
+                return None
+            active = sorted(
+                (s["hashRange"]["start"], s["hashRange"]["end"], int(i))
+                for i, s in layout["segments"].items()
+                if s["state"] == "ACTIVE"
+            )
+            start, end, segment_id = active[0]
+            name = f"segment://{short}/{start:04x}-{end:04x}-{segment_id}"
+            owner = await self.cluster.segment_owner(name)
+            return owner.index if owner is not None else None
+        return None
 
     async def perform(self, fault: Fault) -> None:
         """Start ``fault``, hold it for its duration, undo it."""

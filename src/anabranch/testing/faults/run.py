@@ -2,11 +2,11 @@
 
 Phases: start a :class:`~anabranch.testing.faults.cluster.FaultCluster`; enable
 deduplication, create the topic; start the workloads; perform the seeded fault schedule
-for ``duration_s`` (faults end by then); stop producing and heal everything; probe the
-controller with a split; wait until the consumers drained (bounded); read the whole DAG
-with a new client; fetch the final layout; check. Everything the checker needs is under
-``root``: ``history.jsonl``, ``layout.json``, ``summary.json`` (the config, the schedule,
-the report) and the processes' logs.
+for ``duration_s`` (faults end by then); heal everything, produce ``post_heal_produce_s``
+more, stop producing; probe the controller with a split; wait until the consumers drained
+(bounded); read the whole DAG with a new client; fetch the final layout; check.
+Everything the checker needs is under ``root``: ``history.jsonl``, ``layout.json``,
+``summary.json`` (the config, the schedule, the report) and the processes' logs.
 
 The seed decides the schedule (fault kinds, targets, times, durations) and the workload's
 choices (keys, storm timing and operations). Timing of real processes still varies, so
@@ -60,6 +60,7 @@ class RunConfig:
     faults: tuple[Fault, ...] | None = None
     """An explicit schedule (targeted scenarios); None: drawn from the seed."""
     session_ttl_s: float = 3.0
+    brokers: int = 3
     initial_segments: int = 2
     producers: int = 2
     keys: int = 8
@@ -69,13 +70,21 @@ class RunConfig:
     storm_crash_every_s: float = 0.0
     """With a storm: at most this often, SIGKILL a parent's owner right after a change
     succeeds (0: never)."""
+    storm_crash_delay_s: float = 0.0
+    """How long after the change that SIGKILL comes (time for the parent to drain)."""
     stream: bool = True
     queue: bool = True
     checkpoint: bool = True
     idempotent: bool = True
     liveness_bound_s: float = 30.0
     availability_bound_s: float = 30.0
+    post_heal_produce_s: float = 6.0
+    """Producers keep sending this long after the heal: their acks show the topics
+    serve again (``producer-unavailable`` otherwise)."""
     topic: str = "topic://public/default/faults"
+    broker_settings: dict[str, Any] = field(default_factory=dict)
+    """Extra BrokerConfig fields for every broker (e.g. a slower cursor persistence, to
+    widen the window a seeded bug needs)."""
     extra: dict[str, Any] = field(default_factory=dict)
 
     def schedule(self) -> list[Fault]:
@@ -132,7 +141,13 @@ async def run_once(config: RunConfig, root: Path) -> RunResult:
 async def _run(config: RunConfig, root: Path) -> RunResult:
     began = time.monotonic()
     history = History.to_file(root / "history.jsonl")
-    cluster = FaultCluster(root, failpoints=config.failpoints, session_ttl_s=config.session_ttl_s)
+    cluster = FaultCluster(
+        root,
+        config.brokers,
+        failpoints=config.failpoints,
+        session_ttl_s=config.session_ttl_s,
+        **config.broker_settings,
+    )
     rss: dict[str, int] = {}
     layout: SegmentLayout | None = None
     windows: list[tuple[float, float, str]] = []
@@ -157,7 +172,9 @@ async def _run(config: RunConfig, root: Path) -> RunResult:
         if config.idempotent:
             tasks.append(asyncio.create_task(workload.idempotent()))
         if config.storm_interval_s is not None:
-            storm = workload.storm(config.storm_interval_s, config.storm_crash_every_s)
+            storm = workload.storm(
+                config.storm_interval_s, config.storm_crash_every_s, config.storm_crash_delay_s
+            )
             tasks.append(asyncio.create_task(storm))
         sampler = asyncio.create_task(_sample_rss(cluster, rss))
         start_t = history.now()
@@ -166,10 +183,14 @@ async def _run(config: RunConfig, root: Path) -> RunResult:
                 nemesis.run(config.schedule(), start_t),
                 asyncio.sleep(config.duration_s),
             )
-        finally:
+        except BaseException:
             workload.producing = False
+            raise
+        finally:
             heal_t = await nemesis.heal()
             windows = nemesis.windows
+        await asyncio.sleep(config.post_heal_produce_s)
+        workload.producing = False
         await _finish(tasks, 2 * 30.0)
         await workload.probe(config.availability_bound_s + 10.0)
         await workload.drain(config.liveness_bound_s + 5.0)

@@ -394,11 +394,17 @@ class Workload:
 
     # --- the controller ----------------------------------------------------------------------
 
-    async def storm(self, interval_s: tuple[float, float], crash_every_s: float = 0.0) -> None:
+    async def storm(
+        self,
+        interval_s: tuple[float, float],
+        crash_every_s: float = 0.0,
+        crash_delay_s: float = 0.0,
+    ) -> None:
         """Splits and merges at random intervals; with ``crash_every_s``, at most that often
-        the broker owning a parent is SIGKILLed (lose-unfsynced) right after the change
-        succeeds and restarted 2 s later: a crash just after a seal, in the window where
-        the parent's lazily saved cursor may not be durable yet."""
+        the broker owning a parent is SIGKILLed (lose-unfsynced) ``crash_delay_s`` after the
+        change succeeds and restarted 2 s later: a crash just after a seal (or, delayed,
+        just after the parent drained), in the window where the parent's lazily saved
+        cursor may not be durable yet."""
         rng = random.Random(self.rng.random())
         last_crash = float("-inf")
         restarts: set[asyncio.Task[None]] = set()
@@ -414,6 +420,7 @@ class Workload:
             if crash and owner is not None:
                 last_crash = loop.time()
                 info = {"fault": "kill-after-change", "target": owner}
+                await asyncio.sleep(crash_delay_s)
                 self.history.nemesis("start", info)
                 await self.cluster.crash(owner)
                 task = asyncio.create_task(self._restart(owner, info))
