@@ -30,7 +30,7 @@ import asyncio
 import contextlib
 import logging
 import random
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
@@ -274,61 +274,43 @@ class Workload:
         )
 
     async def stream(self, name: str = "stream-0") -> None:
-        client = self.client()
-        incarnation = 0
-        while self.consuming:
-            session = f"{name}#{incarnation}"
-            incarnation += 1
-            consumer: Any = None
-            try:
-                consumer = await asyncio.wait_for(
-                    client.subscribe_stream(
-                        self.topic, subscription=STREAM_SUBSCRIPTION, consumer_name=name
-                    ),
-                    30.0,
-                )
-                while self.consuming:
-                    msg = await consumer.receive(timeout=RECEIVE_POLL_S)
-                    if msg is None:
-                        continue
-                    self._received(session, "stream", STREAM_SUBSCRIPTION, msg)
-                    await consumer.acknowledge_cumulative(msg)
-            except _ERRORS as err:
-                self.history.record(session, "info", "recv", {"error": repr(err)})
-                await asyncio.sleep(RESTART_PAUSE_S)
-            finally:
-                if consumer is not None:
-                    with contextlib.suppress(Exception):
-                        await asyncio.wait_for(consumer.close(), 10.0)
+        """A stream consumer, acknowledging cumulatively after each message."""
+
+        async def open_stream(client: Client) -> Any:
+            return await client.subscribe_stream(
+                self.topic, subscription=STREAM_SUBSCRIPTION, consumer_name=name
+            )
+
+        await self._consume(name, "stream", STREAM_SUBSCRIPTION, open_stream, "cumulative")
 
     async def queue(self, name: str = "queue-0") -> None:
-        client = self.client()
-        incarnation = 0
-        while self.consuming:
-            session = f"{name}#{incarnation}"
-            incarnation += 1
-            consumer: Any = None
-            try:
-                consumer = await asyncio.wait_for(
-                    client.subscribe_queue(self.topic, QUEUE_SUBSCRIPTION), 30.0
-                )
-                while self.consuming:
-                    msg = await consumer.receive(timeout=RECEIVE_POLL_S)
-                    if msg is None:
-                        continue
-                    self._received(session, "queue", QUEUE_SUBSCRIPTION, msg)
-                    await consumer.acknowledge(msg)
-            except _ERRORS as err:
-                self.history.record(session, "info", "recv", {"error": repr(err)})
-                await asyncio.sleep(RESTART_PAUSE_S)
-            finally:
-                if consumer is not None:
-                    with contextlib.suppress(Exception):
-                        await asyncio.wait_for(consumer.close(), 10.0)
+        """A queue consumer, acknowledging each message."""
+
+        async def open_queue(client: Client) -> Any:
+            return await client.subscribe_queue(self.topic, QUEUE_SUBSCRIPTION)
+
+        await self._consume(name, "queue", QUEUE_SUBSCRIPTION, open_queue, "individual")
 
     async def checkpoint(self, name: str = "checkpoint-0") -> None:
         """A checkpoint consumer from the earliest position; a new session restarts from
         the earliest position again (it is an unmanaged reader)."""
+
+        async def open_reader(client: Client) -> Any:
+            return await client.create_checkpoint_consumer(self.topic)
+
+        await self._consume(name, "checkpoint", "-", open_reader, None)
+
+    async def _consume(
+        self,
+        name: str,
+        kind: str,
+        subscription: str,
+        open_consumer: Callable[[Client], Awaitable[Any]],
+        ack: str | None,
+    ) -> None:
+        """Receive (and acknowledge per ``ack``: ``cumulative``, ``individual`` or None)
+        until consuming stops; an error ends the session, the next one is a new consumer
+        (``<name>#<n>``: the checker's unit of order)."""
         client = self.client()
         incarnation = 0
         while self.consuming:
@@ -336,13 +318,16 @@ class Workload:
             incarnation += 1
             consumer: Any = None
             try:
-                consumer = await asyncio.wait_for(
-                    client.create_checkpoint_consumer(self.topic), 30.0
-                )
+                consumer = await asyncio.wait_for(open_consumer(client), 30.0)
                 while self.consuming:
                     msg = await consumer.receive(timeout=RECEIVE_POLL_S)
-                    if msg is not None:
-                        self._received(session, "checkpoint", "-", msg)
+                    if msg is None:
+                        continue
+                    self._received(session, kind, subscription, msg)
+                    if ack == "cumulative":
+                        await consumer.acknowledge_cumulative(msg)
+                    elif ack == "individual":
+                        await consumer.acknowledge(msg)
             except _ERRORS as err:
                 self.history.record(session, "info", "recv", {"error": repr(err)})
                 await asyncio.sleep(RESTART_PAUSE_S)
