@@ -235,6 +235,32 @@ async def test_put_with_a_lease_etcd_no_longer_has_raises_session_expired(
     await session.close()
 
 
+async def test_a_keepalive_answered_after_the_deadline_does_not_revive_the_session(
+    store: EtcdMetadataStore,
+) -> None:
+    """A keepalive stuck while etcd was down can land after the session's deadline (and a
+    restarted etcd extends every lease): by then the broker saw the session expire, moved
+    on and opened a new one, so the old lease is revoked, never refreshed. A revived
+    lease kept the old session's ownership records alive for good (a topic "moving"
+    forever in the fault harness)."""
+    session = await store.open_session(10.0, auto_keepalive=False)
+    await store.put("/owned-by-old", b"", session=session)
+    real = store._lease_keepalive
+
+    async def late(lease_id: int) -> int:
+        ttl = await real(lease_id)  # etcd still has the lease and refreshes it ...
+        session._deadline = asyncio.get_running_loop().time()  # ... answered too late
+        return ttl
+
+    store._lease_keepalive = late  # type: ignore[method-assign]
+    with pytest.raises(SessionExpired):
+        await session.keepalive()
+    assert session.expired
+    await asyncio.gather(*store._revocations)
+    assert await store._lease_ttl(session.id) == -1  # revoked, not left to its TTL
+    assert await store.get("/owned-by-old") is None
+
+
 # --- errors carry facts ------------------------------------------------------------------------
 
 

@@ -120,6 +120,7 @@ class EtcdMetadataStore:
         self._closed = False
         self._revision_seen = 0
         self._sessions: dict[int, EtcdSession] = {}
+        self._revocations: set[asyncio.Task[None]] = set()
         self._watches: weakref.WeakSet[EtcdWatch] = weakref.WeakSet()
 
     @classmethod
@@ -475,6 +476,20 @@ class EtcdMetadataStore:
         with contextlib.suppress(SessionExpired):
             await self._rpc("leasestub", "LeaseRevoke", request, [lease_id])
 
+    def _revoke_in_background(self, lease_id: int) -> None:
+        """Revoke an expired session's lease, best effort (bounded: an unreachable etcd
+        drops it by its TTL, since nobody refreshes it any more)."""
+        if self._closed:
+            return
+
+        async def revoke() -> None:
+            with contextlib.suppress(AnabranchError, TimeoutError):
+                await asyncio.wait_for(self._lease_revoke(lease_id), limits.ETCD_REQUEST_TIMEOUT_S)
+
+        task = asyncio.get_running_loop().create_task(revoke())
+        self._revocations.add(task)
+        task.add_done_callback(self._revocations.discard)
+
     # --- watches -------------------------------------------------------------------------
 
     def watch(
@@ -564,17 +579,34 @@ class EtcdSession:
 
     @property
     def expired(self) -> bool:
-        return self._gone.is_set() or self._loop.time() >= self._deadline
+        if not self._gone.is_set() and self._loop.time() >= self._deadline:
+            self._expire()
+        return self._gone.is_set()
 
     async def keepalive(self) -> None:
-        """Refresh the lease once; SessionExpired if etcd no longer has it."""
-        if self._gone.is_set():
+        """Refresh the lease once; SessionExpired if etcd no longer has it, or if the
+        deadline passed before etcd answered."""
+        if self.expired:
             raise SessionExpired(self._id)
         sent = self._loop.time()
         if await self._store._lease_keepalive(self._id) <= 0:
             self._mark_gone()
             raise SessionExpired(self._id)
+        if self.expired:
+            raise SessionExpired(self._id)
         self._deadline = max(self._deadline, sent + self.granted_ttl_s)
+
+    def _expire(self) -> None:
+        """The deadline passed without a refresh: gone for good, and its lease revoked.
+
+        Whoever saw the session expired has moved on (the broker unloaded its topics and
+        opened a new session), so it must never come back -- yet etcd may still have the
+        lease: a restarted etcd extends every lease's TTL, and a keepalive stuck while etcd
+        was down can land after the deadline. A lease refreshed after that would keep the
+        old session's ownership records alive forever (a topic "moving" for good).
+        """
+        self._mark_gone()
+        self._store._revoke_in_background(self._id)
 
     async def wait_expired(self) -> None:
         """Return once the lease is gone (expired in etcd, lost, or closed)."""
@@ -611,7 +643,7 @@ class EtcdSession:
                             self._mark_gone()
                 if self._auto and self._loop.time() >= self._deadline:
                     # No refresh for a whole TTL: etcd has (or soon will have) dropped it.
-                    self._mark_gone()
+                    self._expire()
 
 
 class EtcdWatch:
