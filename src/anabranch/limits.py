@@ -295,6 +295,11 @@ dead segment owner is replaced after its session TTL): doubling from the first t
 second, forever while it leads, because the topic takes no other change until it is done."""
 
 
+SCALABLE_DAG_RESOLVE_S = 2.0
+"""How long building a DAG update waits for one segment's owner; past it the segment goes
+out without a broker URL (a hint: clients look segments up themselves), so a segment
+stuck between owners never holds back the layout itself."""
+
 SCALABLE_WATCH_SESSIONS_PER_CONNECTION_MAX = 1_000
 """DAG-watch sessions (SCALABLE_TOPIC_LOOKUP) one connection may hold: a client watches
 each scalable topic it produces to or consumes once; each session costs a pump task and a

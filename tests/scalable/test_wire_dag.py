@@ -9,6 +9,8 @@ import msgspec
 import pytest
 
 from anabranch.broker.scalable_commands import topics_hash
+from anabranch.core.names import SegmentName
+from anabranch.errors import NotOwner
 from anabranch.protocol._generated import pulsar_api_pb2 as pb
 from anabranch.scalable.paths import TOPICS_ROOT
 from anabranch.testing.broker import InProcessBroker
@@ -201,3 +203,24 @@ async def test_namespace_watch_refusals(client: RawClient) -> None:
     assert (await watch_namespace(client, 1, "public/missing")).error == pb.TopicNotFound
     assert not (await watch_namespace(client, 1, "public/default")).HasField("error")
     assert (await watch_namespace(client, 1, "public/default")).error == pb.NotAllowedError
+
+
+async def test_a_segment_without_a_known_owner_does_not_hold_back_the_dag(
+    broker: InProcessBroker, client: RawClient
+) -> None:
+    """A segment stuck between owners (say its old owner's record is "moving") is left out
+    of the DAG's broker hints; the layout itself still reaches the client."""
+    service = broker.service
+    await service.scalable.create(TOPIC, 2)
+    real = service.segment_broker_url
+
+    async def one_is_moving(segment: SegmentName) -> str:
+        if segment.descriptor.endswith("-0"):
+            raise NotOwner(str(segment), None)
+        return await real(segment)
+
+    service.segment_broker_url = one_is_moving
+    update = await client.lookup(1, TOPIC)
+    assert not update.HasField("error"), update.message
+    assert sorted(segments(update)) == [0, 1]
+    assert {b.segment_id for b in update.dag.segment_brokers} == {1}

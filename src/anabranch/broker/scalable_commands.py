@@ -108,7 +108,7 @@ from anabranch import limits
 from anabranch.broker.consumer import NO_REQUEST_ID
 from anabranch.core.assignment import PushAssignment
 from anabranch.core.names import NamespaceName, TopicDomain, TopicName, validate_component
-from anabranch.core.segment_layout import SegmentLayout, segment_name
+from anabranch.core.segment_layout import Segment, SegmentLayout, segment_name
 from anabranch.errors import AlreadyExists, AnabranchError, Closed, Compacted, NotFound, NotLeader
 from anabranch.metadata.api import EventKind
 from anabranch.protocol import commands
@@ -441,7 +441,21 @@ class ScalableEndpoint:
 
     async def _dag(self, topic: TopicName, layout: SegmentLayout) -> pb.ScalableTopicDAG:
         resolve = self.service.segment_broker_url
-        brokers = {s.segment_id: await resolve(segment_name(topic, s)) for s in layout}
+
+        async def owner(segment: Segment) -> str | None:
+            # A hint for clients (they look a segment up themselves before using it): a
+            # segment whose owner cannot be told now (moving, the store unreachable) is
+            # left out rather than holding back the whole DAG, layout and all.
+            name = segment_name(topic, segment)
+            try:
+                return await asyncio.wait_for(resolve(name), limits.SCALABLE_DAG_RESOLVE_S)
+            except (AnabranchError, TimeoutError) as err:
+                log.info("%s: no owner for the DAG of %s: %s", name, topic, err)
+                return None
+
+        segments = list(layout)
+        urls = await asyncio.gather(*(owner(s) for s in segments))
+        brokers = {s.segment_id: url for s, url in zip(segments, urls, strict=True) if url}
         return dag_proto(layout, brokers, await self._leader_pulsar_url(topic))
 
     async def _leader_pulsar_url(self, topic: TopicName) -> str | None:
