@@ -53,6 +53,24 @@ async def test_a_partition_swallows_bytes_and_the_heal_drops_the_connection() ->
         server.close()
 
 
+async def test_a_connection_made_during_a_partition_is_accepted_and_never_answered() -> None:
+    server = await _echo_server()
+    proxy = await TcpProxy.start("127.0.0.1", server.sockets[0].getsockname()[1])
+    try:
+        proxy.partition()
+        reader, writer = await asyncio.open_connection("127.0.0.1", proxy.port)
+        writer.write(b"a")
+        with pytest.raises(TimeoutError):  # a cut cable: no reset, no answer
+            await asyncio.wait_for(reader.read(1), 0.3)
+        assert proxy.connections_total == 0  # nothing reached the server
+        proxy.heal()
+        assert await asyncio.wait_for(reader.read(1), 5.0) == b""  # dropped at the heal
+        writer.close()
+    finally:
+        await proxy.close()
+        server.close()
+
+
 async def test_a_delayed_link_holds_each_chunk() -> None:
     server = await _echo_server()
     proxy = await TcpProxy.start("127.0.0.1", server.sockets[0].getsockname()[1])

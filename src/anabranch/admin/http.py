@@ -149,6 +149,7 @@ async def start_http(service: BrokerService, host: str, port: int) -> web.AppRun
             bound = int(address[1])
             break
     advertised = getattr(service.config, "advertised_address", host) or host
-    admin.http_url = f"http://{advertised}:{bound}"
+    advertised_port = getattr(service.config, "advertised_http_port", None) or bound
+    admin.http_url = f"http://{advertised}:{advertised_port}"
     log.info("admin HTTP on %s", admin.http_url)
     return runner

@@ -39,6 +39,12 @@ class BrokerConfig(BaseSettings):
     http_port: int = Field(8080, ge=0, le=65535)
     advertised_address: str = ""
     """Host clients are redirected to; default: ``bind_address``."""
+    advertised_port: int | None = Field(None, ge=1, le=65535)
+    """Binary-protocol port clients and other brokers are told (a proxy or NAT in front of
+    the broker); default: the bound ``port``."""
+    advertised_http_port: int | None = Field(None, ge=1, le=65535)
+    """HTTP port other brokers and redirected admin clients are told; default: the bound
+    ``http_port``."""
     fsync: Literal["always", "never"] = "always"
     max_message_size: int = Field(5 * 1024 * 1024, gt=0, le=64 * 1024 * 1024)
     session_ttl_s: float = Field(10.0, gt=0)

@@ -88,8 +88,10 @@ class Standalone:
             policies = Policies(store)
             await policies.ensure_standalone_defaults(
                 config.cluster_name,
-                service_url=f"http://{config.advertised_address}:{config.http_port}",
-                broker_service_url=f"pulsar://{config.advertised_address}:{config.port}",
+                service_url=f"http://{config.advertised_address}:"
+                f"{config.advertised_http_port or config.http_port}",
+                broker_service_url=f"pulsar://{config.advertised_address}:"
+                f"{config.advertised_port or config.port}",
             )
             service = BrokerService(config, store, ledgers, clock, policies)
             if prepare is not None:
@@ -106,7 +108,8 @@ class Standalone:
         except BaseException:
             await store.close()
             raise
-        service.set_addresses(pulsar_url=f"pulsar://{config.advertised_address}:{port}")
+        advertised_port = config.advertised_port or port
+        service.set_addresses(pulsar_url=f"pulsar://{config.advertised_address}:{advertised_port}")
         node = cls(config, store, ledgers, service, server)
         try:
             await node._start_http()
@@ -136,13 +139,17 @@ class Standalone:
 
     @property
     def service_url(self) -> str:
-        return f"pulsar://{self.config.advertised_address}:{self.port}"
+        """The advertised ``pulsar://`` URL (what lookups and the registry name)."""
+        port = self.config.advertised_port or self.port
+        return f"pulsar://{self.config.advertised_address}:{port}"
 
     @property
     def http_url(self) -> str | None:
+        """The advertised admin URL (None without admin HTTP)."""
         if self.http_port is None:
             return None
-        return f"http://{self.config.advertised_address}:{self.http_port}"
+        port = self.config.advertised_http_port or self.http_port
+        return f"http://{self.config.advertised_address}:{port}"
 
     def describe(self) -> str:
         """One line for the operator."""

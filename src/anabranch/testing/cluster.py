@@ -57,17 +57,24 @@ class ClusterBroker(BrokerSubprocess):
         self.index = index
         self.env = dict(env or {})
         self.http_port = int(settings["http_port"])
+        self.advertised_port = int(settings.get("advertised_port") or self.port)
+        """The port clients and other brokers reach it at (a proxy in front, or its own)."""
+        self.advertised_http_port = int(settings.get("advertised_http_port") or self.http_port)
         self.config_path = root / f"broker-{index}.toml"
         self.config_path.write_text(_toml(settings))
 
     @property
     def broker_id(self) -> str:
-        """``host:port``, the broker's id in the registry."""
-        return f"{self.host}:{self.port}"
+        """``host:port`` as advertised, the broker's id in the registry."""
+        return f"{self.host}:{self.advertised_port}"
+
+    @property
+    def service_url(self) -> str:
+        return f"pulsar://{self.host}:{self.advertised_port}"
 
     @property
     def http_url(self) -> str:
-        return f"http://{self.host}:{self.http_port}"
+        return f"http://{self.host}:{self.advertised_http_port}"
 
     def _command(self) -> tuple[list[str], dict[str, str]]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("ANABRANCH_")}
@@ -134,6 +141,7 @@ class LocalCluster:
                     "port": free_port(self.host),
                     "http_port": free_port(self.host),
                 }
+                settings.update(await self._fronts_for(index, settings))
                 self.brokers.append(self._make_broker(index, settings))
             await asyncio.gather(*(broker.start() for broker in self.brokers))
             await self.wait_registered(self._count)
@@ -145,6 +153,11 @@ class LocalCluster:
         """``host:port`` broker ``index`` reaches etcd at (here: etcd itself)."""
         assert self.etcd is not None
         return self.etcd.endpoint
+
+    async def _fronts_for(self, index: int, settings: dict[str, Any]) -> dict[str, Any]:
+        """Extra settings putting something in front of broker ``index``'s ports (here:
+        nothing; the fault harness advertises proxies)."""
+        return {}
 
     def _make_broker(self, index: int, settings: dict[str, Any]) -> ClusterBroker:
         return ClusterBroker(self.root, index, settings, self.env)
@@ -192,7 +205,7 @@ class LocalCluster:
         """The broker of a ``pulsar://`` or ``http://`` URL."""
         host_port = url.split("://", 1)[-1].rstrip("/")
         for broker in self.brokers:
-            if host_port in (broker.broker_id, f"{broker.host}:{broker.http_port}"):
+            if host_port in (broker.broker_id, f"{broker.host}:{broker.advertised_http_port}"):
                 return broker
         raise KeyError(url)
 

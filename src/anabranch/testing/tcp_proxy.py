@@ -5,10 +5,11 @@ every live connection (both directions, like a network reset); :meth:`TcpProxy.r
 makes new connections close at once until :meth:`TcpProxy.accept` (a partition). The
 server never notices anything but disconnects.
 
-For the fault harness: :meth:`TcpProxy.partition` also blackholes live connections
-(bytes are swallowed, nothing is closed: peers only notice by their own timeouts, like a
-cut cable) and :meth:`TcpProxy.heal` ends it (the blackholed connections are dropped,
-since their byte streams have holes); ``delay_s`` holds every chunk that long.
+For the fault harness: :meth:`TcpProxy.partition` blackholes live connections and new
+ones (bytes are swallowed, nothing is closed, a new connection is accepted and never
+answered: peers only notice by their own timeouts, like a cut cable) and
+:meth:`TcpProxy.heal` ends it (the blackholed connections are dropped, since their byte
+streams have holes); ``delay_s`` holds every chunk that long.
 
 Example:
     >>> async def demo(server_port: int) -> None:
@@ -78,8 +79,7 @@ class TcpProxy:
         self._refusing = False
 
     def partition(self) -> None:
-        """Refuse new connections and silently swallow the bytes of live ones."""
-        self._refusing = True
+        """Swallow the bytes of live connections; accept new ones and never answer."""
         self._blackholed = True
 
     def heal(self) -> None:
@@ -105,6 +105,9 @@ class TcpProxy:
         if self._refusing:
             writer.transport.abort()
             return
+        if self._blackholed:
+            await self._hold(reader, writer)
+            return
         try:
             up_reader, up_writer = await asyncio.open_connection(self.target_host, self.target_port)
         except OSError:
@@ -124,6 +127,19 @@ class TcpProxy:
             for w in (writer, up_writer):
                 self._writers.discard(w)
                 w.transport.abort()
+
+    async def _hold(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """A connection made during a partition: read and drop its bytes until the heal
+        drops it (a cut cable: the peer's connect "succeeds", nothing ever answers)."""
+        self._writers.add(writer)
+        try:
+            while self._blackholed and await reader.read(PROXY_CHUNK_BYTES):
+                pass
+        except (OSError, ConnectionError):
+            pass
+        finally:
+            self._writers.discard(writer)
+            writer.transport.abort()
 
     async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """Copy one direction until EOF or error, then close the other side too."""

@@ -5,13 +5,12 @@ proxy between each broker and etcd, brokers started through the test-only
 - Broker ``i`` reaches etcd only through ``proxies[i]``: partitioning or slowing that
   proxy cuts that one broker off the metadata store (its session expires, its topics
   and leaderships move) while clients still reach it.
+- Clients and other brokers reach broker ``i`` only through ``fronts[i]`` (a proxy in
+  front of its binary port and one in front of its HTTP port, which it advertises):
+  blackholing those cuts it off from everyone but etcd.
 - ``control(i, ...)`` rewrites broker ``i``'s control file (disk faults, clock offsets).
 - ``crash(i)`` is SIGKILL followed by lose-unfsynced on the files broker ``i`` wrote.
 - ``failpoints`` are passed to every broker as ``ANABRANCH_FAILPOINTS``.
-
-Not built: client-to-broker and broker-to-broker proxies. A broker advertises its own
-bind port (``BrokerConfig`` has no advertised port), so a lookup sends clients and other
-brokers straight to it; putting a proxy in those paths needs an advertised-port setting.
 
 Example:
     >>> async def demo(tmp_path: Path) -> None:  # doctest: +SKIP
@@ -92,6 +91,9 @@ class FaultCluster(LocalCluster):
         super().__init__(root, brokers, session_ttl_s=session_ttl_s, env=env, **settings)
         self.failpoints = names
         self.proxies: list[TcpProxy] = []
+        """``proxies[i]``: broker ``i``'s link to etcd."""
+        self.fronts: list[tuple[TcpProxy, TcpProxy]] = []
+        """``fronts[i]``: the (binary, HTTP) proxies everyone else reaches broker ``i`` by."""
 
     async def _etcd_endpoint_for(self, index: int) -> str:
         assert self.etcd is not None
@@ -100,6 +102,12 @@ class FaultCluster(LocalCluster):
         self.proxies.append(proxy)
         return proxy.endpoint
 
+    async def _fronts_for(self, index: int, settings: dict[str, Any]) -> dict[str, Any]:
+        pulsar = await TcpProxy.start(self.host, int(settings["port"]))
+        http = await TcpProxy.start(self.host, int(settings["http_port"]))
+        self.fronts.append((pulsar, http))
+        return {"advertised_port": pulsar.port, "advertised_http_port": http.port}
+
     def _make_broker(self, index: int, settings: dict[str, Any]) -> ClusterBroker:
         return FaultBroker(self.root, index, settings, self.env)
 
@@ -107,9 +115,10 @@ class FaultCluster(LocalCluster):
         try:
             await super().stop()
         finally:
-            for proxy in self.proxies:
+            for proxy in (*self.proxies, *(p for front in self.fronts for p in front)):
                 await proxy.close()
             self.proxies.clear()
+            self.fronts.clear()
 
     @property
     def fault_brokers(self) -> list[FaultBroker]:

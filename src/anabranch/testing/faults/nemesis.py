@@ -7,6 +7,9 @@ Kinds (``KINDS``):
 ``pause-short``    SIGSTOP a broker for less than the session TTL, then SIGCONT
 ``pause-long``     SIGSTOP a broker for 1.5-3x the session TTL (its session expires)
 ``partition``      blackhole the broker's link to etcd (its session expires)
+``isolate``        blackhole the broker's link to etcd and every link reaching it
+``client-cut``     blackhole the links clients and other brokers use to reach the
+                   broker; it keeps its etcd session (and its topics: they wait)
 ``delay``          slow the broker's link to etcd by 50-300 ms per chunk
 ``etcd-kill``      SIGKILL etcd, restart it on the same data after 1-4 s
 ``disk-eio``       every ledger write and fsync of the broker fails with EIO
@@ -47,6 +50,8 @@ KINDS = (
     "pause-short",
     "pause-long",
     "partition",
+    "isolate",
+    "client-cut",
     "delay",
     "etcd-kill",
     "disk-eio",
@@ -81,8 +86,10 @@ class Fault:
 def _duration(rng: random.Random, kind: str, ttl: float) -> tuple[float, dict[str, Any]]:
     if kind == "pause-short":
         return rng.uniform(0.3, 0.7) * ttl, {}
-    if kind in ("pause-long", "partition"):
+    if kind in ("pause-long", "partition", "isolate"):
         return rng.uniform(1.5, 3.0) * ttl, {}
+    if kind == "client-cut":
+        return rng.uniform(0.5, 2.0) * ttl, {}
     if kind == "kill":
         return rng.uniform(1.0, 2.0 * ttl), {}
     if kind == "delay":
@@ -196,6 +203,12 @@ class Nemesis:
         elif kind == "partition":
             assert target is not None
             cluster.proxies[target].partition()
+        elif kind in ("isolate", "client-cut"):
+            assert target is not None
+            for proxy in cluster.fronts[target]:
+                proxy.partition()
+            if kind == "isolate":
+                cluster.proxies[target].partition()
         elif kind == "delay":
             assert target is not None
             cluster.proxies[target].delay_s = float(fault.detail["delay_s"])
@@ -226,6 +239,10 @@ class Nemesis:
         elif kind in ("partition", "delay"):
             assert target is not None
             cluster.proxies[target].heal()
+        elif kind in ("isolate", "client-cut"):
+            assert target is not None
+            for proxy in (*cluster.fronts[target], cluster.proxies[target]):
+                proxy.heal()
         elif kind == "etcd-kill":
             assert cluster.etcd is not None
             await asyncio.to_thread(cluster.etcd.restart)
@@ -243,7 +260,7 @@ class Nemesis:
         cluster = self.cluster
         if cluster.etcd is not None and not cluster.etcd.running:
             await asyncio.to_thread(cluster.etcd.restart)
-        for proxy in cluster.proxies:
+        for proxy in (*cluster.proxies, *(p for front in cluster.fronts for p in front)):
             proxy.heal()
         for index, broker in enumerate(cluster.brokers):
             broker.resume()

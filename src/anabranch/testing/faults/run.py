@@ -2,9 +2,9 @@
 
 Phases: start a :class:`~anabranch.testing.faults.cluster.FaultCluster`; enable
 deduplication, create the topic; start the workloads; perform the seeded fault schedule
-for ``duration_s`` (faults end by then); heal everything, produce ``post_heal_produce_s``
-more, stop producing; probe the controller with a split; wait until the consumers drained
-(bounded); read the whole DAG with a new client; fetch the final layout; check.
+for ``duration_s`` (faults end by then); heal everything; probe the controller with a
+split while the producers go on for ``post_heal_produce_s``; wait until the consumers
+drained (bounded); read the whole DAG with a new client; fetch the final layout; check.
 Everything the checker needs is under ``root``: ``history.jsonl``, ``layout.json``,
 ``summary.json`` (the config, the schedule, the report) and the processes' logs.
 
@@ -43,7 +43,7 @@ from anabranch.testing.faults.workload import Workload
 
 log = logging.getLogger(__name__)
 
-CI_KINDS = ("kill", "pause-short", "pause-long", "partition", "etcd-kill")
+CI_KINDS = ("kill", "pause-short", "pause-long", "partition", "isolate", "client-cut", "etcd-kill")
 """The process, network and etcd faults the CI tier runs."""
 
 
@@ -189,10 +189,13 @@ async def _run(config: RunConfig, root: Path) -> RunResult:
         finally:
             heal_t = await nemesis.heal()
             windows = nemesis.windows
+        # The split probe starts at the heal (heal -> split is a figure), while producers
+        # show for a while that the topics serve again.
+        probe = asyncio.create_task(workload.probe(config.availability_bound_s + 10.0))
         await asyncio.sleep(config.post_heal_produce_s)
         workload.producing = False
         await _finish(tasks, 2 * 30.0)
-        await workload.probe(config.availability_bound_s + 10.0)
+        await probe
         await workload.drain(config.liveness_bound_s + 5.0)
         workload.consuming = False
         await _finish(consumers, 15.0)
