@@ -100,8 +100,12 @@ async def wake_or_change(
     """Wait until ``change`` is done, ``wake`` is set or ``max_wait_s`` seconds pass
     (None: no limit); then clear ``wake``."""
     woke = asyncio.get_running_loop().create_task(wake.wait())
-    await asyncio.wait({change, woke}, timeout=max_wait_s, return_when=asyncio.FIRST_COMPLETED)
-    woke.cancel()
+    try:
+        await asyncio.wait({change, woke}, timeout=max_wait_s, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        # Also when the caller is cancelled: a forgotten waiter lingers on the event
+        # until it is garbage ("Task was destroyed but it is pending").
+        woke.cancel()
     wake.clear()
 
 
