@@ -339,9 +339,13 @@ CLUSTER_LOAD_RATE_HORIZON_S = 60.0
 CLUSTER_UNLOAD_CONCURRENCY_MAX = 64
 """Topics closed at once when a broker loses its session or unloads a namespace."""
 
+CLUSTER_OWNER_PROBE_READ_BYTES = 64 * 1024
+"""Bytes read per chunk while waiting for an owner's CONNECTED."""
+
 CLUSTER_OWNER_PROBE_TIMEOUT_S = 0.5
-"""A lookup that finds a topic owned by another broker first opens a TCP connection to it;
-refused or not accepted within this long, the owner is taken for dead and the lookup waits
+"""A lookup that finds a topic owned by another broker first completes a CONNECT handshake
+with it; refused or not answered within this long (a paused broker's kernel still accepts
+TCP, as does a proxy in front of a dead one), the owner is taken for dead and the lookup waits
 (at most the session TTL + 1 s) for its ownership record to expire instead of sending the
 client to a dead address, where it would back off for seconds."""
 

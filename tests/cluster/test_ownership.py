@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any, cast
 
 import pytest
@@ -24,6 +25,10 @@ from anabranch.broker.cluster.records import (
 from anabranch.broker.service import BrokerService
 from anabranch.errors import InvalidArgument, NotOwner
 from anabranch.metadata.memory import MemoryMetadataStore
+from anabranch.protocol import commands
+from anabranch.protocol._generated import pulsar_api_pb2 as pb
+from anabranch.protocol.connection import ProtocolConnection, Role
+from anabranch.testing.broker import InProcessBroker
 from anabranch.testing.clock import ManualClock
 
 TTL_S = 5.0
@@ -121,6 +126,13 @@ class Broker:
 
 
 async def _hang_up(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Answer the owner probe's CONNECT, then hang up (a live broker, as far as it asks)."""
+    conn = ProtocolConnection(Role.BROKER)
+    while data := await reader.read(65536):
+        if any(f.type == pb.BaseCommand.CONNECT for f in conn.receive_data(data)):
+            writer.write(conn.send(commands.connected("fake", pb.v21, 5 * 1024 * 1024)))
+            await writer.drain()
+            break
     writer.close()
 
 
@@ -241,3 +253,32 @@ async def test_session_loss_stops_serving_before_anyone_can_take_over(
         await asyncio.sleep(0.02)
     await other.ownership.claim(TOPIC)
     assert other.ownership.serving(TOPIC) and not owner.ownership.serving(TOPIC)
+
+
+async def test_an_owner_that_accepts_tcp_but_never_answers_is_not_reachable(
+    tmp_path: Path,
+) -> None:
+    """A paused broker's kernel accepts connections, and so does a proxy in front of a dead
+    one: the owner probe is a CONNECT handshake, not a TCP connect."""
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read()  # accepted, never answered (until the peer leaves)
+        writer.close()
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    silent_port = server.sockets[0].getsockname()[1]
+    store = MemoryMetadataStore()
+    ownership = ClusterOwnership(
+        store, cast(BrokerService, FakeService()), cluster="c", session_ttl_s=TTL_S
+    )
+    try:
+        async with InProcessBroker(tmp_path) as live:
+            for url, reachable in (
+                (f"pulsar://127.0.0.1:{silent_port}", False),
+                (live.service_url, True),
+            ):
+                owner = OwnerRecord("b9", url, "http://127.0.0.1:1")
+                assert await ownership._reachable(owner) is reachable, url
+    finally:
+        server.close()
+        await store.close()

@@ -77,6 +77,9 @@ from anabranch.errors import (
     SessionExpired,
 )
 from anabranch.metadata.api import MUST_NOT_EXIST, MetadataStore, Record, Session
+from anabranch.protocol import commands
+from anabranch.protocol._generated import pulsar_api_pb2 as pb
+from anabranch.protocol.connection import ProtocolConnection, Role
 
 if TYPE_CHECKING:
     from anabranch.broker.service import BrokerService
@@ -245,21 +248,22 @@ class ClusterOwnership:
         raise NotOwner(topic, None)
 
     async def _reachable(self, owner: OwnerRecord) -> bool:
-        """Whether the owner accepts TCP connections (cached for a moment)."""
+        """Whether the owner answers a CONNECT handshake (cached for a moment).
+
+        A TCP connect is not enough: a paused broker's kernel still accepts connections,
+        and so does a proxy or load balancer in front of a dead one; sending clients there
+        only makes them back off until the owner's records expire.
+        """
         now = time.monotonic()
         if self._reachable_until.get(owner.broker_id, 0.0) > now:
             return True
         host, _, port = owner.pulsar_url.split("://", 1)[-1].rpartition(":")
         try:
-            _, writer = await asyncio.wait_for(
-                asyncio.open_connection(host, int(port)), limits.CLUSTER_OWNER_PROBE_TIMEOUT_S
-            )
-        except (OSError, TimeoutError, ValueError):
+            probe = _handshake(host, int(port))
+            await asyncio.wait_for(probe, limits.CLUSTER_OWNER_PROBE_TIMEOUT_S)
+        except (OSError, TimeoutError, ValueError, ConnectionError, AnabranchError):
             log.info("owner %s does not answer: waiting for its records to expire", owner.broker_id)
             return False
-        writer.close()
-        with contextlib.suppress(OSError):
-            await writer.wait_closed()
         if len(self._reachable_until) > limits.CLUSTER_RECENT_ASSIGNMENTS_MAX:
             self._reachable_until.clear()
         self._reachable_until[owner.broker_id] = now + limits.CLUSTER_OWNER_PROBE_CACHE_S
@@ -509,6 +513,25 @@ class ClusterOwnership:
                     log.warning("%s: closing after ownership loss failed: %s", topic, err)
 
         await asyncio.gather(*(one(topic) for topic in topics))
+
+
+async def _handshake(host: str, port: int) -> None:
+    """CONNECT to a broker and wait for CONNECTED (the caller bounds the time)."""
+    reader, writer = await asyncio.open_connection(host, port)
+    try:
+        conn = ProtocolConnection(Role.CLIENT)
+        writer.write(conn.send(commands.connect("anabranch-owner-probe", pb.v21)))
+        await writer.drain()
+        while True:
+            data = await reader.read(limits.CLUSTER_OWNER_PROBE_READ_BYTES)
+            if not data:
+                raise ConnectionError("closed during the handshake")
+            if any(f.type == pb.BaseCommand.CONNECTED for f in conn.receive_data(data)):
+                return
+    finally:
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
 
 
 def _not_owner(topic: str, owner: OwnerRecord) -> NotOwner:
