@@ -339,8 +339,8 @@ CLUSTER_LOAD_RATE_HORIZON_S = 60.0
 CLUSTER_UNLOAD_CONCURRENCY_MAX = 64
 """Topics closed at once when a broker loses its session or unloads a namespace."""
 
-CLUSTER_OWNER_PROBE_READ_BYTES = 64 * 1024
-"""Bytes read per chunk while waiting for an owner's CONNECTED."""
+BROKER_PROBE_READ_BYTES = 64 * 1024
+"""Bytes read per chunk while a liveness probe waits for a broker's CONNECTED."""
 
 CLUSTER_OWNER_PROBE_TIMEOUT_S = 0.5
 """A lookup that finds a topic owned by another broker first completes a CONNECT handshake

@@ -76,6 +76,44 @@ async def move_segment(
     assert await cluster.segment_owner(segment) is to
 
 
+async def remote_segment_owner(
+    cluster: LocalCluster, topic: str, leader: ClusterBroker
+) -> tuple[dict[int, str], ClusterBroker]:
+    """The topic's segment names and the owner of segment 0, moved off the controller
+    leader if the leader owned it (so the leader's segment operations go over the wire)."""
+    names = segment_names(topic, await layout_of(cluster, topic, leader))
+    owner = await cluster.segment_owner(names[0])
+    assert owner is not None
+    if owner is leader:
+        other = next(b for b in cluster.brokers if b is not leader)
+        await move_segment(cluster, names[0], owner, other)
+        owner = other
+    return names, owner
+
+
+async def split_held_by_a_paused_owner(
+    cluster: LocalCluster,
+    store: EtcdMetadataStore,
+    topic: str,
+    leader: ClusterBroker,
+    owner: ClusterBroker,
+    *,
+    deadline_s: float,
+) -> asyncio.Future[tuple[int, Any]]:
+    """Pause segment 0's owner and ask the leader to split it; returns the pending request
+    once the split's intent is recorded (the seal is sent and unanswered)."""
+    short = topic.split("://", 1)[1]
+    owner.pause()
+    split = asyncio.ensure_future(
+        cluster.http("POST", f"/admin/v2/scalable/{short}/split/0", via=leader)
+    )
+    deadline = time.monotonic() + deadline_s
+    while await store.get(f"/topics/{short}/pending-op") is None:
+        assert time.monotonic() < deadline, "the split never recorded its intent"
+        await asyncio.sleep(0.05)
+    return split
+
+
 async def test_segments_on_different_brokers_split_at_a_non_leader(
     three_brokers: LocalCluster,
 ) -> None:
@@ -140,28 +178,17 @@ async def test_sigkill_of_the_controller_leader_mid_split(three_brokers: LocalCl
     cluster = three_brokers
     topic, leader = await create_topic(cluster, 1)
     short = topic.split("://", 1)[1]
-    names = segment_names(topic, await layout_of(cluster, topic, leader))
-    owner = await cluster.segment_owner(names[0])
-    assert owner is not None
-    if owner is leader:
-        other = next(b for b in cluster.brokers if b is not leader)
-        await move_segment(cluster, names[0], owner, other)
-        owner = other
+    names, owner = await remote_segment_owner(cluster, topic, leader)
     survivor = next(b for b in cluster.brokers if b not in (leader, owner))
     assert cluster.etcd is not None
     store = await EtcdMetadataStore.open(cluster.etcd.endpoint)
     try:
         # The segment's owner sleeps, so the leader's split stops half-way (its intent
         # recorded, the parent not sealed yet); then the leader dies.
-        owner.pause()
-        split = asyncio.ensure_future(
-            cluster.http("POST", f"/admin/v2/scalable/{short}/split/0", via=leader)
+        split = await split_held_by_a_paused_owner(
+            cluster, store, topic, leader, owner, deadline_s=20
         )
         pending = f"/topics/{short}/pending-op"
-        deadline = time.monotonic() + 20
-        while await store.get(pending) is None:
-            assert time.monotonic() < deadline, "the split never recorded its intent"
-            await asyncio.sleep(0.05)
         await asyncio.sleep(0.3)
         leader.kill()
         owner.resume()

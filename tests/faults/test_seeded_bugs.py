@@ -39,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -47,6 +48,12 @@ from anabranch.testing.faults.nemesis import Fault
 from anabranch.testing.faults.run import RunConfig, run_once
 
 pytestmark = pytest.mark.timeout(600)
+
+
+def scenario(failpoint: str, **fields: Any) -> RunConfig:
+    """A targeted run: ``failpoint`` in every process, only the consumers it needs (the
+    stream consumer; queue and checkpoint consumers only cost time here)."""
+    return RunConfig(failpoints=(failpoint,), queue=False, checkpoint=False, **fields)
 
 
 def flagged(
@@ -67,14 +74,12 @@ def flagged(
 
 def test_ack_before_fsync_loses_acknowledged_writes(tmp_path: Path) -> None:
     kills = tuple(Fault(4.0 + 6.0 * i, "kill", 2.0, target=i) for i in range(3))
-    config = RunConfig(
+    config = scenario(
+        failpoints.ACK_BEFORE_FSYNC,
         seed=101,
         duration_s=24.0,
-        failpoints=(failpoints.ACK_BEFORE_FSYNC,),
         faults=kills,
         storm_interval_s=None,
-        queue=False,
-        checkpoint=False,
         idempotent=False,
     )
     counts = flagged(tmp_path, config, {"lost"})
@@ -82,15 +87,13 @@ def test_ack_before_fsync_loses_acknowledged_writes(tmp_path: Path) -> None:
 
 
 def test_drop_dedup_carry_stores_a_retried_send_twice(tmp_path: Path) -> None:
-    config = RunConfig(
+    config = scenario(
+        failpoints.DROP_DEDUP_CARRY,
         seed=201,
         duration_s=20.0,
-        failpoints=(failpoints.DROP_DEDUP_CARRY,),
         faults=(),
         storm_interval_s=(1.0, 2.0),
         producers=1,
-        queue=False,
-        checkpoint=False,
     )
     counts = flagged(tmp_path, config, {"duplicate"})
     assert counts.get("duplicate", 0) > 0, counts
@@ -98,14 +101,12 @@ def test_drop_dedup_carry_stores_a_retried_send_twice(tmp_path: Path) -> None:
 
 def test_no_recampaign_leaves_the_topic_without_a_controller(tmp_path: Path) -> None:
     pauses = tuple(Fault(3.0 + 9.0 * i, "pause-long", 7.0, target="leader") for i in range(3))
-    config = RunConfig(
+    config = scenario(
+        failpoints.NO_RECAMPAIGN,
         seed=301,
         duration_s=30.0,
-        failpoints=(failpoints.NO_RECAMPAIGN,),
         faults=pauses,
         storm_interval_s=None,
-        queue=False,
-        checkpoint=False,
         idempotent=False,
         availability_bound_s=15.0,
         liveness_bound_s=15.0,
@@ -115,14 +116,12 @@ def test_no_recampaign_leaves_the_topic_without_a_controller(tmp_path: Path) -> 
 
 
 def test_no_assignment_refresh_starves_the_stream_consumer(tmp_path: Path) -> None:
-    config = RunConfig(
+    config = scenario(
+        failpoints.NO_ASSIGNMENT_REFRESH,
         seed=401,
         duration_s=25.0,
-        failpoints=(failpoints.NO_ASSIGNMENT_REFRESH,),
         faults=(Fault(4.0, "pause-long", 7.0, target="leader"),),
         storm_interval_s=(1.0, 2.5),
-        queue=False,
-        checkpoint=False,
         idempotent=False,
         liveness_bound_s=15.0,
     )
@@ -131,10 +130,10 @@ def test_no_assignment_refresh_starves_the_stream_consumer(tmp_path: Path) -> No
 
 
 def test_skip_parent_cursor_flush_delivers_a_parent_after_its_child(tmp_path: Path) -> None:
-    config = RunConfig(
+    config = scenario(
+        failpoints.SKIP_PARENT_CURSOR_FLUSH,
         seed=501,
         duration_s=20.0,
-        failpoints=(failpoints.SKIP_PARENT_CURSOR_FLUSH,),
         faults=(),
         brokers=1,
         broker_settings={"cursor_persist_interval_ms": 15_000},
@@ -142,8 +141,6 @@ def test_skip_parent_cursor_flush_delivers_a_parent_after_its_child(tmp_path: Pa
         storm_crash_every_s=6.0,
         storm_crash_delay_s=1.5,
         keys=4,
-        queue=False,
-        checkpoint=False,
         idempotent=False,
     )
     counts = flagged(tmp_path, config, {"parent-after-child"})

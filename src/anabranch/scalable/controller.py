@@ -353,6 +353,8 @@ class ScalableTopicController:
         self._token = None
         self._leader = None
         self._elected.clear()
+        if self._resume is not None and self._resume is not asyncio.current_task():
+            self._resume.cancel()  # finishing a pending change is the leader's work
         await self._stop_coordinators()
         for listener in list(self._leadership_listeners):
             try:
@@ -613,9 +615,6 @@ class ScalableTopicController:
         await coordinator.start(instructions)
 
     async def _stop_coordinators(self) -> None:
-        # Leader-only background work ends with the coordinators.
-        if self._resume is not None and self._resume is not asyncio.current_task():
-            self._resume.cancel()
         coordinators, self._coordinators = list(self._coordinators.values()), {}
         for coordinator in coordinators:
             await coordinator.close()

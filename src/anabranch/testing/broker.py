@@ -28,12 +28,10 @@ from typing import Any, Literal
 
 from anabranch import limits
 from anabranch.broker.config import BrokerConfig
+from anabranch.broker.probe import handshake
 from anabranch.broker.service import BrokerService
 from anabranch.broker.standalone import Standalone
 from anabranch.clock import Clock
-from anabranch.protocol import commands
-from anabranch.protocol._generated import pulsar_api_pb2 as pb
-from anabranch.protocol.connection import ProtocolConnection, Role
 
 
 class InProcessBroker:
@@ -128,29 +126,12 @@ async def wait_for_broker(host: str, port: int, deadline_s: float = 30.0) -> Non
     end = loop.time() + deadline_s
     while True:
         try:
-            await _handshake(host, port)
+            await handshake(host, port)
             return
         except (OSError, asyncio.IncompleteReadError, ConnectionError):
             if loop.time() > end:
                 raise TimeoutError(f"no broker at {host}:{port} after {deadline_s}s") from None
             await asyncio.sleep(0.05)
-
-
-async def _handshake(host: str, port: int) -> None:
-    reader, writer = await asyncio.open_connection(host, port)
-    try:
-        conn = ProtocolConnection(Role.CLIENT)
-        writer.write(conn.send(commands.connect("anabranch-probe", pb.v21)))
-        await writer.drain()
-        while True:
-            data = await reader.read(65536)
-            if not data:
-                raise ConnectionError("closed during the handshake")
-            if any(f.type == pb.BaseCommand.CONNECTED for f in conn.receive_data(data)):
-                return
-    finally:
-        writer.close()
-        await writer.wait_closed()
 
 
 class BrokerSubprocess:
@@ -212,7 +193,7 @@ class BrokerSubprocess:
                 code = None if self.process is None else self.process.returncode
                 raise RuntimeError(f"{self.label} exited ({code}); see {self.log_path}")
             try:
-                await _handshake(self.host, self.port)
+                await handshake(self.host, self.port)
                 return
             except (OSError, asyncio.IncompleteReadError, ConnectionError):
                 if loop.time() > end:

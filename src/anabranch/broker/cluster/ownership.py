@@ -66,6 +66,7 @@ from anabranch.broker.cluster.records import (
     ownership_path,
     topic_of_ownership_path,
 )
+from anabranch.broker.probe import handshake
 from anabranch.errors import (
     AnabranchError,
     BadVersion,
@@ -77,9 +78,6 @@ from anabranch.errors import (
     SessionExpired,
 )
 from anabranch.metadata.api import MUST_NOT_EXIST, MetadataStore, Record, Session
-from anabranch.protocol import commands
-from anabranch.protocol._generated import pulsar_api_pb2 as pb
-from anabranch.protocol.connection import ProtocolConnection, Role
 
 if TYPE_CHECKING:
     from anabranch.broker.service import BrokerService
@@ -259,7 +257,7 @@ class ClusterOwnership:
             return True
         host, _, port = owner.pulsar_url.split("://", 1)[-1].rpartition(":")
         try:
-            probe = _handshake(host, int(port))
+            probe = handshake(host, int(port))
             await asyncio.wait_for(probe, limits.CLUSTER_OWNER_PROBE_TIMEOUT_S)
         except (OSError, TimeoutError, ValueError, ConnectionError, AnabranchError):
             log.info("owner %s does not answer: waiting for its records to expire", owner.broker_id)
@@ -513,25 +511,6 @@ class ClusterOwnership:
                     log.warning("%s: closing after ownership loss failed: %s", topic, err)
 
         await asyncio.gather(*(one(topic) for topic in topics))
-
-
-async def _handshake(host: str, port: int) -> None:
-    """CONNECT to a broker and wait for CONNECTED (the caller bounds the time)."""
-    reader, writer = await asyncio.open_connection(host, port)
-    try:
-        conn = ProtocolConnection(Role.CLIENT)
-        writer.write(conn.send(commands.connect("anabranch-owner-probe", pb.v21)))
-        await writer.drain()
-        while True:
-            data = await reader.read(limits.CLUSTER_OWNER_PROBE_READ_BYTES)
-            if not data:
-                raise ConnectionError("closed during the handshake")
-            if any(f.type == pb.BaseCommand.CONNECTED for f in conn.receive_data(data)):
-                return
-    finally:
-        writer.close()
-        with contextlib.suppress(OSError):
-            await writer.wait_closed()
 
 
 def _not_owner(topic: str, owner: OwnerRecord) -> NotOwner:

@@ -1,0 +1,41 @@
+"""Is a broker alive? A CONNECT handshake, the one check a TCP connect cannot fake.
+
+A paused broker's kernel still accepts TCP connections, and so does a proxy or load
+balancer in front of a dead one; only a CONNECTED answer shows the broker itself serves.
+Used by cluster lookups (is a topic's owner alive?) and by the test tools (is a started
+broker ready?).
+
+Example:
+    >>> async def demo() -> None:
+    ...     await asyncio.wait_for(handshake("127.0.0.1", 6650), 0.5)  # raises if not
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+from anabranch import limits
+from anabranch.protocol import commands
+from anabranch.protocol._generated import pulsar_api_pb2 as pb
+from anabranch.protocol.connection import ProtocolConnection, Role
+
+
+async def handshake(host: str, port: int) -> None:
+    """CONNECT to ``host:port`` and wait for CONNECTED; OSError or ConnectionError if the
+    broker refuses or hangs up (the caller bounds the time)."""
+    reader, writer = await asyncio.open_connection(host, port)
+    try:
+        conn = ProtocolConnection(Role.CLIENT)
+        writer.write(conn.send(commands.connect("anabranch-probe", pb.v21)))
+        await writer.drain()
+        while True:
+            data = await reader.read(limits.BROKER_PROBE_READ_BYTES)
+            if not data:
+                raise ConnectionError("closed during the handshake")
+            if any(f.type == pb.BaseCommand.CONNECTED for f in conn.receive_data(data)):
+                return
+    finally:
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
