@@ -22,8 +22,8 @@ from tests.cluster.local_cluster import SESSION_TTL_S, TAKEOVER_SLACK_S
 from tests.cluster.test_cluster_scalable import (
     create_topic,
     layout_of,
-    move_segment,
-    segment_names,
+    remote_segment_owner,
+    split_held_by_a_paused_owner,
 )
 
 PAUSE_S = SESSION_TTL_S * 2
@@ -114,31 +114,25 @@ async def test_a_failed_segment_operation_is_finished_later(three_brokers: Local
     cluster = three_brokers
     topic, leader = await create_topic(cluster, 2)
     short = topic.split("://", 1)[1]
-    names = segment_names(topic, await layout_of(cluster, topic, leader))
-    owner = await cluster.segment_owner(names[0])
-    assert owner is not None
-    if owner is leader:
-        # A remote owner: the leader's segment operation fails to connect when it dies.
-        other = next(b for b in cluster.brokers if b is not leader)
-        await move_segment(cluster, names[0], owner, other)
-        owner = other
+    # A remote owner: the leader's segment operation fails to connect when it dies.
+    _, owner = await remote_segment_owner(cluster, topic, leader)
     assert cluster.etcd is not None
     store = await EtcdMetadataStore.open(cluster.etcd.endpoint)
     try:
         # The owner freezes, so the leader's split stops half-way (its intent recorded,
         # the seal sent and unanswered); then the owner dies and the seal fails.
-        owner.pause()
-        split = asyncio.ensure_future(
-            cluster.http("POST", f"/admin/v2/scalable/{short}/split/0", via=leader)
+        split = await split_held_by_a_paused_owner(
+            cluster, store, topic, leader, owner, deadline_s=RECOVERY_S
         )
-        deadline = time.monotonic() + RECOVERY_S
-        while await store.get(f"/topics/{short}/pending-op") is None:
-            assert time.monotonic() < deadline, "the split never recorded its intent"
-            await asyncio.sleep(0.05)
         await asyncio.sleep(SESSION_TTL_S * 2)  # the owner's topics are free to move
         owner.kill()
         status, body = await split
-        assert status == 503, (status, body)
+        # Usually the leader's owner probe (a CONNECT handshake) finds the paused owner
+        # silent, waits for its records to expire and seals at the new owner (200); when
+        # a recent probe is cached, the seal goes to the frozen owner and fails (503) and
+        # the background retry finishes it. Either way it ends done, below. (The failure
+        # path alone: test_controller's ..._seal_failed_is_finished_by_its_leader...)
+        assert status in (200, 503), (status, body)
         # Without a new request, the controller finishes the change once the segment has
         # a live owner again (after the dead owner's session expires).
         deadline = time.monotonic() + RECOVERY_S

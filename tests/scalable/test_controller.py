@@ -14,6 +14,7 @@ from anabranch.core.segment_layout import SegmentLayout, SegmentState, segment_n
 from anabranch.errors import (
     AlreadyExists,
     LedgerSealed,
+    MetadataUnavailable,
     NotFound,
     NotLeader,
     SegmentSealed,
@@ -281,6 +282,47 @@ async def test_new_leader_completes_a_half_done_split(
             assert sealed.is_terminated
         finally:
             await sealed.close()
+    finally:
+        await cluster.close()
+        await ops.close()
+
+
+async def test_a_split_whose_seal_failed_is_finished_by_its_leader_without_a_request(
+    store: MetadataStore, ledgers: MemoryManagedLedgerFactory
+) -> None:
+    """A segment operation fails (its owner just died): the request fails with the retriable
+    error, and the leader finishes the recorded change in the background, so the topic is
+    not "in progress" until the next leadership change (issue 19, item 3)."""
+    ops = FaultyOps(ledgers)
+    cluster = Cluster(store, ops)
+    try:
+        leader = await cluster.controller("pulsar://b1:6650")
+        await leader.create(2)
+        failures = [MetadataUnavailable("segment operation failed: Cannot connect")]
+
+        async def owner_unreachable_once() -> None:
+            if failures:
+                raise failures.pop()
+
+        ops.before_terminate = owner_unreachable_once
+        with pytest.raises(MetadataUnavailable):
+            await leader.split(1)
+        assert await store.get(PATHS.pending_op) is not None
+        done: list[SegmentLayout] = []
+
+        async def finished() -> None:
+            layout = await leader.get_layout()
+            if layout.epoch == 1 and await store.get(PATHS.pending_op) is None:
+                done.append(layout)
+
+        for _ in range(500):
+            await finished()
+            if done:
+                break
+            await asyncio.sleep(0.02)
+        assert done, "the pending split was never finished"
+        assert [s.segment_id for s in done[0].active_segments()] == [0, 2, 3]
+        assert (await leader.split(0)).epoch == 2  # and the topic takes later changes
     finally:
         await cluster.close()
         await ops.close()
