@@ -304,6 +304,49 @@ class NotEmpty(NotAllowed):
         self.reason = reason
 
 
+# --- transactions (PIP-31 / PIP-473) -------------------------------------------------------
+
+
+class TransactionError(NotAllowed):
+    """Base of the transaction errors; each maps to upstream's ServerError code."""
+
+
+class TransactionNotFound(TransactionError):
+    """No transaction with this id (never created, or finished and collected)."""
+
+    wire_code = "TransactionNotFound"
+    http_status = 404
+
+
+class InvalidTxnStatus(TransactionError):
+    """END_TXN asks for the outcome the transaction did not take (commit after abort)."""
+
+    wire_code = "InvalidTxnStatus"
+    http_status = 409
+
+
+class TransactionConflict(TransactionError):
+    """A write or ack in a transaction that already left OPEN (committed, aborted, timed
+    out), or an ack of a message another transaction holds."""
+
+    wire_code = "TransactionConflict"
+    http_status = 409
+
+
+class TransactionCoordinatorNotFound(TransactionError):
+    """Transactions are disabled on this broker (no coordinator serves them)."""
+
+    wire_code = "TransactionCoordinatorNotFound"
+    http_status = 503
+
+
+class TransactionTooLarge(TransactionError):
+    """A transaction over a named limit (participants, op records, entries)."""
+
+    wire_code = "NotAllowedError"
+    http_status = 413
+
+
 def all_error_classes() -> list[type[AnabranchError]]:
     """Every error class, depth first (used by the registry tests and docs)."""
     out: list[type[AnabranchError]] = []

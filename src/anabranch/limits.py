@@ -351,3 +351,47 @@ client to a dead address, where it would back off for seconds."""
 
 CLUSTER_OWNER_PROBE_CACHE_S = 1.0
 """How long a successful probe of a broker is trusted before the next lookup probes again."""
+
+# --- transactions (PIP-473) -----------------------------------------------------------------
+
+TXN_COORDINATOR_PARTITIONS = 16
+"""Coordinator partitions (TxnID most bits); persisted by the first broker, and a broker
+configured differently refuses to start (upstream's parallelism default)."""
+
+TXN_ID_BLOCK = 256
+"""TxnID counters are reserved per partition in blocks of this many by one CAS, so id
+allocation writes the counter key once per block, not once per transaction."""
+
+TXN_TIMEOUT_DEFAULT_MS = 60_000
+"""A NEW_TXN without a timeout gets this one."""
+
+TXN_TIMEOUT_MAX_MS = 3_600_000
+"""Longer timeouts are clamped: an open transaction pins every reader of its topics."""
+
+TXN_OP_RECORDS_MAX = 1_000
+"""Op records (participant registrations plus ack records) one transaction may write;
+past it the write or ack fails with TransactionTooLarge."""
+
+TXN_ENTRIES_PER_PARTICIPANT_MAX = 100_000
+"""Entries one transaction may append to one topic or segment (their positions are held
+in memory until the outcome)."""
+
+TXN_ACK_POSITIONS_PER_RECORD_MAX = 1_000
+"""Positions one transactional ACK may carry (one op record holds them)."""
+
+TXN_SWEEP_INTERVAL_S = 1.0
+"""How often the sweep leader looks for open transactions past their deadline."""
+
+TXN_GC_INTERVAL_S = 30.0
+"""How often the sweep leader collects finished transactions."""
+
+TXN_GC_RETENTION_S = 300.0
+"""How long a finished transaction's header is kept (a repeated END_TXN gets a precise
+answer meanwhile)."""
+
+TXN_RECONCILE_INTERVAL_S = 5.0
+"""How often a participant re-reads the headers of the transactions it holds open, in
+case a watch event was missed."""
+
+TXN_SWEEP_BATCH = 500
+"""Transactions one sweep or GC pass handles before yielding."""
