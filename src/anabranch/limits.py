@@ -395,3 +395,25 @@ case a watch event was missed."""
 
 TXN_SWEEP_BATCH = 500
 """Transactions one sweep or GC pass handles before yielding."""
+
+TXN_PARTICIPANT_RETRY_MIN_S = 0.05
+"""First retry delay of a participant's background outcome work (deleting op records,
+writing an aborted record, applying committed acks) after a metadata or cursor failure;
+it doubles per failed pass up to TXN_PARTICIPANT_RETRY_MAX_S and never gives up (the
+records stay until it succeeds or a restart's recovery redoes the work)."""
+
+TXN_PARTICIPANT_RETRY_MAX_S = 2.0
+"""Longest delay between those retries."""
+
+TXN_FINISHED_REMEMBERED_MAX = 10_000
+"""Recently finished transactions a participant remembers, so a late write or ack is
+refused (TransactionConflict) without reading the header; older ones read the header."""
+
+TXN_OP_WRITE_ATTEMPTS_MAX = 8
+"""Attempts to write one op record when another participant took the same sequence
+number at the same moment; past it the write fails (MetadataUnavailable, retriable)."""
+
+TXN_RECOVERY_SCAN_ENTRIES_MAX = 1_000_000
+"""Entries a restarted topic reads to find the entries of its open and aborted
+transactions (from the oldest op record's first_after); past it the open ones stay
+pinned at their first_after until they end, and aborted ones are recorded as far as found."""
