@@ -416,4 +416,6 @@ number at the same moment; past it the write fails (MetadataUnavailable, retriab
 TXN_RECOVERY_SCAN_ENTRIES_MAX = 1_000_000
 """Entries a restarted topic reads to find the entries of its open and aborted
 transactions (from the oldest op record's first_after); past it the open ones stay
-pinned at their first_after until they end, and aborted ones are recorded as far as found."""
+pinned at their first_after until they end. Scanning for an aborted transaction goes on
+to the end of the ledger (its entries must stay filtered), so this bounds only the work
+done for open ones."""
