@@ -152,9 +152,9 @@ def test_state_matches_the_model(ops: list[tuple[str, int]]) -> None:
             m.status[txn] = "open"
             m.in_flight.append((s.begin_append(txn, m.lac), txn))
         elif op in ("end", "fail") and m.in_flight:
-            token, owner = m.in_flight.pop(n % len(m.in_flight))
+            token, appender = m.in_flight.pop(n % len(m.in_flight))
             if op == "end":
-                s.end_append(token, m.land(owner))
+                s.end_append(token, m.land(appender))
             else:
                 s.fail_append(token)
         elif op in ("commit", "abort") and m.status.get(txn) == "open":
