@@ -1,0 +1,216 @@
+"""How a broker's participants learn that a transaction ended (PIP-473: no RPC to them).
+
+The coordinator's single CAS that moves a header from OPEN to COMMITTED or ABORTED is the
+decision. One :class:`TxnOutcomes` per broker tells every participant (transaction
+buffers, pending-ack stores) that registered for the transaction, three ways:
+
+- **wake** — the local fast path: the coordinator on this broker calls :meth:`wake`
+  right after its CAS; delivery is synchronous;
+- **watch** — one prefix watch on ``/txn/id/`` from the revision at start: a PUT of a
+  final header is delivered to that transaction's listeners (other brokers' commits);
+- **re-list** — on ``Compacted`` or any watch failure, and every
+  ``reconcile_interval_s``: the header of every registered transaction is read again,
+  and final ones are delivered (a missed event cannot leave a transaction open here).
+
+Listeners are called with no lock held and must be idempotent and never block: they
+apply the outcome in memory and schedule the durable work (see ``op_records``).
+
+Example:
+    >>> import asyncio
+    >>> from anabranch.metadata.memory import MemoryMetadataStore
+    >>> from anabranch.clock import SystemClock
+    >>> class Printer:
+    ...     def on_outcome(self, txn: TxnId, state: TxnState) -> None:
+    ...         print(txn, state.value)
+    >>> async def demo() -> None:
+    ...     outcomes = TxnOutcomes(MemoryMetadataStore(), SystemClock())
+    ...     await outcomes.start()
+    ...     outcomes.register(TxnId(0, 1), Printer())
+    ...     outcomes.wake(TxnId(0, 1), TxnState.COMMITTED)
+    ...     await outcomes.close()
+    >>> asyncio.run(demo())
+    0_1 COMMITTED
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Protocol
+
+from anabranch import limits
+from anabranch.clock import Clock
+from anabranch.errors import Closed, Compacted, InvalidArgument
+from anabranch.metadata.api import EventKind, MetadataStore
+from anabranch.transactions import records
+from anabranch.transactions.ids import TxnId
+from anabranch.transactions.records import TxnState
+
+log = logging.getLogger(__name__)
+
+_RELIST_CONCURRENCY = 32
+"""Header reads in flight at once during a re-list (a bounded batch, not one per txn)."""
+
+
+class OutcomeListener(Protocol):
+    """A participant waiting for transactions to end."""
+
+    def on_outcome(self, txn: TxnId, state: TxnState) -> None:
+        """``txn`` ended in ``state`` (final). Idempotent; never blocks (schedules work)."""
+        ...
+
+
+class TxnOutcomes:
+    """Delivers final transaction states to the participants registered for them."""
+
+    def __init__(
+        self,
+        store: MetadataStore,
+        clock: Clock,
+        *,
+        reconcile_interval_s: float = limits.TXN_RECONCILE_INTERVAL_S,
+    ) -> None:
+        self._store = store
+        self._clock = clock
+        self._interval = reconcile_interval_s
+        self._listeners: dict[TxnId, list[OutcomeListener]] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self._closed = False
+        self.watch_events = 0
+        """Final headers seen by the watch (metrics)."""
+        self.relists = 0
+        """Re-lists done after a watch gap or failure (metrics)."""
+        self.reconciles = 0
+        """Periodic re-reads done (metrics)."""
+        self.deliveries = 0
+        """Outcomes handed to listeners (metrics)."""
+
+    async def start(self) -> None:
+        """Watch headers from the current revision, and start the periodic re-read."""
+        if self._closed:
+            raise Closed("transaction outcomes are closed")
+        revision = await self._store.current_revision()
+        self._tasks = [
+            asyncio.create_task(self._watch_loop(revision + 1), name="txn-outcomes-watch"),
+            asyncio.create_task(self._reconcile_loop(), name="txn-outcomes-reconcile"),
+        ]
+        for task in self._tasks:
+            task.add_done_callback(_report_death)
+
+    def register(self, txn: TxnId, listener: OutcomeListener) -> None:
+        """Deliver ``txn``'s outcome to ``listener`` (once per way it is learnt)."""
+        listeners = self._listeners.setdefault(txn, [])
+        if listener not in listeners:
+            listeners.append(listener)
+
+    def unregister(self, txn: TxnId, listener: OutcomeListener) -> None:
+        """Stop delivering ``txn`` to ``listener`` (idempotent)."""
+        listeners = self._listeners.get(txn)
+        if listeners is not None and listener in listeners:
+            listeners.remove(listener)
+            if not listeners:
+                del self._listeners[txn]
+
+    def registered(self, txn: TxnId) -> int:
+        """How many listeners wait for ``txn``."""
+        return len(self._listeners.get(txn, ()))
+
+    def wake(self, txn: TxnId, state: TxnState) -> None:
+        """The local fast path: ``txn`` just ended in ``state`` (the caller's own CAS)."""
+        if not state.final:
+            raise InvalidArgument(f"wake with a non-final state {state.value}")
+        self._deliver(txn, state)
+
+    async def close(self) -> None:
+        """Stop watching; nothing more is delivered. Idempotent."""
+        self._closed = True
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._listeners.clear()
+
+    # --- delivery -------------------------------------------------------------------------
+
+    def _deliver(self, txn: TxnId, state: TxnState) -> None:
+        for listener in list(self._listeners.get(txn, ())):
+            self.deliveries += 1
+            try:
+                listener.on_outcome(txn, state)
+            except Exception:
+                log.exception("transaction %s: a participant failed to take its outcome", txn)
+
+    async def _watch_loop(self, start: int) -> None:
+        while not self._closed:
+            try:
+                watch = self._store.watch(records.HEADERS, prefix=True, start_revision=start)
+                try:
+                    async for event in watch:
+                        start = event.revision + 1
+                        if event.kind is EventKind.PUT:
+                            self._on_put(event.path, event.value)
+                finally:
+                    await watch.close()
+                return  # the store ended the watch: it is closing
+            except Closed:
+                return
+            except Compacted:
+                pass
+            except Exception:
+                log.exception("transaction header watch failed; re-listing")
+                await self._clock.sleep(limits.TXN_PARTICIPANT_RETRY_MIN_S)
+            try:
+                start = await self._relist() + 1
+                self.relists += 1
+            except Closed:
+                return
+            except Exception:
+                log.exception("re-reading transaction headers failed; retrying")
+                await self._clock.sleep(limits.TXN_PARTICIPANT_RETRY_MAX_S)
+
+    def _on_put(self, path: str, value: bytes) -> None:
+        try:
+            txn = records.parse_txn_key(path[len(records.HEADERS) :])
+        except InvalidArgument:
+            return  # not a header key
+        if txn not in self._listeners:
+            return
+        state = records.decode_header(value).state
+        if state.final:
+            self.watch_events += 1
+            self._deliver(txn, state)
+
+    async def _relist(self) -> int:
+        """Read every registered transaction's header; returns the revision taken *before*
+        reading, so a watch from it + 1 misses no change made after the reads."""
+        revision = await self._store.current_revision()
+        txns = list(self._listeners)
+        for start in range(0, len(txns), _RELIST_CONCURRENCY):
+            batch = txns[start : start + _RELIST_CONCURRENCY]
+            found = await asyncio.gather(*(self._store.get(records.header_path(t)) for t in batch))
+            for txn, record in zip(batch, found, strict=True):
+                if record is not None:
+                    state = records.decode_header(record.value).state
+                    if state.final:
+                        self._deliver(txn, state)
+        return revision
+
+    async def _reconcile_loop(self) -> None:
+        while not self._closed:
+            await self._clock.sleep(self._interval)
+            try:
+                await self._relist()
+                self.reconciles += 1
+            except Closed:
+                return
+            except Exception:
+                log.exception("periodic re-read of transaction headers failed")
+
+
+def _report_death(task: asyncio.Task[None]) -> None:
+    """A loop must never end by an exception: say so loudly if it does."""
+    if not task.cancelled() and task.exception() is not None:
+        log.error("%s died", task.get_name(), exc_info=task.exception())
