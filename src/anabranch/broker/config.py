@@ -58,6 +58,12 @@ class BrokerConfig(BaseSettings):
     mark-delete rate limit); a crash redelivers what was acknowledged since. Draining a
     sealed segment saves at once whatever this is."""
     allow_auto_topic_creation: bool = True
+    transactions_enabled: bool = True
+    """Serve the transaction coordinator and make every topic a transaction participant
+    (Pulsar's ``transactionCoordinatorEnabled``; on by default here)."""
+    transaction_partitions: int = Field(16, ge=1, le=1024)
+    """Coordinator partitions (TxnID most bits). Persisted by the first broker of a
+    metadata store; a broker configured differently refuses to start."""
     use_uvloop: bool = True
 
     @model_validator(mode="after")

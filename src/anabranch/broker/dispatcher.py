@@ -276,6 +276,49 @@ class Dispatcher:
             self.forgotten(consumer, pos, entry)
         self.kick()
 
+    def settled(self, positions: Iterable[Position], upto: Position | None) -> None:
+        """Acks a transaction committed (no consumer named): whoever holds those entries
+        (individual ``positions``, or everything up to ``upto``) stops holding them."""
+        for pos in positions:
+            holder = self._holder(pos)
+            if holder is not None:
+                entry = holder.forget(pos)
+                if entry is not None:
+                    self.forgotten(holder, pos, entry)
+            self.redelivery_counts.pop(pos, None)
+        if upto is not None:
+            for consumer in self.consumers:
+                for pos, entry in consumer.forget_upto(upto):
+                    self.redelivery_counts.pop(pos, None)
+                    self.forgotten(consumer, pos, entry)
+        self.kick()
+
+    def unsettled(self, positions: Iterable[Position], upto: Position | None) -> None:
+        """Acks a transaction aborted: those entries are delivered again. A consumer
+        still holding them gets them redelivered; entries nobody holds (their consumer left
+        while the ack was pending, so dispatch skipped them) need a re-read from the
+        cursor."""
+        by_holder: dict[int, tuple[Consumer, list[Position]]] = {}
+        orphaned = False
+        for pos in positions:
+            holder = self._holder(pos)
+            if holder is None:
+                orphaned = True
+            else:
+                by_holder.setdefault(id(holder), (holder, []))[1].append(pos)
+        if upto is not None:
+            for consumer in self.consumers:
+                held = [pos for pos in consumer.pending if pos <= upto]
+                if held:
+                    by_holder.setdefault(id(consumer), (consumer, []))[1].extend(held)
+            orphaned = True  # a cumulative ack covers entries no consumer holds any more
+        if orphaned:
+            self.reset()
+            return
+        for consumer, held in by_holder.values():
+            self.redeliver(consumer, held)
+        self.kick()
+
     def _holder(self, position: Position) -> Consumer | None:
         for consumer in self.consumers:
             if position in consumer.pending:

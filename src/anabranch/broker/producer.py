@@ -32,6 +32,7 @@ from anabranch.protocol import commands
 from anabranch.protocol._generated import pulsar_api_pb2 as pb
 from anabranch.protocol.frames import Frame
 from anabranch.storage.api import Position
+from anabranch.transactions.ids import TxnId
 
 if TYPE_CHECKING:
     from anabranch.broker.session import Session
@@ -82,12 +83,11 @@ class Producer:
         try:
             self._validate(frame)
             assert frame.metadata is not None
+            txn = None
             if cmd.HasField("txnid_most_bits") or cmd.HasField("txnid_least_bits"):
-                from anabranch.errors import NotAllowed
-
-                raise NotAllowed("transactions are not enabled on this broker")
+                txn = TxnId(cmd.txnid_most_bits, cmd.txnid_least_bits)
             future = self.topic.publish(
-                self.name, cmd.sequence_id, highest, frame.entry, cmd.num_messages
+                self.name, cmd.sequence_id, highest, frame.entry, cmd.num_messages, txn=txn
             )
         except BaseException as err:  # a refused send is answered in its turn
             future = _failed(err)

@@ -39,6 +39,7 @@ from anabranch.broker.policies import Policies
 from anabranch.broker.scalable_commands import ScalableEndpoint
 from anabranch.broker.schema import SchemaRegistry
 from anabranch.broker.segment_ops import BrokerSegmentOps
+from anabranch.broker.subscription import Subscription
 from anabranch.broker.topic import PersistentTopic
 from anabranch.clock import Clock, SystemClock
 from anabranch.core.names import SegmentName, TopicDomain, TopicName, parse_name
@@ -50,6 +51,16 @@ from anabranch.scalable.paths import TopicPaths
 from anabranch.scalable.segment_ops import decode_dedup_snapshot
 from anabranch.scalable.service import ScalableTopicService
 from anabranch.storage.api import ManagedLedgerConfig, ManagedLedgerFactory
+
+try:  # TEMPORARY while the participant/coordinator modules land (lead removes this)
+    from anabranch.transactions.coordinator import TransactionCoordinator
+    from anabranch.transactions.metadata_buffer import MetadataTransactionBuffer
+    from anabranch.transactions.metadata_pending_ack import MetadataPendingAckStore
+    from anabranch.transactions.outcomes import TxnOutcomes
+
+    _TXN_READY = True
+except ImportError:
+    _TXN_READY = False
 
 log = logging.getLogger(__name__)
 
@@ -139,6 +150,19 @@ class BrokerService:
         """Broker-wide counters for /metrics; the server and sessions bump them."""
         self.ownership: OwnershipGate | None = None
         """Set in cluster mode: topics are loaded only once this broker owns them."""
+        self.txn_outcomes: TxnOutcomes | None = None
+        self.txn_coordinator: TransactionCoordinator | None = None
+        if config.transactions_enabled and _TXN_READY:
+            self.txn_outcomes = TxnOutcomes(store, self.clock)
+            # The coordinator wakes this broker's participants right after its CAS (the
+            # fast path); other brokers' participants learn it from their header watch.
+            self.txn_coordinator = TransactionCoordinator(
+                store,
+                self.clock,
+                partitions=config.transaction_partitions,
+                owner_id=self.http_url,
+                on_final=self.txn_outcomes.wake,
+            )
 
     @property
     def protocol_errors(self) -> int:
@@ -150,6 +174,9 @@ class BrokerService:
         producer names, so a restarted broker must never hand out an old one."""
         path = await self.store.create_sequential(PRODUCER_NAME_COUNTER_PREFIX, b"")
         self._broker_index = int(path.rsplit("-", 1)[1])
+        if self.txn_outcomes is not None and self.txn_coordinator is not None:
+            await self.txn_outcomes.start()
+            await self.txn_coordinator.start()
 
     def set_addresses(self, *, pulsar_url: str | None = None, http_url: str | None = None) -> None:
         """The bound addresses (known once the servers listen); controllers created later
@@ -227,6 +254,8 @@ class BrokerService:
             dedup_enabled=ns_policies.deduplication_enabled,
         )
         try:
+            if self.txn_outcomes is not None:
+                await self._join_transactions(topic)
             await topic.load()
             if isinstance(name, SegmentName) and topic.dedup is not None:
                 topic.seed_dedup(await self._parent_seal_marks(name))
@@ -242,6 +271,36 @@ class BrokerService:
         self._topics[key] = topic
         log.info("loaded topic %s (dedup %s)", key, "on" if topic.dedup is not None else "off")
         return topic
+
+    async def _join_transactions(self, topic: PersistentTopic) -> None:
+        """Make ``topic`` and its durable subscriptions transaction participants, after
+        recovering what the metadata store says about their open transactions."""
+        outcomes = self.txn_outcomes
+        assert outcomes is not None
+        buffer = MetadataTransactionBuffer(
+            topic.name,
+            topic.ledger,
+            self.store,
+            outcomes,
+            self.clock,
+            on_change=topic.transaction_state_changed,
+        )
+        await buffer.recover()
+        topic.transaction_buffer = buffer
+
+        def pending_acks(sub: Subscription) -> MetadataPendingAckStore:
+            return MetadataPendingAckStore(
+                topic.name,
+                sub.name,
+                sub.cursor,
+                self.store,
+                outcomes,
+                self.clock,
+                on_committed=sub.txn_acks_committed,
+                on_aborted=sub.txn_acks_aborted,
+            )
+
+        topic.pending_ack_factory = pending_acks
 
     async def _parent_seal_marks(self, segment: SegmentName) -> list[dict[str, int]]:
         """The dedup marks its parents had when sealed (none before the layout names it)."""
@@ -318,6 +377,8 @@ class BrokerService:
         """Close the scalable-topic controllers and watch sessions, then every topic:
         in-flight appends finish, dedup snapshots are written."""
         self._closed = True
+        if self.txn_coordinator is not None:
+            await self.txn_coordinator.close()
         for step in (self.scalable_endpoint.close, self.dag_watcher.close, self.scalable.close):
             try:
                 await step()
@@ -331,3 +392,5 @@ class BrokerService:
                 await topic.close()
             except Exception:
                 log.exception("closing topic %s failed", topic.name)
+        if self.txn_outcomes is not None:
+            await self.txn_outcomes.close()

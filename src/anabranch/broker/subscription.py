@@ -17,7 +17,7 @@ Example:
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from anabranch.broker.consumer import Consumer, from_u64
@@ -155,6 +155,11 @@ class Subscription:
         self.durable = durable
         self.ledger: ManagedLedger = topic.ledger
         self.transaction_buffer = topic.transaction_buffer
+        factory: Callable[[Subscription], PendingAckStore] | None = getattr(
+            topic, "pending_ack_factory", None
+        )
+        if pending_acks is None and durable and factory is not None:
+            pending_acks = factory(self)
         self.pending_acks: PendingAckStore = pending_acks or NoPendingAckStore(cursor)
         self.topic_name: str = topic.name
         self.partition = _partition_of(topic.name)
@@ -167,6 +172,25 @@ class Subscription:
     @property
     def consumers(self) -> list[Consumer]:
         return list(self.dispatcher.consumers)
+
+    async def recover(self) -> None:
+        """Rebuild the transactional acks still pending (before consumers attach)."""
+        recover: Callable[[], Awaitable[None]] | None = getattr(self.pending_acks, "recover", None)
+        if recover is not None:
+            await recover()
+
+    # --- transaction outcomes of pending acks (the pending-ack store calls these) ---------
+
+    def txn_acks_committed(self, positions: list[Position], upto: Position | None) -> None:
+        """A transaction's acks reached the cursor: consumers stop holding those entries."""
+        self.dispatcher.settled(positions, upto)
+        on_drained = getattr(self.topic, "on_drained", None)
+        if on_drained is not None and self.ledger.is_terminated and self.cursor.backlog() == 0:
+            on_drained(self.topic_name, self.name)
+
+    def txn_acks_aborted(self, positions: list[Position], upto: Position | None) -> None:
+        """A transaction's acks were dropped: its entries are delivered again."""
+        self.dispatcher.unsettled(positions, upto)
 
     # --- consumers ------------------------------------------------------------------------
 
@@ -321,6 +345,10 @@ class Subscription:
             _drop_from_session(consumer)
             await self.remove_consumer(consumer)
         await self.dispatcher.close()
+        try:
+            await self.pending_acks.close()
+        except Exception:
+            log.exception("%s/%s: closing the pending-ack store failed", self.topic_name, self.name)
         if self.durable:
             try:
                 await self.cursor.flush()

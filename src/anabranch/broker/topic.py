@@ -49,12 +49,14 @@ from anabranch.errors import (
     ProducerFenced,
     StorageIOError,
     TopicTerminated,
+    TransactionError,
 )
 from anabranch.metadata.api import MetadataStore
 from anabranch.protocol._generated import pulsar_api_pb2 as pb
 from anabranch.protocol.frames import MAGIC_CHECKSUM
 from anabranch.storage.api import EARLIEST, Position
 from anabranch.transactions.buffer import NoTransactionBuffer, TransactionBuffer
+from anabranch.transactions.ids import TxnId
 
 if TYPE_CHECKING:
     from anabranch.broker.producer import Producer
@@ -71,9 +73,9 @@ Mode = pb.ProducerAccessMode
 _U16 = struct.Struct(">H")
 _I32 = struct.Struct(">i")
 
-_Send = tuple["asyncio.Future[Position]", str, int, bytes, int]
+_Send = tuple["asyncio.Future[Position]", str, int, bytes, int, "TxnId | None"]
 """A judged send waiting for its append: (future, producer, last sequence id, entry,
-message count)."""
+message count, transaction)."""
 
 
 def entry_metadata(entry: bytes) -> pb.MessageMetadata:
@@ -127,6 +129,8 @@ class PersistentTopic:
             ledger
         )
         self.subscriptions: dict[str, Any] = {}
+        self.pending_ack_factory: Callable[[Any], Any] | None = None
+        """Makes a durable subscription's PendingAckStore (set when transactions are on)."""
         self.producers: dict[str, Producer] = {}
         self.on_drained: Callable[[str, str], None] | None = None
         self.on_storage_failure: Callable[[PersistentTopic], None] | None = None
@@ -218,9 +222,11 @@ class PersistentTopic:
             return  # consumption not built yet: cursors stay on disk untouched
         for cursor in self.ledger.cursors():
             if cursor.name not in self.subscriptions:
-                self.subscriptions[cursor.name] = Subscription(
+                sub = Subscription(
                     self, cursor.name, pb.CommandSubscribe.Exclusive, cursor, clock=self.clock
                 )
+                await sub.recover()
+                self.subscriptions[cursor.name] = sub
 
     # --- producers ------------------------------------------------------------------------
 
@@ -297,9 +303,12 @@ class PersistentTopic:
         highest_sequence_id: int | None,
         entry: bytes,
         num_messages: int,
+        *,
+        txn: TxnId | None = None,
     ) -> asyncio.Future[Position]:
         """Judge and start storing one SEND (see the module docstring); call in the order
-        the SENDs arrived. Raises TopicTerminated/InvalidArgument synchronously.
+        the SENDs arrived. Raises TopicTerminated/InvalidArgument synchronously. A send in
+        transaction ``txn`` goes through the transaction buffer (op record first).
 
         Sends published in one loop iteration (e.g. every SEND of one socket read) are
         stored with one ``append_many`` by one task: no task per send."""
@@ -317,7 +326,7 @@ class PersistentTopic:
         if group is None:
             group = self._group = []
             loop.call_soon(self._start_group)
-        group.append((fut, producer_name, last, entry, num_messages))
+        group.append((fut, producer_name, last, entry, num_messages, txn))
         self._last_append = fut
         return fut
 
@@ -336,22 +345,41 @@ class PersistentTopic:
             return DUPLICATE_POSITION
         raise Closed(f"the earlier write of sequence id {sequence_id} failed; retry")
 
-    async def _append_entries(self, entries: list[bytes]) -> list[Position]:
-        if len(entries) == 1:
-            return [await self.transaction_buffer.append(None, entries[0])]
-        if type(self.transaction_buffer) is NoTransactionBuffer:
-            return await self.ledger.append_many(entries)
-        appends = (self.transaction_buffer.append(None, e) for e in entries)
-        return list(await asyncio.gather(*appends))
+    async def _append_entries(self, group: list[_Send]) -> list[Position | TransactionError]:
+        if all(send[5] is None for send in group):
+            # Readers stop at max_read_position, so plain entries need no buffer work.
+            if len(group) == 1:
+                return [await self.ledger.append(group[0][3])]
+            return list(await self.ledger.append_many([send[3] for send in group]))
+        # A transactional send registers with the buffer (its op record before its entry);
+        # runs of plain sends between them keep their group commit. Entries stay in send
+        # order (dedup marks only move forward). A refused transactional send fails alone.
+        results: list[Position | TransactionError] = []
+        plain: list[bytes] = []
+        for send in group:
+            txn = send[5]
+            if txn is None:
+                plain.append(send[3])
+                continue
+            if plain:
+                results += await self.ledger.append_many(plain)
+                plain = []
+            try:
+                results.append(await self.transaction_buffer.append(txn, send[3]))
+            except TransactionError as err:
+                results.append(err)
+        if plain:
+            results += await self.ledger.append_many(plain)
+        return results
 
     async def _append_group(self, group: list[_Send]) -> None:
         """Store a group of judged sends in order; resolve their futures in order."""
         try:
-            positions = await self._append_entries([send[3] for send in group])
+            results = await self._append_entries(group)
         except BaseException as err:
             if isinstance(err, StorageIOError) and self.on_storage_failure is not None:
                 self.on_storage_failure(self)
-            for fut, producer_name, _, _, _ in group:
+            for fut, producer_name, *_ in group:
                 if self.dedup is not None:
                     self.dedup.on_failed(producer_name)
                 if fut.done():
@@ -364,17 +392,28 @@ class PersistentTopic:
                 raise
             return
         dedup = self.dedup
-        for send, position in zip(group, positions, strict=True):
-            fut, producer_name, last, entry, count = send
+        for send, result in zip(group, results, strict=True):
+            fut, producer_name, last, entry, count, _ = send
+            if isinstance(result, TransactionError):
+                if dedup is not None:
+                    dedup.on_failed(producer_name)
+                if not fut.done():
+                    fut.set_exception(result)
+                continue
             self.msg_in_counter += count if count > 1 else 1
             self.bytes_in_counter += len(entry)
             if dedup is not None:
                 dedup.on_persisted(producer_name, last)
                 self._since_snapshot += 1
                 if self._since_snapshot >= limits.DEDUP_SNAPSHOT_INTERVAL_ENTRIES:
-                    self._schedule_snapshot(position)
+                    self._schedule_snapshot(result)
             if not fut.done():
-                fut.set_result(position)
+                fut.set_result(result)
+        self._notify_subscriptions()
+
+    def transaction_state_changed(self) -> None:
+        """The transaction buffer moved max_read_position or aborted entries: readers
+        may deliver (or skip) more now."""
         self._notify_subscriptions()
 
     def _notify_subscriptions(self) -> None:
@@ -421,6 +460,11 @@ class PersistentTopic:
         sub = self.subscriptions.get(name)  # another subscribe may have won meanwhile
         if sub is None:
             sub = Subscription(self, name, sub_type, cursor, clock=self.clock)
+            await sub.recover()
+            existing = self.subscriptions.get(name)
+            if existing is not None:  # won meanwhile after all
+                await sub.pending_acks.close()
+                return existing
             self.subscriptions[name] = sub
         return sub
 

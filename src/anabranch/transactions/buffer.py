@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from anabranch.errors import NotAllowed
+from anabranch.errors import TransactionCoordinatorNotFound
 from anabranch.storage.api import ManagedLedger, Position
 from anabranch.transactions.ids import TxnId
 
@@ -55,7 +55,7 @@ class NoTransactionBuffer:
 
     async def append(self, txn_id: TxnId | None, data: bytes) -> Position:
         if txn_id is not None:
-            raise NotAllowed("transactions are not enabled on this broker")
+            raise TransactionCoordinatorNotFound("transactions are not enabled on this broker")
         return await self._ledger.append(data)
 
     async def close(self) -> None:

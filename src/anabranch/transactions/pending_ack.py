@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from anabranch.errors import NotAllowed
+from anabranch.errors import TransactionCoordinatorNotFound
 from anabranch.storage.api import Cursor, Position
 from anabranch.transactions.ids import TxnId
 
@@ -49,7 +49,7 @@ class NoPendingAckStore:
         self, txn_id: TxnId | None, positions: Sequence[Position], *, cumulative: bool
     ) -> None:
         if txn_id is not None:
-            raise NotAllowed("transactions are not enabled on this broker")
+            raise TransactionCoordinatorNotFound("transactions are not enabled on this broker")
         if cumulative:
             if positions:
                 await self._cursor.acknowledge_cumulative(max(positions))

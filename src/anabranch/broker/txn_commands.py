@@ -1,0 +1,136 @@
+"""The session's handlers for the transaction-coordinator commands (PIP-31 wire, PIP-473
+coordinator).
+
+Every broker serves every coordinator partition: the header CAS in the metadata store is
+the only linearization point, so no broker needs to lead a partition to answer
+TC_CLIENT_CONNECT, NEW_TXN, ADD_PARTITION_TO_TXN, ADD_SUBSCRIPTION_TO_TXN or END_TXN.
+Each answer is the command's own response type; a failure travels in its ``error`` and
+``message`` fields (upstream's clients read them there, not from a generic ERROR), and
+the connection stays open.
+
+ADD_PARTITION_TO_TXN and ADD_SUBSCRIPTION_TO_TXN only check that the transaction is
+open: participants register themselves by writing op records when the write or ack
+arrives (PIP-473), so the coordinator never has to enumerate them.
+
+Example:
+    >>> async def demo(session: Session, cmd: pb.CommandNewTxn) -> None:
+    ...     await handle_new_txn(session, cmd)       # NEW_TXN_RESPONSE on the wire
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from anabranch import limits
+from anabranch.broker.error_codes import server_error
+from anabranch.errors import AnabranchError, InvalidArgument, TransactionCoordinatorNotFound
+from anabranch.protocol._generated import pulsar_api_pb2 as pb
+from anabranch.transactions.ids import TxnId
+from anabranch.transactions.records import TxnState
+
+log = logging.getLogger(__name__)
+T = pb.BaseCommand
+
+Session = Any
+"""``anabranch.broker.session.Session`` (kept loose: the session imports this module)."""
+
+
+def _coordinator(session: Session) -> Any:
+    coordinator = getattr(session.service, "txn_coordinator", None)
+    if coordinator is None:
+        raise TransactionCoordinatorNotFound("transactions are disabled on this broker")
+    return coordinator
+
+
+def _fail(body: Any, err: BaseException) -> None:
+    body.error = server_error(err)
+    # Errors the client caused are named; anything else stays generic (no internals leak).
+    body.message = str(err) if isinstance(err, AnabranchError) else "internal error"
+    if not isinstance(err, AnabranchError):
+        log.error("transaction command failed unexpectedly", exc_info=err)
+
+
+async def handle_tc_client_connect_request(
+    session: Session, cmd: pb.CommandTcClientConnectRequest
+) -> None:
+    """TC_CLIENT_CONNECT → its response; an error when transactions are off or the
+    partition does not exist."""
+    body = pb.CommandTcClientConnectResponse(request_id=cmd.request_id)
+    try:
+        coordinator = _coordinator(session)
+        if cmd.tc_id >= coordinator.partitions:
+            raise TransactionCoordinatorNotFound(
+                f"no transaction coordinator {cmd.tc_id} (there are {coordinator.partitions})"
+            )
+    except Exception as err:
+        _fail(body, err)
+    session.write(T(type=T.TC_CLIENT_CONNECT_RESPONSE, tcClientConnectResponse=body))
+
+
+async def handle_new_txn(session: Session, cmd: pb.CommandNewTxn) -> None:
+    """NEW_TXN → NEW_TXN_RESPONSE with the new TxnID (``txn_ttl_millis`` is the timeout)."""
+    body = pb.CommandNewTxnResponse(request_id=cmd.request_id)
+    try:
+        coordinator = _coordinator(session)
+        timeout = cmd.txn_ttl_millis or limits.TXN_TIMEOUT_DEFAULT_MS
+        txn = await coordinator.new_txn(
+            timeout,
+            tc_id=cmd.tc_id if cmd.HasField("tc_id") else None,
+            owner=getattr(session, "role", None),
+        )
+        body.txnid_most_bits = txn.most_bits
+        body.txnid_least_bits = txn.least_bits
+    except Exception as err:
+        _fail(body, err)
+    session.write(T(type=T.NEW_TXN_RESPONSE, newTxnResponse=body))
+
+
+async def handle_add_partition_to_txn(session: Session, cmd: pb.CommandAddPartitionToTxn) -> None:
+    """ADD_PARTITION_TO_TXN: a check that the transaction is open (participants register
+    themselves)."""
+    body = pb.CommandAddPartitionToTxnResponse(
+        request_id=cmd.request_id,
+        txnid_most_bits=cmd.txnid_most_bits,
+        txnid_least_bits=cmd.txnid_least_bits,
+    )
+    try:
+        await _coordinator(session).check_open(TxnId(cmd.txnid_most_bits, cmd.txnid_least_bits))
+    except Exception as err:
+        _fail(body, err)
+    session.write(T(type=T.ADD_PARTITION_TO_TXN_RESPONSE, addPartitionToTxnResponse=body))
+
+
+async def handle_add_subscription_to_txn(
+    session: Session, cmd: pb.CommandAddSubscriptionToTxn
+) -> None:
+    """ADD_SUBSCRIPTION_TO_TXN: as ADD_PARTITION_TO_TXN."""
+    body = pb.CommandAddSubscriptionToTxnResponse(
+        request_id=cmd.request_id,
+        txnid_most_bits=cmd.txnid_most_bits,
+        txnid_least_bits=cmd.txnid_least_bits,
+    )
+    try:
+        await _coordinator(session).check_open(TxnId(cmd.txnid_most_bits, cmd.txnid_least_bits))
+    except Exception as err:
+        _fail(body, err)
+    session.write(T(type=T.ADD_SUBSCRIPTION_TO_TXN_RESPONSE, addSubscriptionToTxnResponse=body))
+
+
+async def handle_end_txn(session: Session, cmd: pb.CommandEndTxn) -> None:
+    """END_TXN → END_TXN_RESPONSE once the header CAS landed (idempotent for the same
+    action; InvalidTxnStatus for the other; TransactionNotFound for an unknown id)."""
+    body = pb.CommandEndTxnResponse(
+        request_id=cmd.request_id,
+        txnid_most_bits=cmd.txnid_most_bits,
+        txnid_least_bits=cmd.txnid_least_bits,
+    )
+    try:
+        coordinator = _coordinator(session)
+        if not cmd.HasField("txn_action") or cmd.txn_action not in (pb.COMMIT, pb.ABORT):
+            raise InvalidArgument("END_TXN needs txn_action COMMIT or ABORT")
+        wanted = TxnState.COMMITTED if cmd.txn_action == pb.COMMIT else TxnState.ABORTED
+        await coordinator.end_txn(TxnId(cmd.txnid_most_bits, cmd.txnid_least_bits), wanted)
+    except Exception as err:
+        _fail(body, err)
+    session.write(T(type=T.END_TXN_RESPONSE, endTxnResponse=body))
