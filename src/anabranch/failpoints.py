@@ -37,8 +37,13 @@ NO_RECAMPAIGN = "no-recampaign"
 NO_ASSIGNMENT_REFRESH = "no-assignment-refresh"
 """A stream consumer re-registers only when its connection drops, not after a failover."""
 
+TXN_HOLD_OUTCOMES = "txn-hold-outcomes"
+"""Participants never apply transaction outcomes (no wake-up, watch or reconcile applies
+them): a crash test kills the broker between a commit's header CAS and the apply."""
+
 KNOWN: frozenset[str] = frozenset(
     {
+        TXN_HOLD_OUTCOMES,
         SKIP_PARENT_CURSOR_FLUSH,
         ACK_BEFORE_FSYNC,
         DROP_DEDUP_CARRY,
