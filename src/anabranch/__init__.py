@@ -14,6 +14,7 @@ __version__ = "0.1.0"
 
 from anabranch.client.checkpoint import Checkpoint
 from anabranch.client.consumer import InitialPosition, SubscriptionType
+from anabranch.client.errors import ExpiredTransactionError, TransactionOperationFailed
 from anabranch.client.message import Message
 from anabranch.client.message_id import MessageId
 from anabranch.client.sync import (
@@ -24,6 +25,15 @@ from anabranch.client.sync import (
     QueueConsumer,
     Reader,
     StreamConsumer,
+    Transaction,
+)
+from anabranch.client.transaction import TransactionState, TxnId
+from anabranch.errors import (
+    InvalidTxnStatus,
+    TransactionConflict,
+    TransactionCoordinatorNotFound,
+    TransactionError,
+    TransactionNotFound,
 )
 from anabranch.protocol.compression import CompressionType
 
@@ -33,7 +43,9 @@ __all__ = [
     "Client",
     "CompressionType",
     "Consumer",
+    "ExpiredTransactionError",
     "InitialPosition",
+    "InvalidTxnStatus",
     "Message",
     "MessageId",
     "Producer",
@@ -41,5 +53,13 @@ __all__ = [
     "Reader",
     "StreamConsumer",
     "SubscriptionType",
+    "Transaction",
+    "TransactionConflict",
+    "TransactionCoordinatorNotFound",
+    "TransactionError",
+    "TransactionNotFound",
+    "TransactionOperationFailed",
+    "TransactionState",
+    "TxnId",
     "__version__",
 ]

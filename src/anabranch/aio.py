@@ -18,6 +18,7 @@ from anabranch.client.consumer import (
     PartitionedConsumer,
     SubscriptionType,
 )
+from anabranch.client.errors import ExpiredTransactionError, TransactionOperationFailed
 from anabranch.client.message import Message
 from anabranch.client.message_id import MessageId
 from anabranch.client.producer import PartitionedProducer, Producer, ProducerOptions
@@ -25,6 +26,14 @@ from anabranch.client.queue_consumer import QueueConsumer, QueueConsumerOptions
 from anabranch.client.reader import Reader
 from anabranch.client.scalable_producer import ScalableProducer
 from anabranch.client.stream_consumer import StreamConsumer, StreamConsumerOptions
+from anabranch.client.transaction import Transaction, TransactionState, TxnId
+from anabranch.errors import (
+    InvalidTxnStatus,
+    TransactionConflict,
+    TransactionCoordinatorNotFound,
+    TransactionError,
+    TransactionNotFound,
+)
 from anabranch.protocol.compression import CompressionType
 
 __all__ = [
@@ -34,7 +43,9 @@ __all__ = [
     "CompressionType",
     "Consumer",
     "ConsumerOptions",
+    "ExpiredTransactionError",
     "InitialPosition",
+    "InvalidTxnStatus",
     "Message",
     "MessageId",
     "PartitionedConsumer",
@@ -48,4 +59,12 @@ __all__ = [
     "StreamConsumer",
     "StreamConsumerOptions",
     "SubscriptionType",
+    "Transaction",
+    "TransactionConflict",
+    "TransactionCoordinatorNotFound",
+    "TransactionError",
+    "TransactionNotFound",
+    "TransactionOperationFailed",
+    "TransactionState",
+    "TxnId",
 ]

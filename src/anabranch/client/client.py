@@ -36,6 +36,12 @@ from anabranch.client.queue_consumer import LayoutSource, QueueConsumer, QueueCo
 from anabranch.client.reader import Reader, start_position
 from anabranch.client.scalable_producer import ScalableProducer
 from anabranch.client.stream_consumer import StreamConsumer, StreamConsumerOptions
+from anabranch.client.transaction import (
+    DEFAULT_TIMEOUT_S,
+    Transaction,
+    TransactionCoordinatorClient,
+    TransactionScope,
+)
 from anabranch.core.names import SegmentName, TopicDomain, parse_name
 from anabranch.errors import InvalidArgument
 from anabranch.limits import (
@@ -102,6 +108,7 @@ class Client:
             | ScalableProducer
             | StreamConsumer
         ] = []
+        self._coordinator: TransactionCoordinatorClient | None = None
 
     async def __aenter__(self) -> Client:
         return self
@@ -251,6 +258,41 @@ class Client:
         await consumer._start()
         self._handlers.append(consumer)
         return consumer
+
+    # --- transactions ----------------------------------------------------------------------
+
+    def _transaction_coordinator(self) -> TransactionCoordinatorClient:
+        if self._coordinator is None:
+            self._coordinator = TransactionCoordinatorClient(self._pool)
+        return self._coordinator
+
+    async def new_transaction(self, timeout: float = DEFAULT_TIMEOUT_S) -> Transaction:  # noqa: ASYNC109 (the txn's TTL)
+        """An open transaction that the broker aborts ``timeout`` seconds from now unless
+        committed; sends (``txn=``) and acks (``txn=``) join it.
+
+        Raises ``TransactionCoordinatorNotFound`` when transactions are disabled on the
+        broker.
+
+        Example::
+
+            txn = await client.new_transaction(timeout=60)
+            await producer.send(b"x", key="k", txn=txn)
+            await txn.commit()          # or: await txn.abort()
+            print(txn.id, txn.state)    # TxnId(most_bits=.., least_bits=..) COMMITTED
+        """
+        return await self._transaction_coordinator().new_transaction(timeout)
+
+    def transaction(self, timeout: float = DEFAULT_TIMEOUT_S) -> TransactionScope:
+        """``async with client.transaction(timeout=30) as txn:``: a new transaction that
+        commits when the block ends normally and aborts when it raises.
+
+        Example::
+
+            async with client.transaction(timeout=30) as txn:
+                await out.send(b"x", key="k", txn=txn)
+                await stream.acknowledge_cumulative(msg, txn=txn)
+        """
+        return TransactionScope(self._transaction_coordinator, timeout)
 
     async def _layout_source(self, topic: str) -> LayoutSource:
         return await DagSession.open(self._pool, scalable_topic_name(topic))

@@ -82,6 +82,9 @@ _RESPONSE_BODIES: dict[int, str] = {
     T.GET_LAST_MESSAGE_ID_RESPONSE: "getLastMessageIdResponse",
     T.ACK_RESPONSE: "ackResponse",
     T.SCALABLE_TOPIC_SUBSCRIBE_RESPONSE: "scalableTopicSubscribeResponse",
+    T.TC_CLIENT_CONNECT_RESPONSE: "tcClientConnectResponse",
+    T.NEW_TXN_RESPONSE: "newTxnResponse",
+    T.END_TXN_RESPONSE: "endTxnResponse",
 }
 _PRODUCER_BODIES: dict[int, str] = {
     T.SEND_RECEIPT: "send_receipt",

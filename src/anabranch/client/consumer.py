@@ -28,17 +28,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from anabranch.client._reconnect import ReconnectingHandler
 from anabranch.client.connection import ConnectionPool
-from anabranch.client.errors import ConnectionClosed
+from anabranch.client.errors import ConnectionClosed, from_server_error
 from anabranch.client.message import Message
 from anabranch.client.message_id import MessageId
 from anabranch.errors import AnabranchError, Closed, InvalidArgument, NotAllowed
@@ -48,6 +49,9 @@ from anabranch.protocol._generated import pulsar_api_pb2 as pb
 from anabranch.protocol.batch import decode_batch
 from anabranch.protocol.compression import decompress
 from anabranch.protocol.frames import Frame
+
+if TYPE_CHECKING:
+    from anabranch.client.transaction import Transaction
 
 log = logging.getLogger(__name__)
 T = pb.BaseCommand
@@ -465,8 +469,18 @@ class Consumer(ReconnectingHandler):
 
     # --- acknowledging ---------------------------------------------------------------------
 
-    async def acknowledge(self, message: Message | MessageId) -> None:
-        """Acknowledge one message (a batch entry is acked once all its messages are)."""
+    async def acknowledge(
+        self, message: Message | MessageId, txn: Transaction | None = None
+    ) -> None:
+        """Acknowledge one message (a batch entry is acked once all its messages are).
+
+        With ``txn`` the ack is part of that transaction: it waits for the broker's
+        ACK_RESPONSE and raises its typed refusal (e.g. ``TransactionConflict``); the ack
+        takes effect when the transaction commits, and an abort redelivers the message.
+        A batch entry is acked in the transaction that acks its last message.
+        """
+        if txn is not None:
+            txn._check_usable()
         mid = message.message_id if isinstance(message, Message) else message
         entry = mid.entry
         pending = self._batches.get(entry)
@@ -477,12 +491,22 @@ class Consumer(ReconnectingHandler):
             del self._batches[entry]
         self._unacked.pop(entry, None)
         self._nacked.pop(entry, None)
-        self._send_ack([entry], cumulative=False)
+        if txn is None:
+            self._send_ack([entry], cumulative=False)
+        else:
+            await self._ack_in(txn, [entry], cumulative=False)
 
-    async def acknowledge_cumulative(self, message: Message | MessageId) -> None:
-        """Acknowledge this message and every earlier one (not on Shared/Key_Shared)."""
+    async def acknowledge_cumulative(
+        self, message: Message | MessageId, txn: Transaction | None = None
+    ) -> None:
+        """Acknowledge this message and every earlier one (not on Shared/Key_Shared).
+
+        ``txn``: as for :meth:`acknowledge` (an abort redelivers everything unacked).
+        """
         if self.options.subscription_type in (SubscriptionType.SHARED, SubscriptionType.KEY_SHARED):
             raise NotAllowed("cumulative acks are not allowed on Shared/Key_Shared subscriptions")
+        if txn is not None:
+            txn._check_usable()
         mid = message.message_id if isinstance(message, Message) else message
         entry = mid.entry
         whole = mid.batch_index < 0 or mid.batch_index >= mid.batch_size - 1
@@ -491,7 +515,10 @@ class Consumer(ReconnectingHandler):
         for tracked in (self._unacked, self._nacked, self._batches):
             for key in [k for k in tracked if k <= target]:
                 del tracked[key]
-        self._send_ack([target], cumulative=True)
+        if txn is None:
+            self._send_ack([target], cumulative=True)
+        else:
+            await self._ack_in(txn, [target], cumulative=True)
 
     def _send_ack(self, ids: list[MessageId], cumulative: bool) -> None:
         if self._conn is None:
@@ -500,6 +527,28 @@ class Consumer(ReconnectingHandler):
             self._conn.send_command(
                 commands.ack(self._id, [i.to_proto() for i in ids], cumulative=cumulative)
             )
+
+    async def _ack_in(self, txn: Transaction, ids: list[MessageId], cumulative: bool) -> None:
+        """A transactional ACK (with a request id) and its ACK_RESPONSE; an abort of the
+        transaction redelivers ``ids`` (upstream: the acks were undone)."""
+        txn._add_abort_hook(functools.partial(self._redeliver, ids))
+        await txn._run(functools.partial(self._ack_request, txn, ids, cumulative))
+
+    async def _ack_request(self, txn: Transaction, ids: list[MessageId], cumulative: bool) -> None:
+        if self._closing:
+            raise Closed(f"{self} is closed")
+        conn = self._conn
+        if conn is None:
+            raise ConnectionClosed(f"{self} is reconnecting: transactional ack not sent")
+        request_id = conn.new_request_id()
+        cmd = commands.ack(
+            self._id, [i.to_proto() for i in ids], cumulative=cumulative, request_id=request_id
+        )
+        cmd.ack.txnid_most_bits = txn.id.most_bits
+        cmd.ack.txnid_least_bits = txn.id.least_bits
+        answer = (await conn.request(cmd, request_id)).command.ackResponse
+        if answer.HasField("error"):
+            raise from_server_error(int(answer.error), answer.message)
 
     async def negative_acknowledge(self, message: Message | MessageId) -> None:
         """Ask for redelivery of this message after ``nack_redelivery_delay_s``."""
@@ -665,13 +714,17 @@ class PartitionedConsumer:
             self._by_id[msg._consumer_id]._on_dequeued(msg)
         return msg
 
-    async def acknowledge(self, message: Message | MessageId) -> None:
-        """Acknowledge on the message's partition."""
-        await self._part(message).acknowledge(message)
+    async def acknowledge(
+        self, message: Message | MessageId, txn: Transaction | None = None
+    ) -> None:
+        """Acknowledge on the message's partition (``txn``: see ``Consumer.acknowledge``)."""
+        await self._part(message).acknowledge(message, txn)
 
-    async def acknowledge_cumulative(self, message: Message | MessageId) -> None:
+    async def acknowledge_cumulative(
+        self, message: Message | MessageId, txn: Transaction | None = None
+    ) -> None:
         """Cumulative ack on the message's partition (partitions are ordered separately)."""
-        await self._part(message).acknowledge_cumulative(message)
+        await self._part(message).acknowledge_cumulative(message, txn)
 
     async def negative_acknowledge(self, message: Message | MessageId) -> None:
         """Negative ack on the message's partition."""

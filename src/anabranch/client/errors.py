@@ -18,8 +18,15 @@ one table from wire code to class; ``from_server_error`` builds the exception.
     │   └── BrokerError                   any other code (``code`` attribute)
     ├── MessageTooBig (ValueTooLarge)     per-send: over the broker's max message size
     ├── ProducerQueueFull (NotAllowed)    block_if_queue_full=False and the queue is full
+    ├── ExpiredTransactionError (TransactionError)   a timed-out or fenced transaction used
+    ├── TransactionOperationFailed (TransactionError) commit found a failed send/ack: aborted
     └── (reused) NotFound, NotAllowed, ProducerBusy, ProducerFenced, TopicTerminated,
-        ChecksumMismatch, IncompatibleSchema, InvalidArgument, MetadataError, StorageError
+        ChecksumMismatch, IncompatibleSchema, InvalidArgument, MetadataError, StorageError,
+        TransactionConflict, InvalidTxnStatus, TransactionNotFound,
+        TransactionCoordinatorNotFound (transactions disabled on the broker)
+
+A transaction error code whose message says the transaction timed out (or expired, or
+was fenced) maps to ``ExpiredTransactionError``: the wire has no code of its own for it.
 
 Example:
     >>> err = from_server_error(pb.ServiceNotReady, "topic is being unloaded")
@@ -27,10 +34,13 @@ Example:
     ('ServiceNotReady', True)
     >>> isinstance(from_server_error(pb.TopicNotFound, "x"), NotFound)
     True
+    >>> type(from_server_error(pb.TransactionConflict, "txn 0_7 timed out")).__name__
+    'ExpiredTransactionError'
 """
 
 from __future__ import annotations
 
+import re
 from typing import Final
 
 from anabranch.errors import (
@@ -38,6 +48,7 @@ from anabranch.errors import (
     ChecksumMismatch,
     IncompatibleSchema,
     InvalidArgument,
+    InvalidTxnStatus,
     MetadataError,
     NotAllowed,
     NotFound,
@@ -45,6 +56,10 @@ from anabranch.errors import (
     ProducerFenced,
     StorageError,
     TopicTerminated,
+    TransactionConflict,
+    TransactionCoordinatorNotFound,
+    TransactionError,
+    TransactionNotFound,
     ValueTooLarge,
 )
 from anabranch.protocol._generated import pulsar_api_pb2 as pb
@@ -130,6 +145,24 @@ class ProducerQueueFull(NotAllowed):
     """``block_if_queue_full=False`` and the producer's pending queue is at its bound."""
 
 
+class ExpiredTransactionError(TransactionError):
+    """The transaction timed out (the client's clock or the broker's answer says so), or
+    was fenced: nothing more can join it and it cannot commit. Start a new one."""
+
+
+class TransactionOperationFailed(TransactionError):
+    """``commit`` found a send or ack of the transaction failed, so it aborted instead;
+    ``cause`` is the first failure."""
+
+    def __init__(self, txn_id: object, cause: BaseException) -> None:
+        super().__init__(
+            f"transaction {txn_id} aborted: an operation in it failed: "
+            f"{type(cause).__name__}: {cause}"
+        )
+        self.txn_id = txn_id
+        self.cause = cause
+
+
 class _Retriable(BrokerError):
     retriable = True
 
@@ -157,11 +190,13 @@ SERVER_ERRORS: Final[dict[int, tuple[type[AnabranchError], bool]]] = {
     pb.InvalidTopicName: (InvalidArgument, False),
     pb.IncompatibleSchema: (IncompatibleSchema, False),
     pb.ConsumerAssignError: (BrokerError, False),
-    pb.TransactionCoordinatorNotFound: (BrokerError, True),
-    pb.InvalidTxnStatus: (BrokerError, False),
+    # PIP-473: every broker serves every coordinator partition, so "no coordinator" means
+    # transactions are disabled there, not "still loading": not retriable.
+    pb.TransactionCoordinatorNotFound: (TransactionCoordinatorNotFound, False),
+    pb.InvalidTxnStatus: (InvalidTxnStatus, False),
     pb.NotAllowedError: (NotAllowed, False),
-    pb.TransactionConflict: (BrokerError, False),
-    pb.TransactionNotFound: (BrokerError, False),
+    pb.TransactionConflict: (TransactionConflict, False),
+    pb.TransactionNotFound: (TransactionNotFound, False),
     pb.ProducerFenced: (ProducerFenced, False),
 }
 """ServerError code -> (exception class, retriable). Codes not listed map to BrokerError."""
@@ -178,6 +213,8 @@ def from_server_error(code: int, message: str) -> AnabranchError:
     cls, retriable = SERVER_ERRORS.get(code, (BrokerError, False))
     name = _code_name(code)
     text = f"{name}: {message}" if message else name
+    if code in _TXN_CODES and _EXPIRED_WORDS.search(message or ""):
+        cls = ExpiredTransactionError
     err: AnabranchError
     if cls is BrokerError:
         err = BrokerError(text, code)
@@ -189,6 +226,13 @@ def from_server_error(code: int, message: str) -> AnabranchError:
     if err.retriable != retriable:
         err.retriable = retriable
     return err
+
+
+_TXN_CODES: Final = frozenset(
+    {pb.TransactionConflict, pb.InvalidTxnStatus, pb.TransactionNotFound, pb.NotAllowedError}
+)
+_EXPIRED_WORDS: Final = re.compile(r"timed.?out|timeout|expired|fenced", re.IGNORECASE)
+"""Words of a broker message saying a transaction ran out of time or was fenced."""
 
 
 def _code_name(code: int) -> str:

@@ -38,7 +38,7 @@ import time
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from anabranch.client._reconnect import ReconnectingHandler
 from anabranch.client.connection import ClientConnection, ConnectionPool
@@ -59,6 +59,10 @@ from anabranch.protocol._generated import pulsar_api_pb2 as pb
 from anabranch.protocol.batch import join_batch, single_metadata
 from anabranch.protocol.compression import CompressionType, compress
 from anabranch.protocol.frames import Frame
+from anabranch.transactions.ids import TxnId
+
+if TYPE_CHECKING:
+    from anabranch.client.transaction import Transaction
 
 log = logging.getLogger(__name__)
 T = pb.BaseCommand
@@ -121,6 +125,7 @@ class _Op:
     payload: bytes
     futures: list[asyncio.Future[MessageId]]
     batched: bool
+    txn: TxnId | None = None
 
 
 @dataclass(slots=True)
@@ -133,6 +138,7 @@ class _Pending:
     key: str | None
     event_time: int | None
     properties: tuple[tuple[str, str], ...]
+    txn: TxnId | None = None
 
 
 def _as_bytes(value: bytes | bytearray | memoryview) -> bytes:
@@ -145,6 +151,12 @@ def _as_bytes(value: bytes | bytearray | memoryview) -> bytes:
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
+
+
+def _mark_txn(md: pb.MessageMetadata, txn: TxnId | None) -> None:
+    if txn is not None:
+        md.txnid_most_bits = txn.most_bits
+        md.txnid_least_bits = txn.least_bits
 
 
 class Producer(ReconnectingHandler):
@@ -237,14 +249,21 @@ class Producer(ReconnectingHandler):
         properties: Mapping[str, str] | None = None,
         event_time: int | None = None,
         sequence_id: int | None = None,
+        txn: Transaction | None = None,
     ) -> MessageId:
         """Send one message and wait until the broker stored it; returns its id.
 
         ``event_time`` is milliseconds since the epoch. Errors are typed exceptions, e.g.
-        ``MessageTooBig``, ``TopicTerminated``, ``Closed``.
+        ``MessageTooBig``, ``TopicTerminated``, ``Closed``. With ``txn`` the message is
+        part of that transaction: readers see it once the transaction commits.
         """
         fut = await self.send_async(
-            value, key=key, properties=properties, event_time=event_time, sequence_id=sequence_id
+            value,
+            key=key,
+            properties=properties,
+            event_time=event_time,
+            sequence_id=sequence_id,
+            txn=txn,
         )
         return await fut
 
@@ -256,13 +275,32 @@ class Producer(ReconnectingHandler):
         properties: Mapping[str, str] | None = None,
         event_time: int | None = None,
         sequence_id: int | None = None,
+        txn: Transaction | None = None,
     ) -> asyncio.Future[MessageId]:
         """Queue one message; returns a future of its id once there is room in the queue.
 
         Waits while ``pending_messages_max`` messages are unacknowledged (or raises
-        ``ProducerQueueFull`` with ``block_if_queue_full=False``).
+        ``ProducerQueueFull`` with ``block_if_queue_full=False``). With ``txn`` the
+        message joins the transaction (which raises at once, sending nothing, when it is
+        no longer open); its commit waits for this send.
         """
-        fut = self._send_nowait(value, key, properties, event_time, sequence_id)
+        if txn is None:
+            return await self._send_async(value, key, properties, event_time, sequence_id, None)
+        return await txn._queue(
+            lambda: self._send_async(value, key, properties, event_time, sequence_id, txn.id)
+        )
+
+    async def _send_async(  # noqa: PLR0917 (private)
+        self,
+        value: bytes,
+        key: str | None,
+        properties: Mapping[str, str] | None,
+        event_time: int | None,
+        sequence_id: int | None,
+        txn_id: TxnId | None,
+    ) -> asyncio.Future[MessageId]:
+        """``send_async`` with the wire transaction id (the scalable producer's entry)."""
+        fut = self._send_nowait(value, key, properties, event_time, sequence_id, txn_id)
         if fut is not None:
             return fut
         await self._bound.enter(block=self.options.block_if_queue_full, owner=self)
@@ -273,15 +311,16 @@ class Producer(ReconnectingHandler):
             self._bound.leave(1)
             fut.set_exception(err)
             return fut
-        return self._submit(fut, _as_bytes(value), key, properties, event_time, sequence_id)
+        return self._submit(fut, _as_bytes(value), key, properties, event_time, sequence_id, txn_id)
 
-    def _send_nowait(
+    def _send_nowait(  # noqa: PLR0917 (private)
         self,
         value: bytes,
         key: str | None,
         properties: Mapping[str, str] | None,
         event_time: int | None,
         sequence_id: int | None,
+        txn_id: TxnId | None = None,
     ) -> asyncio.Future[MessageId] | None:
         """``send_async`` without waiting: None when the queue is full (nothing queued)."""
         self._check_open()
@@ -289,7 +328,7 @@ class Producer(ReconnectingHandler):
         if not self._bound.try_enter():
             return None
         fut: asyncio.Future[MessageId] = asyncio.get_running_loop().create_future()
-        return self._submit(fut, value, key, properties, event_time, sequence_id)
+        return self._submit(fut, value, key, properties, event_time, sequence_id, txn_id)
 
     def _submit(  # noqa: PLR0917 (private)
         self,
@@ -299,6 +338,7 @@ class Producer(ReconnectingHandler):
         properties: Mapping[str, str] | None,
         event_time: int | None,
         sequence_id: int | None,
+        txn_id: TxnId | None = None,
     ) -> asyncio.Future[MessageId]:
         """Queue a message that holds a slot of the bound; its future is ``fut``."""
         bound = self._bound
@@ -312,7 +352,7 @@ class Producer(ReconnectingHandler):
             fut.set_exception(MessageTooBig("message", len(value), self._size_limit))
             return fut
         props = tuple(properties.items()) if properties else ()
-        item = _Pending(value, fut, sequence_id, key, event_time, props)
+        item = _Pending(value, fut, sequence_id, key, event_time, props, txn_id)
         if self.options.batching:
             self._add_to_batch(item)
         else:
@@ -336,12 +376,16 @@ class Producer(ReconnectingHandler):
             md.event_time = item.event_time
         for k, v in item.properties:
             md.properties.add(key=k, value=v)
-        return _Op(item.sequence_id, item.sequence_id, md, item.value, [item.future], False)
+        _mark_txn(md, item.txn)
+        op = _Op(item.sequence_id, item.sequence_id, md, item.value, [item.future], False)
+        op.txn = item.txn
+        return op
 
     def _add_to_batch(self, item: _Pending) -> None:
         size = len(item.value) + BATCH_ENTRY_OVERHEAD_BYTES
         batch = self._batch
-        if batch and self._batch_bytes + size > self._batch_bytes_max:
+        if batch and (self._batch_bytes + size > self._batch_bytes_max or batch[0].txn != item.txn):
+            # A batch is one entry of one transaction (or of none): never mixed.
             self._flush_batch()
             batch = self._batch
         batch.append(item)
@@ -364,6 +408,8 @@ class Producer(ReconnectingHandler):
             return
         md = self._metadata(live[0].sequence_id)
         md.num_messages_in_batch = len(live)
+        txn = live[0].txn
+        _mark_txn(md, txn)
         first_key = live[0].key
         if first_key is not None and all(i.key == first_key for i in live):
             # A one-key batch carries its key, so key-based dispatch can route the entry.
@@ -377,7 +423,7 @@ class Producer(ReconnectingHandler):
         )
         highest = max(i.sequence_id for i in live)
         futures = [i.future for i in live]
-        self._enqueue(_Op(live[0].sequence_id, highest, md, payload, futures, True))
+        self._enqueue(_Op(live[0].sequence_id, highest, md, payload, futures, True, txn))
 
     def _enqueue(self, op: _Op) -> None:
         codec = self.options.compression
@@ -407,6 +453,9 @@ class Producer(ReconnectingHandler):
         cmd = commands.send(self._id, op.sequence_id, len(op.futures))
         if op.highest_sequence_id != op.sequence_id:
             cmd.send.highest_sequence_id = op.highest_sequence_id
+        if op.txn is not None:
+            cmd.send.txnid_most_bits = op.txn.most_bits
+            cmd.send.txnid_least_bits = op.txn.least_bits
         with contextlib.suppress(AnabranchError):
             # A closed connection: the op stays pending and is resent after reconnecting.
             conn.send_command(cmd, op.metadata, op.payload)
@@ -571,10 +620,16 @@ class PartitionedProducer:
         properties: Mapping[str, str] | None = None,
         event_time: int | None = None,
         sequence_id: int | None = None,
+        txn: Transaction | None = None,
     ) -> MessageId:
         """Send to the partition the router picks; returns the stored message's id."""
         fut = await self.send_async(
-            value, key=key, properties=properties, event_time=event_time, sequence_id=sequence_id
+            value,
+            key=key,
+            properties=properties,
+            event_time=event_time,
+            sequence_id=sequence_id,
+            txn=txn,
         )
         return await fut
 
@@ -586,11 +641,17 @@ class PartitionedProducer:
         properties: Mapping[str, str] | None = None,
         event_time: int | None = None,
         sequence_id: int | None = None,
+        txn: Transaction | None = None,
     ) -> asyncio.Future[MessageId]:
         """Queue on the routed partition's producer (see ``Producer.send_async``)."""
         producer = self.producers[self._router.partition(key)]
         return await producer.send_async(
-            value, key=key, properties=properties, event_time=event_time, sequence_id=sequence_id
+            value,
+            key=key,
+            properties=properties,
+            event_time=event_time,
+            sequence_id=sequence_id,
+            txn=txn,
         )
 
     async def flush(self) -> None:

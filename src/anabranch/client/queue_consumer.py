@@ -46,7 +46,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from anabranch.client.connection import ConnectionPool
 from anabranch.client.consumer import (
@@ -65,6 +65,9 @@ from anabranch.errors import AnabranchError, Closed, InvalidArgument
 from anabranch.limits import CONSUMER_RECEIVER_QUEUE_MESSAGES
 from anabranch.protocol._generated import pulsar_api_pb2 as pb
 from anabranch.protocol.frames import Frame
+
+if TYPE_CHECKING:
+    from anabranch.client.transaction import Transaction
 
 log = logging.getLogger(__name__)
 T = pb.BaseCommand
@@ -419,13 +422,26 @@ class QueueConsumer:
             raise InvalidArgument(f"{mid} names no segment of {self.topic}")
         return self._segments.get(mid.segment_id), _inner_id(mid)
 
-    async def acknowledge(self, message: Message | MessageId) -> None:
-        """Acknowledge one message (individual ack on its segment)."""
+    async def acknowledge(
+        self, message: Message | MessageId, txn: Transaction | None = None
+    ) -> None:
+        """Acknowledge one message (individual ack on its segment).
+
+        With ``txn`` the ack is part of that transaction (see ``Consumer.acknowledge``).
+
+        Example::
+
+            async with client.transaction(timeout=30) as txn:
+                await out.send(b"result", txn=txn)
+                await queue.acknowledge(msg, txn=txn)
+        """
+        if txn is not None:
+            txn._check_usable()
         consumer, inner = self._owner(message)
         if consumer is None:
             return  # the segment is gone; its messages cannot come back
         self._outstanding[consumer.segment_id].discard(inner)
-        await consumer.acknowledge(inner)
+        await consumer.acknowledge(inner, txn)
         if consumer.reached_end_of_topic and not self._outstanding[consumer.segment_id]:
             self._wake.set()
 

@@ -57,7 +57,7 @@ from collections import deque
 from collections.abc import Iterable, Iterator, Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 from anabranch.client.connection import ConnectionPool
 from anabranch.client.dag_session import DagSession
@@ -68,6 +68,10 @@ from anabranch.core.hash_range import segment_hash
 from anabranch.core.segment_layout import Segment, SegmentLayout, segment_name
 from anabranch.errors import AnabranchError, Closed, InvalidArgument, NotFound, TopicTerminated
 from anabranch.limits import SCALABLE_PRODUCER_REROUTE_WAIT_S, SCALABLE_ROUTE_CACHE_MAX
+from anabranch.transactions.ids import TxnId
+
+if TYPE_CHECKING:
+    from anabranch.client.transaction import Transaction
 
 log = logging.getLogger(__name__)
 
@@ -219,6 +223,8 @@ class _Entry:
     event_time: int | None
     future: asyncio.Future[MessageId]
     segment_id: int = -1
+    txn: TxnId | None = None
+    """The transaction the message belongs to: kept when it is re-routed."""
 
     def __call__(self, fut: asyncio.Future[MessageId]) -> None:
         if fut is self.future:
@@ -290,8 +296,12 @@ class ScalableProducer:
         properties: Mapping[str, str] | None = None,
         event_time: int | None = None,
         sequence_id: int | None = None,
+        txn: Transaction | None = None,
     ) -> MessageId:
         """Send one message and wait until a segment stored it; the id names the segment.
+
+        With ``txn`` the message joins that transaction (on whichever segment it lands,
+        also after a re-route); readers see it once the transaction commits.
 
         Example::
 
@@ -299,7 +309,12 @@ class ScalableProducer:
             assert mid.segment_id is not None
         """
         fut = await self.send_async(
-            value, key=key, properties=properties, event_time=event_time, sequence_id=sequence_id
+            value,
+            key=key,
+            properties=properties,
+            event_time=event_time,
+            sequence_id=sequence_id,
+            txn=txn,
         )
         return await fut
 
@@ -311,6 +326,7 @@ class ScalableProducer:
         properties: Mapping[str, str] | None = None,
         event_time: int | None = None,
         sequence_id: int | None = None,
+        txn: Transaction | None = None,
     ) -> asyncio.Future[MessageId]:
         """Queue one message; returns a future of its id once there is room.
 
@@ -320,11 +336,14 @@ class ScalableProducer:
         """
         if sequence_id is not None:
             raise InvalidArgument("a scalable-topic producer assigns sequence ids itself")
-        (fut,) = await self.send_many([(value, key, properties, event_time)])
+        (fut,) = await self.send_many([(value, key, properties, event_time)], txn=txn)
         return fut
 
     async def send_many(
-        self, messages: Iterable[tuple[bytes, str | None, Mapping[str, str] | None, int | None]]
+        self,
+        messages: Iterable[tuple[bytes, str | None, Mapping[str, str] | None, int | None]],
+        *,
+        txn: Transaction | None = None,
     ) -> list[asyncio.Future[MessageId]]:
         """Queue ``(value, key, properties, event time)`` messages in order; returns their
         futures. Like ``send_async`` per message, without a coroutine per message (what a
@@ -338,12 +357,32 @@ class ScalableProducer:
         items = list(messages)
         for value, *_rest in items:  # a bad value refuses the whole call, nothing queued
             self._check_sendable(value)
+        if txn is None:
+            return await self._send_many(items, None)
+        txn._check_usable()  # nothing queued for a transaction that cannot take it
+        for _ in items:
+            txn._begin_op()
+        try:
+            out = await self._send_many(items, txn.id)
+        except BaseException as err:
+            for _ in items:
+                txn._end_op(err)
+            raise
+        for fut in out:
+            txn._track(fut)
+        return out
+
+    async def _send_many(
+        self,
+        items: list[tuple[bytes, str | None, Mapping[str, str] | None, int | None]],
+        txn_id: TxnId | None,
+    ) -> list[asyncio.Future[MessageId]]:
         out: list[asyncio.Future[MessageId]] = []
         for value, key, properties, event_time in items:
             if not self._bound.try_enter():
                 await self._dispatch()  # hand over what is queued, then wait for room
                 await self._bound.enter(block=self.options.block_if_queue_full, owner=self)
-            out.append(self._enqueue(value, key, properties, event_time))
+            out.append(self._enqueue(value, key, properties, event_time, txn_id))
         await self._dispatch()
         return out
 
@@ -359,6 +398,7 @@ class ScalableProducer:
         key: str | None,
         properties: Mapping[str, str] | None,
         event_time: int | None,
+        txn_id: TxnId | None = None,
     ) -> asyncio.Future[MessageId]:
         """Queue a message that holds a slot of the bound."""
         fut: asyncio.Future[MessageId] = asyncio.get_running_loop().create_future()
@@ -370,6 +410,7 @@ class ScalableProducer:
             dict(properties) if properties else None,
             event_time,
             fut,
+            txn=txn_id,
         )
         fut.add_done_callback(entry)
         if self._closing:
@@ -420,7 +461,7 @@ class ScalableProducer:
         self._state.sent(segment_id, entry.serial, entry)
         try:
             inner = producer._send_nowait(
-                entry.value, entry.key, entry.properties, entry.event_time, sequence_id
+                entry.value, entry.key, entry.properties, entry.event_time, sequence_id, entry.txn
             )
         except AnabranchError as err:
             self._send_failed(producer, segment_id, entry, err)
@@ -434,12 +475,8 @@ class ScalableProducer:
         self, producer: Producer, segment_id: int, entry: _Entry, sequence_id: int
     ) -> None:
         try:
-            inner = await producer.send_async(
-                entry.value,
-                key=entry.key,
-                properties=entry.properties,
-                event_time=entry.event_time,
-                sequence_id=sequence_id,
+            inner = await producer._send_async(
+                entry.value, entry.key, entry.properties, entry.event_time, sequence_id, entry.txn
             )
         except AnabranchError as err:
             self._send_failed(producer, segment_id, entry, err)

@@ -51,7 +51,7 @@ import uuid
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from anabranch.client.backoff import Backoff
 from anabranch.client.connection import ConnectionPool
@@ -69,6 +69,9 @@ from anabranch.limits import (
     STREAM_CONSUMER_RESUBSCRIBE_MAX_S,
 )
 from anabranch.protocol._generated import pulsar_api_pb2 as pb
+
+if TYPE_CHECKING:
+    from anabranch.client.transaction import Transaction
 
 log = logging.getLogger(__name__)
 T = pb.BaseCommand
@@ -349,17 +352,43 @@ class StreamConsumer:
         self._log.delivered(segment_id, raw.message_id)
         return _in_segment(raw, segment_id, self.topic)
 
-    async def acknowledge_cumulative(self, message: Message | MessageId) -> None:
+    async def acknowledge_cumulative(
+        self, message: Message | MessageId, txn: Transaction | None = None
+    ) -> None:
         """Acknowledge this message and, on every assigned segment, everything received
-        before it (see the module docstring)."""
+        before it (see the module docstring).
+
+        With ``txn`` each segment's cumulative ack is part of that transaction (sent
+        together, each awaiting its ACK_RESPONSE); they take effect when it commits.
+
+        Example::
+
+            async with client.transaction(timeout=30) as txn:
+                await out.send(transform(msg.value), key=msg.key, txn=txn)
+                await stream.acknowledge_cumulative(msg, txn=txn)
+        """
         mid = message.message_id if isinstance(message, Message) else message
         if mid.segment_id is None:
             raise InvalidArgument(f"{mid} names no segment of {self.topic}")
+        if txn is not None:
+            txn._check_usable()  # before the delivery log forgets what the ack covers
         inner = dataclasses.replace(mid, segment_id=None)
-        for segment_id, upto in self._log.ack_upto(mid.segment_id, inner).items():
-            consumer = self._segments.get(segment_id)
-            if consumer is not None:
+        acks = [
+            (consumer, upto)
+            for segment_id, upto in self._log.ack_upto(mid.segment_id, inner).items()
+            if (consumer := self._segments.get(segment_id)) is not None
+        ]
+        if txn is None:
+            for consumer, upto in acks:
                 await consumer.acknowledge_cumulative(upto)
+            return
+        results = await asyncio.gather(
+            *(consumer.acknowledge_cumulative(upto, txn) for consumer, upto in acks),
+            return_exceptions=True,
+        )
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
 
     # --- closing ---------------------------------------------------------------------------
 

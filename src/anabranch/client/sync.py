@@ -40,7 +40,10 @@ from anabranch.client.queue_consumer import QueueConsumer as AsyncQueueConsumer
 from anabranch.client.reader import Reader as AsyncReader
 from anabranch.client.scalable_producer import ScalableProducer
 from anabranch.client.stream_consumer import StreamConsumer as AsyncStreamConsumer
+from anabranch.client.transaction import DEFAULT_TIMEOUT_S, TransactionState, finish
+from anabranch.client.transaction import Transaction as AsyncTransaction
 from anabranch.errors import Closed
+from anabranch.transactions.ids import TxnId
 
 R = TypeVar("R")
 InnerT = TypeVar("InnerT")
@@ -132,6 +135,60 @@ class _InnerStr:
 FacadeT = TypeVar("FacadeT", bound=_Facade[Any])
 
 
+class Transaction(_Facade[AsyncTransaction]):
+    """Blocking twin of :class:`anabranch.client.transaction.Transaction`; a context
+    manager that commits on a normal exit and aborts on an exception.
+
+    Example::
+
+        with client.transaction(timeout=30) as txn:
+            producer.send(b"x", key="k", txn=txn)
+            stream.acknowledge_cumulative(msg, txn=txn)
+        assert txn.state is TransactionState.COMMITTED
+    """
+
+    @property
+    def id(self) -> TxnId:
+        """The transaction id ``(most_bits, least_bits)``."""
+        return self.inner.id
+
+    @property
+    def state(self) -> TransactionState:
+        """The current :class:`TransactionState` (TIMED_OUT once past the timeout)."""
+        return self.inner.peek_state()
+
+    @property
+    def timeout(self) -> float:
+        """The timeout in seconds."""
+        return self.inner.timeout
+
+    def commit(self) -> None:
+        """Wait for the transaction's sends and acks, then commit (see the async twin)."""
+        self._portal.call(self.inner.commit)
+
+    def abort(self) -> None:
+        """Abort the transaction."""
+        self._portal.call(self.inner.abort)
+
+    def __repr__(self) -> str:
+        return f"Transaction({self.id}, {self.state.name})"
+
+    def __enter__(self) -> Transaction:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._portal.call(finish, self.inner, exc)
+
+
+def _txn(txn: Transaction | AsyncTransaction | None) -> AsyncTransaction | None:
+    return txn.inner if isinstance(txn, Transaction) else txn
+
+
 class Producer(_Facade[AsyncProducer | PartitionedProducer | ScalableProducer]):
     """Blocking twin of :class:`anabranch.client.producer.Producer`."""
 
@@ -146,8 +203,10 @@ class Producer(_Facade[AsyncProducer | PartitionedProducer | ScalableProducer]):
         properties: Mapping[str, str] | None = None,
         event_time: int | None = None,
         sequence_id: int | None = None,
+        txn: Transaction | None = None,
     ) -> MessageId:
-        """Send and wait until stored; returns the message id."""
+        """Send and wait until stored; returns the message id (``txn``: in that
+        transaction)."""
         return self._portal.call(
             self.inner.send,
             value,
@@ -155,6 +214,7 @@ class Producer(_Facade[AsyncProducer | PartitionedProducer | ScalableProducer]):
             properties=properties,
             event_time=event_time,
             sequence_id=sequence_id,
+            txn=_txn(txn),
         )
 
     def send_async(
@@ -165,6 +225,7 @@ class Producer(_Facade[AsyncProducer | PartitionedProducer | ScalableProducer]):
         properties: Mapping[str, str] | None = None,
         event_time: int | None = None,
         sequence_id: int | None = None,
+        txn: Transaction | None = None,
     ) -> concurrent.futures.Future[MessageId]:
         """Queue a message (blocking while the queue is full); returns a future of its id."""
         result: concurrent.futures.Future[MessageId] = concurrent.futures.Future()
@@ -172,7 +233,7 @@ class Producer(_Facade[AsyncProducer | PartitionedProducer | ScalableProducer]):
         async def queue() -> None:
             fut = await self.inner.send_async(
                 value, key=key, properties=properties, event_time=event_time,
-                sequence_id=sequence_id,
+                sequence_id=sequence_id, txn=_txn(txn),
             )  # fmt: skip
             _chain(fut, result)
 
@@ -198,13 +259,15 @@ class Consumer(_Facade[AsyncConsumer | PartitionedConsumer]):
         """The next message, or None after ``timeout`` seconds (None: wait forever)."""
         return self._portal.call(self.inner.receive, timeout)
 
-    def acknowledge(self, message: Message | MessageId) -> None:
-        """Acknowledge one message."""
-        self._portal.call(self.inner.acknowledge, message)
+    def acknowledge(self, message: Message | MessageId, txn: Transaction | None = None) -> None:
+        """Acknowledge one message (``txn``: as part of that transaction)."""
+        self._portal.call(self.inner.acknowledge, message, _txn(txn))
 
-    def acknowledge_cumulative(self, message: Message | MessageId) -> None:
-        """Acknowledge this message and all before it."""
-        self._portal.call(self.inner.acknowledge_cumulative, message)
+    def acknowledge_cumulative(
+        self, message: Message | MessageId, txn: Transaction | None = None
+    ) -> None:
+        """Acknowledge this message and all before it (``txn``: in that transaction)."""
+        self._portal.call(self.inner.acknowledge_cumulative, message, _txn(txn))
 
     def negative_acknowledge(self, message: Message | MessageId) -> None:
         """Ask for a later redelivery."""
@@ -256,9 +319,12 @@ class StreamConsumer(_Facade[AsyncStreamConsumer]):
         """The next message from any assigned segment, or None after ``timeout`` seconds."""
         return self._portal.call(self.inner.receive, timeout)
 
-    def acknowledge_cumulative(self, message: Message | MessageId) -> None:
-        """Acknowledge this message and everything received before it, on every segment."""
-        self._portal.call(self.inner.acknowledge_cumulative, message)
+    def acknowledge_cumulative(
+        self, message: Message | MessageId, txn: Transaction | None = None
+    ) -> None:
+        """Acknowledge this message and everything received before it, on every segment
+        (``txn``: as part of that transaction)."""
+        self._portal.call(self.inner.acknowledge_cumulative, message, _txn(txn))
 
     def close(self, *, leave: bool = True) -> None:
         """Close the consumer; ``leave=False`` keeps its segments for the grace period."""
@@ -275,9 +341,9 @@ class QueueConsumer(_Facade[AsyncQueueConsumer]):
         """The next message from any segment, or None after ``timeout`` seconds."""
         return self._portal.call(self.inner.receive, timeout)
 
-    def acknowledge(self, message: Message | MessageId) -> None:
-        """Acknowledge one message."""
-        self._portal.call(self.inner.acknowledge, message)
+    def acknowledge(self, message: Message | MessageId, txn: Transaction | None = None) -> None:
+        """Acknowledge one message (``txn``: as part of that transaction)."""
+        self._portal.call(self.inner.acknowledge, message, _txn(txn))
 
     def negative_acknowledge(self, message: Message | MessageId) -> None:
         """Ask for a later redelivery (or dead-letter it past ``max_redeliveries``)."""
@@ -374,6 +440,22 @@ class Client:
             CheckpointConsumer, self._inner.create_checkpoint_consumer, topic, start, **options
         )
 
+    def new_transaction(self, timeout: float = DEFAULT_TIMEOUT_S) -> Transaction:
+        """An open transaction that times out ``timeout`` seconds from now.
+
+        Example::
+
+            txn = client.new_transaction(timeout=60)
+            producer.send(b"x", txn=txn)
+            txn.commit()                    # or txn.abort()
+        """
+        return self._open(Transaction, self._inner.new_transaction, timeout)
+
+    def transaction(self, timeout: float = DEFAULT_TIMEOUT_S) -> Transaction:
+        """A new transaction to use as ``with client.transaction(timeout=30) as txn:``
+        (commits on a normal exit, aborts on an exception)."""
+        return self.new_transaction(timeout)
+
     def _open(
         self,
         facade: Callable[[Portal, InnerT], FacadeT],
@@ -411,4 +493,5 @@ __all__ = [
     "QueueConsumer",
     "Reader",
     "StreamConsumer",
+    "Transaction",
 ]

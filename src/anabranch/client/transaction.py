@@ -1,0 +1,553 @@
+"""Client-side transactions (PIP-31 commands, served by the PIP-473 coordinator).
+
+Theory of operation
+-------------------
+Every broker serves every coordinator partition (PIP-473), so the
+:class:`TransactionCoordinatorClient` talks to the service URL's broker: on first use of a
+connection it sends TC_CLIENT_CONNECT_REQUEST (``scalable=true``); the answer
+``TransactionCoordinatorNotFound`` means transactions are disabled on that broker.
+NEW_TXN (``txn_ttl_millis``, ``tc_id`` round-robin over the coordinator partitions)
+returns the :class:`~anabranch.transactions.ids.TxnId`; END_TXN (COMMIT or ABORT) ends it.
+A request whose connection dropped, or that got a retriable answer, is sent again on a
+new connection (END_TXN is idempotent on the broker for the same action), at most
+``TXN_REQUEST_ATTEMPTS_MAX`` times within the operation timeout. ADD_PARTITION_TO_TXN and
+ADD_SUBSCRIPTION_TO_TXN are never sent: the v5 coordinator learns the participants from
+the participants.
+
+A :class:`Transaction` counts the sends and acks made in it (``_begin_op`` when one is
+accepted, ``_end_op`` with its outcome). ``commit`` stops accepting new ones, waits for the
+pending ones (until the transaction's deadline), and aborts instead of committing when any
+of them failed. The client knows the timeout: from the moment NEW_TXN was sent plus the
+timeout, the transaction is TIMED_OUT, using it raises ``ExpiredTransactionError`` without
+any wire traffic, and ``commit`` raises it too (after a best-effort abort).
+
+States and transitions (anything absent is illegal; see ``TRANSITIONS``)::
+
+    OPEN ──commit──▶ COMMITTING ──▶ COMMITTED
+      │                 │ an op failed
+      │ abort           ▼
+      └────────────▶ ABORTING ──▶ ABORTED
+    OPEN/COMMITTING/ABORTING ──deadline──▶ TIMED_OUT
+    COMMITTING/ABORTING ──unknown outcome or broker refusal──▶ ERROR ──abort──▶ ABORTING
+
+Example (with an async client)::
+
+    async with client.transaction(timeout=30) as txn:      # commit on exit
+        await producer.send(b"out", key="k", txn=txn)
+        await stream.acknowledge_cumulative(msg, txn=txn)
+
+    txn = await client.new_transaction(timeout=60)
+    await producer.send(b"x", txn=txn)
+    await txn.abort()
+    assert txn.state is TransactionState.ABORTED
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import functools
+import itertools
+import logging
+from collections.abc import Awaitable, Callable
+from types import TracebackType
+from typing import Any, Final, TypeVar
+
+from anabranch.client.backoff import Backoff
+from anabranch.client.connection import ClientConnection, ConnectionPool
+from anabranch.client.errors import (
+    ExpiredTransactionError,
+    TransactionOperationFailed,
+    from_server_error,
+)
+from anabranch.errors import (
+    AnabranchError,
+    InvalidArgument,
+    InvalidTxnStatus,
+    TransactionCoordinatorNotFound,
+)
+from anabranch.limits import (
+    TXN_COORDINATOR_PARTITIONS,
+    TXN_TIMEOUT_DEFAULT_MS,
+    TXN_TIMEOUT_MAX_MS,
+)
+from anabranch.protocol._generated import pulsar_api_pb2 as pb
+from anabranch.protocol.frames import Frame
+from anabranch.transactions.ids import TxnId
+
+log = logging.getLogger(__name__)
+T = pb.BaseCommand
+R = TypeVar("R")
+
+TXN_REQUEST_ATTEMPTS_MAX = 5
+"""Sends of one coordinator request (NEW_TXN, END_TXN) across dropped connections or
+retriable answers; all within the client's operation timeout. Five covers a broker
+restart behind a multi-broker service URL without hiding a broker that is really gone."""
+
+TXN_RETRY_BACKOFF_MIN_S = 0.05
+TXN_RETRY_BACKOFF_MAX_S = 1.0
+"""Pause between those sends (doubling): short, since any broker can answer."""
+
+DEFAULT_TIMEOUT_S: Final[float] = TXN_TIMEOUT_DEFAULT_MS / 1000
+"""A transaction's timeout when none is given (the broker's default for NEW_TXN)."""
+
+
+class TransactionState(enum.Enum):
+    """Where a transaction is (upstream ``Transaction.State``)."""
+
+    OPEN = "open"
+    COMMITTING = "committing"
+    ABORTING = "aborting"
+    COMMITTED = "committed"
+    ABORTED = "aborted"
+    ERROR = "error"
+    TIMED_OUT = "timed_out"
+
+
+S = TransactionState
+TRANSITIONS: Final[dict[TransactionState, frozenset[TransactionState]]] = {
+    S.OPEN: frozenset({S.COMMITTING, S.ABORTING, S.TIMED_OUT}),
+    S.COMMITTING: frozenset({S.COMMITTED, S.ABORTING, S.TIMED_OUT, S.ERROR}),
+    S.ABORTING: frozenset({S.ABORTED, S.TIMED_OUT, S.ERROR}),
+    S.ERROR: frozenset({S.ABORTING}),
+    S.COMMITTED: frozenset(),
+    S.ABORTED: frozenset(),
+    S.TIMED_OUT: frozenset(),
+}
+"""Legal state changes; a change not listed raises ``InvalidTxnStatus``."""
+
+
+def timeout_ms(timeout_s: float) -> int:
+    """The wire ``txn_ttl_millis`` of a timeout in seconds (clamped like the broker does).
+
+    Example:
+        >>> timeout_ms(30), timeout_ms(0.25), timeout_ms(10**6)
+        (30000, 250, 3600000)
+    """
+    if not timeout_s > 0:
+        raise InvalidArgument(f"transaction timeout must be > 0 s, not {timeout_s!r}")
+    return max(1, min(round(timeout_s * 1000), TXN_TIMEOUT_MAX_MS))
+
+
+def _check_answer(body: Any) -> None:
+    """Raise the typed error a *_RESPONSE carries in its ``error`` field, if any."""
+    if body.HasField("error"):
+        raise from_server_error(int(body.error), body.message)
+
+
+class TransactionCoordinatorClient:
+    """Sends the coordinator requests of one client (see the module docstring).
+
+    ``partitions``: the coordinator partitions NEW_TXN round-robins over (the broker
+    default, 16); a partition the broker refuses with ``TransactionCoordinatorNotFound``
+    shrinks the range to the partitions below it.
+    """
+
+    def __init__(
+        self,
+        pool: ConnectionPool,
+        *,
+        partitions: int = TXN_COORDINATOR_PARTITIONS,
+        attempts_max: int = TXN_REQUEST_ATTEMPTS_MAX,
+    ) -> None:
+        self._pool = pool
+        self._partitions = max(1, partitions)
+        self._next_tc = itertools.count()
+        self._attempts_max = attempts_max
+        self._handshaken: ClientConnection | None = None
+        self._handshake_lock = asyncio.Lock()
+
+    async def new_transaction(self, timeout: float = DEFAULT_TIMEOUT_S) -> Transaction:  # noqa: ASYNC109 (the txn's TTL)
+        """NEW_TXN: an OPEN transaction that times out ``timeout`` seconds from now."""
+        ttl_ms = timeout_ms(timeout)
+        loop = asyncio.get_running_loop()
+        while True:
+            tc_id = next(self._next_tc) % self._partitions
+            started = loop.time()
+            try:
+                frame = await self._request(functools.partial(_new_txn, ttl_ms=ttl_ms, tc_id=tc_id))
+            except TransactionCoordinatorNotFound:
+                if tc_id == 0:
+                    raise
+                log.info("coordinator partition %d refused: using partitions < %d", tc_id, tc_id)
+                self._partitions = tc_id
+                continue
+            body = frame.command.newTxnResponse
+            txn_id = TxnId(int(body.txnid_most_bits), int(body.txnid_least_bits))
+            return Transaction(self, txn_id, ttl_ms / 1000, deadline=started + ttl_ms / 1000)
+
+    async def end_transaction(self, txn_id: TxnId, commit: bool) -> None:
+        """END_TXN COMMIT or ABORT, sent again after a dropped connection."""
+        action = pb.COMMIT if commit else pb.ABORT
+        await self._request(lambda rid: _end_txn(rid, txn_id, action))
+
+    async def _request(self, build: Callable[[int], pb.BaseCommand]) -> Frame:
+        """Send a coordinator request, again on a new connection when it may succeed there."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._pool.operation_timeout_s
+        backoff = Backoff(TXN_RETRY_BACKOFF_MIN_S, TXN_RETRY_BACKOFF_MAX_S, self._pool.random)
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                conn = await self._connection()
+                request_id = conn.new_request_id()
+                frame = await conn.request(build(request_id), request_id)
+                _check_answer(_body(frame))
+                return frame
+            except AnabranchError as err:
+                pause = backoff.next()
+                if (
+                    not err.retriable
+                    or attempt >= self._attempts_max
+                    or loop.time() + pause >= deadline
+                ):
+                    raise
+                log.info("transaction request failed (%s); again in %.2fs", err, pause)
+                await asyncio.sleep(pause)
+
+    async def _connection(self) -> ClientConnection:
+        """A service-URL connection on which TC_CLIENT_CONNECT was answered."""
+        conn = await self._pool.get()
+        if conn is self._handshaken:
+            return conn
+        async with self._handshake_lock:
+            if conn is self._handshaken and conn.is_open:
+                return conn
+            request_id = conn.new_request_id()
+            try:
+                frame = await conn.request(_tc_connect(request_id), request_id)
+                _check_answer(frame.command.tcClientConnectResponse)
+            except TransactionCoordinatorNotFound as err:
+                raise TransactionCoordinatorNotFound(
+                    f"transactions are disabled on this broker ({conn.address[0]}:"
+                    f"{conn.address[1]}): {err}"
+                ) from err
+            self._handshaken = conn
+        return conn
+
+
+def _body(frame: Frame) -> Any:
+    if frame.type == T.TC_CLIENT_CONNECT_RESPONSE:
+        return frame.command.tcClientConnectResponse
+    if frame.type == T.NEW_TXN_RESPONSE:
+        return frame.command.newTxnResponse
+    return frame.command.endTxnResponse
+
+
+def _tc_connect(request_id: int) -> pb.BaseCommand:
+    body = pb.CommandTcClientConnectRequest(request_id=request_id, tc_id=0, scalable=True)
+    return pb.BaseCommand(type=T.TC_CLIENT_CONNECT_REQUEST, tcClientConnectRequest=body)
+
+
+def _new_txn(request_id: int, *, ttl_ms: int, tc_id: int) -> pb.BaseCommand:
+    body = pb.CommandNewTxn(
+        request_id=request_id, txn_ttl_millis=ttl_ms, tc_id=tc_id, scalable=True
+    )
+    return pb.BaseCommand(type=T.NEW_TXN, newTxn=body)
+
+
+def _end_txn(request_id: int, txn_id: TxnId, action: int) -> pb.BaseCommand:
+    body = pb.CommandEndTxn(
+        request_id=request_id,
+        txnid_most_bits=txn_id.most_bits,
+        txnid_least_bits=txn_id.least_bits,
+        txn_action=action,  # type: ignore[arg-type]
+        scalable=True,
+    )
+    return pb.BaseCommand(type=T.END_TXN, endTxn=body)
+
+
+class Transaction:
+    """An async transaction (see the module docstring); made by ``Client.new_transaction``.
+
+    ``id`` is the :class:`TxnId` ``(most_bits, least_bits)``; ``state`` a
+    :class:`TransactionState`; ``timeout`` the timeout in seconds. ``async with txn:``
+    commits on a normal exit and aborts on an exception.
+    """
+
+    def __init__(
+        self,
+        coordinator: TransactionCoordinatorClient,
+        txn_id: TxnId,
+        timeout: float,
+        *,
+        deadline: float,
+    ) -> None:
+        self._coordinator = coordinator
+        self._loop = asyncio.get_running_loop()
+        self.id = txn_id
+        self.timeout = timeout
+        self._deadline = deadline
+        self._state = TransactionState.OPEN
+        self._inflight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._failure: BaseException | None = None
+        self._on_abort: list[Callable[[], None]] = []
+        self._ending: asyncio.Task[None] | None = None
+
+    def __repr__(self) -> str:
+        return f"Transaction({self.id}, {self.state.name})"
+
+    @property
+    def state(self) -> TransactionState:
+        """The current state (an OPEN transaction past its deadline reads TIMED_OUT)."""
+        if self._state is TransactionState.OPEN and self._expired():
+            self._state = TransactionState.TIMED_OUT
+        return self._state
+
+    def peek_state(self) -> TransactionState:
+        """``state`` without recording the timeout: safe from another thread (sync API)."""
+        state = self._state
+        if state is TransactionState.OPEN and self._expired():
+            return TransactionState.TIMED_OUT
+        return state
+
+    def _expired(self) -> bool:
+        return self._loop.time() >= self._deadline
+
+    def _move(self, new: TransactionState) -> None:
+        if new not in TRANSITIONS[self._state]:
+            raise InvalidTxnStatus(f"{self}: cannot go from {self._state.name} to {new.name}")
+        self._state = new
+
+    # --- operations in the transaction (used by producers and consumers) ---------------------
+
+    def _check_usable(self) -> None:
+        """Raise at once (nothing sent) unless sends and acks may join this transaction."""
+        state = self.state
+        if state is TransactionState.TIMED_OUT:
+            raise ExpiredTransactionError(f"transaction {self.id} timed out after {self.timeout}s")
+        if state is not TransactionState.OPEN:
+            raise InvalidTxnStatus(f"transaction {self.id} is {state.name}, not OPEN")
+
+    def _begin_op(self) -> None:
+        """A send or ack joins the transaction (raises like ``_check_usable``)."""
+        self._check_usable()
+        self._inflight += 1
+        self._idle.clear()
+
+    def _end_op(self, error: BaseException | None) -> None:
+        """That send or ack has its outcome (``error`` None: it succeeded)."""
+        if error is not None and self._failure is None:
+            self._failure = error
+        self._inflight -= 1
+        if self._inflight == 0:
+            self._idle.set()
+
+    def _track(self, fut: asyncio.Future[Any]) -> None:
+        """``_begin_op`` was called for ``fut``'s operation: end it when ``fut`` is done."""
+        fut.add_done_callback(self._on_done)
+
+    def _on_done(self, fut: asyncio.Future[Any]) -> None:
+        if fut.cancelled():
+            self._end_op(asyncio.CancelledError("an operation in the transaction was cancelled"))
+        else:
+            self._end_op(fut.exception())
+
+    async def _run(self, op: Callable[[], Awaitable[R]]) -> R:
+        """Run one operation (an ack awaiting its answer) as part of this transaction."""
+        self._begin_op()
+        try:
+            result = await op()
+        except BaseException as err:
+            self._end_op(err)
+            raise
+        self._end_op(None)
+        return result
+
+    async def _queue(self, make: Callable[[], Awaitable[asyncio.Future[R]]]) -> asyncio.Future[R]:
+        """Queue one send in this transaction: ``make`` queues it and returns its future,
+        whose outcome the transaction waits for at commit."""
+        self._begin_op()
+        try:
+            fut = await make()
+        except BaseException as err:
+            self._end_op(err)
+            raise
+        self._track(fut)
+        return fut
+
+    def _add_abort_hook(self, hook: Callable[[], None]) -> None:
+        """``hook`` runs once the transaction aborted (consumers redeliver what it acked)."""
+        self._on_abort.append(hook)
+
+    # --- ending ----------------------------------------------------------------------------
+
+    async def commit(self) -> None:
+        """Wait for every send and ack of the transaction, then commit it.
+
+        Raises ``TransactionOperationFailed`` (after aborting) when one of them failed,
+        ``ExpiredTransactionError`` (after a best-effort abort) when the timeout passed,
+        ``InvalidTxnStatus`` when the transaction was already aborted, or the broker's
+        typed answer (the state is then ERROR). Committing twice is a no-op.
+        """
+        state = self.state
+        if state is TransactionState.COMMITTED:
+            return
+        if state is TransactionState.COMMITTING and self._ending is not None:
+            await asyncio.shield(self._ending)
+            return
+        if state is TransactionState.TIMED_OUT:
+            await self._abort_expired()
+            raise ExpiredTransactionError(f"transaction {self.id} timed out after {self.timeout}s")
+        self._move(TransactionState.COMMITTING)
+        self._ending = asyncio.get_running_loop().create_task(self._commit())
+        await asyncio.shield(self._ending)
+
+    async def _commit(self) -> None:
+        if not await self._settle_ops():
+            self._state = TransactionState.TIMED_OUT
+            await self._abort_expired()
+            raise ExpiredTransactionError(
+                f"transaction {self.id} timed out after {self.timeout}s with "
+                f"{self._inflight} sends/acks unanswered"
+            )
+        if isinstance(self._failure, ExpiredTransactionError):
+            self._state = TransactionState.TIMED_OUT  # the broker said so
+            await self._abort_expired()
+            raise ExpiredTransactionError(str(self._failure)) from self._failure
+        if self._failure is not None:
+            cause = self._failure
+            self._move(TransactionState.ABORTING)
+            await self._end(commit=False)
+            raise TransactionOperationFailed(self.id, cause) from cause
+        await self._end(commit=True)
+
+    async def abort(self) -> None:
+        """Abort: nothing sent in the transaction becomes visible, its acks are undone.
+
+        Waits (up to the operation timeout) for the sends and acks still in flight first.
+        Aborting twice, or a timed-out transaction, is a no-op; aborting a committed one
+        raises ``InvalidTxnStatus``.
+        """
+        state = self.state
+        if state in (TransactionState.ABORTED, TransactionState.TIMED_OUT):
+            if state is TransactionState.TIMED_OUT:
+                await self._abort_expired()
+            return
+        if state in (TransactionState.ABORTING, TransactionState.COMMITTING) and self._ending:
+            with contextlib.suppress(AnabranchError):
+                await asyncio.shield(self._ending)
+            if self._state in (TransactionState.ABORTED, TransactionState.TIMED_OUT):
+                return
+            state = self._state
+        if state is TransactionState.COMMITTED:
+            raise InvalidTxnStatus(f"transaction {self.id} is already committed")
+        self._move(TransactionState.ABORTING)
+        self._ending = asyncio.get_running_loop().create_task(self._abort())
+        await asyncio.shield(self._ending)
+
+    async def _abort(self) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._idle.wait(), self._coordinator._pool.operation_timeout_s)
+        await self._end(commit=False)
+
+    async def _settle_ops(self) -> bool:
+        """Wait for the pending operations until the deadline; False if it passed first."""
+        remaining = self._deadline - self._loop.time()
+        if remaining <= 0:
+            return self._inflight == 0 and not self._expired()
+        try:
+            await asyncio.wait_for(self._idle.wait(), remaining)
+        except TimeoutError:
+            return False
+        return not self._expired()
+
+    async def _end(self, commit: bool) -> None:
+        """END_TXN; the state follows the broker's answer."""
+        try:
+            await self._coordinator.end_transaction(self.id, commit)
+        except ExpiredTransactionError:
+            self._state = TransactionState.TIMED_OUT
+            self._aborted()
+            raise
+        except BaseException:
+            self._state = TransactionState.ERROR
+            raise
+        if commit:
+            self._move(TransactionState.COMMITTED)
+        else:
+            self._move(TransactionState.ABORTED)
+            self._aborted()
+
+    async def _abort_expired(self) -> None:
+        """A timed-out transaction: ask the broker to abort it now (its sweep would too)."""
+        self._aborted()
+        try:
+            await self._coordinator.end_transaction(self.id, commit=False)
+        except AnabranchError as err:
+            log.debug("abort of timed-out transaction %s: %s", self.id, err)
+
+    def _aborted(self) -> None:
+        hooks, self._on_abort = self._on_abort, []
+        for hook in hooks:
+            try:
+                hook()
+            except Exception:
+                log.exception("%s: an abort hook failed", self)
+
+    # --- context manager -------------------------------------------------------------------
+
+    async def __aenter__(self) -> Transaction:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await finish(self, exc)
+
+
+async def finish(txn: Transaction, exc: BaseException | None) -> None:
+    """End ``txn`` as a ``with`` block does: commit after a normal exit, abort after ``exc``
+    (an abort failure is logged, so that ``exc`` is what propagates). A transaction the
+    block already ended is left as it is."""
+    if exc is None:
+        if txn.state is not TransactionState.ABORTED:
+            await txn.commit()
+        return
+    if txn.state in (TransactionState.COMMITTED, TransactionState.ABORTED):
+        return
+    try:
+        await txn.abort()
+    except AnabranchError as err:
+        log.warning("abort of %s after %r failed: %s", txn, exc, err)
+
+
+class TransactionScope:
+    """``async with client.transaction(timeout=30) as txn:`` (NEW_TXN on entry)."""
+
+    def __init__(
+        self, coordinator: Callable[[], TransactionCoordinatorClient], timeout: float
+    ) -> None:
+        self._coordinator = coordinator
+        self._timeout = timeout
+        self._txn: Transaction | None = None
+
+    async def __aenter__(self) -> Transaction:
+        self._txn = await self._coordinator().new_transaction(self._timeout)
+        return self._txn
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        assert self._txn is not None
+        await finish(self._txn, exc)
+
+
+__all__ = [
+    "Transaction",
+    "TransactionCoordinatorClient",
+    "TransactionScope",
+    "TransactionState",
+    "TxnId",
+    "timeout_ms",
+]
