@@ -55,8 +55,8 @@ import dataclasses
 from enum import Enum
 
 from anabranch import limits
+from anabranch.core.txn_header import U64_MAX, TxnHeader, TxnState
 from anabranch.errors import InvalidArgument
-from anabranch.transactions.records import U64_MAX, TxnHeader, TxnState
 
 TRANSITIONS: dict[TxnState, frozenset[TxnState]] = {
     TxnState.OPEN: frozenset({TxnState.COMMITTED, TxnState.ABORTED}),

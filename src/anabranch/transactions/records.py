@@ -23,6 +23,9 @@ segment never holds a ``/``.
 * ``/txn/tc-seq/<partition>`` — the partition's TxnID counter (next unreserved value).
 * ``/txn/tc-parallelism`` — the persisted partition count.
 
+``TxnState`` and ``TxnHeader`` live in ``core/txn_header.py`` (pure rules use them) and
+are re-exported here.
+
 Example:
     >>> txn = TxnId(3, 42)
     >>> header_path(txn)
@@ -44,6 +47,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
 
+from anabranch.core.txn_header import U64_MAX, TxnHeader, TxnState
 from anabranch.errors import InvalidArgument
 from anabranch.storage.api import Position
 from anabranch.transactions.ids import TxnId
@@ -59,20 +63,7 @@ ABORTED = "/txn/segment-state/aborted/"
 SEQ = "/txn/tc-seq/"
 PARALLELISM = "/txn/tc-parallelism"
 
-U64_MAX = 2**64 - 1
 _DIGITS = 20
-
-
-class TxnState(enum.Enum):
-    """A transaction's state in its header: OPEN, then COMMITTED or ABORTED for good."""
-
-    OPEN = "OPEN"
-    COMMITTED = "COMMITTED"
-    ABORTED = "ABORTED"
-
-    @property
-    def final(self) -> bool:
-        return self is not TxnState.OPEN
 
 
 class OpKind(enum.Enum):
@@ -202,22 +193,6 @@ def index_txn(path: str) -> TxnId:
 # --- values -----------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class TxnHeader:
-    """The header of one transaction: its state and clock facts (ms since the epoch)."""
-
-    state: TxnState
-    created_at: int
-    timeout_ms: int
-    finalized_at: int | None = None
-    owner: str | None = None
-
-    @property
-    def deadline(self) -> int:
-        """When an OPEN transaction times out (ms since the epoch)."""
-        return self.created_at + self.timeout_ms
-
-
 def encode_header(header: TxnHeader) -> bytes:
     data: dict[str, Any] = {
         "version": 1,
@@ -327,3 +302,13 @@ def decode_aborted(value: bytes) -> AbortedRecord:
         for entry in range(int(first), int(last) + 1)
     ]
     return AbortedRecord(tuple(positions))
+
+
+__all__ = [
+    "U64_MAX",
+    "AbortedRecord",
+    "OpKind",
+    "TxnHeader",
+    "TxnOp",
+    "TxnState",
+]
