@@ -1,6 +1,7 @@
 """The admin HTTP server: ``aiohttp.web`` on the broker's own event loop.
 
-One route table (``routes_v2`` + ``routes_scalable`` + ``routes_cluster`` + the routes below)
+One route table (``routes_v2`` + ``routes_scalable`` + ``routes_cluster`` +
+``routes_transactions`` + the routes below)
 feeds both the app and ``GET /openapi.json``. Every handler runs under one error
 middleware:
 
@@ -30,7 +31,7 @@ import msgspec
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from anabranch.admin import routes_cluster, routes_scalable, routes_v2
+from anabranch.admin import routes_cluster, routes_scalable, routes_transactions, routes_v2
 from anabranch.admin.models import ErrorBody
 from anabranch.admin.openapi import openapi_document
 from anabranch.admin.routes import BODY_LIMIT, Route
@@ -66,7 +67,13 @@ OWN_ROUTES: list[Route] = [
 
 def all_routes() -> list[Route]:
     """Every route the app serves, in registration order."""
-    return [*routes_v2.ROUTES, *routes_scalable.ROUTES, *routes_cluster.ROUTES, *OWN_ROUTES]
+    return [
+        *routes_v2.ROUTES,
+        *routes_scalable.ROUTES,
+        *routes_cluster.ROUTES,
+        *routes_transactions.ROUTES,
+        *OWN_ROUTES,
+    ]
 
 
 def error_response(status: int, reason: str) -> web.Response:

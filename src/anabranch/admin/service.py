@@ -20,22 +20,40 @@ from typing import TYPE_CHECKING, Any
 from anabranch.admin.models import LookupData, MessageIdBody
 from anabranch.core.names import NamespaceName, SegmentName, TopicDomain, TopicName, parse_name
 from anabranch.core.segment_layout import SegmentLayout, segment_name
-from anabranch.errors import AlreadyExists, InvalidArgument, NotEmpty, NotFound
+from anabranch.errors import (
+    AlreadyExists,
+    InvalidArgument,
+    NotEmpty,
+    NotFound,
+    NotOwner,
+    TransactionCoordinatorNotFound,
+    TransactionNotFound,
+)
 from anabranch.protocol._generated import pulsar_api_pb2 as pb
 from anabranch.scalable.segment_ops import SegmentOps, decode_dedup_snapshot
 from anabranch.scalable.service import ScalableTopicService, scalable_topic_name
 from anabranch.storage.api import EARLIEST, LATEST, Position
+from anabranch.transactions.buffer import NoTransactionBuffer
+from anabranch.transactions.ids import TxnId
+from anabranch.transactions.pending_ack import NoPendingAckStore
 
 if TYPE_CHECKING:
     from anabranch.broker.policies import Policies
     from anabranch.broker.service import BrokerService
     from anabranch.broker.topic import PersistentTopic
     from anabranch.storage.api import Cursor
+    from anabranch.transactions.coordinator import TransactionCoordinator
 
 log = logging.getLogger(__name__)
 
 SKIP_READ_BATCH_ENTRIES = 1_000
 """Entries read per step while finding the N unacknowledged entries to skip."""
+
+SLOW_TRANSACTIONS_MAX = 1_000
+"""Most transactions one ``slowTransactions`` answer lists (oldest first)."""
+
+TXN_LEAST_BITS_MAX = 2**63 - 1
+"""A TxnID half is a signed 64-bit long upstream; ids past it cannot exist."""
 
 
 def persistent_topic(text: str) -> TopicName:
@@ -390,6 +408,118 @@ class AdminService:
         """Delete a segment topic, its data and cursors."""
         await (await self.segment_ops()).delete_segment(segment)
 
+    # --- transactions (PIP-473) -----------------------------------------------------------
+
+    def txn_coordinator(self) -> TransactionCoordinator:
+        """This broker's coordinator; TransactionCoordinatorNotFound (503) when transactions
+        are disabled."""
+        coordinator = self.broker.txn_coordinator
+        if coordinator is None:
+            raise TransactionCoordinatorNotFound("transactions are not enabled on this broker")
+        return coordinator
+
+    async def coordinator_stats(self, coordinator_id: int | None = None) -> dict[str, Any]:
+        """The coordinator's stats: totals plus ``perPartition`` (every coordinator
+        partition), or one partition's (``coordinatorId``; NotFound past the count).
+
+        Counts are this broker's since it started (any broker serves every partition);
+        ``open`` is the transactions this broker opened that are still open.
+        """
+        stats = self.txn_coordinator().stats()
+        per_partition: dict[str, dict[str, Any]] = stats.get("perPartition", {})
+        for key, entry in per_partition.items():
+            entry.setdefault("coordinatorId", int(key))
+            entry.setdefault("state", "Ready")
+            entry.setdefault("ongoingTxnSize", entry.get("open", 0))
+        if coordinator_id is None:
+            return stats
+        if coordinator_id < 0:
+            raise InvalidArgument(f"coordinatorId {coordinator_id} is negative")
+        one = per_partition.get(str(coordinator_id))
+        if one is None:
+            count = stats.get("partitions", 0)
+            raise NotFound(f"transaction coordinator {coordinator_id} (there are {count})")
+        return one
+
+    async def transaction_metadata(self, most_bits: int, least_bits: int) -> dict[str, Any]:
+        """Header fields and op-record summary of one transaction (TransactionNotFound,
+        404, when it never existed or was collected; InvalidArgument for negative ids)."""
+        coordinator = self.txn_coordinator()
+        _check_txn_bits(most_bits, least_bits)
+        if most_bits >= coordinator.partitions:
+            raise TransactionNotFound(
+                f"transaction {most_bits}_{least_bits} not found "
+                f"(there are {coordinator.partitions} coordinator partitions)"
+            )
+        return await coordinator.transaction_metadata(TxnId(most_bits, least_bits))
+
+    async def slow_transactions(
+        self, older_than_ms: int, coordinator_id: int | None = None
+    ) -> dict[str, dict[str, Any]]:
+        """OPEN transactions created more than ``older_than_ms`` ago, keyed by txnId as
+        upstream answers (oldest deadline first, at most SLOW_TRANSACTIONS_MAX)."""
+        if older_than_ms < 0:
+            raise InvalidArgument(f"timeout {older_than_ms} ms is negative")
+        if coordinator_id is not None and coordinator_id < 0:
+            raise InvalidArgument(f"coordinatorId {coordinator_id} is negative")
+        found = await self.txn_coordinator().slow_transactions(
+            older_than_ms, limit=SLOW_TRANSACTIONS_MAX
+        )
+        answer: dict[str, dict[str, Any]] = {}
+        for entry in found:
+            txn_id = str(entry.get("txnId", ""))
+            if coordinator_id is not None and not txn_id.startswith(f"{coordinator_id}_"):
+                continue
+            answer[txn_id] = entry
+        return answer
+
+    async def transaction_buffer_stats(self, text: str) -> dict[str, Any]:
+        """The transaction buffer stats of a persistent topic (loaded here, as ``stats``
+        does; a non-owner in a cluster answers 307)."""
+        self.txn_coordinator()
+        topic = await self._existing_topic(text)
+        return _participant_stats(topic.transaction_buffer, f"topic {topic.name}")
+
+    async def segment_transaction_buffer_stats(self, segment: SegmentName) -> dict[str, Any]:
+        """The transaction buffer stats of a segment topic served by this broker."""
+        self.txn_coordinator()
+        topic = await self._loaded_segment(segment)
+        return _participant_stats(topic.transaction_buffer, f"segment {segment}")
+
+    async def pending_ack_stats(self, text: str, sub: str) -> dict[str, Any]:
+        """The pending-ack store stats of a durable subscription of a persistent topic."""
+        self.txn_coordinator()
+        topic, subscription = await self._subscription(text, sub)
+        return _participant_stats(
+            getattr(subscription, "pending_acks", None), f"subscription {sub} on {topic.name}"
+        )
+
+    async def segment_pending_ack_stats(self, segment: SegmentName, sub: str) -> dict[str, Any]:
+        """The pending-ack store stats of a subscription on a segment served here."""
+        self.txn_coordinator()
+        topic = await self._loaded_segment(segment)
+        subscription = topic.subscriptions.get(sub)
+        if subscription is None:
+            raise NotFound(f"subscription {sub} on {segment}")
+        return _participant_stats(
+            getattr(subscription, "pending_acks", None), f"subscription {sub} on {segment}"
+        )
+
+    async def _loaded_segment(self, segment: SegmentName) -> PersistentTopic:
+        """A segment topic loaded on this broker. Reading stats never loads (or creates) a
+        segment: in a cluster another owner answers 307 (NotOwner), else NotFound."""
+        topic = self.broker.loaded_topic(str(segment))
+        if topic is not None:
+            return topic
+        from anabranch.admin.routes_cluster import cluster_of  # cluster mode: the owner
+
+        ownership = cluster_of(self)
+        if ownership is not None:
+            owner = await ownership.owner(str(segment))
+            if owner is not None and owner.broker_id != ownership.broker_id:
+                raise NotOwner(str(segment), owner.http_url, owner.pulsar_url)
+        raise NotFound(f"segment {segment} (not served by this broker)")
+
     # --- lookup ---------------------------------------------------------------------------
 
     def lookup(self, topic: str) -> LookupData:
@@ -422,6 +552,25 @@ def _cursor_stats(cursor: Cursor) -> dict[str, Any]:
         "individuallyDeletedMessages": str(getattr(cursor, "individually_deleted", "[]")),
         "state": "Open",
     }
+
+
+def _check_txn_bits(most_bits: int, least_bits: int) -> None:
+    for name, value in (("mostSigBits", most_bits), ("leastSigBits", least_bits)):
+        if not 0 <= value <= TXN_LEAST_BITS_MAX:
+            raise InvalidArgument(f"{name} {value} is not a transaction id half")
+
+
+def _participant_stats(participant: Any, what: str) -> dict[str, Any]:
+    """``participant.stats()``; a topic or subscription that is no transaction participant
+    (transactions off when it loaded, or a non-durable subscription) answers 503."""
+    stats = getattr(participant, "stats", None)
+    if (
+        participant is None
+        or isinstance(participant, NoTransactionBuffer | NoPendingAckStore)
+        or not callable(stats)
+    ):
+        raise TransactionCoordinatorNotFound(f"{what} is not a transaction participant")
+    return dict(stats())
 
 
 def _check_subscription_name(sub: str) -> None:
