@@ -1,0 +1,703 @@
+"""Transaction participants (PIP-473): the topic buffer, pending acks, outcome delivery.
+
+Headers are written here directly with ``records.encode_header`` (created at version 1
+as OPEN, finalized by one CAS to version 2), so nothing depends on the coordinator.
+The scenarios follow upstream's MetadataTransactionBufferTest and
+MetadataPendingAckStoreTest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from anabranch import limits
+from anabranch.errors import (
+    Compacted,
+    StorageIOError,
+    TransactionConflict,
+    TransactionNotFound,
+    TransactionTooLarge,
+)
+from anabranch.metadata.api import MUST_NOT_EXIST, MetadataStore, Watch
+from anabranch.protocol._generated import pulsar_api_pb2 as pb
+from anabranch.protocol.frames import encode_entry
+from anabranch.storage.api import EARLIEST, Cursor, ManagedLedger, Position
+from anabranch.storage.memory import MemoryManagedLedgerFactory
+from anabranch.testing.clock import ManualClock
+from anabranch.transactions import records
+from anabranch.transactions.entry_stamp import entry_txn, stamp_txn
+from anabranch.transactions.ids import TxnId
+from anabranch.transactions.metadata_buffer import MetadataTransactionBuffer
+from anabranch.transactions.metadata_pending_ack import MetadataPendingAckStore
+from anabranch.transactions.outcomes import TxnOutcomes
+from anabranch.transactions.records import TxnState
+
+OPEN, COMMITTED, ABORTED = TxnState.OPEN, TxnState.COMMITTED, TxnState.ABORTED
+T1, T2, T3 = TxnId(0, 1), TxnId(0, 2), TxnId(1, 3)
+TOPIC = "persistent://public/default/orders"
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+async def meta(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[MetadataStore]:
+    backend: MetadataStore
+    if request.param == "memory":
+        from anabranch.metadata.memory import MemoryMetadataStore
+
+        backend = MemoryMetadataStore()
+    else:
+        from anabranch.metadata.sqlite import SqliteMetadataStore
+
+        backend = await SqliteMetadataStore.open(tmp_path / "meta.db")
+    try:
+        yield backend
+    finally:
+        await backend.close()
+
+
+def entry(seq: int, payload: bytes = b"m") -> bytes:
+    md = pb.MessageMetadata(producer_name="p", sequence_id=seq, publish_time=0)
+    return encode_entry(md, payload)
+
+
+async def open_txn(
+    store: MetadataStore, clock: ManualClock, txn: TxnId, timeout_ms: int = 60_000
+) -> None:
+    header = records.TxnHeader(OPEN, created_at=clock.wall_ms(), timeout_ms=timeout_ms)
+    await store.put(records.header_path(txn), records.encode_header(header), MUST_NOT_EXIST)
+
+
+async def finish(store: MetadataStore, clock: ManualClock, txn: TxnId, state: TxnState) -> None:
+    """The coordinator's single finalizing CAS (version 1 → 2)."""
+    record = await store.get(records.header_path(txn))
+    assert record is not None
+    header = records.decode_header(record.value)
+    final = records.TxnHeader(state, header.created_at, header.timeout_ms, clock.wall_ms())
+    await store.put(records.header_path(txn), records.encode_header(final), expected_version=1)
+
+
+async def keys(store: MetadataStore, prefix: str) -> list[str]:
+    return [r.path for r in (await store.list_prefix(prefix)).records]
+
+
+class Env:
+    """A store, a clock, outcomes and a memory ledger factory for one test."""
+
+    def __init__(self, store: MetadataStore) -> None:
+        self.store = store
+        self.clock = ManualClock()
+        self.outcomes = TxnOutcomes(store, self.clock)
+        self.factory = MemoryManagedLedgerFactory(self.clock)
+        self.changes = 0
+        self.buffers: list[MetadataTransactionBuffer] = []
+
+    async def buffer(self, ledger: ManagedLedger | None = None) -> MetadataTransactionBuffer:
+        ml = ledger or await self.factory.open(TOPIC)
+        buf = MetadataTransactionBuffer(
+            TOPIC, ml, self.store, self.outcomes, self.clock, on_change=self._changed
+        )
+        await buf.recover()
+        self.buffers.append(buf)
+        return buf
+
+    def _changed(self) -> None:
+        self.changes += 1
+
+    async def close(self) -> None:
+        for buf in self.buffers:
+            await buf.close()
+        await self.outcomes.close()
+
+
+@pytest.fixture
+async def env(meta: MetadataStore) -> AsyncIterator[Env]:
+    e = Env(meta)
+    await e.outcomes.start()
+    try:
+        yield e
+    finally:
+        await e.close()
+
+
+# --- entry stamp ---------------------------------------------------------------------------
+
+
+def test_stamp_recomputes_the_checksum_and_keeps_unchecked_entries_unchecked() -> None:
+    md = pb.MessageMetadata(producer_name="p", sequence_id=1, publish_time=0)
+    stamped = stamp_txn(encode_entry(md, b"payload"), T3)
+    md.txnid_most_bits, md.txnid_least_bits = 1, 3
+    assert stamped == encode_entry(md, b"payload")
+    plain = encode_entry(
+        pb.MessageMetadata(producer_name="p", sequence_id=1, publish_time=0), b"x", checksum=False
+    )
+    assert entry_txn(stamp_txn(plain, T1)) == T1 and stamp_txn(plain, T1)[:2] != b"\x0e\x01"
+    assert entry_txn(stamp_txn(stamped, T1)) == T1  # the broker's id wins
+    assert entry_txn(b"\x00") is None and entry_txn(b"not an entry at all") is None
+
+
+# --- transaction buffer --------------------------------------------------------------------
+
+
+async def test_open_txn_append_pins_max_read_position_and_later_plain_writes(env: Env) -> None:
+    await open_txn(env.store, env.clock, T1)
+    buf = await env.buffer()
+    before = await buf.append(None, entry(0))
+    pos = await buf.append(T1, entry(1))
+    later = await buf.append(None, entry(2))
+    assert buf.max_read_position() == Position(pos.ledger_id, pos.entry_id - 1) == before
+    assert later > pos and not buf.is_aborted(pos)
+    [op] = await keys(env.store, records.op_prefix(T1))
+    assert await keys(env.store, records.writes_index_prefix(TOPIC))
+    stored = records.decode_op((await env.store.get(op)).value)  # type: ignore[union-attr]
+    assert stored.kind is records.OpKind.WRITE and stored.first_after == before
+    assert buf.stats()["ongoingTxnSize"] == 1 and buf.op_writes == 1
+
+    await finish(env.store, env.clock, T1, COMMITTED)
+    env.outcomes.wake(T1, COMMITTED)
+    assert buf.max_read_position() == later  # the LAC
+    await buf.wait_persisted()
+    assert await keys(env.store, records.op_prefix(T1)) == []
+    assert await keys(env.store, records.writes_index_prefix(TOPIC)) == []
+    assert buf.stats()["maxReadPosition"] == f"{later.ledger_id}:{later.entry_id}"
+
+
+async def test_concurrent_open_txns_pin_at_the_smallest_first_position(env: Env) -> None:
+    for txn in (T1, T2):
+        await open_txn(env.store, env.clock, txn)
+    buf = await env.buffer()
+    p1 = await buf.append(T1, entry(0))
+    p2 = await buf.append(T2, entry(1))
+    await buf.append(T1, entry(2))
+    assert buf.max_read_position() == Position(p1.ledger_id, p1.entry_id - 1)
+    env.outcomes.wake(T1, COMMITTED)
+    assert buf.max_read_position() == Position(p2.ledger_id, p2.entry_id - 1)
+    env.outcomes.wake(T2, COMMITTED)
+    assert buf.max_read_position() == buf._ledger.last_confirmed
+    assert env.changes >= 2
+
+
+async def test_abort_marks_entries_aborted_and_writes_the_aborted_record(env: Env) -> None:
+    await open_txn(env.store, env.clock, T1)
+    buf = await env.buffer()
+    a = await buf.append(T1, entry(0))
+    plain = await buf.append(None, entry(1))
+    b = await buf.append(T1, entry(2))
+    await finish(env.store, env.clock, T1, ABORTED)
+    env.outcomes.wake(T1, ABORTED)
+    assert buf.is_aborted(a) and buf.is_aborted(b) and not buf.is_aborted(plain)
+    assert buf.max_read_position() == b
+    await buf.wait_persisted()
+    record = await env.store.get(records.aborted_path(TOPIC, T1))
+    assert record is not None and records.decode_aborted(record.value).positions == (a, b)
+    assert await keys(env.store, records.op_prefix(T1)) == []
+    assert buf.stats()["abortedTxnCount"] == 1
+
+
+async def test_late_write_to_a_finished_txn_is_a_conflict(env: Env) -> None:
+    for txn in (T1, T2):
+        await open_txn(env.store, env.clock, txn)
+    await finish(env.store, env.clock, T2, ABORTED)
+    buf = await env.buffer()
+    await buf.append(T1, entry(0))
+    await finish(env.store, env.clock, T1, COMMITTED)
+    env.outcomes.wake(T1, COMMITTED)
+    with pytest.raises(TransactionConflict):
+        await buf.append(T1, entry(1))  # known finished locally
+    with pytest.raises(TransactionConflict):
+        await buf.append(T2, entry(2))  # read from its header
+    assert buf.conflicts == 1 and await keys(env.store, records.op_prefix(T2)) == []
+
+
+async def test_unknown_txn_is_not_found_and_an_expired_one_a_conflict(env: Env) -> None:
+    buf = await env.buffer()
+    with pytest.raises(TransactionNotFound):
+        await buf.append(T1, entry(0))
+    await open_txn(env.store, env.clock, T2, timeout_ms=1_000)
+    env.clock.advance(2)
+    with pytest.raises(TransactionConflict, match="timed out"):
+        await buf.append(T2, entry(0))
+    assert buf._ledger.last_confirmed == EARLIEST
+    assert not buf.is_aborted(Position(1, 0))  # unknown reads as committed
+
+
+async def test_header_finalized_between_read_and_write_is_a_conflict(env: Env) -> None:
+    await open_txn(env.store, env.clock, T1)
+    buf = await env.buffer()
+
+    async def racing_list(*args: Any, **kwargs: Any) -> Any:
+        await finish(env.store, env.clock, T1, COMMITTED)
+        return await original(*args, **kwargs)
+
+    original = env.store.list_prefix
+    env.store.list_prefix = racing_list  # type: ignore[method-assign]  # after the header read
+    try:
+        with pytest.raises(TransactionConflict):
+            await buf.append(T1, entry(0))
+    finally:
+        env.store.list_prefix = original  # type: ignore[method-assign]
+    assert (
+        await keys(env.store, records.op_prefix(T1)) == []
+        and buf._ledger.last_confirmed == EARLIEST
+    )
+
+
+class GatedLedger:
+    """A ledger wrapper: appends wait for ``gate`` and may fail; order of calls logged."""
+
+    def __init__(self, inner: ManagedLedger, log: list[str]) -> None:
+        self.inner = inner
+        self.gate = asyncio.Event()
+        self.gate.set()
+        self.fail = False
+        self.log = log
+
+    @property
+    def last_confirmed(self) -> Position:
+        return self.inner.last_confirmed
+
+    async def append(self, data: bytes) -> Position:
+        self.log.append("append")
+        await self.gate.wait()
+        if self.fail:
+            raise StorageIOError("disk on fire")
+        return await self.inner.append(data)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+async def test_op_record_is_written_before_the_ledger_append(env: Env) -> None:
+    await open_txn(env.store, env.clock, T1)
+    order: list[str] = []
+    ledger = GatedLedger(await env.factory.open(TOPIC), order)
+    buf = await env.buffer(ledger)
+    original = env.store.commit
+
+    async def logged_commit(ops: Sequence[Any]) -> Any:
+        order.append("commit")
+        return await original(ops)
+
+    env.store.commit = logged_commit  # type: ignore[method-assign]
+    ledger.fail = True
+    with pytest.raises(StorageIOError):
+        await buf.append(T1, entry(0))
+    assert order == ["commit", "append"]
+    assert len(await keys(env.store, records.op_prefix(T1))) == 1  # the op record stays
+    assert buf.max_read_position() == EARLIEST  # the failed append's pin is gone
+    ledger.fail = False
+    await buf.append(T1, entry(1))
+    assert order == ["commit", "append", "append"]  # one op record per (txn, topic)
+
+
+async def test_concurrent_first_appends_join_once(env: Env) -> None:
+    await open_txn(env.store, env.clock, T1)
+    buf = await env.buffer()
+    positions = await asyncio.gather(*(buf.append(T1, entry(i)) for i in range(5)))
+    assert len(set(positions)) == 5
+    assert len(await keys(env.store, records.op_prefix(T1))) == 1 and buf.op_writes == 1
+
+
+async def test_outcome_applies_to_an_append_in_flight(env: Env) -> None:
+    await open_txn(env.store, env.clock, T1)
+    ledger = GatedLedger(await env.factory.open(TOPIC), [])
+    buf = await env.buffer(ledger)
+    first = await buf.append(T1, entry(0))
+    ledger.gate.clear()
+    in_flight = asyncio.ensure_future(buf.append(T1, entry(1)))
+    await env.clock.settle()
+    await finish(env.store, env.clock, T1, ABORTED)
+    env.outcomes.wake(T1, ABORTED)
+    await env.clock.settle()
+    assert buf.is_aborted(first)
+    assert await keys(env.store, records.op_prefix(T1))  # kept while the append is in flight
+    ledger.gate.set()
+    late = await in_flight
+    assert buf.is_aborted(late) and buf.max_read_position() == late
+    await buf.wait_persisted()
+    record = await env.store.get(records.aborted_path(TOPIC, T1))
+    assert record is not None and records.decode_aborted(record.value).positions == (first, late)
+    assert await keys(env.store, records.op_prefix(T1)) == []
+
+
+async def test_entries_per_participant_are_bounded(
+    env: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(limits, "TXN_ENTRIES_PER_PARTICIPANT_MAX", 2)
+    await open_txn(env.store, env.clock, T1)
+    buf = await env.buffer()
+    await buf.append(T1, entry(0))
+    await buf.append(T1, entry(1))
+    with pytest.raises(TransactionTooLarge):
+        await buf.append(T1, entry(2))
+
+
+async def test_op_records_per_txn_are_bounded(env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(limits, "TXN_OP_RECORDS_MAX", 1)
+    await open_txn(env.store, env.clock, T1)
+    await env.store.put(records.op_path(T1, 0), b"{}")
+    buf = await env.buffer()
+    with pytest.raises(TransactionTooLarge):
+        await buf.append(T1, entry(0))
+
+
+async def test_restart_after_commit_keeps_data_visible(env: Env) -> None:
+    await open_txn(env.store, env.clock, T1)
+    buf = await env.buffer()
+    pos = await buf.append(T1, entry(0))
+    await buf.close()  # gone before the outcome: the op record stays
+    await finish(env.store, env.clock, T1, COMMITTED)
+    assert await keys(env.store, records.op_prefix(T1))
+    again = await env.buffer()
+    assert again.max_read_position() == pos and not again.is_aborted(pos)
+    await again.wait_persisted()
+    assert await keys(env.store, records.op_prefix(T1)) == []
+
+
+async def test_restart_after_abort_keeps_it_filtered(env: Env) -> None:
+    for txn in (T1, T2):
+        await open_txn(env.store, env.clock, txn)
+    buf = await env.buffer()
+    a = await buf.append(T1, entry(0))
+    b = await buf.append(T2, entry(1))
+    env.outcomes.wake(T1, ABORTED)
+    await finish(env.store, env.clock, T1, ABORTED)
+    await buf.wait_persisted()  # T1's aborted record is durable
+    await buf.close()  # T2: gone before its outcome; recovery must scan for it
+    await finish(env.store, env.clock, T2, ABORTED)
+    again = await env.buffer()
+    assert again.is_aborted(a) and again.is_aborted(b)
+    assert again.max_read_position() == b
+    await again.wait_persisted()
+    record = await env.store.get(records.aborted_path(TOPIC, T2))
+    assert record is not None and records.decode_aborted(record.value).positions == (b,)
+    assert await keys(env.store, records.OPS) == []
+
+
+async def test_restart_with_unknown_header_reads_as_committed(env: Env) -> None:
+    await open_txn(env.store, env.clock, T1)
+    buf = await env.buffer()
+    pos = await buf.append(T1, entry(0))
+    await buf.close()
+    await env.store.delete(records.header_path(T1))
+    again = await env.buffer()
+    assert again.max_read_position() == pos and not again.is_aborted(pos)
+    await again.wait_persisted()
+    assert await keys(env.store, records.op_prefix(T1)) == []
+
+
+async def test_recovered_open_txn_pins_and_finds_its_entries_by_stamp(env: Env) -> None:
+    for txn in (T1, T2):
+        await open_txn(env.store, env.clock, txn)
+    buf = await env.buffer()
+    await buf.append(None, entry(0))
+    p1 = await buf.append(T1, entry(1))
+    p1b = await buf.append(T1, entry(2))
+    await buf.append(T2, entry(3))
+    env.outcomes.wake(T2, COMMITTED)
+    await finish(env.store, env.clock, T2, COMMITTED)
+    await buf.wait_persisted()
+    await buf.close()
+    again = await env.buffer()  # a new ledger: positions in the old one stay known
+    assert again.stats()["recoveredOpen"] == 0  # scanned: positions known, pin gone
+    assert again.max_read_position() == Position(p1.ledger_id, p1.entry_id - 1)
+    tail = await again.append(None, entry(4))
+    assert again.max_read_position() < tail
+    await finish(env.store, env.clock, T1, ABORTED)  # the header watch delivers it
+    for _ in range(50):
+        await asyncio.sleep(0.01)
+        if again.is_aborted(p1):
+            break
+    assert again.is_aborted(p1) and again.is_aborted(p1b)
+    assert again.max_read_position() == tail
+
+
+async def test_recovery_scan_bound_keeps_the_open_txn_pinned(
+    env: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await open_txn(env.store, env.clock, T1)
+    buf = await env.buffer()
+    before = await buf.append(None, entry(0))
+    await buf.append(T1, entry(1))
+    await buf.close()
+    monkeypatch.setattr(limits, "TXN_RECOVERY_SCAN_ENTRIES_MAX", 0)
+    again = await env.buffer()
+    assert again.max_read_position() == before and again.stats()["recoveredOpen"] == 1
+    env.outcomes.wake(T1, COMMITTED)
+    assert again.max_read_position() == again._ledger.last_confirmed
+
+
+# --- outcome delivery ----------------------------------------------------------------------
+
+
+class Seen:
+    def __init__(self) -> None:
+        self.outcomes: list[tuple[TxnId, TxnState]] = []
+        self.event = asyncio.Event()
+
+    def on_outcome(self, txn: TxnId, state: TxnState) -> None:
+        self.outcomes.append((txn, state))
+        self.event.set()
+
+
+async def test_outcomes_delivered_by_the_header_watch(store: MetadataStore) -> None:
+    clock = ManualClock()
+    outcomes = TxnOutcomes(store, clock)
+    for txn in (T1, T2):
+        await open_txn(store, clock, txn)
+    await outcomes.start()
+    seen, other = Seen(), Seen()
+    outcomes.register(T1, seen)
+    outcomes.register(T2, other)
+    outcomes.unregister(T2, other)
+    await finish(store, clock, T2, COMMITTED)
+    await finish(store, clock, T1, ABORTED)
+    await asyncio.wait_for(seen.event.wait(), 5)
+    assert seen.outcomes == [(T1, ABORTED)] and other.outcomes == []
+    assert outcomes.watch_events == 1
+    await outcomes.close()
+
+
+class CompactingStore:
+    """Delegates to a store; its first ``fail`` watches raise Compacted at once."""
+
+    def __init__(self, inner: MetadataStore, fail: int = 1) -> None:
+        self.inner = inner
+        self.fail = fail
+
+    def watch(self, path: str, *, prefix: bool = False, start_revision: int | None = None) -> Watch:
+        if self.fail:
+            self.fail -= 1
+            return _Failing()
+        return self.inner.watch(path, prefix=prefix, start_revision=start_revision)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+class _Failing:
+    def __aiter__(self) -> _Failing:
+        return self
+
+    async def __anext__(self) -> Any:
+        raise Compacted(1, 5)
+
+    async def close(self) -> None:
+        return None
+
+
+async def test_watch_compacted_relists_registered_headers(meta: MetadataStore) -> None:
+    clock = ManualClock()
+    await open_txn(meta, clock, T1)
+    await finish(meta, clock, T1, COMMITTED)  # decided before the watch starts
+    outcomes = TxnOutcomes(CompactingStore(meta), clock)
+    seen = Seen()
+    outcomes.register(T1, seen)
+    await outcomes.start()
+    await asyncio.wait_for(seen.event.wait(), 5)
+    assert seen.outcomes == [(T1, COMMITTED)] and outcomes.relists == 1
+    await open_txn(meta, clock, T2)
+    outcomes.register(T2, seen)
+    await finish(meta, clock, T2, ABORTED)  # the watch runs again after the re-list
+    for _ in range(100):
+        if len(seen.outcomes) == 2:
+            break
+        await asyncio.sleep(0.01)
+    assert seen.outcomes[1] == (T2, ABORTED)
+    await outcomes.close()
+
+
+async def test_periodic_reconcile_rereads_headers(meta: MetadataStore) -> None:
+    clock = ManualClock()
+    await open_txn(meta, clock, T1)
+    outcomes = TxnOutcomes(CompactingStore(meta, fail=0), clock, reconcile_interval_s=1.0)
+    outcomes._watch_loop = _never  # type: ignore[method-assign]  # a watch that misses all
+    await outcomes.start()
+    seen = Seen()
+    outcomes.register(T1, seen)
+    await finish(meta, clock, T1, ABORTED)
+    await clock.settle()
+    assert seen.outcomes == []
+    clock.advance(1.0)
+    await asyncio.wait_for(seen.event.wait(), 5)
+    assert seen.outcomes == [(T1, ABORTED)] and outcomes.reconciles == 1
+    await outcomes.close()
+
+
+async def _never(start: int) -> None:
+    await asyncio.Event().wait()
+
+
+# --- pending acks --------------------------------------------------------------------------
+
+
+class Subscription:
+    """A cursor over a few entries and a pending-ack store, with callbacks recorded."""
+
+    def __init__(self, env: Env) -> None:
+        self.env = env
+        self.committed: list[tuple[list[Position], Position | None]] = []
+        self.aborted: list[tuple[list[Position], Position | None]] = []
+        self.positions: list[Position] = []
+        self.ledger: ManagedLedger | None = None
+        self.cursor: Cursor | None = None
+        self.called = asyncio.Event()
+
+    async def start(self, entries: int = 6) -> MetadataPendingAckStore:
+        self.ledger = await self.env.factory.open(TOPIC)
+        self.positions = [await self.ledger.append(entry(i)) for i in range(entries)]
+        return await self.reopen()
+
+    async def reopen(self) -> MetadataPendingAckStore:
+        assert self.ledger is not None
+        self.cursor = await self.ledger.open_cursor("sub", EARLIEST)
+        acks = MetadataPendingAckStore(
+            TOPIC,
+            "sub",
+            self.cursor,
+            self.env.store,
+            self.env.outcomes,
+            self.env.clock,
+            on_committed=lambda ps, c: self._record(self.committed, ps, c),
+            on_aborted=lambda ps, c: self._record(self.aborted, ps, c),
+        )
+        await acks.recover()
+        return acks
+
+    def _record(self, calls: list[Any], positions: list[Position], cum: Position | None) -> None:
+        calls.append((positions, cum))
+        self.called.set()
+
+
+async def test_pending_individual_and_cumulative_acks(env: Env) -> None:
+    for txn in (T1, T2):
+        await open_txn(env.store, env.clock, txn)
+    sub = Subscription(env)
+    acks = await sub.start()
+    p = sub.positions
+    await acks.acknowledge(T1, [p[3], p[4]], cumulative=False)
+    await acks.acknowledge(T2, [p[1]], cumulative=True)
+    assert [acks.is_pending(x) for x in p] == [True, True, False, True, True, False]
+    assert sub.cursor is not None and not sub.cursor.is_acknowledged(p[3])
+    ops = [records.decode_op(r.value) for r in (await env.store.list_prefix(records.OPS)).records]
+    assert {(o.positions, o.cumulative) for o in ops} == {((p[3], p[4]), False), ((p[1],), True)}
+    assert len(await keys(env.store, records.acks_index_prefix(TOPIC, "sub"))) == 2
+    await acks.acknowledge(T1, [p[3]], cumulative=False)  # a repeat writes nothing
+    assert acks.op_writes == 2 and acks.stats()["pendingPositions"] == 2
+    await acks.close()
+
+
+async def test_acks_conflict_across_transactions_and_with_plain_acks(env: Env) -> None:
+    for txn in (T1, T2):
+        await open_txn(env.store, env.clock, txn)
+    sub = Subscription(env)
+    acks = await sub.start()
+    p = sub.positions
+    await acks.acknowledge(T1, [p[3]], cumulative=False)
+    with pytest.raises(TransactionConflict, match="cannot be acked by another"):
+        await acks.acknowledge(T2, [p[3]], cumulative=False)
+    with pytest.raises(TransactionConflict):
+        await acks.acknowledge(T2, [p[4]], cumulative=True)  # would cover p[3]
+    with pytest.raises(TransactionConflict):
+        await acks.acknowledge(None, [p[3]], cumulative=False)
+    with pytest.raises(TransactionConflict):
+        await acks.acknowledge(None, [p[5]], cumulative=True)
+    await acks.acknowledge(None, [p[0]], cumulative=False)  # not pending: fine
+    with pytest.raises(TransactionConflict, match="already acknowledged"):
+        await acks.acknowledge(T2, [p[0]], cumulative=False)
+    await acks.acknowledge(T2, [p[1]], cumulative=True)
+    with pytest.raises(TransactionConflict):
+        await acks.acknowledge(T1, [p[1]], cumulative=False)
+    with pytest.raises(TransactionNotFound):
+        await acks.acknowledge(T3, [p[5]], cumulative=False)
+    assert not acks.is_pending(p[5])  # the failed ack's reservation is undone
+    assert acks.conflicts == 6
+    await acks.close()
+
+
+async def test_concurrent_acks_of_one_position_by_two_txns(env: Env) -> None:
+    for txn in (T1, T2):
+        await open_txn(env.store, env.clock, txn)
+    sub = Subscription(env)
+    acks = await sub.start()
+    results = await asyncio.gather(
+        acks.acknowledge(T1, [sub.positions[2]], cumulative=False),
+        acks.acknowledge(T2, [sub.positions[2]], cumulative=False),
+        return_exceptions=True,
+    )
+    assert sum(isinstance(r, TransactionConflict) for r in results) == 1
+    assert len(await keys(env.store, records.OPS)) == 1
+    await acks.close()
+
+
+async def test_commit_moves_the_cursor_and_deletes_op_records(env: Env) -> None:
+    await open_txn(env.store, env.clock, T1)
+    sub = Subscription(env)
+    acks = await sub.start()
+    p = sub.positions
+    await acks.acknowledge(T1, [p[4]], cumulative=False)
+    await acks.acknowledge(T1, [p[2]], cumulative=True)
+    await finish(env.store, env.clock, T1, COMMITTED)
+    env.outcomes.wake(T1, COMMITTED)
+    await acks.wait_applied()
+    assert sub.cursor is not None
+    assert sub.cursor.mark_delete_position == p[2] and sub.cursor.is_acknowledged(p[4])
+    assert not any(acks.is_pending(x) for x in p)
+    assert sub.committed == [([p[4]], p[2])] and sub.aborted == []
+    assert await keys(env.store, records.OPS) == []
+    assert await keys(env.store, records.acks_index_prefix(TOPIC, "sub")) == []
+    with pytest.raises(TransactionConflict):
+        await acks.acknowledge(T1, [p[5]], cumulative=False)
+    await acks.close()
+    # The committed ack was flushed before its op records went: a reopen still has it.
+    assert sub.ledger is not None
+    await sub.ledger.close()
+    sub.ledger = await env.factory.open(TOPIC)
+    again = await sub.reopen()
+    assert sub.cursor.mark_delete_position == p[2] and sub.cursor.is_acknowledged(p[4])
+    await again.close()
+
+
+async def test_abort_drops_pending_and_calls_on_aborted(env: Env) -> None:
+    await open_txn(env.store, env.clock, T1)
+    sub = Subscription(env)
+    acks = await sub.start()
+    p = sub.positions
+    await acks.acknowledge(T1, [p[1], p[3]], cumulative=False)
+    await finish(env.store, env.clock, T1, ABORTED)  # delivered by the header watch
+    await asyncio.wait_for(sub.called.wait(), 5)
+    await acks.wait_applied()
+    assert sub.aborted == [([p[1], p[3]], None)] and not acks.is_pending(p[1])
+    assert sub.cursor is not None and not sub.cursor.is_acknowledged(p[1])
+    assert await keys(env.store, records.OPS) == []
+    await acks.acknowledge(None, [p[1]], cumulative=False)  # no longer held
+    await acks.close()
+
+
+async def test_recovery_rebuilds_pending_acks(env: Env) -> None:
+    for txn in (T1, T2, T3):
+        await open_txn(env.store, env.clock, txn)
+    sub = Subscription(env)
+    acks = await sub.start()
+    p = sub.positions
+    await acks.acknowledge(T1, [p[4]], cumulative=False)
+    await acks.acknowledge(T2, [p[1]], cumulative=True)
+    await acks.acknowledge(T3, [p[5]], cumulative=False)
+    await acks.close()
+    await finish(env.store, env.clock, T3, COMMITTED)  # decided while nobody listened
+    again = await sub.reopen()
+    assert again.is_pending(p[4]) and again.is_pending(p[0]) and again.is_pending(p[1])
+    with pytest.raises(TransactionConflict):
+        await again.acknowledge(T1, [p[0]], cumulative=False)  # T2's cumulative holds it
+    await again.wait_applied()
+    assert sub.cursor is not None and sub.cursor.is_acknowledged(p[5])
+    assert sub.committed == [([p[5]], None)]
+    env.outcomes.wake(T2, ABORTED)
+    await again.wait_applied()
+    assert not again.is_pending(p[0]) and sub.aborted == [([], p[1])]
+    assert len(await keys(env.store, records.OPS)) == 1  # T1's, still open
+    await again.acknowledge(T1, [p[2]], cumulative=False)  # joins without a header read
+    await again.close()
