@@ -76,6 +76,34 @@ def _segment_path(segment: str) -> str:
     )
 
 
+TRANSACTIONS = "/admin/v2/transactions"
+"""Where the transaction read endpoints live (upstream's ``/admin/v3/transactions`` too)."""
+
+
+def _txn_topic_path(topic: str) -> str:
+    """``{t}/{ns}/{topic}`` of a persistent topic, or ``segment/{t}/{ns}/{topic}/{descriptor}``
+    of a ``segment://`` name (the transaction routes' two topic forms).
+
+    Example:
+        >>> _txn_topic_path("orders")
+        'public/default/orders'
+    """
+    if topic.startswith("segment://"):
+        segment = SegmentName.parse(topic)
+        name = segment.topic
+        return f"segment/{_q(name.tenant)}/{_q(name.namespace)}/{_q(name.local_name)}/" + _q(
+            segment.descriptor
+        )
+    parsed = TopicName.parse(topic)
+    if parsed.domain is not TopicDomain.PERSISTENT:
+        raise InvalidArgument(f"{parsed} is neither a persistent:// nor a segment:// name")
+    return f"{_q(parsed.tenant)}/{_q(parsed.namespace)}/{_q(parsed.full_local_name)}"
+
+
+def _coordinator_query(coordinator_id: int | None) -> str:
+    return "" if coordinator_id is None else f"?coordinatorId={int(coordinator_id)}"
+
+
 class AdminClient:
     """Async client of one broker's admin API; close it (or use ``async with``)."""
 
@@ -334,6 +362,37 @@ class AdminClient:
 
     async def delete_segment(self, segment: str) -> None:
         await self.request("DELETE", _segment_path(segment))
+
+    # --- transactions (PIP-473 read endpoints) -----------------------------------------------
+
+    async def coordinator_stats(self, coordinator_id: int | None = None) -> dict[str, Any]:
+        """Totals plus ``perPartition``; with ``coordinator_id`` that partition's stats."""
+        path = f"{TRANSACTIONS}/coordinatorStats{_coordinator_query(coordinator_id)}"
+        return dict(await self.request("GET", path))
+
+    async def transaction_metadata(self, most_bits: int, least_bits: int) -> dict[str, Any]:
+        """A transaction's header fields and op records (404 when unknown)."""
+        path = f"{TRANSACTIONS}/transactionMetadata/{int(most_bits)}/{int(least_bits)}"
+        return dict(await self.request("GET", path))
+
+    async def slow_transactions(
+        self, timeout_ms: int, coordinator_id: int | None = None
+    ) -> dict[str, dict[str, Any]]:
+        """OPEN transactions created more than ``timeout_ms`` ago, keyed by txnId."""
+        path = f"{TRANSACTIONS}/slowTransactions/{int(timeout_ms)}" + _coordinator_query(
+            coordinator_id
+        )
+        return dict(await self.request("GET", path))
+
+    async def transaction_buffer_stats(self, topic: str) -> dict[str, Any]:
+        """The transaction buffer stats of a persistent topic or a ``segment://`` topic."""
+        path = f"{TRANSACTIONS}/transactionBufferStats/{_txn_topic_path(topic)}"
+        return dict(await self.request("GET", path))
+
+    async def pending_ack_stats(self, topic: str, subscription: str) -> dict[str, Any]:
+        """The pending-ack store stats of a subscription (persistent or segment topic)."""
+        path = f"{TRANSACTIONS}/pendingAckStats/{_txn_topic_path(topic)}/{_q(subscription)}"
+        return dict(await self.request("GET", path))
 
     # --- misc -----------------------------------------------------------------------------
 

@@ -36,6 +36,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from anabranch.broker.txn_metrics import TxnCollector
+
 if TYPE_CHECKING:
     from anabranch.broker.service import BrokerService
     from anabranch.broker.topic import PersistentTopic
@@ -292,6 +294,8 @@ def broker_registry(service: BrokerService) -> CollectorRegistry:
     )
     if getattr(service, "scalable", None) is not None:
         registry.register(ScalableCollector(service))
+    if getattr(service, "txn_coordinator", None) is not None:
+        registry.register(TxnCollector(service))  # the anabranch_txn_* families
     return registry
 
 

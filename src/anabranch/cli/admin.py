@@ -1,4 +1,5 @@
-"""``anabranch admin``: clusters, tenants, namespaces and topics over the admin REST API.
+"""``anabranch admin``: clusters, tenants, namespaces, topics and transactions over the
+admin REST API.
 
 Tables by default (rich), ``--output json`` for scripts (on ``admin`` or on any command).
 Errors print the server's reason on stderr and exit 1 (2 when the broker is unreachable).
@@ -7,6 +8,8 @@ Example:
     $ anabranch admin tenants list
     $ anabranch admin topics create public/default/orders --partitions 4
     $ anabranch admin --admin-url http://broker:8080 topics stats orders-partition-0 --output json
+    $ anabranch admin transactions coordinator-stats
+    $ anabranch admin transactions slow-transactions --timeout-ms 60000 --output json
 """
 
 from __future__ import annotations
@@ -38,6 +41,10 @@ admin_app.add_typer(namespaces_app, name="namespaces")
 admin_app.add_typer(topics_app, name="topics")
 scalable_app = typer.Typer(no_args_is_help=True, help="Scalable topics (PIP-468) and their DAG.")
 admin_app.add_typer(scalable_app, name="scalable")
+transactions_app = typer.Typer(
+    no_args_is_help=True, help="Transactions (PIP-473): coordinator, buffer and pending-ack stats."
+)
+admin_app.add_typer(transactions_app, name="transactions")
 
 stdout = Console()
 stderr = Console(stderr=True)
@@ -621,3 +628,104 @@ def scalable_dag(
         typer.echo(dag_dot(topic, layout))
     else:
         stdout.print(dag_tree(topic, layout))
+
+
+# --- transactions -----------------------------------------------------------------------------
+
+CoordinatorOpt = Annotated[
+    int | None,
+    typer.Option("--coordinator-id", min=0, help="Only this coordinator partition."),
+]
+_TXN_COUNTS = ("created", "committed", "aborted", "timedOut", "open")
+
+
+def _json_out(data: Any, output: Output | None) -> bool:
+    """Print ``data`` as JSON when that is the chosen output; True when printed."""
+    if (output or _settings.output) is Output.json:
+        typer.echo(json.dumps(data, indent=2, sort_keys=True))
+        return True
+    return False
+
+
+def coordinator_table(data: dict[str, Any]) -> Table:
+    """A row per coordinator partition and a total row (or the one partition asked for).
+
+    Example:
+        >>> coordinator_table({"partitions": 1, "created": 2, "perPartition": {}}).row_count
+        1
+    """
+    per_partition: dict[str, Any] = data.get("perPartition", {})
+    if "perPartition" not in data:  # one partition (--coordinator-id)
+        per_partition = {str(data.get("coordinatorId", "?")): data}
+    table = Table(title="transaction coordinator")
+    for column in ("partition", "state", *_TXN_COUNTS):
+        table.add_column(column)
+    for key in sorted(per_partition, key=lambda k: int(k) if k.isdigit() else -1):
+        entry = per_partition[key]
+        table.add_row(
+            key, str(entry.get("state", "")), *(str(entry.get(c, 0)) for c in _TXN_COUNTS)
+        )
+    if "perPartition" in data:
+        table.add_row(
+            f"total ({data.get('partitions', len(per_partition))})",
+            f"gc {data.get('gcCollected', 0)}",
+            *(str(data.get(c, 0)) for c in _TXN_COUNTS),
+            style="bold",
+        )
+    return table
+
+
+@transactions_app.command("coordinator-stats")
+def transactions_coordinator_stats(
+    coordinator_id: CoordinatorOpt = None, output: OutputOpt = None
+) -> None:
+    """Coordinator stats: created/committed/aborted/timed-out/open per partition."""
+    data = _call(lambda c: c.coordinator_stats(coordinator_id))
+    if not _json_out(data, output):
+        stdout.print(coordinator_table(data))
+
+
+@transactions_app.command("transaction-metadata")
+def transactions_metadata(most_bits: int, least_bits: int, output: OutputOpt = None) -> None:
+    """A transaction's status, timestamps and op records (MOST LEAST of its TxnID)."""
+    _run(lambda c: c.transaction_metadata(most_bits, least_bits), output,
+         f"transaction {most_bits}_{least_bits}")  # fmt: skip
+
+
+@transactions_app.command("slow-transactions")
+def transactions_slow(
+    timeout_ms: Annotated[
+        int, typer.Option("--timeout-ms", min=0, help="List OPEN transactions older than this.")
+    ],
+    coordinator_id: CoordinatorOpt = None,
+    output: OutputOpt = None,
+) -> None:
+    """OPEN transactions created more than --timeout-ms milliseconds ago."""
+    data = _call(lambda c: c.slow_transactions(timeout_ms, coordinator_id))
+    if _json_out(data, output):
+        return
+    table = Table(title=f"transactions open longer than {timeout_ms} ms")
+    for column in ("txnId", "status", "openTimestamp", "timeoutAt", "owner"):
+        table.add_column(column)
+    for txn_id, entry in data.items():
+        table.add_row(
+            txn_id,
+            str(entry.get("status", "")),
+            str(entry.get("openTimestamp", "")),
+            str(entry.get("timeoutAt", "")),
+            str(entry.get("owner") or ""),
+        )
+    stdout.print(table)
+
+
+@transactions_app.command("buffer-stats")
+def transactions_buffer_stats(topic: str, output: OutputOpt = None) -> None:
+    """A topic's transaction buffer (persistent topic or segment:// name)."""
+    _run(lambda c: c.transaction_buffer_stats(topic), output, f"transaction buffer of {topic}")
+
+
+@transactions_app.command("pending-ack-stats")
+def transactions_pending_ack_stats(topic: str, subscription: str, output: OutputOpt = None) -> None:
+    """A subscription's pending-ack store (persistent topic or segment:// name)."""
+    _run(lambda c: c.pending_ack_stats(topic, subscription), output,
+         f"pending acks of {subscription} on {topic}")  # fmt: skip
