@@ -197,6 +197,20 @@ async def test_abort_marks_entries_aborted_and_writes_the_aborted_record(env: En
     assert buf.stats()["abortedTxnCount"] == 1
 
 
+async def test_aborted_records_below_the_trimmed_ledger_are_pruned(env: Env) -> None:
+    for txn in (T1, T2):
+        await open_txn(env.store, env.clock, txn)
+    buf = await env.buffer()
+    a = await buf.append(T1, entry(0))
+    b = await buf.append(T2, entry(1))
+    env.outcomes.wake(T1, ABORTED)
+    env.outcomes.wake(T2, ABORTED)
+    await buf.wait_persisted()
+    assert await buf.prune_trimmed(b) == 1
+    assert not buf.is_aborted(a) and buf.is_aborted(b)
+    assert await keys(env.store, records.aborted_prefix(TOPIC)) == [records.aborted_path(TOPIC, T2)]
+
+
 async def test_late_write_to_a_finished_txn_is_a_conflict(env: Env) -> None:
     for txn in (T1, T2):
         await open_txn(env.store, env.clock, txn)

@@ -371,6 +371,14 @@ class MetadataTransactionBuffer:
 
     # --- the rest -------------------------------------------------------------------------
 
+    async def prune_trimmed(self, first_valid: Position) -> int:
+        """Forget aborted transactions whose every entry lies before ``first_valid`` (the
+        ledger trimmed them) and delete their aborted records; returns how many."""
+        gone = self._state.prune_aborted(first_valid)
+        for txn in gone:
+            await self._store.delete(records.aborted_path(self._topic, TxnId(*txn)))
+        return len(gone)
+
     def stats(self) -> dict[str, Any]:
         """Like upstream's TransactionBufferStats (admin ``transaction-buffer-stats``)."""
         max_read = self.max_read_position()
