@@ -470,6 +470,9 @@ def test_error_codes_map_to_the_transaction_classes() -> None:
         from_server_error(pb.TransactionNotFound, "txn expired"), ExpiredTransactionError
     )
     assert type(from_server_error(pb.TopicNotFound, "timed out")) is not ExpiredTransactionError
+    fenced = from_server_error(pb.NotAllowedError, "transaction 0_5 was fenced by epoch 3")
+    assert isinstance(fenced, ExpiredTransactionError)
+    assert type(from_server_error(pb.NotAllowedError, "quota timeout")).__name__ == "NotAllowed"
     assert timeout_ms(1.5) == 1500
     with pytest.raises(InvalidArgument):
         timeout_ms(0)

@@ -213,7 +213,7 @@ def from_server_error(code: int, message: str) -> AnabranchError:
     cls, retriable = SERVER_ERRORS.get(code, (BrokerError, False))
     name = _code_name(code)
     text = f"{name}: {message}" if message else name
-    if code in _TXN_CODES and _EXPIRED_WORDS.search(message or ""):
+    if _says_expired(code, message or ""):
         cls = ExpiredTransactionError
     err: AnabranchError
     if cls is BrokerError:
@@ -228,11 +228,18 @@ def from_server_error(code: int, message: str) -> AnabranchError:
     return err
 
 
-_TXN_CODES: Final = frozenset(
-    {pb.TransactionConflict, pb.InvalidTxnStatus, pb.TransactionNotFound, pb.NotAllowedError}
-)
+_TXN_CODES: Final = frozenset({pb.TransactionConflict, pb.InvalidTxnStatus, pb.TransactionNotFound})
 _EXPIRED_WORDS: Final = re.compile(r"timed.?out|timeout|expired|fenced", re.IGNORECASE)
 """Words of a broker message saying a transaction ran out of time or was fenced."""
+_TXN_WORDS: Final = re.compile(r"\btxn|transaction", re.IGNORECASE)
+
+
+def _says_expired(code: int, message: str) -> bool:
+    """Whether an answer says the transaction timed out or was fenced: a transaction code,
+    or NotAllowed about a transaction, whose message says so (no code of its own)."""
+    if not _EXPIRED_WORDS.search(message):
+        return False
+    return code in _TXN_CODES or (code == pb.NotAllowedError and bool(_TXN_WORDS.search(message)))
 
 
 def _code_name(code: int) -> str:

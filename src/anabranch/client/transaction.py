@@ -50,7 +50,7 @@ import enum
 import functools
 import itertools
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from types import TracebackType
 from typing import Any, Final, TypeVar
 
@@ -394,7 +394,7 @@ class Transaction:
             await self._abort_expired()
             raise ExpiredTransactionError(f"transaction {self.id} timed out after {self.timeout}s")
         self._move(TransactionState.COMMITTING)
-        self._ending = asyncio.get_running_loop().create_task(self._commit())
+        self._ending = _ending_task(self._commit())
         await asyncio.shield(self._ending)
 
     async def _commit(self) -> None:
@@ -437,7 +437,7 @@ class Transaction:
         if state is TransactionState.COMMITTED:
             raise InvalidTxnStatus(f"transaction {self.id} is already committed")
         self._move(TransactionState.ABORTING)
-        self._ending = asyncio.get_running_loop().create_task(self._abort())
+        self._ending = _ending_task(self._abort())
         await asyncio.shield(self._ending)
 
     async def _abort(self) -> None:
@@ -501,6 +501,14 @@ class Transaction:
         tb: TracebackType | None,
     ) -> None:
         await finish(self, exc)
+
+
+def _ending_task(coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+    """Run a commit or abort to its end even when its caller is cancelled (shielded); its
+    error then stays with the transaction's state, not in an unretrieved task."""
+    task = asyncio.get_running_loop().create_task(coro)
+    task.add_done_callback(lambda t: None if t.cancelled() else t.exception())
+    return task
 
 
 async def finish(txn: Transaction, exc: BaseException | None) -> None:
