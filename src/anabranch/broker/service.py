@@ -51,16 +51,10 @@ from anabranch.scalable.paths import TopicPaths
 from anabranch.scalable.segment_ops import decode_dedup_snapshot
 from anabranch.scalable.service import ScalableTopicService
 from anabranch.storage.api import ManagedLedgerConfig, ManagedLedgerFactory
-
-try:  # TEMPORARY while the participant/coordinator modules land (lead removes this)
-    from anabranch.transactions.coordinator import TransactionCoordinator
-    from anabranch.transactions.metadata_buffer import MetadataTransactionBuffer
-    from anabranch.transactions.metadata_pending_ack import MetadataPendingAckStore
-    from anabranch.transactions.outcomes import TxnOutcomes
-
-    _TXN_READY = True
-except ImportError:
-    _TXN_READY = False
+from anabranch.transactions.coordinator import TransactionCoordinator
+from anabranch.transactions.metadata_buffer import MetadataTransactionBuffer
+from anabranch.transactions.metadata_pending_ack import MetadataPendingAckStore
+from anabranch.transactions.outcomes import TxnOutcomes
 
 log = logging.getLogger(__name__)
 
@@ -152,7 +146,7 @@ class BrokerService:
         """Set in cluster mode: topics are loaded only once this broker owns them."""
         self.txn_outcomes: TxnOutcomes | None = None
         self.txn_coordinator: TransactionCoordinator | None = None
-        if config.transactions_enabled and _TXN_READY:
+        if config.transactions_enabled:
             self.txn_outcomes = TxnOutcomes(store, self.clock)
             # The coordinator wakes this broker's participants right after its CAS (the
             # fast path); other brokers' participants learn it from their header watch.

@@ -39,7 +39,7 @@ import contextlib
 import logging
 from typing import Protocol
 
-from anabranch import limits
+from anabranch import failpoints, limits
 from anabranch.clock import Clock
 from anabranch.errors import Closed, Compacted, InvalidArgument
 from anabranch.metadata.api import EventKind, MetadataStore
@@ -136,6 +136,8 @@ class TxnOutcomes:
     # --- delivery -------------------------------------------------------------------------
 
     def _deliver(self, txn: TxnId, state: TxnState) -> None:
+        if failpoints.enabled(failpoints.TXN_HOLD_OUTCOMES):
+            return  # the crash tests' window between a commit's CAS and its apply
         for listener in list(self._listeners.get(txn, ())):
             self.deliveries += 1
             try:

@@ -1,0 +1,169 @@
+"""Transaction commands a client gets wrong, on the wire (DESIGN.md §3.2): each gets its
+own typed answer in the command's response, nothing is written, the connection and the
+broker stay up, and no message of the transaction becomes visible."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from anabranch import limits
+from anabranch.protocol import commands
+from anabranch.protocol._generated import pulsar_api_pb2 as pb
+from anabranch.protocol.frames import Frame
+from anabranch.testing.broker import InProcessBroker
+from anabranch.transactions import records
+from anabranch.transactions.ids import TxnId
+from tests.scalable.wire import RawClient
+
+T = pb.BaseCommand
+TOPIC = "persistent://public/default/bad"
+
+
+@contextlib.asynccontextmanager
+async def wire(tmp_path: Path, **config: Any) -> AsyncIterator[tuple[InProcessBroker, RawClient]]:
+    async with InProcessBroker(tmp_path, metadata="sqlite", **config) as broker:
+        client = await RawClient.connect(broker.port)
+        try:
+            yield broker, client
+        finally:
+            await client.close()
+
+
+async def new_txn(client: RawClient, request_id: int, ttl_ms: int = 30_000) -> tuple[int, int]:
+    body = pb.CommandNewTxn(request_id=request_id, txn_ttl_millis=ttl_ms, tc_id=0)
+    await client.send(T(type=T.NEW_TXN, newTxn=body))
+    frame = await client.next(
+        lambda f: f.type == T.NEW_TXN_RESPONSE and f.body.request_id == request_id
+    )
+    reply = frame.command.newTxnResponse
+    assert not reply.HasField("error"), reply
+    return reply.txnid_most_bits, reply.txnid_least_bits
+
+
+async def end_txn(
+    client: RawClient, request_id: int, txn: tuple[int, int], action: pb.TxnAction
+) -> pb.CommandEndTxnResponse:
+    body = pb.CommandEndTxn(
+        request_id=request_id, txnid_most_bits=txn[0], txnid_least_bits=txn[1], txn_action=action
+    )
+    await client.send(T(type=T.END_TXN, endTxn=body))
+    frame = await client.next(
+        lambda f: f.type == T.END_TXN_RESPONSE and f.body.request_id == request_id
+    )
+    return frame.command.endTxnResponse
+
+
+async def send_in(
+    client: RawClient, producer_id: int, name: str, seq: int, txn: tuple[int, int]
+) -> Frame:
+    md = pb.MessageMetadata(producer_name=name, sequence_id=seq, publish_time=1)
+    cmd = commands.send(producer_id, seq)
+    cmd.send.txnid_most_bits, cmd.send.txnid_least_bits = txn
+    await client.send(cmd, md, b"payload")
+    return await client.next(
+        lambda f: f.type in (T.SEND_RECEIPT, T.SEND_ERROR) and f.body.sequence_id == seq
+    )
+
+
+async def test_end_of_an_unknown_transaction_is_transaction_not_found(tmp_path: Path) -> None:
+    async with wire(tmp_path) as (broker, client):
+        reply = await end_txn(client, 1, (0, 987654), pb.COMMIT)
+        assert reply.error == pb.TransactionNotFound
+        reply = await end_txn(client, 2, (2**64 - 1, 2**64 - 1), pb.ABORT)
+        assert reply.error == pb.TransactionNotFound
+        assert await broker.service.store.get(records.header_path(TxnId(0, 987654))) is None
+
+
+async def test_end_is_idempotent_for_the_same_action_and_refuses_the_other(
+    tmp_path: Path,
+) -> None:
+    async with wire(tmp_path) as (_, client):
+        txn = await new_txn(client, 1)
+        assert not (await end_txn(client, 2, txn, pb.COMMIT)).HasField("error")
+        assert not (await end_txn(client, 3, txn, pb.COMMIT)).HasField("error")
+        assert (await end_txn(client, 4, txn, pb.ABORT)).error == pb.InvalidTxnStatus
+
+
+async def test_a_send_in_a_finished_transaction_is_refused_and_not_stored(tmp_path: Path) -> None:
+    async with wire(tmp_path) as (broker, client):
+        await client.producer(TOPIC, 1, "p")
+        txn = await new_txn(client, 10)
+        assert (await send_in(client, 1, "p", 0, txn)).type == T.SEND_RECEIPT
+        assert not (await end_txn(client, 11, txn, pb.ABORT)).HasField("error")
+        late = await send_in(client, 1, "p", 1, txn)
+        assert late.type == T.SEND_ERROR
+        assert late.command.send_error.error == pb.TransactionConflict
+        topic = broker.service.loaded_topic(TOPIC)
+        assert topic is not None and topic.ledger.entry_count == 1
+        # The connection still works: a plain send is stored.
+        assert (await client.produce(1, "p", 2, b"plain")).type == T.SEND_RECEIPT
+
+
+async def test_a_send_in_an_unknown_transaction_is_refused(tmp_path: Path) -> None:
+    async with wire(tmp_path) as (broker, client):
+        await client.producer(TOPIC, 1, "p")
+        reply = await send_in(client, 1, "p", 0, (0, 424242))
+        assert reply.type == T.SEND_ERROR
+        assert reply.command.send_error.error in (pb.TransactionNotFound, pb.TransactionConflict)
+        topic = broker.service.loaded_topic(TOPIC)
+        assert topic is not None and topic.ledger.entry_count == 0
+
+
+async def test_a_send_after_the_timeout_is_refused(tmp_path: Path) -> None:
+    async with wire(tmp_path) as (_, client):
+        await client.producer(TOPIC, 1, "p")
+        txn = await new_txn(client, 1, ttl_ms=1)
+        await asyncio.sleep(0.05)
+        reply = await send_in(client, 1, "p", 0, txn)
+        assert reply.type == T.SEND_ERROR
+        assert reply.command.send_error.error == pb.TransactionConflict
+        assert (await end_txn(client, 2, txn, pb.COMMIT)).error == pb.InvalidTxnStatus
+
+
+async def test_transactions_disabled_answers_coordinator_not_found(tmp_path: Path) -> None:
+    async with wire(tmp_path, transactions_enabled=False) as (_, client):
+        body = pb.CommandTcClientConnectRequest(request_id=1, tc_id=0)
+        await client.send(T(type=T.TC_CLIENT_CONNECT_REQUEST, tcClientConnectRequest=body))
+        frame = await client.next(lambda f: f.type == T.TC_CLIENT_CONNECT_RESPONSE)
+        assert frame.command.tcClientConnectResponse.error == pb.TransactionCoordinatorNotFound
+        body2 = pb.CommandNewTxn(request_id=2, txn_ttl_millis=1000)
+        await client.send(T(type=T.NEW_TXN, newTxn=body2))
+        frame = await client.next(lambda f: f.type == T.NEW_TXN_RESPONSE)
+        assert frame.command.newTxnResponse.error == pb.TransactionCoordinatorNotFound
+        await client.producer(TOPIC, 1, "p")
+        reply = await send_in(client, 1, "p", 0, (0, 1))
+        assert reply.command.send_error.error == pb.TransactionCoordinatorNotFound
+
+
+async def test_a_coordinator_partition_that_does_not_exist(tmp_path: Path) -> None:
+    async with wire(tmp_path) as (_, client):
+        body = pb.CommandTcClientConnectRequest(request_id=1, tc_id=10_000)
+        await client.send(T(type=T.TC_CLIENT_CONNECT_REQUEST, tcClientConnectRequest=body))
+        frame = await client.next(lambda f: f.type == T.TC_CLIENT_CONNECT_RESPONSE)
+        assert frame.command.tcClientConnectResponse.error == pb.TransactionCoordinatorNotFound
+        body2 = pb.CommandNewTxn(request_id=2, txn_ttl_millis=1000, tc_id=10_000)
+        await client.send(T(type=T.NEW_TXN, newTxn=body2))
+        frame = await client.next(lambda f: f.type == T.NEW_TXN_RESPONSE)
+        assert frame.command.newTxnResponse.error == pb.TransactionCoordinatorNotFound
+
+
+async def test_too_many_participants_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(limits, "TXN_OP_RECORDS_MAX", 3)
+    async with wire(tmp_path) as (_, client):
+        txn = await new_txn(client, 1)
+        answers = []
+        for i in range(5):
+            await client.producer(f"{TOPIC}-{i}", i + 1, f"p{i}")
+            answers.append(await send_in(client, i + 1, f"p{i}", 0, txn))
+        assert [a.type for a in answers[:3]] == [T.SEND_RECEIPT] * 3
+        refused = answers[3].command.send_error
+        assert answers[3].type == T.SEND_ERROR and refused.error == pb.NotAllowedError
+        assert "transaction" in refused.message.lower()
