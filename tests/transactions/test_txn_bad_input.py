@@ -167,3 +167,70 @@ async def test_too_many_participants_is_refused(
         refused = answers[3].command.send_error
         assert answers[3].type == T.SEND_ERROR and refused.error == pb.NotAllowedError
         assert "transaction" in refused.message.lower()
+
+
+async def subscribed(client: RawClient, consumer_id: int, *, durable: bool = True) -> None:
+    cmd = commands.subscribe(
+        TOPIC, f"sub-{durable}", pb.CommandSubscribe.Shared, consumer_id, 100 + consumer_id,
+        initial_position=pb.CommandSubscribe.Earliest,
+    )  # fmt: skip
+    cmd.subscribe.durable = durable
+    await client.send(cmd)
+    frame = await client.next(lambda f: f.type in (T.SUCCESS, T.ERROR))
+    assert frame.type == T.SUCCESS, frame.command
+
+
+async def txn_ack(
+    client: RawClient, consumer_id: int, request_id: int, position: tuple[int, int],
+    txn: tuple[int, int],
+) -> pb.CommandAckResponse:  # fmt: skip
+    msg_id = pb.MessageIdData(ledgerId=position[0], entryId=position[1])
+    cmd = commands.ack(consumer_id, [msg_id], request_id=request_id)
+    cmd.ack.txnid_most_bits, cmd.ack.txnid_least_bits = txn
+    await client.send(cmd)
+    frame = await client.next(
+        lambda f: f.type == T.ACK_RESPONSE and f.command.ackResponse.request_id == request_id
+    )
+    return frame.command.ackResponse
+
+
+async def stored_position(client: RawClient) -> tuple[int, int]:
+    await client.producer(TOPIC, 1, "p")
+    receipt = await client.produce(1, "p", 0, b"m")
+    assert receipt.type == T.SEND_RECEIPT
+    mid = receipt.command.send_receipt.message_id
+    return mid.ledgerId, mid.entryId
+
+
+async def test_an_ack_pending_in_one_transaction_conflicts_with_another(tmp_path: Path) -> None:
+    async with wire(tmp_path) as (_, client):
+        position = await stored_position(client)
+        await subscribed(client, 7)
+        first, second = await new_txn(client, 1), await new_txn(client, 2)
+        assert not (await txn_ack(client, 7, 3, position, first)).HasField("error")
+        refused = await txn_ack(client, 7, 4, position, second)
+        assert refused.error == pb.TransactionConflict
+        # A plain ack of the held message is refused too; after the abort it is free.
+        assert not (await end_txn(client, 5, first, pb.ABORT)).HasField("error")
+        assert not (await txn_ack(client, 7, 6, position, second)).HasField("error")
+
+
+async def test_an_ack_after_the_timeout_is_refused(tmp_path: Path) -> None:
+    async with wire(tmp_path) as (_, client):
+        position = await stored_position(client)
+        await subscribed(client, 7)
+        txn = await new_txn(client, 1, ttl_ms=1)
+        await asyncio.sleep(0.05)
+        refused = await txn_ack(client, 7, 2, position, txn)
+        assert refused.error == pb.TransactionConflict
+        assert "timed out" in refused.message
+
+
+async def test_a_non_durable_subscription_cannot_ack_in_a_transaction(tmp_path: Path) -> None:
+    async with wire(tmp_path) as (_, client):
+        position = await stored_position(client)
+        await subscribed(client, 8, durable=False)
+        txn = await new_txn(client, 1)
+        refused = await txn_ack(client, 8, 2, position, txn)
+        assert refused.error == pb.TransactionConflict
+        assert "non-durable" in refused.message

@@ -16,9 +16,10 @@ from typing import Any
 
 import pytest
 
+import anabranch
 from anabranch.admin.client import AdminClient
 from anabranch.aio import Client
-from anabranch.testing.broker import InProcessBroker
+from anabranch.testing.broker import BrokerProcess, InProcessBroker
 
 QUIET_S = 0.5
 """How long a consumer must stay silent to count as 'nothing visible'."""
@@ -274,3 +275,28 @@ async def test_a_transaction_spanning_a_split_and_a_merge(tmp_path: Path, outcom
             assert await drain(stream) == []
         finally:
             await admin.close()
+
+
+def test_the_sync_client_commits_on_exit_and_aborts_on_an_exception(tmp_path: Path) -> None:
+    broker = BrokerProcess(tmp_path / "data")
+    asyncio.run(broker.start())
+    try:
+        client = anabranch.Client(broker.service_url)
+        try:
+            producer = client.create_producer(topic("sync"))
+            consumer = client.subscribe(topic("sync"), "s", initial_position="earliest")
+            with client.transaction(timeout=30) as txn:
+                producer.send(b"kept", txn=txn)
+            with pytest.raises(RuntimeError), client.transaction(timeout=30) as txn2:
+                producer.send(b"dropped", txn=txn2)
+                raise RuntimeError("the application failed")
+            producer.send(b"sentinel")
+            got = []
+            while (msg := consumer.receive(timeout=QUIET_S)) is not None:
+                got.append(msg.value)
+            assert got == [b"kept", b"sentinel"]
+            assert str(txn.state).endswith("COMMITTED") and str(txn2.state).endswith("ABORTED")
+        finally:
+            client.close()
+    finally:
+        asyncio.run(broker.stop())

@@ -160,7 +160,9 @@ class Subscription:
         )
         if pending_acks is None and durable and factory is not None:
             pending_acks = factory(self)
-        self.pending_acks: PendingAckStore = pending_acks or NoPendingAckStore(cursor)
+        self.pending_acks: PendingAckStore = pending_acks or NoPendingAckStore(
+            cursor, durable=durable
+        )
         self.topic_name: str = topic.name
         self.partition = _partition_of(topic.name)
         self.dispatcher: Dispatcher = make_dispatcher(self, sub_type)

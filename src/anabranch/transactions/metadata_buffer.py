@@ -208,7 +208,8 @@ class MetadataTransactionBuffer:
             raise
         self.op_writes += 1
         participant = self._participants[txn] = _Participant([seq])
-        self._state.open_txn(txn)
+        if txn not in self._finished:  # an outcome can arrive while the write returns
+            self._state.open_txn(txn)
         self._work.wake()  # an outcome delivered during the write can be persisted now
         return participant
 

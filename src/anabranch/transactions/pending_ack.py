@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from anabranch.errors import TransactionCoordinatorNotFound
+from anabranch.errors import TransactionConflict, TransactionCoordinatorNotFound
 from anabranch.storage.api import Cursor, Position
 from anabranch.transactions.ids import TxnId
 
@@ -42,13 +42,17 @@ class PendingAckStore(Protocol):
 class NoPendingAckStore:
     """Acks go straight to the cursor; transactional acks are refused."""
 
-    def __init__(self, cursor: Cursor) -> None:
+    def __init__(self, cursor: Cursor, *, durable: bool = True) -> None:
         self._cursor = cursor
+        self._durable = durable
 
     async def acknowledge(
         self, txn_id: TxnId | None, positions: Sequence[Position], *, cumulative: bool
     ) -> None:
         if txn_id is not None:
+            if not self._durable:
+                # A reader's position dies with its connection: nothing to commit to.
+                raise TransactionConflict("a non-durable subscription cannot ack in a transaction")
             raise TransactionCoordinatorNotFound("transactions are not enabled on this broker")
         if cumulative:
             if positions:
