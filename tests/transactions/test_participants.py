@@ -280,6 +280,13 @@ class GatedLedger:
             raise StorageIOError("disk on fire")
         return await self.inner.append(data)
 
+    async def append_many(self, entries: Sequence[bytes]) -> list[Position]:
+        self.log.append("append")
+        await self.gate.wait()
+        if self.fail:
+            raise StorageIOError("disk on fire")
+        return list(await self.inner.append_many(entries))
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 

@@ -352,24 +352,25 @@ class PersistentTopic:
                 return [await self.ledger.append(group[0][3])]
             return list(await self.ledger.append_many([send[3] for send in group]))
         # A transactional send registers with the buffer (its op record before its entry);
-        # runs of plain sends between them keep their group commit. Entries stay in send
-        # order (dedup marks only move forward). A refused transactional send fails alone.
+        # consecutive sends of one transaction share a group commit, and so do runs of
+        # plain sends. Entries stay in send order (dedup marks only move forward). A
+        # refused transactional run fails alone.
         results: list[Position | TransactionError] = []
-        plain: list[bytes] = []
-        for send in group:
-            txn = send[5]
+        start = 0
+        while start < len(group):
+            txn = group[start][5]
+            end = start + 1
+            while end < len(group) and group[end][5] == txn:
+                end += 1
+            entries = [send[3] for send in group[start:end]]
             if txn is None:
-                plain.append(send[3])
-                continue
-            if plain:
-                results += await self.ledger.append_many(plain)
-                plain = []
-            try:
-                results.append(await self.transaction_buffer.append(txn, send[3]))
-            except TransactionError as err:
-                results.append(err)
-        if plain:
-            results += await self.ledger.append_many(plain)
+                results += await self.ledger.append_many(entries)
+            else:
+                try:
+                    results += await self.transaction_buffer.append_many(txn, entries)
+                except TransactionError as err:
+                    results += [err] * len(entries)
+            start = end
         return results
 
     async def _append_group(self, group: list[_Send]) -> None:

@@ -16,6 +16,7 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol
 
 from anabranch.errors import TransactionCoordinatorNotFound
@@ -38,6 +39,10 @@ class TransactionBuffer(Protocol):
         """Append an entry, transactional when ``txn_id`` is given."""
         ...
 
+    async def append_many(self, txn_id: TxnId, entries: Sequence[bytes]) -> list[Position]:
+        """Append entries of one transaction in order, with one group commit."""
+        ...
+
     async def close(self) -> None: ...
 
 
@@ -57,6 +62,9 @@ class NoTransactionBuffer:
         if txn_id is not None:
             raise TransactionCoordinatorNotFound("transactions are not enabled on this broker")
         return await self._ledger.append(data)
+
+    async def append_many(self, txn_id: TxnId, entries: Sequence[bytes]) -> list[Position]:
+        raise TransactionCoordinatorNotFound("transactions are not enabled on this broker")
 
     async def close(self) -> None:
         return None

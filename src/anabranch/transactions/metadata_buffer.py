@@ -50,7 +50,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,7 +63,7 @@ from anabranch.storage.api import ManagedLedger, Position
 from anabranch.transactions import records
 from anabranch.transactions.entry_stamp import entry_txn, stamp_txn
 from anabranch.transactions.ids import TxnId
-from anabranch.transactions.op_records import OutcomeWork, delete_ops, join, op_count, write_op
+from anabranch.transactions.op_records import OutcomeWork, delete_ops, join_and_count, write_op
 from anabranch.transactions.outcomes import TxnOutcomes
 from anabranch.transactions.records import TxnState
 
@@ -135,25 +135,33 @@ class MetadataTransactionBuffer:
         """Append ``data``; in ``txn_id`` when given (its op record first)."""
         if txn_id is None:
             return await self._ledger.append(data)
+        return (await self.append_many(txn_id, [data]))[0]
+
+    async def append_many(self, txn_id: TxnId, entries: Sequence[bytes]) -> list[Position]:
+        """Append ``entries`` of ``txn_id`` in order with one group commit (a pipelining
+        producer's sends of one transaction arrive together)."""
         participant = await self._participant(txn_id)
         self._refuse_if_finished(txn_id)
-        if participant.entries >= limits.TXN_ENTRIES_PER_PARTICIPANT_MAX:
+        if participant.entries + len(entries) > limits.TXN_ENTRIES_PER_PARTICIPANT_MAX:
             raise TransactionTooLarge(
                 f"transaction {txn_id} has {participant.entries} entries on {self._topic}"
             )
-        participant.entries += 1
-        stamped = stamp_txn(data, txn_id)
-        token = self._state.begin_append(txn_id, self._ledger.last_confirmed)
+        participant.entries += len(entries)
+        stamped = [stamp_txn(data, txn_id) for data in entries]
+        lac = self._ledger.last_confirmed
+        tokens = [self._state.begin_append(txn_id, lac) for _ in stamped]
         try:
-            position = await self._ledger.append(stamped)
+            positions = await self._ledger.append_many(stamped)
         except BaseException:
-            self._state.fail_append(token)
-            participant.entries -= 1
+            for token in tokens:
+                self._state.fail_append(token)
+            participant.entries -= len(entries)
             self._after_append()
             raise
-        self._state.end_append(token, position)
+        for token, position in zip(tokens, positions, strict=True):
+            self._state.end_append(token, position)
         self._after_append()
-        return position
+        return list(positions)
 
     def _refuse_if_finished(self, txn: TxnId) -> None:
         state = self._finished.get(txn)
@@ -186,8 +194,7 @@ class MetadataTransactionBuffer:
         return await asyncio.shield(joining)
 
     async def _join(self, txn: TxnId) -> _Participant:
-        await join(self._store, txn, self._clock.wall_ms())
-        _, next_seq = await op_count(self._store, txn)
+        _, next_seq = await join_and_count(self._store, txn, self._clock.wall_ms())
         # Registered before the guarded write: an outcome decided after it can only be
         # seen by a listener that was already there.
         self._outcomes.register(txn, self)

@@ -63,7 +63,7 @@ from anabranch.metadata.api import MetadataStore
 from anabranch.storage.api import Cursor, Position
 from anabranch.transactions import records
 from anabranch.transactions.ids import TxnId
-from anabranch.transactions.op_records import OutcomeWork, delete_ops, join, op_count, write_op
+from anabranch.transactions.op_records import OutcomeWork, delete_ops, join_and_count, write_op
 from anabranch.transactions.outcomes import TxnOutcomes
 from anabranch.transactions.records import TxnState
 
@@ -269,8 +269,9 @@ class MetadataPendingAckStore:
             joining = asyncio.get_running_loop().create_future()
             self._joining[txn] = joining
             try:
-                await join(self._store, txn, self._clock.wall_ms())
-                entry.records, entry.next_seq = await op_count(self._store, txn)
+                entry.records, entry.next_seq = await join_and_count(
+                    self._store, txn, self._clock.wall_ms()
+                )
                 # Registered before any guarded write: see MetadataTransactionBuffer._join.
                 self._outcomes.register(txn, self)
                 entry.joined = True

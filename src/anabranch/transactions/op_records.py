@@ -70,6 +70,19 @@ async def join(store: MetadataStore, txn: TxnId, now_ms: int) -> None:
         raise TransactionConflict(f"transaction {txn} timed out")
 
 
+async def join_and_count(store: MetadataStore, txn: TxnId, now_ms: int) -> tuple[int, int]:
+    """:func:`join` and :func:`op_count` as one round trip (both reads run together; a
+    refusal to join wins over the count)."""
+    joined, counted = await asyncio.gather(
+        join(store, txn, now_ms), op_count(store, txn), return_exceptions=True
+    )
+    if isinstance(joined, BaseException):
+        raise joined
+    if isinstance(counted, BaseException):
+        raise counted
+    return counted
+
+
 async def op_count(store: MetadataStore, txn: TxnId) -> tuple[int, int]:
     """``(op records of txn, next free sequence)``; TransactionTooLarge at the limit."""
     page = await store.list_prefix(records.op_prefix(txn), limit=limits.TXN_OP_RECORDS_MAX)
