@@ -6,9 +6,12 @@ Per repetition, a fresh broker process (``fsync=always``) on each metadata backe
 1. **commit latency** — transactions of 10 messages on 1 topic and on 3 topics: the time
    of ``txn.commit()`` alone (every send already acknowledged), p50/p99;
 2. **visibility latency** — commit acknowledged → a subscribed consumer holds all of the
-   transaction's messages, p50/p99 (1 topic);
-3. **throughput** — 100-message transactions back to back vs the same messages without a
-   transaction (same producer settings, same topic kind): msgs/s and the ratio;
+   transaction's messages, p50/p99 (1 topic); also from the commit call (the END_TXN
+   round trip included);
+3. **throughput** — ``--workers`` concurrent loops (one topic each) of 100-message
+   transactions back to back vs the same loops sending the same rounds of 100 messages
+   without a transaction (same producer settings; a flush ends each round): msgs/s and
+   the ratio;
 4. the broker's peak RSS (``VmHWM``).
 
 Once per run, in process: **coordinator cold start** on a SQLite store holding
@@ -83,41 +86,56 @@ async def commit_latency(client: Client, run: str, topics: int, count: int) -> l
     return out
 
 
-async def visibility_latency(client: Client, run: str, count: int) -> list[float]:
+async def visibility_latency(
+    client: Client, run: str, count: int
+) -> tuple[list[float], list[float]]:
+    """(commit acknowledged → consumer holds all 10, commit called → the same), in ms."""
     topic = f"persistent://public/default/{run}-vis"
     producer = await client.create_producer(topic)
     consumer = await client.subscribe(topic, "vis", initial_position="earliest")
-    out = []
+    out, from_call = [], []
     for _ in range(count):
         txn = await client.new_transaction(timeout=60)
         futures = [await producer.send_async(b"v" * 100, txn=txn) for _ in range(10)]
         await asyncio.gather(*futures)
+        called = clock()
         await txn.commit()
         committed = clock()
         for _ in range(10):
             msg = await consumer.receive(timeout=10)
             assert msg is not None, "a committed message never arrived"
             await consumer.acknowledge(msg)
-        out.append((clock() - committed) * 1000)
+        now = clock()
+        out.append((now - committed) * 1000)
+        from_call.append((now - called) * 1000)
     await producer.close()
     await consumer.close()
-    return out
+    return out, from_call
 
 
-async def throughput(client: Client, run: str, txns: int, *, transactional: bool) -> float:
+async def throughput(
+    client: Client, run: str, txns: int, *, transactional: bool, workers: int
+) -> float:
+    """Messages/s of ``workers`` concurrent loops, each on its own topic, each sending
+    ``txns`` rounds of 100 messages (a flush ends a round, so no batch timer is waited
+    for): in a transaction committed per round, or plainly."""
     kind = "txn" if transactional else "plain"
-    producer = await client.create_producer(f"persistent://public/default/{run}-tp-{kind}")
-    total = txns * 100
+
+    async def worker(n: int) -> None:
+        topic = f"persistent://public/default/{run}-tp-{kind}-{n}"
+        producer = await client.create_producer(topic)
+        for _ in range(txns):
+            txn = await client.new_transaction(timeout=60) if transactional else None
+            futures = [await producer.send_async(b"t" * 100, txn=txn) for _ in range(100)]
+            await producer.flush()
+            await asyncio.gather(*futures)
+            if txn is not None:
+                await txn.commit()
+        await producer.close()
+
     start = clock()
-    for _ in range(txns):
-        txn = await client.new_transaction(timeout=60) if transactional else None
-        futures = [await producer.send_async(b"t" * 100, txn=txn) for _ in range(100)]
-        await asyncio.gather(*futures)
-        if txn is not None:
-            await txn.commit()
-    elapsed = clock() - start
-    await producer.close()
-    return total / elapsed
+    await asyncio.gather(*(worker(n) for n in range(workers)))
+    return workers * txns * 100 / (clock() - start)
 
 
 async def one_backend(tmp: Path, metadata_url: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -130,15 +148,27 @@ async def one_backend(tmp: Path, metadata_url: str, args: argparse.Namespace) ->
             await commit_latency(client, run + "w", 1, 20)  # warm-up
             one = await commit_latency(client, run, 1, args.latency_txns)
             three = await commit_latency(client, run, 3, args.latency_txns)
-            vis = await visibility_latency(client, run, args.latency_txns)
+            vis, vis_call = await visibility_latency(client, run, args.latency_txns)
             # Alternate to share the machine's noise fairly; median of the pairs.
-            ratios, plain_rates, txn_rates = [], [], []
-            for i in range(3):
-                plain = await throughput(client, f"{run}{i}", args.tp_txns, transactional=False)
-                txnal = await throughput(client, f"{run}{i}", args.tp_txns, transactional=True)
-                plain_rates.append(plain)
-                txn_rates.append(txnal)
-                ratios.append(txnal / plain)
+            tp: dict[str, dict[str, float]] = {}
+            for workers in args.workers:
+                ratios, plain_rates, txn_rates = [], [], []
+                for i in range(3):
+                    name = f"{run}w{workers}i{i}"
+                    plain = await throughput(
+                        client, name, args.tp_txns, transactional=False, workers=workers
+                    )
+                    txnal = await throughput(
+                        client, name, args.tp_txns, transactional=True, workers=workers
+                    )
+                    plain_rates.append(plain)
+                    txn_rates.append(txnal)
+                    ratios.append(txnal / plain)
+                tp[f"workers_{workers}"] = {
+                    "plain": statistics.median(plain_rates),
+                    "txn100": statistics.median(txn_rates),
+                    "ratio": statistics.median(ratios),
+                }
         assert broker.pid is not None
         rss = peak_rss_bytes(broker.pid)
     finally:
@@ -147,11 +177,8 @@ async def one_backend(tmp: Path, metadata_url: str, args: argparse.Namespace) ->
         "commit_ms_1topic": {"p50": pct(one, 0.5), "p99": pct(one, 0.99)},
         "commit_ms_3topics": {"p50": pct(three, 0.5), "p99": pct(three, 0.99)},
         "visibility_ms": {"p50": pct(vis, 0.5), "p99": pct(vis, 0.99)},
-        "throughput_msgs_s": {
-            "plain": statistics.median(plain_rates),
-            "txn100": statistics.median(txn_rates),
-            "ratio": statistics.median(ratios),
-        },
+        "commit_call_to_visible_ms": {"p50": pct(vis_call, 0.5), "p99": pct(vis_call, 0.99)},
+        "throughput_msgs_s": tp,
         "broker_peak_rss_mb": (rss or 0) / 2**20,
     }
 
@@ -212,6 +239,12 @@ async def main() -> None:
     parser.add_argument("--latency-txns", type=int, default=200)
     parser.add_argument("--tp-txns", type=int, default=50)
     parser.add_argument("--cold-txns", type=int, default=1_000_000)
+    parser.add_argument(
+        "--workers",
+        type=lambda text: [int(n) for n in text.split(",")],
+        default=[1, 8, 32],
+        help="concurrent producer loops, comma-separated (each count is measured)",
+    )
     parser.add_argument("--quick", action="store_true", help="small counts, one rep")
     parser.add_argument("--skip-etcd", action="store_true")
     args = parser.parse_args()
