@@ -126,3 +126,29 @@ async def test_dedup_state_restored_after_sigkill(tmp_path: Path) -> None:
     finally:
         await store.close()
     assert payloads == [b"m0", b"m1", b"m2", b"m3", b"m4", b"m5"]
+
+
+async def test_a_resend_to_a_sealed_topic_of_what_it_stored_is_a_duplicate(
+    tmp_path: Path,
+) -> None:
+    # A receipt lost with a connection at the moment of a seal: the resend must learn the
+    # message is stored (a duplicate), not "terminated" — a scalable producer would
+    # otherwise re-route it to a child segment and store it twice.
+    async with InProcessBroker(tmp_path) as broker:
+        await enable_dedup(broker.service.policies)
+        client = await RawClient.open(broker.port)
+        try:
+            await client.handshake()
+            await named_producer(client)
+            assert (await send(client, 0, b"m0")).type == T.SEND_RECEIPT
+            topic = broker.service.loaded_topic(TOPIC)
+            assert topic is not None
+            await topic.terminate()
+            dup = await send(client, 0, b"m0")
+            assert dup.type == T.SEND_RECEIPT
+            assert dup.send_receipt.message_id.entryId == U64_MAX
+            fresh = await send(client, 1, b"m1")
+            assert fresh.type == T.SEND_ERROR and fresh.send_error.error == pb.TopicTerminatedError
+            assert len(await stored(broker)) == 1
+        finally:
+            await client.close()

@@ -312,8 +312,19 @@ class PersistentTopic:
 
         Sends published in one loop iteration (e.g. every SEND of one socket read) are
         stored with one ``append_many`` by one task: no task per send."""
-        self._check_writable()
         last = last_sequence_id(sequence_id, num_messages, highest_sequence_id)
+        # A resend of what the sealed ledger already holds (its receipt was lost with a
+        # connection) is answered as a duplicate: told "terminated", a scalable producer
+        # would re-route it to a child under a fresh sequence id, and it would be stored
+        # twice.
+        terminated = self.ledger.is_terminated
+        if (
+            terminated
+            and self.dedup is not None
+            and last <= self.dedup.last_persisted(producer_name)
+        ):
+            return _resolved(DUPLICATE_POSITION)
+        self._check_writable()
         if self.dedup is not None:
             verdict = self.dedup.admit(producer_name, sequence_id, last)
             if verdict is DedupVerdict.DUPLICATE:

@@ -32,8 +32,10 @@ reach the children in order and after everything the parent stored.
 
 Duplicates: a message the parent stored is never re-sent unless its receipt was lost with
 a connection at the moment of the seal (the segment producer's resend then meets the
-sealed topic); it is then re-sent to a child under a fresh sequence id, so it can arrive
-twice. That is the at-least-once window of every Pulsar producer across a failure.
+sealed topic). With deduplication on, the sealed parent answers that resend as a
+duplicate (it holds the sequence id), so it is not re-routed; with it off, the message is
+re-sent to a child under a fresh sequence id and can arrive twice — the at-least-once
+window of every Pulsar producer across a failure.
 
 Example (with a client)::
 
