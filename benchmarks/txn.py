@@ -11,7 +11,8 @@ Per repetition, a fresh broker process (``fsync=always``) on each metadata backe
 3. **throughput** — ``--workers`` concurrent loops (one topic each) of 100-message
    transactions back to back vs the same loops sending the same rounds of 100 messages
    without a transaction (same producer settings; a flush ends each round): msgs/s and
-   the ratio;
+   the ratio; and one loop with no flush (the round waits out the default batch delay,
+   as an application that just awaits its sends does);
 4. the broker's peak RSS (``VmHWM``).
 
 Once per run, in process: **coordinator cold start** on a SQLite store holding
@@ -114,11 +115,12 @@ async def visibility_latency(
 
 
 async def throughput(
-    client: Client, run: str, txns: int, *, transactional: bool, workers: int
+    client: Client, run: str, txns: int, *, transactional: bool, workers: int, flush: bool = True
 ) -> float:
     """Messages/s of ``workers`` concurrent loops, each on its own topic, each sending
-    ``txns`` rounds of 100 messages (a flush ends a round, so no batch timer is waited
-    for): in a transaction committed per round, or plainly."""
+    ``txns`` rounds of 100 messages (``flush``: a flush ends a round, so no batch timer is
+    waited for; else the round waits for its receipts under the default batching): in a
+    transaction committed per round, or plainly."""
     kind = "txn" if transactional else "plain"
 
     async def worker(n: int) -> None:
@@ -127,7 +129,8 @@ async def throughput(
         for _ in range(txns):
             txn = await client.new_transaction(timeout=60) if transactional else None
             futures = [await producer.send_async(b"t" * 100, txn=txn) for _ in range(100)]
-            await producer.flush()
+            if flush:
+                await producer.flush()
             await asyncio.gather(*futures)
             if txn is not None:
                 await txn.commit()
@@ -151,20 +154,18 @@ async def one_backend(tmp: Path, metadata_url: str, args: argparse.Namespace) ->
             vis, vis_call = await visibility_latency(client, run, args.latency_txns)
             # Alternate to share the machine's noise fairly; median of the pairs.
             tp: dict[str, dict[str, float]] = {}
-            for workers in args.workers:
+            runs = [(w, True) for w in args.workers] + [(1, False)]
+            for workers, flush in runs:
                 ratios, plain_rates, txn_rates = [], [], []
                 for i in range(3):
                     name = f"{run}w{workers}i{i}"
-                    plain = await throughput(
-                        client, name, args.tp_txns, transactional=False, workers=workers
-                    )
-                    txnal = await throughput(
-                        client, name, args.tp_txns, transactional=True, workers=workers
-                    )
+                    kw = {"workers": workers, "flush": flush}
+                    plain = await throughput(client, name, args.tp_txns, transactional=False, **kw)
+                    txnal = await throughput(client, name, args.tp_txns, transactional=True, **kw)
                     plain_rates.append(plain)
                     txn_rates.append(txnal)
                     ratios.append(txnal / plain)
-                tp[f"workers_{workers}"] = {
+                tp[f"workers_{workers}" + ("" if flush else "_batch_timer")] = {
                     "plain": statistics.median(plain_rates),
                     "txn100": statistics.median(txn_rates),
                     "ratio": statistics.median(ratios),
