@@ -234,3 +234,33 @@ async def test_a_non_durable_subscription_cannot_ack_in_a_transaction(tmp_path: 
         refused = await txn_ack(client, 8, 2, position, txn)
         assert refused.error == pb.TransactionConflict
         assert "non-durable" in refused.message
+
+
+async def test_add_partition_and_subscription_check_that_the_transaction_is_open(
+    tmp_path: Path,
+) -> None:
+    async with wire(tmp_path) as (_, client):
+        txn = await new_txn(client, 1)
+
+        async def add(request_id: int, txn: tuple[int, int], partition: bool) -> Any:
+            ids = {"request_id": request_id, "txnid_most_bits": txn[0], "txnid_least_bits": txn[1]}
+            if partition:
+                body = pb.CommandAddPartitionToTxn(partitions=[TOPIC], **ids)
+                await client.send(T(type=T.ADD_PARTITION_TO_TXN, addPartitionToTxn=body))
+                kind = T.ADD_PARTITION_TO_TXN_RESPONSE
+            else:
+                sub = pb.Subscription(topic=TOPIC, subscription="s")
+                body2 = pb.CommandAddSubscriptionToTxn(subscription=[sub], **ids)
+                await client.send(T(type=T.ADD_SUBSCRIPTION_TO_TXN, addSubscriptionToTxn=body2))
+                kind = T.ADD_SUBSCRIPTION_TO_TXN_RESPONSE
+            frame = await client.next(lambda f: f.type == kind and f.body.request_id == request_id)
+            return frame.body
+
+        for partition in (True, False):
+            ok = await add(2 if partition else 3, txn, partition)
+            assert not ok.HasField("error") and ok.txnid_least_bits == txn[1]
+            unknown = await add(4 if partition else 5, (0, 99999), partition)
+            assert unknown.error == pb.TransactionNotFound
+        assert not (await end_txn(client, 6, txn, pb.COMMIT)).HasField("error")
+        finished = await add(7, txn, True)
+        assert finished.error == pb.TransactionConflict

@@ -86,18 +86,22 @@ async def handle_new_txn(session: Session, cmd: pb.CommandNewTxn) -> None:
     session.write(T(type=T.NEW_TXN_RESPONSE, newTxnResponse=body))
 
 
-async def handle_add_partition_to_txn(session: Session, cmd: pb.CommandAddPartitionToTxn) -> None:
-    """ADD_PARTITION_TO_TXN: a check that the transaction is open (participants register
-    themselves)."""
-    body = pb.CommandAddPartitionToTxnResponse(
-        request_id=cmd.request_id,
-        txnid_most_bits=cmd.txnid_most_bits,
-        txnid_least_bits=cmd.txnid_least_bits,
-    )
+async def _answer_open_check(session: Session, cmd: Any, body: Any) -> None:
+    """Fill ``body`` (an ADD_*_RESPONSE) with the txn id and the open check's outcome."""
+    body.request_id = cmd.request_id
+    body.txnid_most_bits = cmd.txnid_most_bits
+    body.txnid_least_bits = cmd.txnid_least_bits
     try:
         await _coordinator(session).check_open(TxnId(cmd.txnid_most_bits, cmd.txnid_least_bits))
     except Exception as err:
         _fail(body, err)
+
+
+async def handle_add_partition_to_txn(session: Session, cmd: pb.CommandAddPartitionToTxn) -> None:
+    """ADD_PARTITION_TO_TXN: a check that the transaction is open (participants register
+    themselves)."""
+    body = pb.CommandAddPartitionToTxnResponse()
+    await _answer_open_check(session, cmd, body)
     session.write(T(type=T.ADD_PARTITION_TO_TXN_RESPONSE, addPartitionToTxnResponse=body))
 
 
@@ -105,15 +109,8 @@ async def handle_add_subscription_to_txn(
     session: Session, cmd: pb.CommandAddSubscriptionToTxn
 ) -> None:
     """ADD_SUBSCRIPTION_TO_TXN: as ADD_PARTITION_TO_TXN."""
-    body = pb.CommandAddSubscriptionToTxnResponse(
-        request_id=cmd.request_id,
-        txnid_most_bits=cmd.txnid_most_bits,
-        txnid_least_bits=cmd.txnid_least_bits,
-    )
-    try:
-        await _coordinator(session).check_open(TxnId(cmd.txnid_most_bits, cmd.txnid_least_bits))
-    except Exception as err:
-        _fail(body, err)
+    body = pb.CommandAddSubscriptionToTxnResponse()
+    await _answer_open_check(session, cmd, body)
     session.write(T(type=T.ADD_SUBSCRIPTION_TO_TXN_RESPONSE, addSubscriptionToTxnResponse=body))
 
 
