@@ -243,14 +243,19 @@ async def test_add_partition_and_subscription_check_that_the_transaction_is_open
         txn = await new_txn(client, 1)
 
         async def add(request_id: int, txn: tuple[int, int], partition: bool) -> Any:
-            ids = {"request_id": request_id, "txnid_most_bits": txn[0], "txnid_least_bits": txn[1]}
+            most, least = txn
             if partition:
-                body = pb.CommandAddPartitionToTxn(partitions=[TOPIC], **ids)
+                body = pb.CommandAddPartitionToTxn(
+                    request_id=request_id, txnid_most_bits=most, txnid_least_bits=least,
+                    partitions=[TOPIC],
+                )  # fmt: skip
                 await client.send(T(type=T.ADD_PARTITION_TO_TXN, addPartitionToTxn=body))
                 kind = T.ADD_PARTITION_TO_TXN_RESPONSE
             else:
-                sub = pb.Subscription(topic=TOPIC, subscription="s")
-                body2 = pb.CommandAddSubscriptionToTxn(subscription=[sub], **ids)
+                body2 = pb.CommandAddSubscriptionToTxn(
+                    request_id=request_id, txnid_most_bits=most, txnid_least_bits=least,
+                    subscription=[pb.Subscription(topic=TOPIC, subscription="s")],
+                )  # fmt: skip
                 await client.send(T(type=T.ADD_SUBSCRIPTION_TO_TXN, addSubscriptionToTxn=body2))
                 kind = T.ADD_SUBSCRIPTION_TO_TXN_RESPONSE
             frame = await client.next(lambda f: f.type == kind and f.body.request_id == request_id)
