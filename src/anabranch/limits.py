@@ -419,3 +419,15 @@ transactions (from the oldest op record's first_after); past it the open ones st
 pinned at their first_after until they end. Scanning for an aborted transaction goes on
 to the end of the ledger (its entries must stay filtered), so this bounds only the work
 done for open ones."""
+
+TXN_BATCH_WINNERS_MAX = 4_096
+"""Winning branches one batch commit names (one per Spark task of the batch); with
+TXN_BRANCH_ID_BYTES_MAX they keep the header well under METADATA_VALUE_BYTES_MAX
+(4096 x (128 + 3) bytes of JSON ~ 0.5 MiB)."""
+
+TXN_BRANCH_ID_BYTES_MAX = 128
+"""Longest branch id (UTF-8) in a message's ``__txn_branch`` property or a commit's
+winners; a longer one is refused (InvalidArgument)."""
+
+TXN_SINK_KEY_BYTES_MAX = 512
+"""Longest sink key (UTF-8) of a batch transaction (one segment of its record's key)."""

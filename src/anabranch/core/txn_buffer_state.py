@@ -25,7 +25,14 @@ Outcomes:
     |----------------|----------------------------|--------------------------------------|
     | committed      | forgotten (entries readable)| readable                            |
     | aborted        | positions → aborted set    | in the aborted set                   |
+    | committed with | entries of a winner branch | winners readable, the rest in the    |
+    | winners        | readable, the rest aborted | aborted set                          |
     | (unknown txn)  | nothing changes            |                                      |
+
+**Branches** (batch transactions of an exactly-once sink): an append may name a branch
+(a Spark task attempt); a commit naming ``winners`` commits only the entries of those
+branches, and every other entry of the transaction (a losing branch, or no branch) is
+aborted, exactly as if its transaction had aborted.
 
 Transactions are any hashable pair of ints (the shell uses ``TxnId``), positions are
 ``(ledger_id, entry_id)`` tuples (the shell uses ``Position``); no I/O, no clock.
@@ -42,6 +49,16 @@ Example:
     True
     >>> s.max_read_position((5, 6)), s.is_aborted((5, 4)), s.is_aborted((5, 3))
     ((5, 6), True, False)
+
+    Two branches of one transaction, one winner:
+
+    >>> s.open_txn((0, 2))
+    >>> for pos, branch in (((6, 0), "0-a"), ((6, 1), "0-b")):
+    ...     s.end_append(s.begin_append((0, 2), (5, 6), branch), pos)
+    >>> s.apply_outcome((0, 2), committed=True, winners=frozenset({"0-b"}))
+    True
+    >>> s.max_read_position((6, 1)), s.is_aborted((6, 0)), s.is_aborted((6, 1))
+    ((6, 1), True, False)
 """
 
 from __future__ import annotations
@@ -66,12 +83,20 @@ def before(position: Pos) -> Pos:
     return (position[0], position[1] - 1)
 
 
+def _wins(committed: bool, winners: frozenset[str] | None, branch: str | None) -> bool:
+    """Whether an entry of ``branch`` is committed by this outcome."""
+    if not committed:
+        return False
+    return winners is None or (branch is not None and branch in winners)
+
+
 @dataclass(slots=True)
 class _Append:
     """One in-flight transactional append."""
 
     txn: Txn
     pin: Pos
+    branch: str | None = None
     aborted: bool | None = None
     """Set when the outcome arrived while the append was in flight (True = aborted)."""
 
@@ -79,7 +104,15 @@ class _Append:
 class TxnBufferState:
     """Open transactions, pins and aborted positions of one topic (see the module doc)."""
 
-    __slots__ = ("_aborted", "_aborted_by_txn", "_appends", "_open", "_recovered", "_tokens")
+    __slots__ = (
+        "_aborted",
+        "_aborted_by_txn",
+        "_appends",
+        "_branches",
+        "_open",
+        "_recovered",
+        "_tokens",
+    )
 
     def __init__(self) -> None:
         self._open: dict[Txn, list[Pos]] = {}
@@ -87,6 +120,8 @@ class TxnBufferState:
         self._recovered: dict[Txn, Pos] = {}
         self._aborted: dict[Pos, Txn] = {}
         self._aborted_by_txn: dict[Txn, list[Pos]] = {}
+        # Branch of each branched position of an open transaction (absent = no branch).
+        self._branches: dict[Txn, dict[Pos, str]] = {}
         self._tokens = itertools.count()
 
     # --- events ---------------------------------------------------------------------------
@@ -95,12 +130,13 @@ class TxnBufferState:
         """Know ``txn`` as OPEN on this topic (idempotent)."""
         self._open.setdefault(txn, [])
 
-    def begin_append(self, txn: Txn, lac: Pos) -> int:
-        """A transactional append starts while the ledger's last confirmed entry is ``lac``;
-        returns the token to end it with. ``txn`` becomes OPEN here if it was not."""
+    def begin_append(self, txn: Txn, lac: Pos, branch: str | None = None) -> int:
+        """A transactional append (of ``branch``, if any) starts while the ledger's last
+        confirmed entry is ``lac``; returns the token to end it with. ``txn`` becomes OPEN
+        here if it was not."""
         self.open_txn(txn)
         token = next(self._tokens)
-        self._appends[token] = _Append(txn, (lac[0], lac[1]))
+        self._appends[token] = _Append(txn, (lac[0], lac[1]), branch)
         return token
 
     def end_append(self, token: int, position: Pos) -> None:
@@ -109,6 +145,8 @@ class TxnBufferState:
         append = self._appends.pop(token)
         if append.aborted is None:
             bisect.insort(self._open[append.txn], position)
+            if append.branch is not None:
+                self._branches.setdefault(append.txn, {})[position] = append.branch
         elif append.aborted:
             self._add_aborted(append.txn, [position])
 
@@ -122,35 +160,48 @@ class TxnBufferState:
         current = self._recovered.get(txn)
         self._recovered[txn] = first_after if current is None else min(current, first_after)
 
-    def found(self, txn: Txn, position: Pos) -> None:
-        """A recovery scan found an entry of the OPEN ``txn`` at ``position``."""
+    def found(self, txn: Txn, position: Pos, branch: str | None = None) -> None:
+        """A recovery scan found an entry of the OPEN ``txn`` (of ``branch``) at
+        ``position``."""
         positions = self._open[txn]
         index = bisect.bisect_left(positions, position)
         if index == len(positions) or positions[index] != position:
             positions.insert(index, position)
+        if branch is not None:
+            self._branches.setdefault(txn, {})[position] = branch
 
     def end_scan(self, txn: Txn) -> None:
         """A recovery scan has found every entry of ``txn``: its pin goes."""
         self._recovered.pop(txn, None)
 
-    def apply_outcome(self, txn: Txn, *, committed: bool) -> bool:
-        """``txn`` ended; True if this changed anything (an idempotent repeat does not)."""
+    def apply_outcome(
+        self, txn: Txn, *, committed: bool, winners: frozenset[str] | None = None
+    ) -> bool:
+        """``txn`` ended; True if this changed anything (an idempotent repeat does not).
+
+        A commit with ``winners`` commits only the entries of those branches; the others
+        (other branches, and entries with no branch) go to the aborted set."""
         changed = False
         for append in self._appends.values():
             if append.txn == txn and append.aborted is None:
-                append.aborted = not committed
+                append.aborted = not _wins(committed, winners, append.branch)
                 changed = True
         positions = self._open.pop(txn, None)
+        branches = self._branches.pop(txn, {})
         self._recovered.pop(txn, None)
         if positions is not None:
             changed = True
             if not committed:
                 self._add_aborted(txn, positions)
+            elif winners is not None:
+                losers = [p for p in positions if not _wins(True, winners, branches.get(p))]
+                self._add_aborted(txn, losers)
         return changed
 
     def load_aborted(self, txn: Txn, positions: Iterable[Pos]) -> None:
         """Positions of an aborted ``txn`` (from its durable record, or a recovery scan)."""
         self._open.pop(txn, None)
+        self._branches.pop(txn, None)
         self._recovered.pop(txn, None)
         self._add_aborted(txn, positions)
 
@@ -227,6 +278,9 @@ class TxnBufferState:
             for position in positions:
                 if position in self._aborted:
                     raise InvalidArgument(f"{position} of open {txn} is aborted")
+        for txn, branched in self._branches.items():
+            if txn not in self._open or not set(branched) <= set(self._open[txn]):
+                raise InvalidArgument(f"branched positions of {txn} are not open positions")
         for txn in self._recovered:
             if txn not in self._open:
                 raise InvalidArgument(f"recovered {txn} is not open")

@@ -8,6 +8,9 @@ Example:
     1500
     >>> TxnState.COMMITTED.final
     True
+    >>> h = TxnHeader(TxnState.COMMITTED, 0, 10, winners=frozenset({"0-a"}))
+    >>> h.committed("0-a"), h.committed("0-b"), h.committed(None)
+    (True, False, False)
 """
 
 from __future__ import annotations
@@ -40,6 +43,17 @@ class TxnHeader:
     timeout_ms: int
     finalized_at: int | None = None
     owner: str | None = None
+    winners: frozenset[str] | None = None
+    """Set by a batch commit (COMMITTED only): the branches whose entries are committed;
+    every other entry of the transaction (another branch, or none) counts as aborted.
+    None: every entry is committed (an ordinary transaction)."""
+
+    def committed(self, branch: str | None) -> bool:
+        """Whether an entry of this (final) transaction tagged with ``branch`` (None: no
+        branch) is committed."""
+        if self.state is not TxnState.COMMITTED:
+            return False
+        return self.winners is None or (branch is not None and branch in self.winners)
 
     @property
     def deadline(self) -> int:

@@ -22,6 +22,8 @@ segment never holds a ``/``.
   collected so those entries stay filtered across restarts.
 * ``/txn/tc-seq/<partition>`` — the partition's TxnID counter (next unreserved value).
 * ``/txn/tc-parallelism`` — the persisted partition count.
+* ``/txn/batch/<sinkKey>/<batchId>`` — a **batch** of an exactly-once sink
+  (:class:`BatchRecord`): which transaction (and epoch) currently holds the batch.
 
 ``TxnState`` and ``TxnHeader`` live in ``core/txn_header.py`` (pure rules use them) and
 are re-exported here.
@@ -37,6 +39,9 @@ Example:
     >>> h = TxnHeader(state=TxnState.OPEN, created_at=1000, timeout_ms=500)
     >>> decode_header(encode_header(h)) == h and h.deadline == 1500
     True
+    >>> w = TxnHeader(TxnState.COMMITTED, 1000, 500, finalized_at=1200, winners=frozenset("ba"))
+    >>> json.loads(encode_header(w))["winners"], decode_header(encode_header(w)) == w
+    (['a', 'b'], True)
 """
 
 from __future__ import annotations
@@ -62,6 +67,7 @@ IDX_FINAL = "/txn/idx/txn-by-final-state/"
 ABORTED = "/txn/segment-state/aborted/"
 SEQ = "/txn/tc-seq/"
 PARALLELISM = "/txn/tc-parallelism"
+BATCHES = "/txn/batch/"
 
 _DIGITS = 20
 
@@ -204,6 +210,8 @@ def encode_header(header: TxnHeader) -> bytes:
         data["finalizedAt"] = header.finalized_at
     if header.owner is not None:
         data["owner"] = header.owner
+    if header.winners is not None:
+        data["winners"] = sorted(header.winners)
     return json.dumps(data, separators=(",", ":")).encode()
 
 
@@ -215,6 +223,7 @@ def decode_header(value: bytes) -> TxnHeader:
         timeout_ms=int(data["timeout"]),
         finalized_at=data.get("finalizedAt"),
         owner=data.get("owner"),
+        winners=None if data.get("winners") is None else frozenset(data["winners"]),
     )
 
 
@@ -304,9 +313,57 @@ def decode_aborted(value: bytes) -> AbortedRecord:
     return AbortedRecord(tuple(positions))
 
 
+def batch_path(sink_key: str, batch_id: int) -> str:
+    """The record of batch ``batch_id`` of sink ``sink_key`` (see ``transactions/batches``).
+
+    >>> batch_path("q/out", 7)
+    '/txn/batch/q%2Fout/00000000000000000007'
+    """
+    return f"{BATCHES}{enc(sink_key)}/{_n(batch_id)}"
+
+
+@dataclass(frozen=True, slots=True)
+class BatchRecord:
+    """Which transaction holds one batch: ``epoch`` counts the transactions the batch has
+    had (a new one after each abort or timeout); ``query_id`` names the streaming query
+    (its checkpoint) that wrote it.
+
+    >>> rec = BatchRecord(TxnId(1, 2), epoch=0, query_id="q", created_at=5)
+    >>> decode_batch(encode_batch(rec)) == rec
+    True
+    """
+
+    txn: TxnId
+    epoch: int
+    query_id: str
+    created_at: int
+
+
+def encode_batch(record: BatchRecord) -> bytes:
+    data = {
+        "version": 1,
+        "txn": txn_key(record.txn),
+        "epoch": record.epoch,
+        "queryId": record.query_id,
+        "createdAt": record.created_at,
+    }
+    return json.dumps(data, separators=(",", ":")).encode()
+
+
+def decode_batch(value: bytes) -> BatchRecord:
+    data = json.loads(value)
+    return BatchRecord(
+        txn=parse_txn_key(data["txn"]),
+        epoch=int(data["epoch"]),
+        query_id=str(data["queryId"]),
+        created_at=int(data["createdAt"]),
+    )
+
+
 __all__ = [
     "U64_MAX",
     "AbortedRecord",
+    "BatchRecord",
     "OpKind",
     "TxnHeader",
     "TxnOp",
