@@ -999,24 +999,30 @@ class Subscription(_message.Message):
     def __init__(self, topic: _Optional[str] = ..., subscription: _Optional[str] = ...) -> None: ...
 
 class CommandTcClientConnectRequest(_message.Message):
-    __slots__ = ("request_id", "tc_id", "scalable")
+    __slots__ = ("request_id", "tc_id", "scalable", "epoch", "transaction_key")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TC_ID_FIELD_NUMBER: _ClassVar[int]
     SCALABLE_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    TRANSACTION_KEY_FIELD_NUMBER: _ClassVar[int]
     request_id: int
     tc_id: int
     scalable: bool
-    def __init__(self, request_id: _Optional[int] = ..., tc_id: _Optional[int] = ..., scalable: _Optional[bool] = ...) -> None: ...
+    epoch: int
+    transaction_key: str
+    def __init__(self, request_id: _Optional[int] = ..., tc_id: _Optional[int] = ..., scalable: _Optional[bool] = ..., epoch: _Optional[int] = ..., transaction_key: _Optional[str] = ...) -> None: ...
 
 class CommandTcClientConnectResponse(_message.Message):
-    __slots__ = ("request_id", "error", "message")
+    __slots__ = ("request_id", "error", "message", "epoch")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
     request_id: int
     error: ServerError
     message: str
-    def __init__(self, request_id: _Optional[int] = ..., error: _Optional[_Union[ServerError, str]] = ..., message: _Optional[str] = ...) -> None: ...
+    epoch: int
+    def __init__(self, request_id: _Optional[int] = ..., error: _Optional[_Union[ServerError, str]] = ..., message: _Optional[str] = ..., epoch: _Optional[int] = ...) -> None: ...
 
 class CommandNewTxn(_message.Message):
     __slots__ = ("request_id", "txn_ttl_millis", "tc_id", "scalable")
