@@ -37,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import contextlib
+import dataclasses
 import heapq
 import json
 import logging
@@ -95,7 +96,9 @@ hammered."""
 LATENCY_BUCKETS_S = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0)
 """END_TXN latency buckets: one metadata round trip is milliseconds, a slow etcd seconds."""
 
-FinalCallback = Callable[[TxnId, TxnState], None]
+FinalCallback = Callable[..., None]
+"""Called as ``(txn, state)`` once a header is final, plus ``winners`` (a frozenset of
+branch ids) as a third argument when a batch commit named them."""
 
 
 # --- metrics -------------------------------------------------------------------------------
@@ -345,17 +348,32 @@ class TransactionCoordinator:
 
     # --- END_TXN -------------------------------------------------------------------------------
 
-    async def end_txn(self, txn: TxnId, state: TxnState) -> TxnState:
+    async def end_txn(
+        self, txn: TxnId, state: TxnState, *, winners: frozenset[str] | None = None
+    ) -> TxnState:
         """Commit or abort ``txn``; returns ``state`` once the header says so.
+
+        ``winners`` (a batch commit) commits only the entries of those branches; the header
+        keeps them, so every participant aborts the other entries. Committing again with
+        other winners is InvalidTxnStatus (the first decision stands).
 
         Asking again for the outcome it already has succeeds (and wakes participants
         again); the other outcome is InvalidTxnStatus; an unknown transaction is
         TransactionNotFound; a COMMIT past the deadline aborts it and raises
         InvalidTxnStatus.
         """
-        return await self._end(txn, state, by_timeout=False)
+        if winners is not None:
+            _check_winners(state, winners)
+        return await self._end(txn, state, by_timeout=False, winners=winners)
 
-    async def _end(self, txn: TxnId, state: TxnState, *, by_timeout: bool) -> TxnState:
+    async def _end(
+        self,
+        txn: TxnId,
+        state: TxnState,
+        *,
+        by_timeout: bool,
+        winners: frozenset[str] | None = None,
+    ) -> TxnState:
         started = self._clock.monotonic()
         for _ in range(CAS_ATTEMPTS_MAX):
             record = await self._store.get(records.header_path(txn))
@@ -363,8 +381,14 @@ class TransactionCoordinator:
             now = self._clock.wall_ms()
             verdict = judge_end(header, state, now)
             if verdict is EndVerdict.ALREADY:
+                assert header is not None
                 self._forget_open(txn)
-                self._notify(txn, state)
+                if winners is not None and header.winners != winners:
+                    self.metrics.header_cas["reject"] += 1
+                    raise InvalidTxnStatus(
+                        f"transaction {txn} is already committed with other winners"
+                    )
+                self._notify(txn, state, header.winners)
                 return state
             if header is None or record is None:
                 self.metrics.header_cas["reject"] += 1
@@ -377,7 +401,10 @@ class TransactionCoordinator:
                 )
             target = target_state(verdict, state)
             timed_out = by_timeout or verdict is EndVerdict.EXPIRED
-            if not await self._finalize(txn, header, target, now, timed_out=timed_out):
+            chosen = winners if target is TxnState.COMMITTED else None
+            if not await self._finalize(
+                txn, header, target, now, timed_out=timed_out, winners=chosen
+            ):
                 continue  # raced the sweep or another broker: judge the new header
             if target is TxnState.COMMITTED:
                 self.metrics.commit_latency.observe(self._clock.monotonic() - started)
@@ -387,10 +414,17 @@ class TransactionCoordinator:
         raise BadVersion(records.header_path(txn), OPEN_VERSION, -1)
 
     async def _finalize(
-        self, txn: TxnId, header: TxnHeader, state: TxnState, now: int, *, timed_out: bool
+        self,
+        txn: TxnId,
+        header: TxnHeader,
+        state: TxnState,
+        now: int,
+        *,
+        timed_out: bool,
+        winners: frozenset[str] | None = None,
     ) -> bool:
         """The one CAS of an OPEN header to ``state``; False when it lost a race."""
-        final = finalized(header, state, now)
+        final = dataclasses.replace(finalized(header, state, now), winners=winners)
         try:
             await self._store.commit(
                 [
@@ -405,7 +439,7 @@ class TransactionCoordinator:
         self.metrics.header_cas["ok"] += 1
         self._count_final(txn, state, timed_out=timed_out)
         self._forget_open(txn)
-        self._notify(txn, state)
+        self._notify(txn, state, winners)
         return True
 
     def _count_final(self, txn: TxnId, state: TxnState, *, timed_out: bool) -> None:
@@ -423,11 +457,14 @@ class TransactionCoordinator:
             if stats is not None:
                 stats.timed_out += 1
 
-    def _notify(self, txn: TxnId, state: TxnState) -> None:
+    def _notify(self, txn: TxnId, state: TxnState, winners: frozenset[str] | None = None) -> None:
         if self._on_final is None:
             return
         try:
-            self._on_final(txn, state)
+            if winners is None:
+                self._on_final(txn, state)
+            else:
+                self._on_final(txn, state, winners)
         except Exception:
             # The outcome is durable already and participants also watch the header;
             # a failing local wake-up must not turn a successful END_TXN into an error.
@@ -489,7 +526,9 @@ class TransactionCoordinator:
         txn = records.index_txn(entry.path)
         leftover = await self._store.list_prefix(records.op_prefix(txn), limit=1)
         if leftover.records:
-            self._notify(txn, state)
+            # Participants need the whole decision again, winners included.
+            header = await self.get(txn)
+            self._notify(txn, state, None if header is None else header.winners)
             return 0
         # No op record can appear now: participants guard theirs with Check(header,
         # version 1), and this header is final (version 2).
@@ -673,6 +712,19 @@ def _header_fields(txn: TxnId, header: TxnHeader) -> dict[str, Any]:
         "finalizedAt": header.finalized_at,
         "owner": header.owner,
     }
+
+
+def _check_winners(state: TxnState, winners: frozenset[str]) -> None:
+    """InvalidArgument unless ``winners`` fits a commit's header (named limits)."""
+    if state is not TxnState.COMMITTED:
+        raise InvalidArgument("only a commit names winners")
+    if len(winners) > limits.TXN_BATCH_WINNERS_MAX:
+        raise InvalidArgument(f"{len(winners)} winners are over {limits.TXN_BATCH_WINNERS_MAX}")
+    for branch in winners:
+        if not branch or len(branch.encode()) > limits.TXN_BRANCH_ID_BYTES_MAX:
+            raise InvalidArgument(
+                f"branch id {branch[:40]!r} is empty or over {limits.TXN_BRANCH_ID_BYTES_MAX} bytes"
+            )
 
 
 def _encode_counter(next_id: int) -> bytes:

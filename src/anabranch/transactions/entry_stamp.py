@@ -10,6 +10,10 @@ Entries are the message section of a SEND (``protocol/frames.py``):
 ``([0x0e01][crc32c])? [metadataSize][MessageMetadata][payload]``; the checksum, when
 present, covers everything after it and is recomputed when the metadata changes.
 
+A batch transaction's entry also names its **branch** (the task attempt that wrote it)
+in the reserved property ``__txn_branch`` of its MessageMetadata; a batched entry carries
+it in the batch's own metadata (our producer never mixes branches in one batch).
+
 Example:
     >>> from anabranch.protocol.frames import encode_entry
     >>> entry = encode_entry(pb.MessageMetadata(producer_name="p", sequence_id=0,
@@ -21,6 +25,11 @@ Example:
     TxnId(most_bits=2, least_bits=9)
     >>> stamp_txn(stamped, TxnId(2, 9)) is stamped
     True
+    >>> md = pb.MessageMetadata(producer_name="p", sequence_id=0, publish_time=0)
+    >>> _ = md.properties.add(key=BRANCH_PROPERTY, value="3-a")
+    >>> stamped, branch = stamp_txn_branch(encode_entry(md, b"x"), TxnId(2, 9))
+    >>> branch, entry_txn_branch(stamped)
+    ('3-a', (TxnId(most_bits=2, least_bits=9), '3-a'))
 """
 
 from __future__ import annotations
@@ -29,10 +38,14 @@ import struct
 
 from google.protobuf.message import DecodeError  # type: ignore[import-untyped]
 
-from anabranch.errors import MalformedFrame
+from anabranch import limits
+from anabranch.errors import InvalidArgument, MalformedFrame
 from anabranch.protocol._generated import pulsar_api_pb2 as pb
 from anabranch.protocol.frames import MAGIC_CHECKSUM, encode_entry
 from anabranch.transactions.ids import TxnId
+
+BRANCH_PROPERTY = "__txn_branch"
+"""The reserved message property naming a batch transaction's branch."""
 
 _U16 = struct.Struct(">H")
 _I32 = struct.Struct(">i")
@@ -65,6 +78,45 @@ def entry_txn(entry: bytes) -> TxnId | None:
     if not (metadata.HasField("txnid_most_bits") or metadata.HasField("txnid_least_bits")):
         return None
     return TxnId(metadata.txnid_most_bits, metadata.txnid_least_bits)
+
+
+def _branch(metadata: pb.MessageMetadata) -> str | None:
+    for prop in metadata.properties:
+        if prop.key == BRANCH_PROPERTY:
+            return str(prop.value)
+    return None
+
+
+def entry_txn_branch(entry: bytes) -> tuple[TxnId | None, str | None]:
+    """The transaction and branch an entry was written in (None for either when absent or
+    unparsable: the recovery scan must not stop at a foreign entry)."""
+    try:
+        _, metadata, _ = _split(entry)
+    except MalformedFrame:
+        return None, None
+    if not (metadata.HasField("txnid_most_bits") or metadata.HasField("txnid_least_bits")):
+        return None, _branch(metadata)
+    return TxnId(metadata.txnid_most_bits, metadata.txnid_least_bits), _branch(metadata)
+
+
+def stamp_txn_branch(entry: bytes, txn: TxnId) -> tuple[bytes, str | None]:
+    """:func:`stamp_txn` plus the entry's branch (one parse); InvalidArgument when the
+    branch is longer than ``TXN_BRANCH_ID_BYTES_MAX``."""
+    checksum, metadata, payload = _split(entry)
+    branch = _branch(metadata)
+    if branch is not None and len(branch.encode()) > limits.TXN_BRANCH_ID_BYTES_MAX:
+        raise InvalidArgument(
+            f"branch id of {len(branch.encode())} bytes is over {limits.TXN_BRANCH_ID_BYTES_MAX}"
+        )
+    if (
+        metadata.HasField("txnid_most_bits")
+        and metadata.HasField("txnid_least_bits")
+        and (metadata.txnid_most_bits, metadata.txnid_least_bits) == txn
+    ):
+        return entry, branch
+    metadata.txnid_most_bits = txn.most_bits
+    metadata.txnid_least_bits = txn.least_bits
+    return encode_entry(metadata, payload, checksum=checksum), branch
 
 
 def stamp_txn(entry: bytes, txn: TxnId) -> bytes:

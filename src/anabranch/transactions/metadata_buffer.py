@@ -14,6 +14,11 @@ at once, ``on_change`` is called, then in the background the op record goes (COM
 or is replaced by the topic's aborted record holding the positions (ABORTED), written
 only when no append of the transaction is in flight.
 
+Branches (batch transactions): each entry's branch is read from its ``__txn_branch``
+property when it is appended (and by the recovery scan); a commit naming ``winners``
+aborts the other entries of the transaction, which go to the aborted record like an
+aborted transaction's (so they stay filtered after a restart).
+
 Recovery (before serving): the topic's WRITE op records are listed; OPEN transactions
 are pinned at ``first_after`` and the ledger after it is scanned for their stamped
 entries; COMMITTED (or unknown: upstream reads unknown as committed) ones lose their op
@@ -61,7 +66,7 @@ from anabranch.errors import TransactionConflict, TransactionTooLarge
 from anabranch.metadata.api import MetadataStore, Op, Put
 from anabranch.storage.api import ManagedLedger, Position
 from anabranch.transactions import records
-from anabranch.transactions.entry_stamp import entry_txn, stamp_txn
+from anabranch.transactions.entry_stamp import entry_txn_branch, stamp_txn_branch
 from anabranch.transactions.ids import TxnId
 from anabranch.transactions.op_records import OutcomeWork, delete_ops, join_and_count, write_op
 from anabranch.transactions.outcomes import TxnOutcomes
@@ -146,12 +151,12 @@ class MetadataTransactionBuffer:
             raise TransactionTooLarge(
                 f"transaction {txn_id} has {participant.entries} entries on {self._topic}"
             )
+        stamped = [stamp_txn_branch(data, txn_id) for data in entries]
         participant.entries += len(entries)
-        stamped = [stamp_txn(data, txn_id) for data in entries]
         lac = self._ledger.last_confirmed
-        tokens = [self._state.begin_append(txn_id, lac) for _ in stamped]
+        tokens = [self._state.begin_append(txn_id, lac, branch) for _, branch in stamped]
         try:
-            positions = await self._ledger.append_many(stamped)
+            positions = await self._ledger.append_many([data for data, _ in stamped])
         except BaseException:
             for token in tokens:
                 self._state.fail_append(token)
@@ -222,17 +227,21 @@ class MetadataTransactionBuffer:
 
     # --- outcomes -------------------------------------------------------------------------
 
-    def on_outcome(self, txn: TxnId, state: TxnState) -> None:
+    def on_outcome(
+        self, txn: TxnId, state: TxnState, winners: frozenset[str] | None = None
+    ) -> None:
         """Apply ``txn``'s outcome in memory now; persist it in the background."""
         if not state.final or self._closed:
             return
         self._remember(txn, state)
-        if self._state.apply_outcome(txn, committed=state is TxnState.COMMITTED):
-            if state is TxnState.COMMITTED:
+        committed = state is TxnState.COMMITTED
+        if self._state.apply_outcome(txn, committed=committed, winners=winners):
+            if committed:
                 self.committed += 1
             else:
                 self.aborted += 1
-        self._changed(force=state is TxnState.ABORTED)
+        # Aborted positions are skipped by dispatchers already past them: tell them.
+        self._changed(force=not committed or winners is not None)
         self._work.submit(txn, state)
 
     def _remember(self, txn: TxnId, state: TxnState) -> None:
@@ -253,11 +262,11 @@ class MetadataTransactionBuffer:
         for seq in participant.seqs:
             paths += [records.op_path(txn, seq), records.writes_index_path(self._topic, txn, seq)]
         first: list[Op] = []
-        if state is TxnState.ABORTED:
-            positions = tuple(Position(*p) for p in self._state.aborted_positions(txn))
-            if positions:
-                value = records.encode_aborted(records.AbortedRecord(positions))
-                first.append(Put(records.aborted_path(self._topic, txn), value))
+        # ABORTED, or COMMITTED with winners: the entries of losing branches.
+        positions = tuple(Position(*p) for p in self._state.aborted_positions(txn))
+        if positions:
+            value = records.encode_aborted(records.AbortedRecord(positions))
+            first.append(Put(records.aborted_path(self._topic, txn), value))
         await delete_ops(self._store, txn, paths, first)
         self.aborted_writes += bool(first)
         self.op_deletes += 1
@@ -286,7 +295,7 @@ class MetadataTransactionBuffer:
             header = headers.get(txn)
             self._participants[txn] = _Participant(seqs)
             state = TxnState.COMMITTED if header is None else header.state
-            if state is TxnState.COMMITTED:
+            if state is TxnState.COMMITTED and (header is None or header.winners is None):
                 self._remember(txn, state)
                 self._work.submit(txn, state)
                 continue
@@ -345,8 +354,9 @@ class MetadataTransactionBuffer:
         """Find the stamped entries of open and aborted ``txns`` after their first_after."""
         start = min(txns.values())
         lac = self._ledger.last_confirmed
-        aborted = {t for t, h in headers.items() if t in txns and h.state is TxnState.ABORTED}
-        found: dict[TxnId, list[Position]] = {t: [] for t in txns}
+        # Aborted, and committed with winners (their losers), must be found in full.
+        aborted = {t for t, h in headers.items() if t in txns and h.state.final}
+        found: dict[TxnId, list[tuple[Position, str | None]]] = {t: [] for t in txns}
         read = 0
         position = start.next()
         complete = True
@@ -360,19 +370,21 @@ class MetadataTransactionBuffer:
             for entry in entries:
                 if entry.position > lac:
                     break
-                txn = entry_txn(entry.data)
+                txn, branch = entry_txn_branch(entry.data)
                 if txn is not None and txn in found and entry.position > txns[txn]:
-                    found[txn].append(entry.position)
+                    found[txn].append((entry.position, branch))
             read += len(entries)
             position = entries[-1].position.next()
         for txn, positions in found.items():
             if txn in aborted:
-                self._state.load_aborted(txn, positions)
-                self._remember(txn, TxnState.ABORTED)
-                self._work.submit(txn, TxnState.ABORTED)
+                header = headers[txn]
+                losers = [pos for pos, branch in positions if not header.committed(branch)]
+                self._state.load_aborted(txn, losers)
+                self._remember(txn, header.state)
+                self._work.submit(txn, header.state)
                 continue
-            for pos in positions:
-                self._state.found(txn, pos)
+            for pos, branch in positions:
+                self._state.found(txn, pos, branch)
             self._participants[txn].entries = len(positions)
             if complete:
                 self._state.end_scan(txn)

@@ -285,8 +285,11 @@ class MetadataPendingAckStore:
 
     # --- outcomes -------------------------------------------------------------------------
 
-    def on_outcome(self, txn: TxnId, state: TxnState) -> None:
-        """Schedule ``txn``'s outcome (applied once none of its acks is being written)."""
+    def on_outcome(
+        self, txn: TxnId, state: TxnState, winners: frozenset[str] | None = None
+    ) -> None:
+        """Schedule ``txn``'s outcome (applied once none of its acks is being written).
+        Acks are not branched: ``winners`` does not concern them."""
         if not state.final or self._closed:
             return
         self._finished[txn] = state

@@ -12,6 +12,10 @@ buffers, pending-ack stores) that registered for the transaction, three ways:
   ``reconcile_interval_s``: the header of every registered transaction is read again,
   and final ones are delivered (a missed event cannot leave a transaction open here).
 
+A batch commit's header names its ``winners`` (branches); every way delivers them, so a
+listener learns the whole decision. They are passed (as ``winners=``) only when set, so
+a listener of ordinary transactions may take just ``(txn, state)``.
+
 Listeners are called with no lock held and must be idempotent and never block: they
 apply the outcome in memory and schedule the durable work (see ``op_records``).
 
@@ -56,8 +60,11 @@ _RELIST_CONCURRENCY = 32
 class OutcomeListener(Protocol):
     """A participant waiting for transactions to end."""
 
-    def on_outcome(self, txn: TxnId, state: TxnState) -> None:
-        """``txn`` ended in ``state`` (final). Idempotent; never blocks (schedules work)."""
+    def on_outcome(
+        self, txn: TxnId, state: TxnState, winners: frozenset[str] | None = None
+    ) -> None:
+        """``txn`` ended in ``state`` (final), committing only the entries of ``winners``
+        when set. Idempotent; never blocks (schedules work)."""
         ...
 
 
@@ -116,11 +123,12 @@ class TxnOutcomes:
         """How many listeners wait for ``txn``."""
         return len(self._listeners.get(txn, ()))
 
-    def wake(self, txn: TxnId, state: TxnState) -> None:
-        """The local fast path: ``txn`` just ended in ``state`` (the caller's own CAS)."""
+    def wake(self, txn: TxnId, state: TxnState, winners: frozenset[str] | None = None) -> None:
+        """The local fast path: ``txn`` just ended in ``state`` (the caller's own CAS;
+        ``winners`` as its header says)."""
         if not state.final:
             raise InvalidArgument(f"wake with a non-final state {state.value}")
-        self._deliver(txn, state)
+        self._deliver(txn, state, winners)
 
     async def close(self) -> None:
         """Stop watching; nothing more is delivered. Idempotent."""
@@ -135,13 +143,16 @@ class TxnOutcomes:
 
     # --- delivery -------------------------------------------------------------------------
 
-    def _deliver(self, txn: TxnId, state: TxnState) -> None:
+    def _deliver(self, txn: TxnId, state: TxnState, winners: frozenset[str] | None) -> None:
         if failpoints.enabled(failpoints.TXN_HOLD_OUTCOMES):
             return  # the crash tests' window between a commit's CAS and its apply
         for listener in list(self._listeners.get(txn, ())):
             self.deliveries += 1
             try:
-                listener.on_outcome(txn, state)
+                if winners is None:
+                    listener.on_outcome(txn, state)
+                else:
+                    listener.on_outcome(txn, state, winners=winners)
             except Exception:
                 log.exception("transaction %s: a participant failed to take its outcome", txn)
 
@@ -180,10 +191,10 @@ class TxnOutcomes:
             return  # not a header key
         if txn not in self._listeners:
             return
-        state = records.decode_header(value).state
-        if state.final:
+        header = records.decode_header(value)
+        if header.state.final:
             self.watch_events += 1
-            self._deliver(txn, state)
+            self._deliver(txn, header.state, header.winners)
 
     async def _relist(self) -> int:
         """Read every registered transaction's header; returns the revision taken *before*
@@ -195,9 +206,9 @@ class TxnOutcomes:
             found = await asyncio.gather(*(self._store.get(records.header_path(t)) for t in batch))
             for txn, record in zip(batch, found, strict=True):
                 if record is not None:
-                    state = records.decode_header(record.value).state
-                    if state.final:
-                        self._deliver(txn, state)
+                    header = records.decode_header(record.value)
+                    if header.state.final:
+                        self._deliver(txn, header.state, header.winners)
         return revision
 
     async def _reconcile_loop(self) -> None:
