@@ -69,7 +69,7 @@ from anabranch.errors import (
     TransactionCoordinatorNotFound,
     TransactionNotFound,
 )
-from anabranch.metadata.api import MUST_NOT_EXIST, Delete, MetadataStore, Put, Record
+from anabranch.metadata.api import MUST_NOT_EXIST, Delete, MetadataStore, Op, Put, Record
 from anabranch.metadata.coordination import LeaderElection, Leadership
 from anabranch.transactions import records
 from anabranch.transactions.ids import TxnId
@@ -349,13 +349,20 @@ class TransactionCoordinator:
     # --- END_TXN -------------------------------------------------------------------------------
 
     async def end_txn(
-        self, txn: TxnId, state: TxnState, *, winners: frozenset[str] | None = None
+        self,
+        txn: TxnId,
+        state: TxnState,
+        *,
+        winners: frozenset[str] | None = None,
+        also: Sequence[Op] = (),
     ) -> TxnState:
         """Commit or abort ``txn``; returns ``state`` once the header says so.
 
         ``winners`` (a batch commit) commits only the entries of those branches; the header
         keeps them, so every participant aborts the other entries. Committing again with
-        other winners is InvalidTxnStatus (the first decision stands).
+        other winners is InvalidTxnStatus (the first decision stands). ``also`` goes into
+        the same commit as the header's CAS (a batch record marks itself committed); when
+        one of its conditions fails, that BadVersion is raised and nothing changed.
 
         Asking again for the outcome it already has succeeds (and wakes participants
         again); the other outcome is InvalidTxnStatus; an unknown transaction is
@@ -364,7 +371,7 @@ class TransactionCoordinator:
         """
         if winners is not None:
             _check_winners(state, winners)
-        return await self._end(txn, state, by_timeout=False, winners=winners)
+        return await self._end(txn, state, by_timeout=False, winners=winners, also=also)
 
     async def _end(
         self,
@@ -373,6 +380,7 @@ class TransactionCoordinator:
         *,
         by_timeout: bool,
         winners: frozenset[str] | None = None,
+        also: Sequence[Op] = (),
     ) -> TxnState:
         started = self._clock.monotonic()
         for _ in range(CAS_ATTEMPTS_MAX):
@@ -403,7 +411,13 @@ class TransactionCoordinator:
             timed_out = by_timeout or verdict is EndVerdict.EXPIRED
             chosen = winners if target is TxnState.COMMITTED else None
             if not await self._finalize(
-                txn, header, target, now, timed_out=timed_out, winners=chosen
+                txn,
+                header,
+                target,
+                now,
+                timed_out=timed_out,
+                winners=chosen,
+                also=also if target is state else (),
             ):
                 continue  # raced the sweep or another broker: judge the new header
             if target is TxnState.COMMITTED:
@@ -422,8 +436,10 @@ class TransactionCoordinator:
         *,
         timed_out: bool,
         winners: frozenset[str] | None = None,
+        also: Sequence[Op] = (),
     ) -> bool:
-        """The one CAS of an OPEN header to ``state``; False when it lost a race."""
+        """The one CAS of an OPEN header to ``state`` (with ``also``); False when it lost
+        a race on the header."""
         final = dataclasses.replace(finalized(header, state, now), winners=winners)
         try:
             await self._store.commit(
@@ -431,9 +447,12 @@ class TransactionCoordinator:
                     Put(records.header_path(txn), records.encode_header(final), OPEN_VERSION),
                     Delete(records.deadline_index_path(header.deadline, txn)),
                     Put(records.final_index_path(state, now, txn), b""),
+                    *also,
                 ]
             )
-        except BadVersion:
+        except BadVersion as err:
+            if also and err.path != records.header_path(txn):
+                raise  # the caller's own condition failed
             self.metrics.header_cas["conflict"] += 1
             return False
         self.metrics.header_cas["ok"] += 1
