@@ -326,10 +326,14 @@ def batch_path(sink_key: str, batch_id: int) -> str:
 class BatchRecord:
     """Which transaction holds one batch: ``epoch`` counts the transactions the batch has
     had (a new one after each abort or timeout); ``query_id`` names the streaming query
-    (its checkpoint) that wrote it.
+    (its checkpoint) that wrote it. ``winners`` is set (in the same commit as the header's
+    CAS) once the batch is committed, so the decision outlives the collected header.
 
     >>> rec = BatchRecord(TxnId(1, 2), epoch=0, query_id="q", created_at=5)
     >>> decode_batch(encode_batch(rec)) == rec
+    True
+    >>> done = BatchRecord(TxnId(1, 2), 0, "q", 5, winners=frozenset({"0-a"}))
+    >>> decode_batch(encode_batch(done)).committed
     True
     """
 
@@ -337,16 +341,23 @@ class BatchRecord:
     epoch: int
     query_id: str
     created_at: int
+    winners: frozenset[str] | None = None
+
+    @property
+    def committed(self) -> bool:
+        return self.winners is not None
 
 
 def encode_batch(record: BatchRecord) -> bytes:
-    data = {
+    data: dict[str, Any] = {
         "version": 1,
         "txn": txn_key(record.txn),
         "epoch": record.epoch,
         "queryId": record.query_id,
         "createdAt": record.created_at,
     }
+    if record.winners is not None:
+        data["winners"] = sorted(record.winners)
     return json.dumps(data, separators=(",", ":")).encode()
 
 
@@ -357,6 +368,7 @@ def decode_batch(value: bytes) -> BatchRecord:
         epoch=int(data["epoch"]),
         query_id=str(data["queryId"]),
         created_at=int(data["createdAt"]),
+        winners=None if data.get("winners") is None else frozenset(data["winners"]),
     )
 
 
