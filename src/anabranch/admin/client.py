@@ -394,6 +394,41 @@ class AdminClient:
         path = f"{TRANSACTIONS}/pendingAckStats/{_txn_topic_path(topic)}/{_q(subscription)}"
         return dict(await self.request("GET", path))
 
+    # --- batches of an exactly-once sink ----------------------------------------------------
+
+    @staticmethod
+    def _batch_path(sink_key: str, batch_id: int) -> str:
+        return f"{TRANSACTIONS}/batches/{_q(sink_key)}/{int(batch_id)}"
+
+    async def begin_batch(
+        self, sink_key: str, batch_id: int, query_id: str, timeout_ms: int | None = None
+    ) -> dict[str, Any]:
+        """Get or create the batch's transaction: ``{txnId: {mostSigBits, leastSigBits},
+        epoch, state, queryId, winners, ...}``. A COMMITTED answer means the batch is done
+        (a replay: skip it); 409 when another queryId committed it."""
+        query = f"?queryId={_q(query_id)}"
+        if timeout_ms is not None:
+            query += f"&timeoutMs={int(timeout_ms)}"
+        return dict(await self.request("PUT", self._batch_path(sink_key, batch_id) + query))
+
+    async def commit_batch(
+        self, sink_key: str, batch_id: int, query_id: str, epoch: int, winners: list[str]
+    ) -> dict[str, Any]:
+        """Commit the batch's ``epoch`` keeping only ``winners``' entries (idempotent);
+        409 when that epoch was aborted or timed out (replay the batch)."""
+        body = {"queryId": query_id, "epoch": int(epoch), "winners": list(winners)}
+        path = self._batch_path(sink_key, batch_id) + "/commit"
+        return dict(await self.request("POST", path, body))
+
+    async def abort_batch(self, sink_key: str, batch_id: int, epoch: int) -> dict[str, Any]:
+        """Abort the batch's ``epoch`` unless it is committed (idempotent)."""
+        path = self._batch_path(sink_key, batch_id) + "/abort"
+        return dict(await self.request("POST", path, {"epoch": int(epoch)}))
+
+    async def get_batch(self, sink_key: str, batch_id: int) -> dict[str, Any]:
+        """The batch and its transaction's state (404 when never begun)."""
+        return dict(await self.request("GET", self._batch_path(sink_key, batch_id)))
+
     # --- misc -----------------------------------------------------------------------------
 
     async def lookup(self, topic: str) -> dict[str, Any]:

@@ -20,6 +20,19 @@ Upstream serves these under ``/admin/v3/transactions``; DESIGN.md names
   subscription's pending-ack store; ``GET pendingAckStats/segment/{tenant}/{namespace}/
   {topic}/{descriptor}/{subName}`` for a subscription on a segment.
 
+Batches of an exactly-once sink (``transactions/batches.py``; v2 prefix only; ``sinkKey``
+percent-encoded in the path). Each answers the batch as JSON ``{sinkKey, batchId,
+txnId: {mostSigBits, leastSigBits}, epoch, state, queryId, winners, createdAt}``:
+
+* ``PUT batches/{sinkKey}/{batchId}?queryId=Q&timeoutMs=T`` — get-or-create the batch's
+  transaction (409 when a batch committed by another queryId: sink reused with a new
+  checkpoint location);
+* ``POST batches/{sinkKey}/{batchId}/commit`` with ``{"queryId", "epoch", "winners"}`` —
+  commit keeping only the winners' entries (idempotent; 409 when the epoch was aborted,
+  timed out or replaced);
+* ``POST batches/{sinkKey}/{batchId}/abort`` with ``{"epoch"}`` — abort unless committed;
+* ``GET batches/{sinkKey}/{batchId}`` — the batch (404 when never begun).
+
 Every route answers 503 (TransactionCoordinatorNotFound) while transactions are disabled.
 Topic-scoped routes resolve the topic as ``/stats`` does: in a cluster a persistent topic
 owned elsewhere answers 307 to its owner; a segment is only read where it is loaded (a
@@ -29,7 +42,7 @@ loads or creates a segment.
 Example:
     >>> sorted({r.tag for r in ROUTES})
     ['transactions']
-    >>> len(ROUTES) == 2 * 7
+    >>> len(ROUTES) == 2 * 7 + 4
     True
 """
 
@@ -37,9 +50,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import msgspec
 from aiohttp import web
 
-from anabranch.admin.routes import Handler, Route, int_param, param, topic_param
+from anabranch.admin.routes import Handler, Route, int_param, json_body, param, topic_param
 from anabranch.admin.routes_scalable import segment_param
 from anabranch.errors import InvalidArgument
 
@@ -176,6 +190,110 @@ async def segment_pending_ack_stats(admin: AdminService, request: web.Request) -
     return await admin.segment_pending_ack_stats(segment_param(request), param(request, "subName"))
 
 
+# --- batches of an exactly-once sink -------------------------------------------------------
+
+BATCH = {
+    "type": "object",
+    "properties": {
+        "sinkKey": STRING,
+        "batchId": INTEGER,
+        "txnId": {
+            "type": "object",
+            "properties": {"mostSigBits": INTEGER, "leastSigBits": INTEGER},
+        },
+        "epoch": INTEGER,
+        "state": {"type": "string", "enum": ["OPEN", "COMMITTED", "ABORTED"]},
+        "queryId": STRING,
+        "winners": {"type": "array", "items": STRING, "nullable": True},
+        "createdAt": INTEGER,
+    },
+}
+BATCH_COMMIT = {
+    "type": "object",
+    "required": ["queryId", "epoch", "winners"],
+    "properties": {
+        "queryId": STRING,
+        "epoch": INTEGER,
+        "winners": {"type": "array", "items": STRING},
+    },
+}
+BATCH_ABORT = {"type": "object", "required": ["epoch"], "properties": {"epoch": INTEGER}}
+BATCH_ERRORS = (400, 404, 409, 503)
+
+
+class BatchCommitBody(msgspec.Struct, rename="camel", kw_only=True):
+    """``POST .../commit``: the driver's commit of one batch."""
+
+    query_id: str
+    epoch: int
+    winners: list[str]
+
+
+class BatchAbortBody(msgspec.Struct, kw_only=True):
+    """``POST .../abort``: abort this epoch of the batch (unless committed)."""
+
+    epoch: int
+
+
+def _batch(request: web.Request) -> tuple[str, int]:
+    return param(request, "sinkKey"), int_param(request, "batchId")
+
+
+async def begin_batch(admin: AdminService, request: web.Request) -> object:
+    """Get-or-create the batch's transaction (``?queryId=Q&timeoutMs=T``)."""
+    sink_key, batch_id = _batch(request)
+    query_id = request.query.get("queryId", "")
+    text = request.query.get("timeoutMs")
+    try:
+        timeout_ms = None if not text else int(text)
+    except ValueError:
+        raise InvalidArgument(f"timeoutMs {text!r} is not an integer") from None
+    batch = await admin.txn_batches().begin(sink_key, batch_id, query_id, timeout_ms)
+    return batch.to_json()
+
+
+async def commit_batch(admin: AdminService, request: web.Request) -> object:
+    sink_key, batch_id = _batch(request)
+    body = await json_body(request, BatchCommitBody, "batch commit", None)
+    if body is None:
+        raise InvalidArgument("a batch commit needs a body {queryId, epoch, winners}")
+    batch = await admin.txn_batches().commit(
+        sink_key, batch_id, body.query_id, body.epoch, body.winners
+    )
+    return batch.to_json()
+
+
+async def abort_batch(admin: AdminService, request: web.Request) -> object:
+    sink_key, batch_id = _batch(request)
+    body = await json_body(request, BatchAbortBody, "batch abort", None)
+    if body is None:
+        raise InvalidArgument("a batch abort needs a body {epoch}")
+    return (await admin.txn_batches().abort(sink_key, batch_id, body.epoch)).to_json()
+
+
+async def get_batch(admin: AdminService, request: web.Request) -> object:
+    sink_key, batch_id = _batch(request)
+    return (await admin.txn_batches().get(sink_key, batch_id)).to_json()
+
+
+def _batch_routes(base: str) -> list[Route]:
+    path = f"{base}/batches/{{sinkKey}}/{{batchId}}"
+    return [
+        Route("PUT", path, begin_batch,
+              "Get or create a sink batch's transaction (?queryId=Q&timeoutMs=T).",
+              "transactions", response_schema=BATCH, errors=BATCH_ERRORS),
+        Route("POST", f"{path}/commit", commit_batch,
+              "Commit a sink batch keeping only the winning branches' entries.",
+              "transactions", request_schema=BATCH_COMMIT, response_schema=BATCH,
+              errors=BATCH_ERRORS),
+        Route("POST", f"{path}/abort", abort_batch,
+              "Abort a sink batch's epoch unless it is committed.", "transactions",
+              request_schema=BATCH_ABORT, response_schema=BATCH, errors=BATCH_ERRORS),
+        Route("GET", path, get_batch, "A sink batch and its transaction's state.",
+              "transactions", response_schema=BATCH, errors=BATCH_ERRORS),
+    ]  # fmt: skip
+
+
 def _named(handler: Handler, suffix: str) -> Handler:
     """``handler`` under ``<name><suffix>`` (OpenAPI operationIds must stay unique when
     the v3 prefix repeats the v2 routes)."""
@@ -229,4 +347,8 @@ def _routes(base: str, suffix: str = "") -> list[Route]:
     ]  # fmt: skip
 
 
-ROUTES: list[Route] = [*_routes(PREFIXES[0]), *_routes(PREFIXES[1], "_v3")]
+ROUTES: list[Route] = [
+    *_routes(PREFIXES[0]),
+    *_routes(PREFIXES[1], "_v3"),
+    *_batch_routes(PREFIXES[0]),
+]

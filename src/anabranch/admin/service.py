@@ -33,6 +33,7 @@ from anabranch.protocol._generated import pulsar_api_pb2 as pb
 from anabranch.scalable.segment_ops import SegmentOps, decode_dedup_snapshot
 from anabranch.scalable.service import ScalableTopicService, scalable_topic_name
 from anabranch.storage.api import EARLIEST, LATEST, Position
+from anabranch.transactions.batches import TxnBatches
 from anabranch.transactions.buffer import NoTransactionBuffer
 from anabranch.transactions.ids import TxnId
 from anabranch.transactions.pending_ack import NoPendingAckStore
@@ -417,6 +418,11 @@ class AdminService:
         if coordinator is None:
             raise TransactionCoordinatorNotFound("transactions are not enabled on this broker")
         return coordinator
+
+    def txn_batches(self) -> TxnBatches:
+        """The exactly-once sink's batch transactions (``transactions/batches.py``) over
+        this broker's coordinator; 503 while transactions are disabled."""
+        return TxnBatches(self.broker.store, self.txn_coordinator(), self.broker.clock)
 
     async def coordinator_stats(self, coordinator_id: int | None = None) -> dict[str, Any]:
         """The coordinator's stats: totals plus ``perPartition`` (every coordinator
