@@ -59,6 +59,7 @@ from anabranch.protocol._generated import pulsar_api_pb2 as pb
 from anabranch.protocol.batch import join_batch, single_metadata
 from anabranch.protocol.compression import CompressionType, compress
 from anabranch.protocol.frames import Frame
+from anabranch.transactions.entry_stamp import BRANCH_PROPERTY
 from anabranch.transactions.ids import TxnId
 
 if TYPE_CHECKING:
@@ -151,6 +152,14 @@ def _as_bytes(value: bytes | bytearray | memoryview) -> bytes:
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
+
+
+def _branch(item: _Pending) -> str | None:
+    """The batch-transaction branch a message names (its ``__txn_branch`` property)."""
+    for key, value in item.properties:
+        if key == BRANCH_PROPERTY:
+            return value
+    return None
 
 
 def _mark_txn(md: pb.MessageMetadata, txn: TxnId | None) -> None:
@@ -384,8 +393,13 @@ class Producer(ReconnectingHandler):
     def _add_to_batch(self, item: _Pending) -> None:
         size = len(item.value) + BATCH_ENTRY_OVERHEAD_BYTES
         batch = self._batch
-        if batch and (self._batch_bytes + size > self._batch_bytes_max or batch[0].txn != item.txn):
-            # A batch is one entry of one transaction (or of none): never mixed.
+        if batch and (
+            self._batch_bytes + size > self._batch_bytes_max
+            or batch[0].txn != item.txn
+            or _branch(batch[0]) != _branch(item)
+        ):
+            # A batch is one entry of one transaction (or of none), and of one branch of
+            # it (the broker reads the branch from the entry's own metadata): never mixed.
             self._flush_batch()
             batch = self._batch
         batch.append(item)
@@ -410,6 +424,9 @@ class Producer(ReconnectingHandler):
         md.num_messages_in_batch = len(live)
         txn = live[0].txn
         _mark_txn(md, txn)
+        branch = _branch(live[0])
+        if branch is not None:
+            md.properties.add(key=BRANCH_PROPERTY, value=branch)
         first_key = live[0].key
         if first_key is not None and all(i.key == first_key for i in live):
             # A one-key batch carries its key, so key-based dispatch can route the entry.
