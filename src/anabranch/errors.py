@@ -8,6 +8,7 @@
     ├── NotLeader                       not the controller leader (307, retriable)
     │   └── NotOwner                    a cluster broker not owning the topic
     ├── NotAllowed                      valid request, wrong state     (405)
+    │   ├── TransactionError            the transaction errors (TransactionKeyFenced: 409)
     │   ├── NotEmpty                    delete of a tenant/namespace in use (409)
     │   ├── SegmentSealed               split/merge of a sealed segment
     │   └── SegmentTooSmall             split of a segment one hash wide
@@ -345,6 +346,15 @@ class TransactionTooLarge(TransactionError):
 
     wire_code = "NotAllowedError"
     http_status = 413
+
+
+class TransactionKeyFenced(TransactionError):
+    """A newer connection holds the transaction key (or it was deleted): this connection
+    and its open transaction are fenced (pip-transaction-key-fencing). The message says
+    "fenced", which clients map to ``ExpiredTransactionError``."""
+
+    wire_code = "NotAllowedError"
+    http_status = 409
 
 
 def all_error_classes() -> list[type[AnabranchError]]:

@@ -431,3 +431,21 @@ winners; a longer one is refused (InvalidArgument)."""
 
 TXN_SINK_KEY_BYTES_MAX = 512
 """Longest sink key (UTF-8) of a batch transaction (one segment of its record's key)."""
+
+TXN_KEY_BYTES_MAX = 200
+"""Longest transaction key (UTF-8) a client may claim (pip-transaction-key-fencing); with
+the owner it is one percent-encoded segment of ``/txn/key/<owner&key>``: at most
+3 x (200 + 1 + 100) + 9 = 912 bytes, under METADATA_PATH_BYTES_MAX. A longer key is
+refused before anything is written."""
+
+TXN_KEY_OWNER_BYTES_MAX = 100
+"""Longest owner (the connection's authenticated role) a transaction key record names;
+a longer role cannot hold a transaction key (NotAllowed)."""
+
+TXN_KEYS_LIST_MAX = 10_000
+"""Transaction keys one admin listing returns (the metrics gauge counts them all)."""
+
+TXN_KEY_METRICS_SERIES_MAX = 1_000
+"""Transaction keys that get their own ``transaction_key`` series on ``/metrics`` (epoch,
+age); past it only the count grows, so a key-per-task workload cannot explode the
+scrape."""

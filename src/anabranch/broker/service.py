@@ -52,6 +52,7 @@ from anabranch.scalable.segment_ops import decode_dedup_snapshot
 from anabranch.scalable.service import ScalableTopicService
 from anabranch.storage.api import ManagedLedgerConfig, ManagedLedgerFactory
 from anabranch.transactions.coordinator import TransactionCoordinator
+from anabranch.transactions.keys import TransactionKeys
 from anabranch.transactions.metadata_buffer import MetadataTransactionBuffer
 from anabranch.transactions.metadata_pending_ack import MetadataPendingAckStore
 from anabranch.transactions.outcomes import TxnOutcomes
@@ -146,6 +147,7 @@ class BrokerService:
         """Set in cluster mode: topics are loaded only once this broker owns them."""
         self.txn_outcomes: TxnOutcomes | None = None
         self.txn_coordinator: TransactionCoordinator | None = None
+        self.txn_keys: TransactionKeys | None = None
         if config.transactions_enabled:
             self.txn_outcomes = TxnOutcomes(store, self.clock)
             # The coordinator wakes this broker's participants right after its CAS (the
@@ -157,6 +159,9 @@ class BrokerService:
                 owner_id=self.http_url,
                 on_final=self.txn_outcomes.wake,
             )
+            # Transaction keys (the key-fencing PIP): epochs per owner&key, fenced here
+            # and, through its watch, on every other broker.
+            self.txn_keys = TransactionKeys(store, self.clock, self.txn_coordinator)
 
     @property
     def protocol_errors(self) -> int:
@@ -171,6 +176,8 @@ class BrokerService:
         if self.txn_outcomes is not None and self.txn_coordinator is not None:
             await self.txn_outcomes.start()
             await self.txn_coordinator.start()
+            if self.txn_keys is not None:
+                await self.txn_keys.start()
 
     def set_addresses(self, *, pulsar_url: str | None = None, http_url: str | None = None) -> None:
         """The bound addresses (known once the servers listen); controllers created later
@@ -371,6 +378,8 @@ class BrokerService:
         """Close the scalable-topic controllers and watch sessions, then every topic:
         in-flight appends finish, dedup snapshots are written."""
         self._closed = True
+        if self.txn_keys is not None:
+            await self.txn_keys.close()
         if self.txn_coordinator is not None:
             await self.txn_coordinator.close()
         for step in (self.scalable_endpoint.close, self.dag_watcher.close, self.scalable.close):

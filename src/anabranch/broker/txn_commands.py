@@ -19,14 +19,18 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Iterator
 from typing import Any
 
 from anabranch import limits
 from anabranch.broker.error_codes import server_error
+from anabranch.core.txn_keys import NEW_CLIENT_EPOCH
 from anabranch.errors import AnabranchError, InvalidArgument, TransactionCoordinatorNotFound
 from anabranch.protocol._generated import pulsar_api_pb2 as pb
 from anabranch.transactions.ids import TxnId
+from anabranch.transactions.keys import BINDING_ATTR, TransactionKeys
 from anabranch.transactions.records import TxnState
 
 log = logging.getLogger(__name__)
@@ -43,6 +47,26 @@ def _coordinator(session: Session) -> Any:
     return coordinator
 
 
+@contextlib.contextmanager
+def _keyed(session: Session) -> Iterator[tuple[TransactionKeys | None, Any]]:
+    """``(keys, binding)`` of a connection holding a transaction key, else ``(None,
+    None)``; wraps a command up to its answer, so that a connection fenced meanwhile is
+    closed only after that answer went out."""
+    keys = getattr(session.service, "txn_keys", None)
+    if keys is None or getattr(session, BINDING_ATTR, None) is None:
+        yield None, None
+        return
+    with keys.command(session) as binding:
+        yield keys, binding
+
+
+def on_session_closed(session: Session) -> None:
+    """A closed connection no longer holds its transaction key (if any)."""
+    keys = getattr(session.service, "txn_keys", None)
+    if keys is not None:
+        keys.release(session)
+
+
 def _fail(body: Any, err: BaseException) -> None:
     body.error = server_error(err)
     # Errors the client caused are named; anything else stays generic (no internals leak).
@@ -55,7 +79,12 @@ async def handle_tc_client_connect_request(
     session: Session, cmd: pb.CommandTcClientConnectRequest
 ) -> None:
     """TC_CLIENT_CONNECT → its response; an error when transactions are off or the
-    partition does not exist."""
+    partition does not exist.
+
+    With a ``transaction_key`` (the key-fencing PIP) the connection claims the key of its
+    role ("" without auth): ``epoch`` -1 or absent bumps the key's epoch (fencing the
+    older holder and aborting its transaction), the stored epoch resumes it, an older
+    one is NotAllowed ("fenced"); the answer carries the epoch in field 4."""
     body = pb.CommandTcClientConnectResponse(request_id=cmd.request_id)
     try:
         coordinator = _coordinator(session)
@@ -63,6 +92,15 @@ async def handle_tc_client_connect_request(
             raise TransactionCoordinatorNotFound(
                 f"no transaction coordinator {cmd.tc_id} (there are {coordinator.partitions})"
             )
+        keys = getattr(session.service, "txn_keys", None)
+        if cmd.HasField("transaction_key") and keys is not None:
+            binding = await keys.connect(
+                session,
+                getattr(session, "role", None) or "",
+                cmd.transaction_key,
+                cmd.epoch if cmd.HasField("epoch") else NEW_CLIENT_EPOCH,
+            )
+            body.epoch = binding.epoch
     except Exception as err:
         _fail(body, err)
     session.write(T(type=T.TC_CLIENT_CONNECT_RESPONSE, tcClientConnectResponse=body))
@@ -71,19 +109,21 @@ async def handle_tc_client_connect_request(
 async def handle_new_txn(session: Session, cmd: pb.CommandNewTxn) -> None:
     """NEW_TXN → NEW_TXN_RESPONSE with the new TxnID (``txn_ttl_millis`` is the timeout)."""
     body = pb.CommandNewTxnResponse(request_id=cmd.request_id)
-    try:
-        coordinator = _coordinator(session)
-        timeout = cmd.txn_ttl_millis or limits.TXN_TIMEOUT_DEFAULT_MS
-        txn = await coordinator.new_txn(
-            timeout,
-            tc_id=cmd.tc_id if cmd.HasField("tc_id") else None,
-            owner=getattr(session, "role", None),
-        )
-        body.txnid_most_bits = txn.most_bits
-        body.txnid_least_bits = txn.least_bits
-    except Exception as err:
-        _fail(body, err)
-    session.write(T(type=T.NEW_TXN_RESPONSE, newTxnResponse=body))
+    with _keyed(session) as (keys, binding):
+        try:
+            coordinator = _coordinator(session)
+            timeout = cmd.txn_ttl_millis or limits.TXN_TIMEOUT_DEFAULT_MS
+            tc_id = cmd.tc_id if cmd.HasField("tc_id") else None
+            owner = getattr(session, "role", None)
+            if keys is not None:  # a keyed connection: checked and recorded in its key
+                txn = await keys.new_txn(binding, timeout, tc_id=tc_id, owner=owner)
+            else:
+                txn = await coordinator.new_txn(timeout, tc_id=tc_id, owner=owner)
+            body.txnid_most_bits = txn.most_bits
+            body.txnid_least_bits = txn.least_bits
+        except Exception as err:
+            _fail(body, err)
+        session.write(T(type=T.NEW_TXN_RESPONSE, newTxnResponse=body))
 
 
 async def _answer_open_check(session: Session, cmd: Any, body: Any) -> None:
@@ -92,6 +132,9 @@ async def _answer_open_check(session: Session, cmd: Any, body: Any) -> None:
     body.txnid_most_bits = cmd.txnid_most_bits
     body.txnid_least_bits = cmd.txnid_least_bits
     try:
+        # A keyed connection's cached state only: a fence marks it at once (here, or on
+        # another broker through the key watch).
+        TransactionKeys.check(getattr(session, BINDING_ATTR, None))
         await _coordinator(session).check_open(TxnId(cmd.txnid_most_bits, cmd.txnid_least_bits))
     except Exception as err:
         _fail(body, err)
@@ -122,12 +165,17 @@ async def handle_end_txn(session: Session, cmd: pb.CommandEndTxn) -> None:
         txnid_most_bits=cmd.txnid_most_bits,
         txnid_least_bits=cmd.txnid_least_bits,
     )
-    try:
-        coordinator = _coordinator(session)
-        if not cmd.HasField("txn_action") or cmd.txn_action not in (pb.COMMIT, pb.ABORT):
-            raise InvalidArgument("END_TXN needs txn_action COMMIT or ABORT")
-        wanted = TxnState.COMMITTED if cmd.txn_action == pb.COMMIT else TxnState.ABORTED
-        await coordinator.end_txn(TxnId(cmd.txnid_most_bits, cmd.txnid_least_bits), wanted)
-    except Exception as err:
-        _fail(body, err)
-    session.write(T(type=T.END_TXN_RESPONSE, endTxnResponse=body))
+    with _keyed(session) as (keys, binding):
+        try:
+            coordinator = _coordinator(session)
+            if not cmd.HasField("txn_action") or cmd.txn_action not in (pb.COMMIT, pb.ABORT):
+                raise InvalidArgument("END_TXN needs txn_action COMMIT or ABORT")
+            wanted = TxnState.COMMITTED if cmd.txn_action == pb.COMMIT else TxnState.ABORTED
+            txn = TxnId(cmd.txnid_most_bits, cmd.txnid_least_bits)
+            if keys is not None:  # the header CAS is guarded by the key record
+                await keys.end_txn(binding, txn, wanted)
+            else:
+                await coordinator.end_txn(txn, wanted)
+        except Exception as err:
+            _fail(body, err)
+        session.write(T(type=T.END_TXN_RESPONSE, endTxnResponse=body))

@@ -43,6 +43,7 @@ from anabranch.client.transaction import (
     TransactionScope,
 )
 from anabranch.core.names import SegmentName, TopicDomain, parse_name
+from anabranch.core.txn_keys import validate_key
 from anabranch.errors import InvalidArgument
 from anabranch.limits import (
     CLIENT_OPERATION_STUCK_S,
@@ -71,7 +72,10 @@ class Client:
     ``operation_stuck_s`` (a send or request waiting this long makes the client PING its
     connection), ``probe_timeout_s`` (how long that PING may go unanswered before the
     connection is dropped and its producers move to the topic's current owner),
-    ``random`` (the reconnect jitter source, injectable for tests).
+    ``random`` (the reconnect jitter source, injectable for tests), ``transaction_key``
+    (the key-fencing PIP: one live owner per key; a newer client with the same key fences
+    this one, whose transaction calls then raise ``ExpiredTransactionError``; a key with
+    ``&``, empty, or over ``limits.TXN_KEY_BYTES_MAX`` is InvalidArgument here).
 
     Example (a broker across a slow WAN link: probe later, wait longer for the PONG)::
 
@@ -87,8 +91,11 @@ class Client:
         operation_stuck_s: float = CLIENT_OPERATION_STUCK_S,
         probe_timeout_s: float = CLIENT_PROBE_TIMEOUT_S,
         random: Callable[[], float] = _random.random,
+        transaction_key: str | None = None,
     ) -> None:
         self.service_url = service_url
+        # Refused here, before any connection: a key with '&' could never be claimed.
+        self.transaction_key = None if transaction_key is None else validate_key(transaction_key)
         self._pool = ConnectionPool(
             service_url,
             operation_timeout_s=operation_timeout_s,
@@ -263,8 +270,26 @@ class Client:
 
     def _transaction_coordinator(self) -> TransactionCoordinatorClient:
         if self._coordinator is None:
-            self._coordinator = TransactionCoordinatorClient(self._pool)
+            self._coordinator = TransactionCoordinatorClient(
+                self._pool, transaction_key=self.transaction_key
+            )
         return self._coordinator
+
+    async def claim_transaction_key(self) -> int:
+        """Claim ``transaction_key`` now and return its epoch (the key-fencing PIP).
+
+        A keyed client otherwise claims its key at its first transaction. Claiming fences
+        the key's previous holder: its open transaction is aborted, its connection closed,
+        and its transaction calls raise ``ExpiredTransactionError`` from then on.
+
+        Example::
+
+            worker = Client("pulsar://localhost:6650", transaction_key="etl-7")
+            epoch = await worker.claim_transaction_key()   # 0, then 1 for the next worker
+        """
+        if self.transaction_key is None:
+            raise InvalidArgument("this client has no transaction_key")
+        return await self._transaction_coordinator().claim_transaction_key()
 
     async def new_transaction(self, timeout: float = DEFAULT_TIMEOUT_S) -> Transaction:  # noqa: ASYNC109 (the txn's TTL)
         """An open transaction that the broker aborts ``timeout`` seconds from now unless

@@ -451,6 +451,17 @@ class Client:
         """
         return self._open(Transaction, self._inner.new_transaction, timeout)
 
+    def claim_transaction_key(self) -> int:
+        """Claim the client's ``transaction_key`` now (fencing its previous holder) and
+        return the key's epoch; without it the first transaction claims the key.
+
+        Example::
+
+            client = Client("pulsar://localhost:6650", transaction_key="etl-7")
+            client.claim_transaction_key()      # 0 for the first client, then 1, 2, ...
+        """
+        return int(self._portal.call(self._inner.claim_transaction_key))
+
     def transaction(self, timeout: float = DEFAULT_TIMEOUT_S) -> Transaction:
         """A new transaction to use as ``with client.transaction(timeout=30) as txn:``
         (commits on a normal exit, aborts on an exception)."""

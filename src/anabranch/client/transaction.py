@@ -61,6 +61,7 @@ from anabranch.client.errors import (
     TransactionOperationFailed,
     from_server_error,
 )
+from anabranch.core.txn_keys import NEW_CLIENT_EPOCH, validate_key
 from anabranch.errors import (
     AnabranchError,
     InvalidArgument,
@@ -150,8 +151,15 @@ class TransactionCoordinatorClient:
         *,
         partitions: int = TXN_COORDINATOR_PARTITIONS,
         attempts_max: int = TXN_REQUEST_ATTEMPTS_MAX,
+        transaction_key: str | None = None,
     ) -> None:
         self._pool = pool
+        # The key-fencing PIP: the key and the last epoch the broker gave us travel in
+        # every TC_CLIENT_CONNECT (-1 before the first), so a reconnect resumes the epoch
+        # and only a new client bumps it. Once fenced, the client stays fenced.
+        self.transaction_key = None if transaction_key is None else validate_key(transaction_key)
+        self.epoch = NEW_CLIENT_EPOCH
+        self._fenced: ExpiredTransactionError | None = None
         self._partitions = max(1, partitions)
         self._next_tc = itertools.count()
         self._attempts_max = attempts_max
@@ -196,6 +204,9 @@ class TransactionCoordinatorClient:
                 frame = await conn.request(build(request_id), request_id)
                 _check_answer(_body(frame))
                 return frame
+            except ExpiredTransactionError as err:
+                self._note_fenced(err)
+                raise
             except AnabranchError as err:
                 pause = backoff.next()
                 if (
@@ -207,8 +218,20 @@ class TransactionCoordinatorClient:
                 log.info("transaction request failed (%s); again in %.2fs", err, pause)
                 await asyncio.sleep(pause)
 
+    def _note_fenced(self, err: ExpiredTransactionError) -> None:
+        """Remember a fence of our transaction key (not a mere timeout of one txn)."""
+        if self.transaction_key is not None and self._fenced is None and "fenced" in str(err):
+            self._fenced = err
+
+    async def claim_transaction_key(self) -> int:
+        """TC_CLIENT_CONNECT now (not at the first transaction): returns the key's epoch."""
+        await self._connection()
+        return self.epoch
+
     async def _connection(self) -> ClientConnection:
         """A service-URL connection on which TC_CLIENT_CONNECT was answered."""
+        if self._fenced is not None:
+            raise ExpiredTransactionError(str(self._fenced))
         conn = await self._pool.get()
         if conn is self._handshaken:
             return conn
@@ -217,8 +240,16 @@ class TransactionCoordinatorClient:
                 return conn
             request_id = conn.new_request_id()
             try:
-                frame = await conn.request(_tc_connect(request_id), request_id)
-                _check_answer(frame.command.tcClientConnectResponse)
+                frame = await conn.request(
+                    _tc_connect(request_id, self.transaction_key, self.epoch), request_id
+                )
+                answer = frame.command.tcClientConnectResponse
+                _check_answer(answer)
+                if self.transaction_key is not None and answer.HasField("epoch"):
+                    self.epoch = int(answer.epoch)
+            except ExpiredTransactionError as err:
+                self._note_fenced(err)
+                raise
             except TransactionCoordinatorNotFound as err:
                 raise TransactionCoordinatorNotFound(
                     f"transactions are disabled on this broker ({conn.address[0]}:"
@@ -236,8 +267,11 @@ def _body(frame: Frame) -> Any:
     return frame.command.endTxnResponse
 
 
-def _tc_connect(request_id: int) -> pb.BaseCommand:
+def _tc_connect(request_id: int, key: str | None = None, epoch: int = -1) -> pb.BaseCommand:
     body = pb.CommandTcClientConnectRequest(request_id=request_id, tc_id=0, scalable=True)
+    if key is not None:
+        body.transaction_key = key
+        body.epoch = epoch
     return pb.BaseCommand(type=T.TC_CLIENT_CONNECT_REQUEST, tcClientConnectRequest=body)
 
 
