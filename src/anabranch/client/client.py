@@ -52,6 +52,7 @@ from anabranch.limits import (
     CONSUMER_RECEIVER_QUEUE_MESSAGES,
     KEEPALIVE_INTERVAL_S,
 )
+from anabranch.transactions.ids import TxnId
 
 
 def _persistent_topic(topic: str) -> str:
@@ -306,6 +307,35 @@ class Client:
             print(txn.id, txn.state)    # TxnId(most_bits=.., least_bits=..) COMMITTED
         """
         return await self._transaction_coordinator().new_transaction(timeout)
+
+    async def resume_transaction(
+        self,
+        txn_id: tuple[int, int],
+        timeout: float = DEFAULT_TIMEOUT_S,  # noqa: ASYNC109 (the txn's remaining TTL)
+    ) -> Transaction:
+        """A handle on an OPEN transaction created elsewhere (an exactly-once sink's batch
+        transaction, from ``PUT /admin/v2/transactions/batches/...``), to send in with
+        ``txn=``; ``timeout`` is roughly the time it has left (the broker's deadline
+        decides). Its commit and abort work, but a sink's tasks never call them: the
+        driver commits the batch naming the winning branches. Nothing is sent here.
+
+        Example::
+
+            batch = await admin.begin_batch("q1/out", 7, "q1")
+            ids = batch["txnId"]
+            txn = await client.resume_transaction(
+                TxnId(ids["mostSigBits"], ids["leastSigBits"]), timeout=60
+            )
+            await producer.send(b"row", txn=txn, properties={"__txn_branch": "3-a1"})
+        """
+        most, least = txn_id
+        loop = asyncio.get_running_loop()
+        return Transaction(
+            self._transaction_coordinator(),
+            TxnId(int(most), int(least)),
+            timeout,
+            deadline=loop.time() + timeout,
+        )
 
     def transaction(self, timeout: float = DEFAULT_TIMEOUT_S) -> TransactionScope:
         """``async with client.transaction(timeout=30) as txn:``: a new transaction that

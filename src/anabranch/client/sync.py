@@ -462,6 +462,19 @@ class Client:
         """
         return int(self._portal.call(self._inner.claim_transaction_key))
 
+    def resume_transaction(
+        self, txn_id: tuple[int, int], timeout: float = DEFAULT_TIMEOUT_S
+    ) -> Transaction:
+        """A handle on an OPEN transaction created elsewhere (a sink's batch), to send in
+        with ``txn=`` (see the async twin).
+
+        Example::
+
+            txn = client.resume_transaction(TxnId(0, 12), timeout=60)
+            producer.send(b"row", txn=txn, properties={"__txn_branch": "3-a1"})
+        """
+        return self._open(Transaction, self._inner.resume_transaction, txn_id, timeout)
+
     def transaction(self, timeout: float = DEFAULT_TIMEOUT_S) -> Transaction:
         """A new transaction to use as ``with client.transaction(timeout=30) as txn:``
         (commits on a normal exit, aborts on an exception)."""
