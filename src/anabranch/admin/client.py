@@ -80,6 +80,19 @@ TRANSACTIONS = "/admin/v2/transactions"
 """Where the transaction read endpoints live (upstream's ``/admin/v3/transactions`` too)."""
 
 
+def _key_path(key: str, owner: str) -> str:
+    """The admin path of a transaction key (``?owner=`` unless it is the no-auth owner).
+
+    Example:
+        >>> _key_path("etl-7", "")
+        '/admin/v2/transactions/transaction-keys/etl-7'
+        >>> _key_path("a/b", "alice").rsplit("/", 1)[1]
+        'a%2Fb?owner=alice'
+    """
+    path = f"{TRANSACTIONS}/transaction-keys/{_q(key)}"
+    return f"{path}?owner={_q(owner)}" if owner else path
+
+
 def _txn_topic_path(topic: str) -> str:
     """``{t}/{ns}/{topic}`` of a persistent topic, or ``segment/{t}/{ns}/{topic}/{descriptor}``
     of a ``segment://`` name (the transaction routes' two topic forms).
@@ -428,6 +441,20 @@ class AdminClient:
     async def get_batch(self, sink_key: str, batch_id: int) -> dict[str, Any]:
         """The batch and its transaction's state (404 when never begun)."""
         return dict(await self.request("GET", self._batch_path(sink_key, batch_id)))
+
+    # --- transaction keys (the key-fencing PIP) -------------------------------------------
+
+    async def list_transaction_keys(self) -> list[dict[str, Any]]:
+        """Every transaction key: owner, transactionKey, epoch, txnId, createdAt, ageMs."""
+        return list(await self.request("GET", f"{TRANSACTIONS}/transaction-keys"))
+
+    async def get_transaction_key(self, key: str, *, owner: str = "") -> dict[str, Any]:
+        """One key's epoch, transaction (txnId, txnStatus), owner and age (404 unknown)."""
+        return dict(await self.request("GET", _key_path(key, owner)))
+
+    async def delete_transaction_key(self, key: str, *, owner: str = "") -> dict[str, Any]:
+        """Abort the key's open transaction and delete the key (its holder is fenced)."""
+        return dict(await self.request("DELETE", _key_path(key, owner)))
 
     # --- misc -----------------------------------------------------------------------------
 

@@ -33,6 +33,20 @@ txnId: {mostSigBits, leastSigBits}, epoch, state, queryId, winners, createdAt}``
 * ``POST batches/{sinkKey}/{batchId}/abort`` with ``{"epoch"}`` — abort unless committed;
 * ``GET batches/{sinkKey}/{batchId}`` — the batch (404 when never begun).
 
+Transaction keys (the key-fencing PIP's admin API):
+
+* ``GET transaction-keys`` — every key: ``owner``, ``transactionKey``, ``epoch``,
+  ``txnId`` (the key's last transaction or null), ``createdAt``, ``updatedAt``, ``ageMs``.
+* ``GET transaction-keys/{key}`` — one key, plus ``txnStatus`` (its transaction's state)
+  and ``connections`` (this broker's connections holding it); 404 when unknown.
+* ``DELETE transaction-keys/{key}`` — abort the key's open transaction and delete the
+  record; a connection holding it is fenced (its next transaction command gets
+  NotAllowed "fenced"). Answers the deleted record; 404 when unknown.
+
+The path names the key of the owner "" (the owner while authentication is off); a key
+claimed by an authenticated role is named with ``?owner=<role>``. A key with ``&`` (or
+empty, or over ``limits.TXN_KEY_BYTES_MAX``) is 400.
+
 Every route answers 503 (TransactionCoordinatorNotFound) while transactions are disabled.
 Topic-scoped routes resolve the topic as ``/stats`` does: in a cluster a persistent topic
 owned elsewhere answers 307 to its owner; a segment is only read where it is loaded (a
@@ -42,7 +56,7 @@ loads or creates a segment.
 Example:
     >>> sorted({r.tag for r in ROUTES})
     ['transactions']
-    >>> len(ROUTES) == 2 * 7 + 4
+    >>> len(ROUTES) == 2 * 10 + 4
     True
 """
 
@@ -142,6 +156,21 @@ PENDING_ACK_STATS = {
     "properties": {"state": STRING, "ongoingTxnSize": INTEGER, "opWrites": INTEGER},
 }
 TXN_ERRORS = (400, 404, 503)
+KEY_FIELDS = {
+    "owner": STRING,
+    "transactionKey": STRING,
+    "epoch": INTEGER,
+    "txnId": NULLABLE_STRING,
+    "createdAt": INTEGER,
+    "updatedAt": INTEGER,
+    "ageMs": INTEGER,
+}
+TRANSACTION_KEYS = {"type": "array", "items": {"type": "object", "properties": KEY_FIELDS}}
+TRANSACTION_KEY = {
+    "type": "object",
+    "properties": {**KEY_FIELDS, "txnStatus": NULLABLE_STRING, "connections": INTEGER},
+}
+TRANSACTION_KEY_RECORD = {"type": "object", "properties": KEY_FIELDS}
 TOPIC_ERRORS = (307, 400, 404, 503)
 
 
@@ -294,6 +323,25 @@ def _batch_routes(base: str) -> list[Route]:
     ]  # fmt: skip
 
 
+def owner_query(request: web.Request) -> str:
+    """``?owner=<role>``: the owner of the key the path names ("" when absent)."""
+    return request.query.get("owner", "")
+
+
+async def list_transaction_keys(admin: AdminService, request: web.Request) -> object:
+    return await admin.list_transaction_keys()
+
+
+async def get_transaction_key(admin: AdminService, request: web.Request) -> object:
+    return await admin.get_transaction_key(param(request, "transactionKey"), owner_query(request))
+
+
+async def delete_transaction_key(admin: AdminService, request: web.Request) -> object:
+    return await admin.delete_transaction_key(
+        param(request, "transactionKey"), owner_query(request)
+    )
+
+
 def _named(handler: Handler, suffix: str) -> Handler:
     """``handler`` under ``<name><suffix>`` (OpenAPI operationIds must stay unique when
     the v3 prefix repeats the v2 routes)."""
@@ -309,12 +357,14 @@ def _named(handler: Handler, suffix: str) -> Handler:
 
 
 def _routes(base: str, suffix: str = "") -> list[Route]:
-    """The seven routes under ``base``."""
-    (coordinator, metadata, slow, buffer, segment_buffer, pending, segment_pending) = (
+    """The ten routes under ``base``."""
+    (coordinator, metadata, slow, buffer, segment_buffer, pending, segment_pending,
+     list_keys, get_key, delete_key) = (
         _named(h, suffix)
         for h in (coordinator_stats, transaction_metadata, slow_transactions,
                   transaction_buffer_stats, segment_transaction_buffer_stats,
-                  pending_ack_stats, segment_pending_ack_stats)
+                  pending_ack_stats, segment_pending_ack_stats,
+                  list_transaction_keys, get_transaction_key, delete_transaction_key)
     )  # fmt: skip
     topic = "{tenant}/{namespace}/{topic}"
     segment = "segment/{tenant}/{namespace}/{topic}/{descriptor}"
@@ -344,6 +394,17 @@ def _routes(base: str, suffix: str = "") -> list[Route]:
               segment_pending,
               "The pending-ack store stats of a subscription on a segment topic.",
               "transactions", response_schema=PENDING_ACK_STATS, errors=TOPIC_ERRORS),
+        Route("GET", f"{base}/transaction-keys", list_keys,
+              "Every transaction key with its epoch and last transaction.", "transactions",
+              response_schema=TRANSACTION_KEYS, errors=TXN_ERRORS),
+        Route("GET", f"{base}/transaction-keys/{{transactionKey}}", get_key,
+              "A transaction key's epoch, transaction (and its status), owner and age "
+              "(?owner=<role> for a key of an authenticated role).", "transactions",
+              response_schema=TRANSACTION_KEY, errors=TXN_ERRORS),
+        Route("DELETE", f"{base}/transaction-keys/{{transactionKey}}", delete_key,
+              "Abort a transaction key's open transaction and delete the key; its holder "
+              "is fenced (?owner=<role> for a key of an authenticated role).",
+              "transactions", response_schema=TRANSACTION_KEY_RECORD, errors=TXN_ERRORS),
     ]  # fmt: skip
 
 

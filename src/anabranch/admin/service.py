@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from anabranch.broker.topic import PersistentTopic
     from anabranch.storage.api import Cursor
     from anabranch.transactions.coordinator import TransactionCoordinator
+    from anabranch.transactions.keys import TransactionKeys
 
 log = logging.getLogger(__name__)
 
@@ -458,6 +459,31 @@ class AdminService:
                 f"(there are {coordinator.partitions} coordinator partitions)"
             )
         return await coordinator.transaction_metadata(TxnId(most_bits, least_bits))
+
+    # --- transaction keys (the key-fencing PIP) ---------------------------------------------
+
+    def txn_keys(self) -> TransactionKeys:
+        """This broker's transaction keys; 503 when transactions are disabled."""
+        self.txn_coordinator()
+        keys = self.broker.txn_keys
+        if keys is None:
+            raise TransactionCoordinatorNotFound("transactions are not enabled on this broker")
+        return keys
+
+    async def list_transaction_keys(self) -> list[dict[str, Any]]:
+        """Every transaction key (owner, transactionKey, epoch, txnId, createdAt,
+        updatedAt, ageMs), in key order, at most ``limits.TXN_KEYS_LIST_MAX``."""
+        return await self.txn_keys().list_keys()
+
+    async def get_transaction_key(self, key: str, owner: str = "") -> dict[str, Any]:
+        """One key's epoch, current transaction (``txnId``, ``txnStatus``), owner and age;
+        NotFound (404). ``owner`` is the role that claimed it ("" without auth)."""
+        return await self.txn_keys().describe(owner, key)
+
+    async def delete_transaction_key(self, key: str, owner: str = "") -> dict[str, Any]:
+        """Delete a key: its open transaction is aborted and a connection holding it is
+        fenced at its next command. Returns the deleted record; NotFound (404)."""
+        return await self.txn_keys().delete(owner, key)
 
     async def slow_transactions(
         self, older_than_ms: int, coordinator_id: int | None = None

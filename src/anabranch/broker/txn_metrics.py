@@ -13,6 +13,11 @@ transactions (``service.txn_coordinator`` is not None). Every family carries the
 * ``anabranch_txn_gc_collected_total``: final headers removed by the PIP-473 GC;
 * ``anabranch_txn_commit_latency_seconds`` (histogram):
   ``pulsar_txn_execution_latency_le_*``;
+* ``anabranch_txn_transaction_key_count`` (gauge), ``anabranch_txn_transaction_key_epoch``
+  and ``anabranch_txn_transaction_key_age_seconds`` (gauges labelled ``owner`` and
+  ``transaction_key``): the key PIP's ``pulsar_txn_transaction_key_*``, over every key
+  (this broker's key watch sees them all; per-key series capped at
+  ``limits.TXN_KEY_METRICS_SERIES_MAX``);
 * ``anabranch_txn_metadata_store_op_writes_total``,
   ``anabranch_txn_metadata_store_header_cas_total{result="ok|conflict|reject"}`` and
   ``anabranch_txn_metadata_store_outstanding_op_records`` (gauge): PIP-473's
@@ -53,6 +58,8 @@ from prometheus_client.core import (
     Metric,
 )
 from prometheus_client.registry import Collector
+
+from anabranch import limits
 
 PREFIX = "anabranch_txn"
 LABELS = ["cluster"]
@@ -157,6 +164,42 @@ class TxnCollector(Collector):
         )
         backlog.add_metric(cluster, outstanding)
         yield backlog
+        keys = getattr(self.service, "txn_keys", None)
+        if keys is not None:
+            yield from self._transaction_keys(keys, cluster)
+
+    def _transaction_keys(self, keys: Any, cluster: list[str]) -> Iterator[Metric]:
+        """The key PIP's ``pulsar_txn_transaction_key_*`` families, from the records this
+        broker's key watch sees (so every broker reports every key)."""
+        known = sorted(keys.known(), key=lambda r: (r.owner, r.key))
+        count = GaugeMetricFamily(
+            f"{PREFIX}_transaction_key_count",
+            "Transaction keys in the system (pulsar_txn_transaction_key_count).",
+            labels=LABELS,
+        )
+        count.add_metric(cluster, len(known))
+        yield count
+        key_labels = [*LABELS, "owner", "transaction_key"]
+        epoch = GaugeMetricFamily(
+            f"{PREFIX}_transaction_key_epoch",
+            "The latest epoch of each transaction key (pulsar_txn_transaction_key_epoch).",
+            labels=key_labels,
+        )
+        age = GaugeMetricFamily(
+            f"{PREFIX}_transaction_key_age_seconds",
+            "Seconds since each transaction key was first claimed "
+            "(pulsar_txn_transaction_key_age).",
+            labels=key_labels,
+        )
+        now_ms = self.service.clock.wall_ms()
+        # Per-key series are capped (limits.TXN_KEY_METRICS_SERIES_MAX): the count above
+        # still counts every key.
+        for rec in known[: limits.TXN_KEY_METRICS_SERIES_MAX]:
+            labels = [*cluster, rec.owner, rec.key]
+            epoch.add_metric(labels, rec.epoch)
+            age.add_metric(labels, max(0.0, (now_ms - rec.created_at) / 1000))
+        yield epoch
+        yield age
 
     @staticmethod
     def _latency(histogram: Any, cluster: list[str]) -> HistogramMetricFamily:

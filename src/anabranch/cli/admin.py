@@ -10,6 +10,8 @@ Example:
     $ anabranch admin --admin-url http://broker:8080 topics stats orders-partition-0 --output json
     $ anabranch admin transactions coordinator-stats
     $ anabranch admin transactions slow-transactions --timeout-ms 60000 --output json
+    $ anabranch admin transactions list-transaction-keys
+    $ anabranch admin transactions delete-transaction-key etl-7 --output json
 """
 
 from __future__ import annotations
@@ -729,3 +731,46 @@ def transactions_pending_ack_stats(topic: str, subscription: str, output: Output
     """A subscription's pending-ack store (persistent topic or segment:// name)."""
     _run(lambda c: c.pending_ack_stats(topic, subscription), output,
          f"pending acks of {subscription} on {topic}")  # fmt: skip
+
+
+OwnerOpt = Annotated[
+    str,
+    typer.Option("--owner", help="The role that claimed the key (default: none, auth off)."),
+]
+
+
+def transaction_keys_table(keys: list[dict[str, Any]]) -> Table:
+    """A row per transaction key.
+
+    Example:
+        >>> transaction_keys_table([{"transactionKey": "etl-7", "epoch": 2}]).row_count
+        1
+    """
+    columns = ("owner", "transactionKey", "epoch", "txnId", "ageMs")
+    table = Table(title="transaction keys")
+    for column in columns:
+        table.add_column(column)
+    for entry in keys:
+        table.add_row(*("-" if entry.get(c) is None else str(entry[c]) for c in columns))
+    return table
+
+
+@transactions_app.command("list-transaction-keys")
+def transactions_list_keys(output: OutputOpt = None) -> None:
+    """Every transaction key with its epoch and last transaction."""
+    data = _call(lambda c: c.list_transaction_keys())
+    if not _json_out(data, output):
+        stdout.print(transaction_keys_table(data))
+
+
+@transactions_app.command("get-transaction-key")
+def transactions_get_key(key: str, owner: OwnerOpt = "", output: OutputOpt = None) -> None:
+    """A transaction key's epoch, current transaction (and status), owner and age."""
+    _run(lambda c: c.get_transaction_key(key, owner=owner), output, f"transaction key {key}")
+
+
+@transactions_app.command("delete-transaction-key")
+def transactions_delete_key(key: str, owner: OwnerOpt = "", output: OutputOpt = None) -> None:
+    """Abort a transaction key's open transaction and delete the key (fences its holder)."""
+    _run(lambda c: c.delete_transaction_key(key, owner=owner), output,
+         f"deleted transaction key {key}")  # fmt: skip
