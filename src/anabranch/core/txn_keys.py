@@ -10,20 +10,23 @@ Connect (TC_CLIENT_CONNECT carrying the key and the client's last epoch):
 =====================================  =============  ===================================
 stored record / request epoch          verdict        what the coordinator does
 =====================================  =============  ===================================
-none / -1 (a new client)               CREATE         create the record at epoch 0
+none / -1 (a new client)               CREATE         create the record at epoch 0 (or
+                                                      past a deleted record's last epoch)
 epoch e / -1                           BUMP           CAS to e + 1, abort e's open txn,
                                                       close the connections holding e
 epoch e / e (a reconnect)              RESUME         nothing: keep e, keep its txn
 epoch e / below e                      FENCED         NotAllowed ("fenced")
 epoch e / above e, none / >= 0         FENCED         the record was deleted (and maybe
-                                                      re-created, epochs restart at 0):
-                                                      the holder was fenced by the delete
+                                                      re-created): the delete fenced the
+                                                      holder
 =====================================  =============  ===================================
 
 A command (NEW_TXN, ADD_*, END_TXN) of a connection that holds epoch ``e`` of a record
 created at store revision ``c`` is current only while the stored record still has both
 (:func:`is_current`): a re-created record has a new create revision even when its epoch
-is back to ``e``.
+is back to ``e``. A deleted record leaves its last epoch behind (``floor``), and a
+re-created one starts above it, so an epoch is never handed out twice for one key: a
+holder fenced by a delete cannot resume a later incarnation of the key.
 
 Example:
     >>> judge_connect(None, NEW_CLIENT_EPOCH)
@@ -117,14 +120,17 @@ def split_key_id(text: str) -> tuple[str, str]:
     return owner, key
 
 
-def judge_connect(stored_epoch: int | None, request_epoch: int) -> tuple[ConnectVerdict, int]:
+def judge_connect(
+    stored_epoch: int | None, request_epoch: int, *, floor: int = 0
+) -> tuple[ConnectVerdict, int]:
     """The verdict on a connect and the epoch the connection holds after it (see the
-    module table). ``stored_epoch`` None: no record."""
+    module table). ``stored_epoch`` None: no record; ``floor``: the epoch a new record
+    starts at (0, or one past the last epoch of a deleted record of the key)."""
     if request_epoch < NEW_CLIENT_EPOCH:
         return ConnectVerdict.FENCED, request_epoch
     if request_epoch == NEW_CLIENT_EPOCH:
         if stored_epoch is None:
-            return ConnectVerdict.CREATE, 0
+            return ConnectVerdict.CREATE, max(floor, 0)
         return ConnectVerdict.BUMP, stored_epoch + 1
     if stored_epoch is not None and request_epoch == stored_epoch:
         return ConnectVerdict.RESUME, stored_epoch

@@ -25,6 +25,10 @@ reads, judges and writes, every change a CAS:
 * **ADD_PARTITION / ADD_SUBSCRIPTION** check only the connection's cached state (a fenced
   connection is marked at once locally and by the watch elsewhere).
 
+An admin delete leaves the key's last epoch at ``/txn/key-deleted/<owner&key>``; a
+re-created key starts above it (and removes it), so a holder fenced by the delete can
+never resume a later incarnation of the key with its old epoch.
+
 A fenced connection is closed once its in-flight transaction commands have answered, so
 an END_TXN that won its race still gets its reply. Owners are roles ("" while auth is
 off); keys must not hold ``&``.
@@ -60,6 +64,7 @@ from urllib.parse import quote, unquote
 from anabranch import limits
 from anabranch.clock import Clock
 from anabranch.core.txn_keys import (
+    NEW_CLIENT_EPOCH,
     ConnectVerdict,
     Holding,
     fenced_message,
@@ -87,6 +92,7 @@ from anabranch.metadata.api import (
     Delete,
     EventKind,
     MetadataStore,
+    Op,
     Put,
     Record,
 )
@@ -101,6 +107,10 @@ log = logging.getLogger(__name__)
 
 KEYS = "/txn/key/"
 """Prefix of the transaction-key records."""
+
+DELETED = "/txn/key-deleted/"
+"""Prefix of the last epochs of deleted keys (``{"epoch": n}``): a re-created key starts
+at n + 1, so no epoch is handed out twice (outside ``KEYS``: not listed, not watched)."""
 
 BINDING_ATTR = "txn_key_binding"
 """The attribute of a broker session holding its :class:`Binding` (None: no key)."""
@@ -118,6 +128,11 @@ def key_path(owner: str, key: str) -> str:
         ('/txn/key/%26etl-7', '/txn/key/alice%26a%2Fb')
     """
     return KEYS + quote(key_id(owner, key), safe="")
+
+
+def deleted_path(owner: str, key: str) -> str:
+    """Where a deleted key's last epoch stays."""
+    return DELETED + quote(key_id(owner, key), safe="")
 
 
 def parse_key_path(path: str) -> tuple[str, str]:
@@ -267,7 +282,13 @@ class TransactionKeys:
         for _ in range(CAS_ATTEMPTS_MAX):
             record = await self._store.get(path)
             stored = None if record is None else decode_key_record(record.value)
-            verdict, epoch = judge_connect(None if stored is None else stored.epoch, request_epoch)
+            tombstone = None
+            if record is None and request_epoch == NEW_CLIENT_EPOCH:
+                tombstone = await self._store.get(deleted_path(owner, key))
+            floor = 0 if tombstone is None else _decode_floor(tombstone.value) + 1
+            verdict, epoch = judge_connect(
+                None if stored is None else stored.epoch, request_epoch, floor=floor
+            )
             if verdict is ConnectVerdict.FENCED:
                 raise TransactionKeyFenced(
                     fenced_message(key, request_epoch, None if stored is None else stored.epoch)
@@ -285,7 +306,11 @@ class TransactionKeys:
                 try:
                     # A commit, not a put: its revision orders this claim against the
                     # watch events other brokers see.
-                    result = await self._store.commit([Put(path, encode_key_record(new), expected)])
+                    ops: list[Op] = [Put(path, encode_key_record(new), expected)]
+                    if tombstone is not None:
+                        # The re-created key took over the deleted one's last epoch.
+                        ops.append(Delete(tombstone.path, tombstone.stat.version))
+                    result = await self._store.commit(ops)
                 except BadVersion:
                     continue  # another client took the next epoch first: judge again
                 stat = result.results[0]
@@ -516,7 +541,12 @@ class TransactionKeys:
                 raise NotFound(f"transaction key {key!r} of owner {owner!r}")
             rec = decode_key_record(record.value)
             try:
-                result = await self._store.commit([Delete(path, record.stat.version)])
+                result = await self._store.commit(
+                    [
+                        Delete(path, record.stat.version),
+                        Put(deleted_path(owner, key), _encode_floor(rec.epoch)),
+                    ]
+                )
             except BadVersion:
                 continue
             self._fence_local(key_id(owner, key), None, result.revision)
@@ -640,6 +670,17 @@ class TransactionKeys:
         with contextlib.suppress(InvalidArgument):
             owner, key = parse_key_path(path)
             self._fence_local(key_id(owner, key), None, revision)
+
+
+def _encode_floor(epoch: int) -> bytes:
+    return json.dumps({"epoch": epoch}, separators=(",", ":")).encode()
+
+
+def _decode_floor(value: bytes) -> int:
+    try:
+        return int(json.loads(value)["epoch"])
+    except (ValueError, KeyError, TypeError) as err:
+        raise InvalidArgument(f"not a deleted transaction key record: {err}") from None
 
 
 def _close(session: Any) -> None:
