@@ -526,3 +526,29 @@ def test_the_blocking_client_runs_transactions() -> None:
         loop.call_soon_threadsafe(loop.stop)
         thread.join()
         loop.close()
+
+
+async def test_a_resumed_txn_sends_in_it_and_batches_never_mix_branches(tc: TxnFakeBroker) -> None:
+    """A sink task's handle on the driver's batch transaction: no coordinator request, the
+    sends carry its id, and each batch holds one ``__txn_branch`` named in its metadata."""
+    async with Client(tc.url) as client:
+        producer = await _producer(client, batch_delay_s=10, batch_messages_max=100)
+        txn = await client.resume_transaction(TxnId(3, 77), timeout=30)
+        assert txn.id == TxnId(3, 77) and txn.state is TransactionState.OPEN
+        futures = [
+            await producer.send_async(b"a1", txn=txn, properties={"__txn_branch": "0-a"}),
+            await producer.send_async(b"a2", txn=txn, properties={"__txn_branch": "0-a"}),
+            await producer.send_async(b"b1", txn=txn, properties={"__txn_branch": "0-b"}),
+        ]
+        await producer.flush()
+        assert all(f.done() and f.exception() is None for f in futures)
+    assert not tc.of_type(T.NEW_TXN)
+    sends = tc.of_type(T.SEND)
+    assert [(f.command.send.num_messages, _txn_bits(f.command.send)) for f in sends] == [
+        (2, (3, 77)),
+        (1, (3, 77)),
+    ]
+    branches = [
+        [(p.key, p.value) for p in f.metadata.properties] for f in sends if f.metadata is not None
+    ]
+    assert branches == [[("__txn_branch", "0-a")], [("__txn_branch", "0-b")]]
