@@ -1,5 +1,11 @@
 """Consume-transform-produce with Spark: read a scalable topic, upper-case each value, write
-the result to another scalable topic keyed like the input (at-least-once).
+the result to another scalable topic keyed like the input, exactly once.
+
+Exactly once (``deliveryGuarantee=exactly_once``, the sink's default): each micro-batch is one
+batch transaction of the broker, committed by the driver with one CAS; a task retry, a
+speculative duplicate or a driver killed and restarted from the checkpoint never shows a row
+twice to read-committed readers (the source reads committed data only). ``sinkId`` names the
+batch transactions (default: the query id); reusing it with a new checkpoint fails loudly.
 
 Run against a standalone broker (``anabranch standalone``)::
 
@@ -19,7 +25,7 @@ import sys
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.streaming import StreamingQuery
+from pyspark.sql.streaming.query import StreamingQuery
 
 
 def transform(df: DataFrame) -> DataFrame:
@@ -42,6 +48,7 @@ def start(
     sink: str,
     checkpoint: str,
     available_now: bool = False,
+    sink_id: str | None = None,
 ) -> StreamingQuery:
     """Start the streaming query (the caller awaits or stops it)."""
     df = (
@@ -59,9 +66,12 @@ def start(
         .option("serviceUrl", service_url)
         .option("adminUrl", admin_url)
         .option("topic", sink)
-        .option("deliveryGuarantee", "at_least_once")
+        .option("deliveryGuarantee", "exactly_once")
+        .option("txnTimeoutMs", "120000")
         .option("checkpointLocation", checkpoint)
     )
+    if sink_id is not None:
+        writer = writer.option("sinkId", sink_id)
     if available_now:
         writer = writer.trigger(availableNow=True)
     return writer.start()

@@ -24,12 +24,13 @@ from collections import deque
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
+from urllib.parse import quote
 
 import numpy as np
 import numpy.typing as npt
 import pyarrow.compute as pc
 
-from anabranch.admin.client import AdminClient
+from anabranch.admin.client import AdminClient, AdminHttpError
 from anabranch.client.client import Client
 from anabranch.client.consumer import (
     Consumer,
@@ -39,6 +40,7 @@ from anabranch.client.consumer import (
 from anabranch.client.message_id import MessageId
 from anabranch.client.reader import Reader
 from anabranch.client.scalable_producer import ScalableProducer
+from anabranch.client.transaction import Transaction
 from anabranch.core.hash_range import HashRange
 from anabranch.core.names import TopicName
 from anabranch.core.segment_layout import SegmentLayout, segment_name
@@ -62,6 +64,10 @@ log = logging.getLogger("pyspark_anabranch")
 RANGE_READER_QUEUE_MESSAGES = 10_000
 """Receiver queue of an executor's range reader: deep enough that flow permits never stall a
 bulk read (a 100 B message costs ~0.3 KB queued, so ~3 MB per reader)."""
+
+SKIP_PROBE_S = 1.0
+"""A range reader that waited this long for its next entry asks whether the broker passed
+over the rest of its range (entries of aborted transactions or losing branches)."""
 
 SCAN_CHUNK_MESSAGES = 4096
 """Messages per chunk while scanning (for a segment's first message at a timestamp, or for
@@ -381,6 +387,17 @@ class _EntryConsumer(Consumer):
         self.entries.append((int(mid.ledgerId), int(mid.entryId), md, frame.payload))
         self.arrived.set()
 
+    async def mark_delete(self) -> tuple[int, int]:
+        """The subscription's mark-delete position (from GET_LAST_MESSAGE_ID's answer)."""
+
+        def build(request_id: int) -> pb.BaseCommand:
+            body = pb.CommandGetLastMessageId(consumer_id=self._id, request_id=request_id)
+            return pb.BaseCommand(type=pb.BaseCommand.GET_LAST_MESSAGE_ID, getLastMessageId=body)
+
+        frame = await self._request(build)
+        md = frame.command.getLastMessageIdResponse.consumer_mark_delete_position
+        return int(md.ledgerId), int(md.entryId)
+
     async def next_entry(self, timeout_s: float) -> tuple[int, int, pb.MessageMetadata, bytes]:
         while not self.entries:
             self.arrived.clear()
@@ -426,6 +443,7 @@ class RangeReader:
         self._past_end = False
         """An entry at or after the one holding ``end - 1`` was read."""
         self._first = True
+        self._last: tuple[int, int] | None = None
 
     @property
     def done(self) -> bool:
@@ -452,7 +470,10 @@ class RangeReader:
         builder = ChunkBuilder(self.decoder, properties)
         while True:
             while not self.done and builder.rows < max_rows:
-                builder.add(*await self._next_entry())
+                got = await self._next_entry()
+                if got is None:
+                    break
+                builder.add(*got)
             chunk = builder.finish()
             if chunk is not None or self.done:
                 return chunk
@@ -462,25 +483,42 @@ class RangeReader:
         parts: list[npt.NDArray[np.int64]] = []
         rows = 0
         while not self.done and (rows < max_rows or rows == 0):
-            ledger_id, entry_id, md, _payload = await self._next_entry()
+            entry = await self._next_entry()
+            if entry is None:
+                break
+            ledger_id, entry_id, md, _payload = entry
             got = self.decoder.positions(encode_position(ledger_id, entry_id, -1), md)
             parts.append(got)
             rows += len(got)
         return np.concatenate(parts) if rows else None
 
-    async def _next_entry(self) -> tuple[int, int, pb.MessageMetadata, bytes]:
+    async def _next_entry(self) -> tuple[int, int, pb.MessageMetadata, bytes] | None:
+        """The next entry, or None when the broker skipped the rest of the range (entries of
+        aborted transactions, or of branches that lost a batch commit, are never
+        dispatched; the range's last entry can be one of them)."""
         assert self.consumer is not None
-        try:
-            ledger_id, entry_id, md, payload = await self.consumer.next_entry(self.timeout_s)
-        except TimeoutError:
-            raise AnabranchError(
-                f"{self.name}: no message within {self.timeout_s}s while reading "
-                f"[{self.start}, {self.end})"
-            ) from None
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.timeout_s
+        while True:
+            wait = min(SKIP_PROBE_S, max(0.0, deadline - loop.time()))
+            try:
+                ledger_id, entry_id, md, payload = await self.consumer.next_entry(wait)
+                break
+            except TimeoutError:
+                if await self._skipped_to_end():
+                    self._past_end = True
+                    return None
+                if loop.time() >= deadline:
+                    raise AnabranchError(
+                        f"{self.name}: no message within {self.timeout_s}s while reading "
+                        f"[{self.start}, {self.end})"
+                    ) from None
         if self._first:
             self._first = False
             entry = resume_entry(self.start)
-            if entry is not None and (ledger_id, entry_id) != entry:
+            # Retention trims whole ledgers: a later entry of the same ledger means the broker
+            # passed over entries (aborted ones), not that positions are gone.
+            if entry is not None and (ledger_id, entry_id) != entry and ledger_id != entry[0]:
                 problem = (
                     f"{self.name}: position {self.start} is gone (first available entry "
                     f"is {ledger_id}:{entry_id})"
@@ -488,9 +526,20 @@ class RangeReader:
                 if self.fail_on_data_loss:
                     raise DataLoss(problem)
                 log.warning("%s; skipping to it (failOnDataLoss=false)", problem)
+        self._last = (ledger_id, entry_id)
         if (ledger_id, entry_id) >= self.end_entry:
             self._past_end = True  # the range ends after (or inside) this entry
         return ledger_id, entry_id, md, payload
+
+    async def _skipped_to_end(self) -> bool:
+        """Whether every entry up to the range's last one was received or passed over: ack
+        what was received, then ask where the subscription's mark-delete is."""
+        assert self.consumer is not None
+        if self.consumer.entries:
+            return False
+        if self._last is not None:
+            await self.consumer.acknowledge_cumulative(MessageId(*self._last))
+        return await self.consumer.mark_delete() >= self.end_entry
 
 
 # --- the sink ---------------------------------------------------------------------------------
@@ -498,6 +547,9 @@ class RangeReader:
 Row = tuple[str, bytes, str | None, dict[str, str] | None, int | None]
 """A row to produce: (topic ``t/ns/x``, value, key, properties, event time ms)."""
 
+
+BRANCH_PROPERTY = "__txn_branch"
+"""The message property naming a message's branch of a batch transaction."""
 
 SINK_LOOKUP_ATTEMPTS = 5
 """How often the sink looks a topic up before its NotFound counts."""
@@ -507,8 +559,14 @@ class TopicSink:
     """Produces rows with one scalable producer per topic (key routing, transparent re-route
     at splits and merges) and collects their futures until :meth:`finish`."""
 
-    def __init__(self, client: Client) -> None:
+    def __init__(
+        self, client: Client, txn: Transaction | None = None, branch: str | None = None
+    ) -> None:
         self.client = client
+        self.txn = txn
+        self.branch = branch
+        """Every message carries ``{BRANCH_PROPERTY: branch}`` (the batch transaction's
+        branch of this task attempt)."""
         self.producers: dict[str, ScalableProducer] = {}
         self.futures: list[asyncio.Future[MessageId]] = []
         self.stored = 0
@@ -516,13 +574,18 @@ class TopicSink:
     async def send(self, rows: list[Row]) -> None:
         per_topic: dict[str, list[tuple[bytes, str | None, dict[str, str] | None, int | None]]]
         per_topic = {}
+        branch = self.branch
+        tag = None if branch is None else {BRANCH_PROPERTY: branch}
         for topic, value, key, properties, event_time in rows:
-            per_topic.setdefault(topic, []).append((value, key, properties, event_time))
+            props = properties
+            if tag is not None:
+                props = tag if not properties else {**properties, **tag}
+            per_topic.setdefault(topic, []).append((value, key, props, event_time))
         for topic, messages in per_topic.items():
             producer = self.producers.get(topic)
             if producer is None:
                 producer = self.producers[topic] = await self._open(topic)
-            self.futures += await producer.send_many(messages)
+            self.futures += await producer.send_many(messages, txn=self.txn)
         self._reap()
 
     async def _open(self, topic: str) -> ScalableProducer:
@@ -563,3 +626,73 @@ class TopicSink:
         producers, self.producers = self.producers, {}
         for producer in producers.values():
             await producer.close()
+
+
+# --- batch transactions (the exactly-once sink) ------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BatchState:
+    """A batch transaction as the admin API answers it."""
+
+    txn_id: tuple[int, int]
+    epoch: int
+    state: str
+    query_id: str
+    winners: tuple[str, ...]
+
+    @staticmethod
+    def of(doc: Any) -> BatchState:
+        txn = doc["txnId"]
+        return BatchState(
+            (int(txn["mostSigBits"]), int(txn["leastSigBits"])),
+            int(doc["epoch"]),
+            str(doc["state"]),
+            str(doc.get("queryId", "")),
+            tuple(doc.get("winners") or ()),
+        )
+
+
+def _batch_path(sink_key: str, batch_id: int) -> str:
+    return f"/admin/v2/transactions/batches/{quote(sink_key, safe='')}/{int(batch_id)}"
+
+
+async def begin_batch(
+    admin: AdminClient, sink_key: str, batch_id: int, query_id: str, timeout_ms: int
+) -> BatchState:
+    """Get or create the batch's transaction (a new epoch after an abort or a timeout); a batch
+    COMMITTED by another query raises (HTTP 409)."""
+    path = _batch_path(sink_key, batch_id)
+    query = f"?queryId={quote(query_id, safe='')}&timeoutMs={int(timeout_ms)}"
+    return BatchState.of(await admin.request("PUT", path + query))
+
+
+async def commit_batch(  # noqa: PLR0917 (the batch's identity)
+    admin: AdminClient,
+    sink_key: str,
+    batch_id: int,
+    query_id: str,
+    epoch: int,
+    winners: list[str],
+) -> BatchState | None:
+    """The one CAS that commits the batch's ``winners``; idempotent for the same query."""
+    body = {"queryId": query_id, "epoch": epoch, "winners": winners}
+    doc = await admin.request("POST", _batch_path(sink_key, batch_id) + "/commit", body)
+    return None if not isinstance(doc, dict) or "txnId" not in doc else BatchState.of(doc)
+
+
+async def abort_batch(admin: AdminClient, sink_key: str, batch_id: int, epoch: int) -> None:
+    """Abort the batch's transaction unless it is COMMITTED (never undoes a commit)."""
+    await admin.request("POST", _batch_path(sink_key, batch_id) + "/abort", {"epoch": epoch})
+
+
+async def get_batch(admin: AdminClient, sink_key: str, batch_id: int) -> BatchState | None:
+    """The batch's transaction, or None if it never began."""
+    try:
+        return BatchState.of(await admin.request("GET", _batch_path(sink_key, batch_id)))
+    except NotFound:
+        return None
+    except AdminHttpError as err:
+        if err.status == 404:
+            return None
+        raise

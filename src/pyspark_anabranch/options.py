@@ -14,8 +14,12 @@ from dataclasses import dataclass, field
 
 from anabranch.client.connection import parse_service_urls
 from anabranch.core.names import TopicDomain, TopicName
-from anabranch.errors import InvalidArgument, NotAllowed
-from anabranch.limits import CLIENT_OPERATION_TIMEOUT_S
+from anabranch.errors import InvalidArgument
+from anabranch.limits import (
+    CLIENT_OPERATION_TIMEOUT_S,
+    TXN_SINK_KEY_BYTES_MAX,
+    TXN_TIMEOUT_MAX_MS,
+)
 from pyspark_anabranch.planning import parse_duration_ms
 
 DEFAULT_POLL_TIMEOUT_MS = 120_000
@@ -165,34 +169,99 @@ class SourceOptions:
         )
 
 
+DELIVERY_GUARANTEES = ("exactly_once", "at_least_once")
+DEFAULT_DELIVERY_GUARANTEE = "exactly_once"
+DEFAULT_TXN_TIMEOUT_MS = 120_000
+"""An open batch transaction older than this is aborted by the broker (and redone by Spark's
+replay); while it is open, read-committed readers of the output stop before its first entry."""
+
+BATCH_JOB_KEY_SUFFIX_CHARS = 33
+"""What a batch ``df.write`` appends to its sink key: ``.`` and a uuid's 32 hex digits."""
+
+
+def check_sink_key(key: str, what: str = "sinkId") -> str:
+    """``key`` if it can name batch transactions: 1 to TXN_SINK_KEY_BYTES_MAX UTF-8 bytes, no
+    ``&`` (the transaction-key separator), no ``/`` (it goes in a URL path segment), no control
+    characters or spaces.
+
+    Example:
+        >>> check_sink_key("orders-upper")
+        'orders-upper'
+        >>> check_sink_key("a&b")
+        Traceback (most recent call last):
+        ...
+        anabranch.errors.InvalidArgument: sinkId 'a&b': '&' cannot go in a sink key
+    """
+    if not key:
+        raise InvalidArgument(f"{what} is empty")
+    size = len(key.encode())
+    if size > TXN_SINK_KEY_BYTES_MAX:
+        raise InvalidArgument(
+            f"{what} is {size} bytes long; a sink key is at most {TXN_SINK_KEY_BYTES_MAX}"
+        )
+    for ch in key:
+        if ch in "&/":
+            raise InvalidArgument(f"{what} {key!r}: {ch!r} cannot go in a sink key")
+        if not ch.isprintable() or ch.isspace():
+            raise InvalidArgument(
+                f"{what} {key!r}: control characters and spaces cannot go in a sink key"
+            )
+    return key
+
+
 @dataclass(frozen=True)
 class SinkOptions:
     """The sink's options: ``serviceUrl``, ``adminUrl``, ``topic`` (else a ``topic`` column),
-    ``deliveryGuarantee`` (``at_least_once``; ``exactly_once`` needs transactions)."""
+    ``deliveryGuarantee`` (``exactly_once``, the default: one batch transaction per
+    micro-batch; or ``at_least_once``: plain produce), ``sinkId`` (the batch transactions' key;
+    default: the streaming query id), ``txnTimeoutMs`` (default 120000)."""
 
     service_url: str
     admin_url: str
     topic: str | None
     client: Mapping[str, float] = field(default_factory=dict)
+    delivery_guarantee: str = DEFAULT_DELIVERY_GUARANTEE
+    sink_id: str | None = None
+    txn_timeout_ms: int = DEFAULT_TXN_TIMEOUT_MS
+
+    @property
+    def exactly_once(self) -> bool:
+        return self.delivery_guarantee == "exactly_once"
 
     @staticmethod
     def parse(options: Mapping[str, str]) -> SinkOptions:
         service_url, admin_url, client = _service(options)
-        guarantee = (_get(options, "deliveryGuarantee") or "at_least_once").strip().lower()
-        if guarantee == "exactly_once":
-            raise NotAllowed(
-                "deliveryGuarantee=exactly_once is not yet supported (it needs transactions); "
-                "use deliveryGuarantee=at_least_once"
+        raw = _get(options, "deliveryGuarantee") or DEFAULT_DELIVERY_GUARANTEE
+        guarantee = raw.strip().lower()
+        if guarantee not in DELIVERY_GUARANTEES:
+            raise InvalidArgument(
+                f"deliveryGuarantee {raw!r}: use one of {', '.join(DELIVERY_GUARANTEES)}"
             )
-        if guarantee != "at_least_once":
-            raise InvalidArgument(f"deliveryGuarantee {guarantee!r}: use at_least_once")
+        sink_id = _get(options, "sinkId")
+        if sink_id is not None:
+            sink_id = sink_id.strip()
+            check_sink_key(sink_id)
+            # a batch df.write appends ".<job uuid>": the whole key must fit too
+            check_sink_key(sink_id + "." + "0" * (BATCH_JOB_KEY_SUFFIX_CHARS - 1))
+        timeout = _int(options, "txnTimeoutMs") or DEFAULT_TXN_TIMEOUT_MS
+        if timeout > TXN_TIMEOUT_MAX_MS:
+            raise InvalidArgument(f"txnTimeoutMs {timeout} is over the limit {TXN_TIMEOUT_MAX_MS}")
         topic = _get(options, "topic")
         return SinkOptions(
             service_url,
             admin_url,
             topic_key(topic) if topic else None,
             client,
+            delivery_guarantee=guarantee,
+            sink_id=sink_id,
+            txn_timeout_ms=timeout,
         )
 
 
-__all__ = ["CLIENT_OPERATION_TIMEOUT_S", "SinkOptions", "SourceOptions", "topic_key"]
+__all__ = [
+    "CLIENT_OPERATION_TIMEOUT_S",
+    "SinkOptions",
+    "SourceOptions",
+    "check_sink_key",
+    "topic_key",
+]

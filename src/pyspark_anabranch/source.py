@@ -1,4 +1,4 @@
-"""The Spark data source: streaming and batch readers, and the at-least-once sink.
+"""The Spark data source: streaming and batch readers (the sink: :mod:`pyspark_anabranch.sink`).
 
 Driver-side calls (``initialOffset``, ``latestOffset``, ``partitions``, ``commit``) use the
 admin API for layouts and short-lived readers for segment ends; ``read`` runs on executors on a
@@ -27,12 +27,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql.datasource import (
     DataSource,
-    DataSourceArrowWriter,
     DataSourceReader,
-    DataSourceStreamArrowWriter,
     DataSourceStreamReader,
     InputPartition,
-    WriterCommitMessage,
 )
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.streaming.datasource import (
@@ -60,7 +57,7 @@ from anabranch.client.message_id import MessageId
 from anabranch.core.segment_layout import SegmentLayout
 from pyspark_anabranch import _io
 from pyspark_anabranch.columns import Chunk
-from pyspark_anabranch.options import SinkOptions, SourceOptions, topic_key
+from pyspark_anabranch.options import SinkOptions, SourceOptions
 from pyspark_anabranch.planning import (
     FIRST_POSITION,
     Frontier,
@@ -77,6 +74,7 @@ from pyspark_anabranch.planning import (
     stream_ranges,
     timestamp_frontier,
 )
+from pyspark_anabranch.sink import AnabranchBatchWriter, AnabranchStreamWriter
 
 log = logging.getLogger("pyspark_anabranch")
 
@@ -84,8 +82,6 @@ READ_CHUNK_ROWS = 32768
 """Messages per Arrow record batch yielded by ``read`` (about that many: whole entries). Larger
 batches cost Spark less per row (~8% fewer from 8192 to 32768, measured with
 ``benchmarks/spark_source.py``); at 100 B a batch holds ~5 MB."""
-SINK_CHUNK_ROWS = 4096
-"""Rows handed to the loop thread per call by the sink."""
 
 
 def source_schema(include_properties: bool = False) -> StructType:
@@ -582,92 +578,6 @@ class AnabranchBatchReader(DataSourceReader):
         if not isinstance(partition, SegmentRange):
             return iter(())  # Spark's stand-in partition when there are none: nothing to read
         return read_range(self.opts, partition)
-
-
-# --- the sink ---------------------------------------------------------------------------------
-
-
-@dataclass
-class SinkCommit(WriterCommitMessage):
-    """What a task reports to the driver: how many rows it stored."""
-
-    rows: int
-
-
-def _column(batch: pa.RecordBatch, name: str) -> pa.Array | None:
-    index = batch.schema.get_field_index(name)
-    return None if index < 0 else batch.column(index)
-
-
-def write_batches(opts: SinkOptions, batches: Iterator[pa.RecordBatch]) -> SinkCommit:
-    """Produce every row (routed by ``key`` over the topic's active segments by the client's
-    scalable producer) and wait until all are stored: runs on executors, before the task's
-    commit message exists."""
-    client = _io.client_for(opts.service_url, **opts.client)
-    sink = _io.TopicSink(client)
-    try:
-        for batch in batches:
-            rows = _rows(opts, batch)
-            for start in range(0, len(rows), SINK_CHUNK_ROWS):
-                _io.run(sink.send(rows[start : start + SINK_CHUNK_ROWS]))
-        return SinkCommit(_io.run(sink.finish()))
-    finally:
-        _io.run(sink.close())
-
-
-def _rows(opts: SinkOptions, batch: pa.RecordBatch) -> list[_io.Row]:
-    value = _column(batch, "value")
-    if value is None:
-        raise ValueError("the anabranch sink needs a 'value' column (binary or string)")
-    n = batch.num_rows
-    values = [v if isinstance(v, bytes) else str(v).encode() for v in value.to_pylist()]
-    key_col = _column(batch, "key")
-    keys: list[Any] = key_col.to_pylist() if key_col is not None else [None] * n
-    keys = [k.decode() if isinstance(k, bytes) else k for k in keys]
-    prop_col = _column(batch, "properties")
-    props: list[Any] = prop_col.to_pylist() if prop_col is not None else [None] * n
-    props = [dict(p) if p is not None else None for p in props]
-    ev_col = _column(batch, "eventTime")
-    if ev_col is not None:
-        micros = pc.cast(ev_col, pa.int64())
-        events: list[Any] = [None if e is None else e // 1000 for e in micros.to_pylist()]
-    else:
-        events = [None] * n
-    if opts.topic is not None:
-        topics = [opts.topic] * n
-    else:
-        topic_col = _column(batch, "topic")
-        if topic_col is None:
-            raise ValueError("the anabranch sink needs the topic option or a 'topic' column")
-        topics = [topic_key(t) for t in topic_col.to_pylist()]
-    return list(zip(topics, values, keys, props, events, strict=True))
-
-
-class AnabranchStreamWriter(DataSourceStreamArrowWriter):
-    """At-least-once streaming sink: rows are stored before the task's commit message."""
-
-    def __init__(self, opts: SinkOptions) -> None:
-        self.opts = opts
-
-    def write(self, iterator: Iterator[pa.RecordBatch]) -> SinkCommit:
-        return write_batches(self.opts, iterator)
-
-    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        rows = sum(m.rows for m in messages if isinstance(m, SinkCommit))
-        log.info("anabranch sink: batch %d stored %d rows", batchId, rows)
-
-    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        log.warning("anabranch sink: batch %d aborted (rows already stored stay)", batchId)
-
-
-class AnabranchBatchWriter(DataSourceArrowWriter):
-    """At-least-once batch sink (``df.write.format("anabranch")``)."""
-
-    def __init__(self, opts: SinkOptions) -> None:
-        self.opts = opts
-
-    def write(self, iterator: Iterator[pa.RecordBatch]) -> SinkCommit:
-        return write_batches(self.opts, iterator)
 
 
 class DefaultSource(DataSource):

@@ -321,7 +321,7 @@ def test_options() -> None:
             parse({**base, "startingTimestamp": bad})
     with pytest.raises(Exception, match="mutually exclusive"):
         parse({**base, "startingTimestamp": "5", "startingOffsets": "earliest"}, batch=True)
-    with pytest.raises(Exception, match="not yet supported"):
-        options_module.SinkOptions.parse(
-            {"serviceUrl": "pulsar://h:1", "deliveryGuarantee": "exactly_once"}
-        )
+    sink = options_module.SinkOptions.parse
+    assert sink({"serviceUrl": "pulsar://h:1"}).exactly_once  # the default
+    with pytest.raises(Exception, match="deliveryGuarantee"):
+        sink({"serviceUrl": "pulsar://h:1", "deliveryGuarantee": "twice"})

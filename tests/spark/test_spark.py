@@ -20,10 +20,10 @@ from anabranch.core.segment_layout import SegmentLayout
 from pyspark_anabranch import _io
 from pyspark_anabranch.options import SinkOptions, SourceOptions
 from pyspark_anabranch.planning import DataLoss, Frontier, encode_position
+from pyspark_anabranch.sink import AnabranchStreamWriter
 from pyspark_anabranch.source import (
     READ_CHUNK_ROWS,
     AnabranchStreamReader,
-    AnabranchStreamWriter,
     SegmentRange,
     read_range,
 )
@@ -421,10 +421,12 @@ def test_readers_writers_and_partitions_pickle_without_a_client(broker: Broker, 
     assert pickle.loads(pickle.dumps(part)) == part
 
 
-def test_exactly_once_sink_is_refused_at_planning(spark: Any, broker: Broker, topic: str) -> None:
+def test_unknown_delivery_guarantee_is_refused_at_planning(
+    spark: Any, broker: Broker, topic: str
+) -> None:
     df = spark.createDataFrame([("k", "v")], "key string, value string")
-    opts = broker.options(topic, deliveryGuarantee="exactly_once")
-    with pytest.raises(Exception, match="not yet supported"):
+    opts = broker.options(topic, deliveryGuarantee="twice")
+    with pytest.raises(Exception, match="deliveryGuarantee"):
         df.write.format("anabranch").options(**opts).mode("append").save()
 
 
