@@ -19,16 +19,20 @@ from typing import Any
 import pytest
 
 import anabranch
+from anabranch import limits
 from anabranch.aio import Client
 from anabranch.core.txn_keys import key_id
 from anabranch.errors import InvalidArgument
+from anabranch.protocol._generated import pulsar_api_pb2 as pb
 from anabranch.testing.broker import InProcessBroker
 from anabranch.transactions.keys import TransactionKeys
 from anabranch.transactions.records import TxnState
+from tests.scalable.wire import RawClient
 
 QUIET_S = 0.3
 RECEIVE_S = 5.0
 E2E_RACE_ROUNDS = 30
+T = pb.BaseCommand
 
 
 @contextlib.asynccontextmanager
@@ -170,3 +174,36 @@ async def test_race_old_owner_commits_while_new_client_fences(tmp_path: Path) ->
                 await new.close()
         assert sum(outcomes.values()) == E2E_RACE_ROUNDS
         assert outcomes["committed"] > 0 and outcomes["fenced"] > 0, outcomes
+
+
+async def tc_connect(client: Any, request_id: int, key: str, epoch: int | None) -> Any:
+    body = pb.CommandTcClientConnectRequest(request_id=request_id, tc_id=0, transaction_key=key)
+    if epoch is not None:
+        body.epoch = epoch
+    await client.send(pb.BaseCommand(type=T.TC_CLIENT_CONNECT_REQUEST, tcClientConnectRequest=body))
+    frame = await client.next(
+        lambda f: f.type == T.TC_CLIENT_CONNECT_RESPONSE and f.body.request_id == request_id
+    )
+    return frame.command.tcClientConnectResponse
+
+
+async def test_wire_bad_keys_and_fenced_epochs(tmp_path: Path) -> None:
+    """On the wire: a bad key is a per-request error (nothing written, connection up), the
+    epoch travels in field 4 both ways, a stale epoch is NotAllowed "fenced"."""
+    async with running(tmp_path) as broker:
+        client = await RawClient.connect(broker.port)
+        try:
+            for rid, key in enumerate(["a&b", "", "k" * (limits.TXN_KEY_BYTES_MAX + 1)], 1):
+                answer = await tc_connect(client, rid, key, -1)
+                assert answer.HasField("error") and not answer.HasField("epoch"), answer
+            assert (await broker.service.store.list_prefix("/txn/key")).records == []
+            first = await tc_connect(client, 10, "wire", None)  # epoch absent: a new client
+            assert not first.HasField("error") and first.epoch == 0
+            second = await tc_connect(client, 11, "wire", -1)
+            assert second.epoch == 1
+            stale = await tc_connect(client, 12, "wire", 0)
+            assert stale.error == pb.NotAllowedError and "fenced" in stale.message
+            resumed = await tc_connect(client, 13, "wire", 1)
+            assert not resumed.HasField("error") and resumed.epoch == 1
+        finally:
+            await client.close()

@@ -278,6 +278,9 @@ class TransactionKeys:
         is the answer), or TransactionKeyFenced / InvalidArgument (nothing written)."""
         validate_key(key)
         validate_owner(owner)
+        # A connection claiming again gives up its old claim first: the watch event of
+        # its own new epoch must not find (and fence) it under the old one.
+        self.release(session)
         path = key_path(owner, key)
         for _ in range(CAS_ATTEMPTS_MAX):
             record = await self._store.get(path)
