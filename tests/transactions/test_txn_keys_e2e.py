@@ -76,9 +76,12 @@ async def test_second_client_fences_the_first(tmp_path: Path) -> None:
             header = await broker.service.txn_coordinator.get(txn.id)  # type: ignore[union-attr]
             assert header is not None and header.state is TxnState.ABORTED
             with pytest.raises(anabranch.ExpiredTransactionError, match="fenced"):
-                await txn.commit()
-            with pytest.raises(anabranch.ExpiredTransactionError, match="fenced"):
                 await old.new_transaction(timeout=30)
+            # Once the client knows, sends in its old transaction fail without the wire.
+            with pytest.raises(anabranch.ExpiredTransactionError, match="key was fenced"):
+                await producer.send(b"late", txn=txn)
+            with pytest.raises(anabranch.ExpiredTransactionError, match="fenced"):
+                await txn.commit()
 
             out = await new.create_producer(topic("fence"))
             async with new.transaction(timeout=30) as fresh:

@@ -75,7 +75,8 @@ class Client:
     connection is dropped and its producers move to the topic's current owner),
     ``random`` (the reconnect jitter source, injectable for tests), ``transaction_key``
     (the key-fencing PIP: one live owner per key; a newer client with the same key fences
-    this one, whose transaction calls then raise ``ExpiredTransactionError``; a key with
+    this one, whose transaction calls then raise ``ExpiredTransactionError``; a key has
+    one open transaction, so a new one aborts the key's previous open one; a key with
     ``&``, empty, or over ``limits.TXN_KEY_BYTES_MAX`` is InvalidArgument here).
 
     Example (a broker across a slow WAN link: probe later, wait longer for the PONG)::

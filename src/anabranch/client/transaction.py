@@ -218,6 +218,11 @@ class TransactionCoordinatorClient:
                 log.info("transaction request failed (%s); again in %.2fs", err, pause)
                 await asyncio.sleep(pause)
 
+    @property
+    def fenced(self) -> ExpiredTransactionError | None:
+        """The broker's answer that fenced this client's transaction key (None: not)."""
+        return self._fenced
+
     def _note_fenced(self, err: ExpiredTransactionError) -> None:
         """Remember a fence of our transaction key (not a mere timeout of one txn)."""
         if self.transaction_key is not None and self._fenced is None and "fenced" in str(err):
@@ -354,6 +359,13 @@ class Transaction:
         state = self.state
         if state is TransactionState.TIMED_OUT:
             raise ExpiredTransactionError(f"transaction {self.id} timed out after {self.timeout}s")
+        fenced = getattr(self._coordinator, "fenced", None)  # tests pass stand-ins
+        if state is TransactionState.OPEN and fenced is not None:
+            # The key was fenced: the broker aborted this transaction already.
+            raise ExpiredTransactionError(
+                f"transaction {self.id} was aborted because its transaction key was fenced: "
+                f"{fenced}"
+            )
         if state is not TransactionState.OPEN:
             raise InvalidTxnStatus(f"transaction {self.id} is {state.name}, not OPEN")
 
