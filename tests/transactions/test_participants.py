@@ -459,7 +459,9 @@ class Seen:
         self.outcomes: list[tuple[TxnId, TxnState]] = []
         self.event = asyncio.Event()
 
-    def on_outcome(self, txn: TxnId, state: TxnState) -> None:
+    def on_outcome(
+        self, txn: TxnId, state: TxnState, winners: frozenset[str] | None = None
+    ) -> None:
         self.outcomes.append((txn, state))
         self.event.set()
 
