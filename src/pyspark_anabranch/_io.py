@@ -187,7 +187,13 @@ def segment_topic_of(topic: str, hash_range: tuple[int, int], segment_id: int) -
 @dataclass
 class EndProbe:
     """Driver-side: current end positions of segments; a reader per segment kept open (the
-    driver process is long-lived), final ends of sealed segments remembered forever."""
+    driver process is long-lived), final ends of sealed segments remembered forever.
+
+    Ends are read-committed: the broker caps GET_LAST_MESSAGE_ID at its transaction buffer's
+    ``max_read_position`` (just before the first entry of the oldest OPEN transaction). So a
+    micro-batch stops before an open transaction and never waits on it; the frontier stays
+    there until the transaction ends (at the latest its timeout, when the broker's sweep
+    aborts it), and the next batch continues past it."""
 
     client: Client
     readers: dict[str, Reader] = field(default_factory=dict)
@@ -416,8 +422,13 @@ class _EntryConsumer(Consumer):
 class RangeReader:
     """Messages of one segment with positions in ``[start, end)``, in order, as column chunks.
 
-    ``end - 1`` is always a real message's position (ends come from message ids), so the
-    reader stops on it without waiting. A message that does not arrive within ``timeout_s``
+    ``end - 1`` is always a stored message's position (ends come from message ids), so the
+    reader stops on it without waiting, unless the broker passes over it (an entry of an
+    aborted transaction, or of a branch that lost its batch commit, is never dispatched):
+    after SKIP_PROBE_S without an entry the reader acks what it got and asks where the
+    subscription's mark-delete is (the broker acks what it passes over), and ends the range
+    once that is at or past ``end - 1``. A first entry later in the same ledger than the one
+    asked for is such a pass-over too (retention trims whole ledgers), not data loss. A message that does not arrive within ``timeout_s``
     raises; resuming inside an entry that no longer exists raises :class:`DataLoss`. Whatever
     a reconnect delivers twice is dropped (positions only grow).
     """

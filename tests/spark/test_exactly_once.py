@@ -24,6 +24,7 @@ from pyspark_anabranch.sink import (
     CRASH_BEFORE_COMMIT_ENV,
     FAIL_WRITE_ENV,
     AnabranchStreamWriter,
+    BatchCommitFailed,
     BranchCommit,
     TaskIdentity,
     write_branch,
@@ -191,7 +192,7 @@ def _arrow(rows: list[tuple[str, bytes]]) -> pa.RecordBatch:
     )
 
 
-def test_two_attempts_of_one_task_only_the_winner_is_visible(broker: Broker) -> None:
+def test_two_attempts_of_one_task_only_the_winner_is_visible(spark: Any, broker: Broker) -> None:
     sink = "topic://public/default/eo-spec-out"
     broker.create(sink, 2)
     opts = SinkOptions.parse(broker.options(sink, sinkId="eo-spec"))
@@ -212,6 +213,17 @@ def test_two_attempts_of_one_task_only_the_winner_is_visible(broker: Broker) -> 
     assert sorted(m.value for m in msgs) == sorted(v for _k, v in second)
     with pytest.raises(Exception, match=r"409"):
         _io.run(_io.begin_batch(_io.admin_for(broker.admin_url), "eo-spec", 0, "q-other", 60000))
+    # The source reads committed data only, and neither an open batch nor an aborted tail
+    # (entries the broker never dispatches) makes it wait.
+    open_batch = TaskIdentity("eo-spec", 1, "q-spec", 0, "open")
+    write_branch(opts, iter([_arrow([("k0", b"open:k0:0")] * 5)]), open_batch)
+    want = sorted(v for _k, v in second)
+    for step in ("open", "aborted"):
+        t0 = time.monotonic()
+        df = spark.read.format("anabranch").options(**broker.options(sink)).load()
+        assert sorted(r["value"] for r in df.select("value").collect()) == want, step
+        assert time.monotonic() - t0 < 20, step
+        _io.run(_io.abort_batch(_io.admin_for(broker.admin_url), "eo-spec", 1, msg_a.epoch))
 
 
 def test_split_and_merge_of_the_input_mid_stream(
@@ -226,6 +238,7 @@ def test_split_and_merge_of_the_input_mid_stream(
     query = query.trigger(processingTime="200 milliseconds").start()
     try:
         committed(broker, sink, 40, settle_s=0.1)
+        assert query.isActive  # the split and the merge happen mid-stream
         broker.split(source, 0)
         more = keyed("dag", 10, 6, offset=6)
         broker.produce(source, more)
@@ -260,3 +273,24 @@ def test_bad_sink_options_fail_at_planning(spark: Any, broker: Broker) -> None:
             df.write.format("anabranch").options(**broker.options(topic, **extra)).mode(
                 "append"
             ).save()
+
+
+def test_a_batch_aborted_before_its_commit_fails_and_its_replay_gets_a_new_epoch(
+    broker: Broker,
+) -> None:
+    sink = "topic://public/default/eo-timeout-out"
+    broker.create(sink, 1)
+    opts = SinkOptions.parse(broker.options(sink, sinkId="eo-timeout"))
+    rows = keyed("late", 3, 4)
+    first = write_branch(opts, iter([_arrow(rows)]), TaskIdentity("eo-timeout", 0, "q", 0, "a"))
+    admin = _io.admin_for(broker.admin_url)
+    _io.run(_io.abort_batch(admin, "eo-timeout", 0, first.epoch))  # as the timeout sweep does
+    writer = AnabranchStreamWriter(opts)
+    with pytest.raises(BatchCommitFailed, match="cannot commit"):
+        writer.commit([first], 0)
+    replay = write_branch(opts, iter([_arrow(rows)]), TaskIdentity("eo-timeout", 0, "q", 0, "b"))
+    assert replay.epoch == first.epoch + 1
+    writer.commit([replay], 0)
+    assert sorted(m.value for m in committed(broker, sink, len(rows))) == sorted(
+        v for _k, v in rows
+    )
