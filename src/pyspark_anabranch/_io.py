@@ -428,9 +428,11 @@ class RangeReader:
     after SKIP_PROBE_S without an entry the reader acks what it got and asks where the
     subscription's mark-delete is (the broker acks what it passes over), and ends the range
     once that is at or past ``end - 1``. A first entry later in the same ledger than the one
-    asked for is such a pass-over too (retention trims whole ledgers), not data loss. A message that does not arrive within ``timeout_s``
-    raises; resuming inside an entry that no longer exists raises :class:`DataLoss`. Whatever
-    a reconnect delivers twice is dropped (positions only grow).
+    asked for is such a pass-over too (retention trims whole ledgers), not data loss.
+
+    A message that does not arrive within ``timeout_s`` raises; resuming inside an entry that
+    no longer exists raises :class:`DataLoss`. Whatever a reconnect delivers twice is dropped
+    (positions only grow).
     """
 
     def __init__(  # noqa: PLR0917 (mirrors a range)
