@@ -3,7 +3,9 @@
 Spark finds ``DefaultSource`` here by itself (it scans top-level ``pyspark_*`` modules);
 ``spark.dataSource.register(DefaultSource)`` registers it explicitly. Executors must run a
 Python with this package installed (set ``PYSPARK_PYTHON``). Options, schema and offset JSON:
-DESIGN.md §3.7; positions: :mod:`pyspark_anabranch.planning`.
+DESIGN.md §3.7; positions: :mod:`pyspark_anabranch.planning`. The sink
+(:mod:`pyspark_anabranch.sink`) is exactly-once by default (``deliveryGuarantee``): one batch
+transaction per micro-batch, committed by the driver; the source reads committed data only.
 
 Example::
 
