@@ -111,6 +111,11 @@ Upstream's ``maxMessageSize`` default (5242880), advertised in CONNECTED."""
 FRAME_PADDING_BYTES = 10 * 1024
 """Room for the command and headers around a maximal message (upstream's frame padding)."""
 
+MESSAGE_SIZE_CAP_BYTES = STORAGE_RECORD_BYTES_MAX - FRAME_PADDING_BYTES
+"""The largest ``max_message_size`` a broker may be configured with: a frame of such a
+message (at most that + ``FRAME_PADDING_BYTES``) still fits one storage record, so a
+message the broker accepts is never refused by storage (8 MiB - 10 KiB = 8378368)."""
+
 FRAME_SIZE_MAX_BYTES = MESSAGE_SIZE_MAX_BYTES + FRAME_PADDING_BYTES
 """Largest whole frame on the wire, length prefix included. A longer length prefix closes
 the connection before anything is allocated for it (upstream: maxMessageSize + 10 KiB)."""

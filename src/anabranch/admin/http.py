@@ -12,7 +12,9 @@ middleware:
   ``{"reason": str(err)}`` (Pulsar's error body);
 * aiohttp's own HTTP errors (unknown path 404, wrong method 405, body too large 413) pass
   through with the same JSON body;
-* anything else is logged with its traceback and answered 500; the server never dies.
+* anything else is logged with its traceback and answered 500 ``internal error``; the
+  server never dies. Bodies say what ``error_codes.client_message`` says, never a file
+  path or a traceback.
 
 Example:
     >>> async def run(service: BrokerService) -> None:
@@ -36,6 +38,7 @@ from anabranch.admin.models import ErrorBody
 from anabranch.admin.openapi import openapi_document
 from anabranch.admin.routes import BODY_LIMIT, Route
 from anabranch.admin.service import AdminService
+from anabranch.broker.error_codes import client_message
 from anabranch.broker.metrics import CONTENT_TYPE, broker_registry, render
 from anabranch.errors import HTTP_STATUS, AnabranchError, NotLeader
 
@@ -100,14 +103,14 @@ async def error_middleware(
         status = HTTP_STATUS.get(type(err), err.http_status)
         if status >= 500:
             log.warning("%s %s: %s", request.method, request.path, err)
-        return error_response(status, str(err))
+        return error_response(status, client_message(err))
     except web.HTTPException as err:
         if err.status < 400:
             raise
         return error_response(err.status, err.reason)
     except Exception as err:
         log.exception("%s %s failed", request.method, request.path)
-        return error_response(500, f"internal error: {type(err).__name__}")
+        return error_response(500, client_message(err))
 
 
 def _bind(route: Route) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:

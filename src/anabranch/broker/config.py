@@ -18,9 +18,10 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from anabranch import limits
 from anabranch.errors import InvalidArgument
 
 
@@ -46,7 +47,9 @@ class BrokerConfig(BaseSettings):
     """HTTP port other brokers and redirected admin clients are told; default: the bound
     ``http_port``."""
     fsync: Literal["always", "never"] = "always"
-    max_message_size: int = Field(5 * 1024 * 1024, gt=0, le=64 * 1024 * 1024)
+    max_message_size: int = Field(limits.MESSAGE_SIZE_MAX_BYTES, gt=0)
+    """At most ``limits.MESSAGE_SIZE_CAP_BYTES`` (what one storage record holds, less the
+    frame padding); a larger value is refused at start."""
     session_ttl_s: float = Field(10.0, gt=0)
     """TTL of the broker's metadata session: its registry record, topic ownerships and
     controller leaderships die this long after the broker stops refreshing them."""
@@ -65,6 +68,18 @@ class BrokerConfig(BaseSettings):
     """Coordinator partitions (TxnID most bits). Persisted by the first broker of a
     metadata store; a broker configured differently refuses to start."""
     use_uvloop: bool = True
+
+    @field_validator("max_message_size")
+    @classmethod
+    def _cap_message_size(cls, value: int) -> int:
+        cap = limits.MESSAGE_SIZE_CAP_BYTES
+        if value > cap:
+            raise ValueError(
+                f"max_message_size {value} is over {cap}, the largest message storage accepts"
+                f" (a storage record holds at most {limits.STORAGE_RECORD_BYTES_MAX} bytes,"
+                f" less {limits.FRAME_PADDING_BYTES} of framing)"
+            )
+        return value
 
     @model_validator(mode="after")
     def _fill_defaults(self) -> BrokerConfig:

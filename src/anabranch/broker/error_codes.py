@@ -5,6 +5,11 @@ module turns that name into the protobuf enum value. Names that upstream's enum 
 (e.g. ``MessageTooBig``, ``InvalidMessage``) get the closest upstream code, and anything
 that is not an ``AnabranchError`` is ``UnknownError``.
 
+:func:`client_message` is the one rule for what a client is told (wire ERROR/SEND_ERROR/
+*_RESPONSE messages and HTTP error bodies): an ``AnabranchError``'s message (these name
+no file path: storage wraps OSError in a path-free StorageIOError), and for anything else
+only "internal error" (the exception, traceback and any path go to the log).
+
 Example:
     >>> from anabranch.errors import NotFound, ValueTooLarge
     >>> server_error(NotFound("/x")) == pb.TopicNotFound
@@ -13,6 +18,8 @@ Example:
     True
     >>> server_error(KeyError("boom")) == pb.UnknownError
     True
+    >>> client_message(OSError(36, "File name too long", "/data/x"))
+    'internal error'
 """
 
 from __future__ import annotations
@@ -51,3 +58,19 @@ def server_error(exc: BaseException) -> int:
         name = WIRE_CODES.get(type(exc), exc.wire_code)
         return code_for_name(name)
     return int(pb.UnknownError)
+
+
+INTERNAL_ERROR_MESSAGE: Final = "internal error"
+
+
+def client_message(exc: BaseException) -> str:
+    """The message to answer ``exc`` with (see the module docstring).
+
+    Example:
+        >>> from anabranch.errors import ValueTooLarge
+        >>> client_message(ValueTooLarge("message", 9, 1))
+        'message is 9 bytes, over the limit of 1'
+    """
+    if isinstance(exc, AnabranchError):
+        return str(exc)
+    return INTERNAL_ERROR_MESSAGE

@@ -19,7 +19,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from anabranch.broker.cluster.ownership import ClusterOwnership, LookupAnswer
-from anabranch.broker.error_codes import server_error
+from anabranch.broker.error_codes import client_message, server_error
 from anabranch.broker.service import canonical_topic
 from anabranch.core.names import NamespaceName, TopicName
 from anabranch.errors import AnabranchError, InvalidArgument
@@ -53,7 +53,7 @@ async def handle_partitioned_metadata(
             request_id=cmd.request_id,
             response=pb.CommandPartitionedTopicMetadataResponse.Failed,
             error=server_error(err),  # type: ignore[arg-type]
-            message=str(err),
+            message=client_message(err),
         )
         session.write(
             pb.BaseCommand(type=T.PARTITIONED_METADATA_RESPONSE, partitionMetadataResponse=body)
@@ -75,7 +75,7 @@ async def handle_lookup(session: Session, cmd: pb.CommandLookupTopic) -> None:
             request_id=cmd.request_id,
             response=pb.CommandLookupTopicResponse.Failed,
             error=server_error(err),  # type: ignore[arg-type]
-            message=str(err),
+            message=client_message(err),
         )
         session.write(pb.BaseCommand(type=T.LOOKUP_RESPONSE, lookupTopicResponse=body))
 
@@ -117,7 +117,7 @@ async def handle_get_schema(session: Session, cmd: pb.CommandGetSchema) -> None:
     except Exception as err:
         _log_unexpected(err, "GET_SCHEMA")
         body.error_code = server_error(err)  # type: ignore[assignment]
-        body.error_message = str(err)
+        body.error_message = client_message(err)
     session.write(pb.BaseCommand(type=T.GET_SCHEMA_RESPONSE, getSchemaResponse=body))
 
 
@@ -129,7 +129,7 @@ async def handle_get_or_create_schema(session: Session, cmd: pb.CommandGetOrCrea
     except Exception as err:
         _log_unexpected(err, "GET_OR_CREATE_SCHEMA")
         body.error_code = server_error(err)  # type: ignore[assignment]
-        body.error_message = str(err)
+        body.error_message = client_message(err)
     session.write(
         pb.BaseCommand(type=T.GET_OR_CREATE_SCHEMA_RESPONSE, getOrCreateSchemaResponse=body)
     )

@@ -19,7 +19,7 @@ import logging
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
-from anabranch.broker.error_codes import server_error
+from anabranch.broker.error_codes import client_message, server_error
 from anabranch.broker.hot_frames import encode_send_receipt
 from anabranch.errors import (
     AnabranchError,
@@ -140,7 +140,9 @@ class Producer:
         if not isinstance(err, AnabranchError):
             log.error("send on %s failed unexpectedly", self.topic.name, exc_info=err)
         code = server_error(err)
-        self.session.write(commands.send_error(self.producer_id, sequence_id, code, str(err)))
+        self.session.write(
+            commands.send_error(self.producer_id, sequence_id, code, client_message(err))
+        )
 
     # --- lifecycle ------------------------------------------------------------------------
 

@@ -259,6 +259,12 @@ def _assignment_update(
     )
 
 
+def client_message(err: BaseException) -> str:
+    from anabranch.broker.error_codes import client_message
+
+    return client_message(err)
+
+
 def _code(err: BaseException) -> int:
     from anabranch.broker.error_codes import server_error
 
@@ -382,7 +388,7 @@ class ScalableEndpoint:
             message = (
                 not_leader_message(watch.topic, await self._leader_pulsar_url(watch.topic))
                 if isinstance(err, NotLeader)
-                else str(err)
+                else client_message(err)
             )
             session.write(_update_error(session_id, _code(err), message))
             return
@@ -610,7 +616,9 @@ class ScalableEndpoint:
             validate_component("subscription", cmd.subscription)
             validate_component("consumer name", cmd.consumer_name)
         except Exception as err:
-            session.write(_subscribe_response(request_id, error=_code(err), message=str(err)))
+            session.write(
+                _subscribe_response(request_id, error=_code(err), message=client_message(err))
+            )
             return
         consumer = _Consumer(
             topic, cmd.subscription, cmd.consumer_name, consumer_id, int(cmd.consumer_type)
@@ -640,7 +648,7 @@ class ScalableEndpoint:
             message = (
                 not_leader_message(topic, await self._leader_pulsar_url(topic))
                 if isinstance(err, NotLeader)
-                else str(err)
+                else client_message(err)
             )
             session.write(_subscribe_response(request_id, error=_code(err), message=message))
             return

@@ -44,7 +44,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from anabranch import limits
-from anabranch.broker.error_codes import server_error
+from anabranch.broker.error_codes import client_message, server_error
 from anabranch.broker.lookup import (
     handle_get_or_create_schema,
     handle_get_schema,
@@ -229,7 +229,7 @@ class Session:
         code = server_error(err)
         if not self.closed:
             self.flush()
-            self.transport.write(encode_command(commands.error(0, code, str(err))))
+            self.transport.write(encode_command(commands.error(0, code, client_message(err))))
         self.close()
 
     async def _run(self) -> None:
@@ -286,7 +286,7 @@ class Session:
         if request_id is None:
             log.info("%s: %s failed: %s", self._remote, frame.type_name, err)
             return
-        self.reply_error(int(request_id), server_error(err), str(err))
+        self.reply_error(int(request_id), server_error(err), client_message(err))
 
     # --- flow control ---------------------------------------------------------------------
 
@@ -408,7 +408,9 @@ def _handle_send(session: Session, frame: Frame) -> None:
     if producer is None:
         err = NotAllowed(f"producer {cmd.producer_id} is not open on this connection")
         session.write(
-            commands.send_error(cmd.producer_id, cmd.sequence_id, server_error(err), str(err))
+            commands.send_error(
+                cmd.producer_id, cmd.sequence_id, server_error(err), client_message(err)
+            )
         )
         return
     ownership = session.service.ownership

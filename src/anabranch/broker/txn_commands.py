@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from anabranch import limits
-from anabranch.broker.error_codes import server_error
+from anabranch.broker.error_codes import client_message, server_error
 from anabranch.core.txn_keys import NEW_CLIENT_EPOCH
 from anabranch.errors import AnabranchError, InvalidArgument, TransactionCoordinatorNotFound
 from anabranch.protocol._generated import pulsar_api_pb2 as pb
@@ -69,8 +69,7 @@ def on_session_closed(session: Session) -> None:
 
 def _fail(body: Any, err: BaseException) -> None:
     body.error = server_error(err)
-    # Errors the client caused are named; anything else stays generic (no internals leak).
-    body.message = str(err) if isinstance(err, AnabranchError) else "internal error"
+    body.message = client_message(err)  # names no internals
     if not isinstance(err, AnabranchError):
         log.error("transaction command failed unexpectedly", exc_info=err)
 

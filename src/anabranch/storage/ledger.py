@@ -2,8 +2,11 @@
 
 Theory of operation.
 
-* **Layout.** ``<data_dir>/<quoted name>/<ledger id:020d>.log`` per ledger (see
-  :mod:`~anabranch.storage.segment_file`). Metadata keys (all JSON unless noted):
+* **Layout.** ``<data_dir>/<disk name>/<ledger id:020d>.log`` per ledger (see
+  :mod:`~anabranch.storage.segment_file`); the disk name (:func:`disk_name`) is the
+  percent-quoted name, or, when that is over 255 bytes, a quoted prefix + ``#`` + the
+  SHA-256 of the name, so every valid name fits any filesystem. Metadata keys (all JSON
+  unless noted; ``<quoted name>`` is the same disk name):
 
   - ``/ledger-id-counter`` → the next ledger id (decimal), advanced by CAS: ids are unique
     across every broker sharing the store;
@@ -47,16 +50,18 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import hashlib
 import json
+import logging
 import operator
 import queue
 import shutil
 import threading
 import uuid
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import quote, unquote
 
 from anabranch import failpoints, limits
@@ -86,6 +91,7 @@ MANAGED_LEDGERS_PREFIX = "/managed-ledgers/"
 _RECORD_MAX = limits.STORAGE_RECORD_BYTES_MAX
 _QUEUE_ENTRIES_MAX = limits.STORAGE_APPEND_QUEUE_ENTRIES_MAX
 _QUEUE_BYTES_MAX = limits.STORAGE_APPEND_QUEUE_BYTES_MAX
+_T = TypeVar("_T")
 _tuple_new = tuple.__new__  # Position(a, b) without NamedTuple's Python-level __new__
 
 
@@ -97,6 +103,58 @@ def _cancelling() -> int:
 
 def _q(name: str) -> str:
     return quote(name, safe="")
+
+
+log = logging.getLogger(__name__)
+
+DISK_NAME_BYTES_MAX = 255
+"""A path component every common filesystem accepts (ext4, xfs, btrfs, APFS, NTFS)."""
+_DISK_PREFIX_CHARS = 150
+
+
+def disk_name(name: str) -> str:
+    """The file/directory (and metadata key) name of managed ledger ``name``.
+
+    Today's percent-quoted name when it fits in :data:`DISK_NAME_BYTES_MAX` (so existing
+    data directories stay readable); otherwise an escaped prefix, ``#`` (which quoting
+    never leaves bare, so no short name maps here) and the SHA-256 of the whole name.
+    Quoted names hold only ``[A-Za-z0-9_.~%-]``: no character a filesystem refuses.
+
+    Example:
+        >>> disk_name("t/ns/persistent/x")
+        't%2Fns%2Fpersistent%2Fx'
+        >>> long = disk_name("t/ns/persistent/" + ":" * 250)
+        >>> len(long), long[:25], long[-65]
+        (213, 't%2Fns%2Fpersistent%2F%3A', '#')
+    """
+    quoted = _q(name)
+    if len(quoted) <= DISK_NAME_BYTES_MAX:
+        return quoted
+    prefix = quoted[:_DISK_PREFIX_CHARS]
+    cut = prefix.find("%", len(prefix) - 2)
+    if cut != -1:
+        prefix = prefix[:cut]  # never half an escape
+    return f"{prefix}#{hashlib.sha256(name.encode()).hexdigest()}"
+
+
+def io_error(err: BaseException, what: str, path: object = None) -> StorageError:
+    """``err`` as a StorageError whose message names no file path (for clients); the
+    full error, path included, goes to the log."""
+    if isinstance(err, StorageError):
+        return err
+    log.warning("%s%s: %r", what, f" ({path})" if path is not None else "", err)
+    if isinstance(err, OSError):
+        reason = err.strerror or type(err).__name__
+        return StorageIOError(f"{what}: {reason} (errno {err.errno})")
+    return StorageIOError(f"{what}: {type(err).__name__}")
+
+
+async def _in_thread(fn: Callable[..., _T], *args: Any, what: str) -> _T:
+    """``asyncio.to_thread`` with OSError turned into a path-free StorageIOError."""
+    try:
+        return await asyncio.to_thread(fn, *args)
+    except OSError as err:
+        raise io_error(err, what) from err
 
 
 _CACHE_KEY = operator.itemgetter(0, 1)
@@ -200,12 +258,11 @@ class _Writer(threading.Thread):
                 except LedgerFenced as err:
                     error = self._broken = err
                 except OSError as err:
-                    error = self._broken = StorageIOError(
-                        f"{segment.where}: {err.strerror or err} (errno {err.errno}); "
-                        "the ledger must be reopened"
+                    error = self._broken = io_error(
+                        err, f"{segment.where} write (the ledger must be reopened)", segment.path
                     )
                 except BaseException as err:  # never leave futures hanging
-                    error = self._broken = StorageIOError(f"{segment.where}: {err!r}")
+                    error = self._broken = io_error(err, f"{segment.where} write", segment.path)
             try:
                 self._loop.call_soon_threadsafe(self._ml._batches_done, segment, batches, error)
             except RuntimeError:
@@ -224,8 +281,8 @@ class FileManagedLedger(ManagedLedgerBase):
         super().__init__(name, config, factory.clock)
         self._factory = factory
         self._store = factory.store
-        self._dir = factory.data_dir / _q(name)
-        self._path = MANAGED_LEDGERS_PREFIX + _q(name)
+        self._dir = factory.data_dir / disk_name(name)
+        self._path = MANAGED_LEDGERS_PREFIX + disk_name(name)
         self._owner = uuid.uuid4().hex
         self._ml_version = 0
         self._ledger_version = 0  # version of the current ledger's /ledgers key
@@ -291,14 +348,18 @@ class FileManagedLedger(ManagedLedgerBase):
             raise NotFound(ledger_path(last.ledger_id))
         meta = json.loads(record.value)
         if meta["state"] == "OPEN":
-            segment = await asyncio.to_thread(
-                SegmentFile.open_existing, self._dir, last.ledger_id, self._factory.opener
+            segment = await _in_thread(
+                SegmentFile.open_existing,
+                self._dir,
+                last.ledger_id,
+                self._factory.opener,
+                what=self.name,
             )
             try:
-                await asyncio.to_thread(segment.fence)
-                entries, size = await asyncio.to_thread(segment.recover)
+                await _in_thread(segment.fence, what=self.name)
+                entries, size = await _in_thread(segment.recover, what=self.name)
             finally:
-                await asyncio.to_thread(segment.close)
+                await _in_thread(segment.close, what=self.name)
             meta = {
                 "state": "CLOSED",
                 "lastEntryId": entries - 1,
@@ -317,13 +378,13 @@ class FileManagedLedger(ManagedLedgerBase):
         last.size = int(meta["size"])
         last.closed_ms = self.clock.wall_ms()
         if last.entries == 0:
-            await asyncio.to_thread(self._delete_segment_files, last.ledger_id)
+            await _in_thread(self._delete_segment_files, last.ledger_id, what=self.name)
 
     async def _create_ledger(self, ops: list[Put | Delete | Check]) -> LedgerInfo:
         """Allocate an id, create its file durably, add its key to ``ops``."""
         ledger_id = await self._factory.allocate_ledger_id()
-        segment = await asyncio.to_thread(
-            SegmentFile.create, self._dir, ledger_id, self._factory.opener
+        segment = await _in_thread(
+            SegmentFile.create, self._dir, ledger_id, self._factory.opener, what=self.name
         )
         self._segment = segment
         self._segments[ledger_id] = segment
@@ -540,9 +601,7 @@ class FileManagedLedger(ManagedLedgerBase):
             done = batch.done
             if error is not None:
                 if self._failure is None:
-                    self._failure = (
-                        error if isinstance(error, StorageError) else StorageIOError(str(error))
-                    )
+                    self._failure = io_error(error, f"{self.name} append")
                 batch.error = self._failure
                 if not done.done():
                     done.set_exception(self._failure)
@@ -603,7 +662,7 @@ class FileManagedLedger(ManagedLedgerBase):
                 self._ml_version = versions[-1]
         except Exception as err:
             if self._failure is None:
-                self._failure = err if isinstance(err, StorageError) else StorageIOError(repr(err))
+                self._failure = io_error(err, f"{self.name} rollover")
         finally:
             self._rolling = False
             self._release_waiters()
@@ -645,7 +704,7 @@ class FileManagedLedger(ManagedLedgerBase):
         if cached is None:
             segment = await self._segment_for(info)
             count = self._fit(segment, first, count, max_bytes, at_least_one)
-            return await asyncio.to_thread(segment.read_entries, first, count)
+            return await _in_thread(segment.read_entries, first, count, what=self.name)
         out: list[bytes] = []
         used = 0
         for data in cached:
@@ -667,13 +726,17 @@ class FileManagedLedger(ManagedLedgerBase):
     async def _segment_for(self, info: LedgerInfo) -> SegmentFile:
         segment = self._segments.get(info.ledger_id)
         if segment is None:
-            segment = await asyncio.to_thread(
-                SegmentFile.open_existing, self._dir, info.ledger_id, self._factory.opener
+            segment = await _in_thread(
+                SegmentFile.open_existing,
+                self._dir,
+                info.ledger_id,
+                self._factory.opener,
+                what=self.name,
             )
             try:
-                await asyncio.to_thread(segment.load_index, info.entries)
+                await _in_thread(segment.load_index, info.entries, what=self.name)
             except CorruptRecord:
-                await asyncio.to_thread(segment.close)
+                await _in_thread(segment.close, what=self.name)
                 raise
             self._segments[info.ledger_id] = segment
         return segment
@@ -715,8 +778,8 @@ class FileManagedLedger(ManagedLedgerBase):
         for i in doomed:
             segment = self._segments.pop(i.ledger_id, None)
             if segment is not None:
-                await asyncio.to_thread(segment.close)
-            await asyncio.to_thread(self._delete_segment_files, i.ledger_id)
+                await _in_thread(segment.close, what=self.name)
+            await _in_thread(self._delete_segment_files, i.ledger_id, what=self.name)
 
     def _delete_segment_files(self, ledger_id: int) -> None:
         delete_ledger_files(self._dir, ledger_id)
@@ -777,7 +840,7 @@ class FileManagedLedger(ManagedLedgerBase):
                 await self._commit(ops[start : start + limits.METADATA_TXN_OPS_MAX])
         self._mark_closed()
         await self._release_files()
-        await asyncio.to_thread(shutil.rmtree, self._dir, True)
+        await _in_thread(shutil.rmtree, self._dir, True, what=self.name)
 
     async def _drain_quietly(self) -> None:
         if not self._drained.is_set():
@@ -789,7 +852,7 @@ class FileManagedLedger(ManagedLedgerBase):
         segments = list(self._segments.values())
         self._segments.clear()
         for segment in segments:
-            await asyncio.to_thread(segment.close)
+            await _in_thread(segment.close, what=self.name)
 
     async def close(self) -> None:
         if self._closed:

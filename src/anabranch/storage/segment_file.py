@@ -51,7 +51,9 @@ class SegmentFile:
         self.directory = directory
         self.ledger_id = ledger_id
         self.file = file
-        self.where = str(file.path)
+        self.path = file.path
+        self.where = f"ledger {ledger_id}"
+        """Names the ledger in errors (never the file path: errors reach clients)."""
         self.offsets = array("q")
         self.end = 0
         """Offset just past the last confirmed record."""
@@ -75,7 +77,7 @@ class SegmentFile:
     ) -> SegmentFile:
         path = directory / ledger_file_name(ledger_id)
         if not path.exists():
-            raise CorruptRecord(str(path), 0, "ledger file missing")
+            raise CorruptRecord(f"ledger {ledger_id}", 0, "ledger file missing")
         return cls(directory, ledger_id, opener(path))
 
     # --- writer side ------------------------------------------------------------------------
