@@ -10,6 +10,7 @@
     ├── NotAllowed                      valid request, wrong state     (405)
     │   ├── TransactionError            the transaction errors (TransactionKeyFenced: 409)
     │   ├── NotEmpty                    delete of a tenant/namespace in use (409)
+    │   ├── ResourceLimitReached        over a per-connection bound (TooManyRequests, 429)
     │   ├── SegmentSealed               split/merge of a sealed segment
     │   └── SegmentTooSmall             split of a segment one hash wide
     ├── Closed                          the object was closed by its owner
@@ -492,6 +493,33 @@ class NotOwner(NotLeader):
         self.topic = topic
         self.leader_url = http_url
         self.owner_url = owner_url
+
+
+WIRE_CODES.update({c: c.wire_code for c in all_error_classes()})
+HTTP_STATUS.update({c: c.http_status for c in all_error_classes()})
+
+
+# --- bounded resources ----------------------------------------------------------------------
+
+
+class ResourceLimitReached(NotAllowed):
+    """A request over a per-connection bound of ``limits.py`` (producers, consumers, ...).
+    Nothing was created; it may succeed once something else closes.
+
+    Example:
+        >>> err = ResourceLimitReached("producers on this connection", 10)
+        >>> (err.wire_code, err.http_status, err.limit)
+        ('TooManyRequests', 429, 10)
+    """
+
+    retriable = True
+    wire_code = "TooManyRequests"
+    http_status = 429
+
+    def __init__(self, what: str, limit: int) -> None:
+        super().__init__(f"too many {what} (at most {limit})")
+        self.what = what
+        self.limit = limit
 
 
 WIRE_CODES.update({c: c.wire_code for c in all_error_classes()})

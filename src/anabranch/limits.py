@@ -454,3 +454,30 @@ TXN_KEY_METRICS_SERIES_MAX = 1_000
 """Transaction keys that get their own ``transaction_key`` series on ``/metrics`` (epoch,
 age); past it only the count grows, so a key-per-task workload cannot explode the
 scrape."""
+
+# --- hostile clients: counts a client sends, per-connection resources -----------------------
+
+ACK_MESSAGE_IDS_MAX = 10_000
+"""Message ids one ACK may carry; more is refused (InvalidArgument). Upstream clients group
+at most 1000 acks per command (``maxAcknowledgmentGroupSize``)."""
+
+REDELIVER_MESSAGE_IDS_MAX = 10_000
+"""Message ids one REDELIVER_UNACKNOWLEDGED_MESSAGES handles; the rest are ignored (the
+request has no answer to refuse with). Upstream clients send at most 1000 per command."""
+
+CONSUMER_PERMITS_MAX = 2**31 - 1
+"""Permits a consumer accumulates from FLOW, at most (upstream holds them in a Java int);
+more is clamped. The dispatcher reads at most DISPATCH_READ_ENTRIES_MAX per pass anyway."""
+
+SESSION_PRODUCERS_MAX = 10_000
+"""Producers open (or being opened) on one connection; past it PRODUCER answers
+TooManyRequests (``errors.ResourceLimitReached``)."""
+
+SESSION_CONSUMERS_MAX = 10_000
+"""Consumers open (or subscribing) on one connection; past it SUBSCRIBE answers
+TooManyRequests (``errors.ResourceLimitReached``)."""
+
+SESSION_HANDLER_TASKS_MAX = 1_000
+"""Spawned handlers (PRODUCER, SUBSCRIBE, lookups, schemas, transactions) running at once
+for one connection; the next such command waits for one to end, so its frames queue and
+reading pauses (SESSION_COMMAND_QUEUE_MAX) instead of tasks growing without bound."""

@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from anabranch import limits
 from anabranch.broker.hot_frames import encode_message_head
 from anabranch.protocol import commands
 from anabranch.protocol._generated import pulsar_api_pb2 as pb
@@ -165,8 +166,8 @@ class Consumer:
     # --- permits ------------------------------------------------------------------------
 
     def add_permits(self, permits: int) -> None:
-        """FLOW: ``permits`` more messages may be sent."""
-        self.permits += permits
+        """FLOW: ``permits`` more messages may be sent (clamped to CONSUMER_PERMITS_MAX)."""
+        self.permits = min(self.permits + max(permits, 0), limits.CONSUMER_PERMITS_MAX)
 
     @property
     def has_permits(self) -> bool:

@@ -17,6 +17,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from anabranch import limits
 from anabranch.broker.consumer import Consumer, message_id_data
 from anabranch.broker.dispatcher_entries import read_info
 from anabranch.broker.error_codes import server_error
@@ -27,6 +28,7 @@ from anabranch.errors import (
     ConsumerBusy,
     ConsumerNotFound,
     InvalidArgument,
+    ResourceLimitReached,
 )
 from anabranch.protocol import commands
 from anabranch.protocol._generated import pulsar_api_pb2 as pb
@@ -81,6 +83,8 @@ async def handle_subscribe(session: Session, cmd: pb.CommandSubscribe) -> None:
     """SUBSCRIBE -> SUCCESS, or ERROR (ConsumerBusy, bad names, ...)."""
     if cmd.consumer_id in session.consumers:
         raise ConsumerBusy(f"consumer id {cmd.consumer_id} is already used on this connection")
+    if len(session.consumers) >= limits.SESSION_CONSUMERS_MAX:
+        raise ResourceLimitReached("consumers on this connection", limits.SESSION_CONSUMERS_MAX)
     _check_subscription_name(cmd.subscription)
     topic_name = parse_name(cmd.topic)
     partition = -1 if isinstance(topic_name, SegmentName) else topic_name.partition
@@ -166,7 +170,7 @@ async def handle_redeliver_unacknowledged_messages(
         return
     if cmd.HasField("consumer_epoch") and cmd.consumer_epoch > consumer.epoch:
         consumer.epoch = cmd.consumer_epoch
-    ids = list(cmd.message_ids) if cmd.message_ids else None
+    ids = list(cmd.message_ids[: limits.REDELIVER_MESSAGE_IDS_MAX + 1]) if cmd.message_ids else None
     await consumer.subscription.redeliver(consumer, ids)
 
 

@@ -27,6 +27,7 @@ from typing import Any, NamedTuple
 import mmh3
 from google.protobuf.message import DecodeError  # type: ignore[import-untyped]
 
+from anabranch.limits import BATCH_MESSAGES_MAX
 from anabranch.protocol._generated import pulsar_api_pb2 as pb
 from anabranch.protocol.frames import MAGIC_CHECKSUM
 from anabranch.storage.api import ManagedLedger, Position
@@ -36,6 +37,8 @@ _U32 = struct.Struct(">I")
 
 HASH_RANGE_SIZE = 65536
 """Key_Shared hash slots (upstream ``StickyKeyConsumerSelector.DEFAULT_RANGE_SIZE``)."""
+
+_U64_MASK = (1 << 64) - 1
 
 NONE_KEY = b"NONE_KEY"
 """The sticky key of a message without ordering or partition key (upstream's NONE_KEY)."""
@@ -78,7 +81,7 @@ def entry_info(data: bytes) -> EntryInfo:
         return EntryInfo(1, NONE_KEY, None, 0)
     batch = md.num_messages_in_batch if md.HasField("num_messages_in_batch") else 1
     return EntryInfo(
-        max(batch, 1),
+        min(max(batch, 1), BATCH_MESSAGES_MAX),  # a producer's count, so bounded
         sticky_key(md),
         md.deliver_at_time if md.HasField("deliver_at_time") else None,
         md.publish_time,
@@ -110,15 +113,24 @@ def hash_slot(key: bytes) -> int:
 # --- batch-index ack bitsets -------------------------------------------------------------
 
 
+def _mask(batch_size: int) -> int:
+    return (1 << batch_size) - 1 if batch_size > 0 else 0
+
+
 def wire_to_acked(words: Sequence[int], batch_size: int) -> bytes:
-    """Wire ack_set (set = unacked) -> cursor bitset (set = acked) for ``batch_size``."""
-    out = bytearray((batch_size + 7) // 8)
-    for i in range(batch_size):
-        w = i // 64
-        unacked = w < len(words) and (words[w] >> (i % 64)) & 1
-        if not unacked:
-            out[i // 8] |= 1 << (i % 8)
-    return bytes(out)
+    """Wire ack_set (set = unacked) -> cursor bitset (set = acked) for ``batch_size``.
+
+    Only the words that ``batch_size`` covers are read, and the work is integer bit
+    operations: the cost follows the stored batch size, never the client's word count.
+
+    >>> wire_to_acked([0b0110], 4).hex(), wire_to_acked([], 3).hex()
+    ('09', '07')
+    """
+    mask = _mask(batch_size)
+    unacked = 0
+    for i, word in enumerate(words[: (batch_size + 63) // 64]):
+        unacked |= (word & _U64_MASK) << (64 * i)
+    return (~unacked & mask).to_bytes((batch_size + 7) // 8, "little")
 
 
 def merge_acked(a: bytes | None, b: bytes) -> bytes:
@@ -126,25 +138,22 @@ def merge_acked(a: bytes | None, b: bytes) -> bytes:
     if not a:
         return b
     size = max(len(a), len(b))
-    a, b = a.ljust(size, b"\0"), b.ljust(size, b"\0")
-    return bytes(x | y for x, y in zip(a, b, strict=True))
+    merged = int.from_bytes(a, "little") | int.from_bytes(b, "little")
+    return merged.to_bytes(size, "little")
 
 
 def acked_count(acked: bytes, batch_size: int) -> int:
     """Indexes below ``batch_size`` set in a cursor bitset."""
-    return sum(1 for i in range(batch_size) if i // 8 < len(acked) and acked[i // 8] >> (i % 8) & 1)
+    return (int.from_bytes(acked, "little") & _mask(batch_size)).bit_count()
 
 
 def acked_to_wire(acked: bytes, batch_size: int) -> tuple[list[int], int]:
     """Cursor bitset -> (wire ack_set words as signed int64, unacked count)."""
-    words = [0] * ((batch_size + 63) // 64)
-    unacked = 0
-    for i in range(batch_size):
-        if not (i // 8 < len(acked) and acked[i // 8] >> (i % 8) & 1):
-            words[i // 64] |= 1 << (i % 64)
-            unacked += 1
+    mask = _mask(batch_size)
+    unacked_bits = ~int.from_bytes(acked, "little") & mask
+    words = [(unacked_bits >> (64 * i)) & _U64_MASK for i in range((batch_size + 63) // 64)]
     signed = [w - (1 << 64) if w >= 1 << 63 else w for w in words]
-    return signed, unacked
+    return signed, unacked_bits.bit_count()
 
 
 # --- seek by publish time ------------------------------------------------------------------

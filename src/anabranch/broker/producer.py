@@ -19,6 +19,7 @@ import logging
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
+from anabranch import limits
 from anabranch.broker.error_codes import client_message, server_error
 from anabranch.broker.hot_frames import encode_send_receipt
 from anabranch.errors import (
@@ -26,6 +27,7 @@ from anabranch.errors import (
     ChecksumMismatch,
     Closed,
     LedgerFenced,
+    ResourceLimitReached,
     ValueTooLarge,
 )
 from anabranch.protocol import commands
@@ -205,6 +207,8 @@ async def handle_producer(session: Session, cmd: pb.CommandProducer) -> None:
     pid = cmd.producer_id
     if pid in session.producers or pid in session.creating_producers:
         raise ProducerBusy(f"producer id {pid} is already in use on this connection")
+    if len(session.producers) + len(session.creating_producers) >= limits.SESSION_PRODUCERS_MAX:
+        raise ResourceLimitReached("producers on this connection", limits.SESSION_PRODUCERS_MAX)
     session.creating_producers.add(pid)
     try:
         name = str(canonical_topic(cmd.topic))  # invalid names fail before any write

@@ -11,7 +11,8 @@ is closed. Frames are then handled in arrival order by one worker task per conne
 * *inline* handlers (SEND, ACK, FLOW, CLOSE_*, ...) run in order; SEND never waits for the
   disk (the producer queues receipts), so a producer pipelines freely;
 * *spawned* handlers (PRODUCER, SUBSCRIBE, lookups, schemas) may wait on metadata or
-  storage, so they run as tasks and never hold up the connection.
+  storage, so they run as tasks and never hold up the connection; at most
+  ``limits.SESSION_HANDLER_TASKS_MAX`` at once, past which the worker waits for one to end.
 
 Handlers raise ``anabranch.errors`` exceptions for per-request failures; the session maps
 them to ERROR with ``error_codes.server_error`` and keeps the connection. Any other
@@ -128,6 +129,7 @@ class Session:
         self._queue: deque[Frame] = deque()
         self._wakeup = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
+        self._task_slots = asyncio.Semaphore(limits.SESSION_HANDLER_TASKS_MAX)
         self._write_paused = False
         self._reading_paused = False
         self._on_close: list[Callable[[Session], None]] = []
@@ -250,11 +252,21 @@ class Session:
             self._protocol_failure(NotSupported(frame.type_name))
             return
         if kind in SPAWNED:
+            # At SESSION_HANDLER_TASKS_MAX running handlers the worker waits for one to
+            # end: later frames queue and reading pauses (bounded tasks, backpressure).
+            await self._task_slots.acquire()
+            if self.closed:
+                self._task_slots.release()
+                return
             task = asyncio.ensure_future(self._guard(handler, frame))
             self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            task.add_done_callback(self._task_done)
         else:
             await self._guard(handler, frame)
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        self._task_slots.release()
 
     def _handler(self, kind: int) -> Callable[[Session, Frame], Awaitable[None] | None] | None:
         handler = _FRAME_HANDLERS.get(kind)

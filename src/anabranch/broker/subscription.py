@@ -20,6 +20,7 @@ import logging
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from anabranch import limits
 from anabranch.broker.consumer import Consumer, from_u64
 from anabranch.broker.dispatcher import Dispatcher, make_dispatcher
 from anabranch.broker.dispatcher_entries import (
@@ -236,6 +237,10 @@ class Subscription:
     async def acknowledge(self, consumer: Consumer, cmd: pb.CommandAck) -> None:
         """Individual or cumulative ack, with batch-index ``ack_set`` and transactions."""
         cumulative = cmd.ack_type == pb.CommandAck.Cumulative
+        if len(cmd.message_id) > limits.ACK_MESSAGE_IDS_MAX:
+            raise InvalidArgument(
+                f"ACK with {len(cmd.message_id)} message ids (at most {limits.ACK_MESSAGE_IDS_MAX})"
+            )
         if cumulative and self.sub_type in (SubType.Shared, SubType.Key_Shared):
             raise NotAllowed(f"cumulative ack is not allowed on a {TYPE_NAMES[self.sub_type]}")
         txn: TxnId | None = None
@@ -269,15 +274,21 @@ class Subscription:
                 self.dispatcher.acked(consumer, full)
 
     async def _batch_size(self, consumer: Consumer, pos: Position, msg_id: pb.MessageIdData) -> int:
-        if msg_id.HasField("batch_size") and msg_id.batch_size > 0:
-            return int(msg_id.batch_size)
+        """The entry's real batch size: what was dispatched, else what is stored. The
+        client's ``batch_size`` is only checked against it, never used for sizing."""
         pending = consumer.pending.get(pos)
         if pending is not None:
-            return pending.batch_size
-        info = await read_info(self.ledger, pos)
-        if info is None:
-            raise InvalidArgument(f"no entry at {pos} to acknowledge batch indexes of")
-        return info.batch_size
+            size = pending.batch_size
+        else:
+            info = await read_info(self.ledger, pos)
+            if info is None:
+                raise InvalidArgument(f"no entry at {pos} to acknowledge batch indexes of")
+            size = info.batch_size
+        if msg_id.HasField("batch_size") and msg_id.batch_size not in (0, size):
+            raise InvalidArgument(
+                f"batch size {msg_id.batch_size} does not match the entry at {pos} ({size})"
+            )
+        return size
 
     async def _ack_batch_indexes(
         self, consumer: Consumer, pos: Position, msg_id: pb.MessageIdData
@@ -317,6 +328,14 @@ class Subscription:
         self, consumer: Consumer, message_ids: list[pb.MessageIdData] | None
     ) -> None:
         """REDELIVER_UNACKNOWLEDGED_MESSAGES: all of ``consumer``'s pending, or those ids."""
+        if message_ids is not None and len(message_ids) > limits.REDELIVER_MESSAGE_IDS_MAX:
+            # Clamped (DESIGN.md 3.2): the rest stay pending; the client's ack timeout
+            # or a later request redelivers them.
+            log.info(
+                "%s/%s: REDELIVER of %d ids clamped to %d",
+                self.topic_name, self.name, len(message_ids), limits.REDELIVER_MESSAGE_IDS_MAX,
+            )  # fmt: skip
+            message_ids = message_ids[: limits.REDELIVER_MESSAGE_IDS_MAX]
         positions = None if message_ids is None else [position_of(m) for m in message_ids]
         self.dispatcher.redeliver(consumer, positions)
 
