@@ -481,3 +481,8 @@ SESSION_HANDLER_TASKS_MAX = 1_000
 """Spawned handlers (PRODUCER, SUBSCRIBE, lookups, schemas, transactions) running at once
 for one connection; the next such command waits for one to end, so its frames queue and
 reading pauses (SESSION_COMMAND_QUEUE_MAX) instead of tasks growing without bound."""
+
+KEY_SHARED_STICKY_RANGES_MAX = 1_000
+"""Hash ranges one STICKY Key_Shared consumer may declare in SUBSCRIBE; more is refused
+(ConsumerAssignError). Upstream clients declare a handful; each range costs a comparison
+when consumers join."""

@@ -10,6 +10,7 @@ that never yields, as the pytest timeout below).
 from __future__ import annotations
 
 import asyncio
+import random
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,9 @@ import pytest
 from anabranch import limits
 from anabranch.broker import session as session_module
 from anabranch.broker.consumer import Consumer
+from anabranch.broker.dispatcher_key_shared import StickySelector
 from anabranch.broker.session import Session
+from anabranch.errors import ConsumerAssignError
 from anabranch.protocol import commands
 from anabranch.protocol._generated import pulsar_api_pb2 as pb
 from anabranch.testing.broker import InProcessBroker
@@ -316,3 +319,47 @@ async def test_lookup_flood_runs_bounded_tasks_and_others_are_answered(
     finally:
         await other.close()
     assert peak <= limits.SESSION_HANDLER_TASKS_MAX, f"{peak} lookups ran at once"
+
+
+# --- Key_Shared STICKY hash ranges ----------------------------------------------------------
+
+
+async def test_sticky_subscribe_with_every_slot_as_a_range_is_refused(client: RawClient) -> None:
+    # 65,536 disjoint one-slot ranges: valid-looking, and quadratic to check pairwise.
+    body = pb.CommandSubscribe(
+        topic=TOPIC, subscription="ks", subType=pb.CommandSubscribe.Key_Shared,
+        consumer_id=1, request_id=1,
+    )  # fmt: skip
+    body.keySharedMeta.keySharedMode = pb.STICKY
+    body.keySharedMeta.hashRanges.extend(pb.IntRange(start=i, end=i) for i in range(65_536))
+    await client.send(T(type=T.SUBSCRIBE, subscribe=body))
+    error = (await expect(client, T.ERROR)).command.error
+    assert (error.request_id, error.error) == (1, pb.ConsumerAssignError)
+    await assert_responsive(client)
+
+
+def test_sticky_selector_matches_a_linear_scan() -> None:
+    rng = random.Random(15)
+    sel: StickySelector[int] = StickySelector()
+    owned: list[tuple[int, int, int]] = []
+    for consumer in range(200):
+        ranges = []
+        for _ in range(rng.randint(1, 5)):
+            start = rng.randrange(65_536)
+            ranges.append((start, min(start + rng.randrange(300), 65_535)))
+        clash = any(
+            a <= d and c <= b for i, (a, b) in enumerate(ranges) for c, d in ranges[i + 1 :]
+        ) or any(a <= e and s <= b for a, b in ranges for s, e, _ in owned)
+        if clash:
+            with pytest.raises(ConsumerAssignError):
+                sel.add(consumer, ranges)
+        else:
+            sel.add(consumer, ranges)
+            owned.extend((a, b, consumer) for a, b in ranges)
+        if consumer % 50 == 49:
+            gone = owned[0][2]
+            sel.remove(gone)
+            owned = [r for r in owned if r[2] != gone]
+    for slot in range(0, 65_536, 7):
+        expected = next((c for s, e, c in owned if s <= slot <= e), None)
+        assert sel.select(slot) == expected

@@ -26,11 +26,13 @@ Example:
 
 from __future__ import annotations
 
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections import Counter
 from collections.abc import Sequence
+from itertools import pairwise
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+from anabranch import limits
 from anabranch.broker.consumer import Consumer, PendingEntry
 from anabranch.broker.dispatcher import SharedDispatcher
 from anabranch.broker.dispatcher_entries import HASH_RANGE_SIZE, entry_info, hash_slot
@@ -110,36 +112,56 @@ class AutoSplitSelector(Generic[C]):
 
 
 class StickySelector(Generic[C]):
-    """Consumer-declared inclusive slot ranges; overlaps are refused."""
+    """Consumer-declared inclusive slot ranges; overlaps are refused. The ranges are kept
+    sorted by start, so adding checks only neighbours and ``select`` is a bisection: the
+    cost of a client's range list is O(n log n), never quadratic."""
 
     def __init__(self) -> None:
         self._ranges: list[tuple[int, int, C]] = []
+        self._starts: list[int] = []
 
     def add(self, consumer: C, ranges: Sequence[tuple[int, int]]) -> None:
         if not ranges:
             raise ConsumerAssignError("a STICKY Key_Shared consumer must declare hash ranges")
+        if len(ranges) > limits.KEY_SHARED_STICKY_RANGES_MAX:
+            raise ConsumerAssignError(
+                f"{len(ranges)} hash ranges (at most {limits.KEY_SHARED_STICKY_RANGES_MAX})"
+            )
         for start, end in ranges:
             if not 0 <= start <= end < HASH_RANGE_SIZE:
                 raise ConsumerAssignError(f"hash range [{start}, {end}] is outside [0, 65535]")
-        for i, (start, end) in enumerate(ranges):
-            for other_start, other_end in ranges[i + 1 :]:
-                if start <= other_end and other_start <= end:
-                    raise ConsumerAssignError(f"hash ranges [{start}, {end}] overlap")
-            for s, e, owner in self._ranges:
-                if start <= e and s <= end:
+        mine = sorted(ranges)
+        for (start, end), (other_start, other_end) in pairwise(mine):
+            if other_start <= end:
+                raise ConsumerAssignError(
+                    f"hash ranges [{start}, {end}] and [{other_start}, {other_end}] overlap"
+                )
+        for start, end in mine:
+            i = bisect_right(self._starts, end)  # existing ranges starting at or before end
+            if i > 0:
+                s, e, owner = self._ranges[i - 1]
+                if start <= e:
                     raise ConsumerAssignError(
                         f"range conflict: [{start}, {end}] overlaps [{s}, {e}] of {owner}"
                     )
-        self._ranges.extend((s, e, consumer) for s, e in ranges)
+        merged = sorted(self._ranges + [(s, e, consumer) for s, e in mine], key=_range_start)
+        self._ranges = merged
+        self._starts = [r[0] for r in merged]
 
     def remove(self, consumer: C) -> None:
         self._ranges = [r for r in self._ranges if r[2] is not consumer]
+        self._starts = [r[0] for r in self._ranges]
 
     def select(self, slot: int) -> C | None:
-        for start, end, consumer in self._ranges:
-            if start <= slot <= end:
-                return consumer
-        return None
+        i = bisect_right(self._starts, slot)
+        if i == 0:
+            return None
+        _, end, consumer = self._ranges[i - 1]
+        return consumer if slot <= end else None
+
+
+def _range_start(entry: tuple[int, int, Any]) -> int:
+    return entry[0]
 
 
 class KeySharedDispatcher(SharedDispatcher):
@@ -167,6 +189,11 @@ class KeySharedDispatcher(SharedDispatcher):
             raise ConsumerAssignError("Key_Shared mode differs from the subscription's")
         if isinstance(self.selector, StickySelector):
             assert meta is not None
+            if len(meta.hashRanges) > limits.KEY_SHARED_STICKY_RANGES_MAX:
+                raise ConsumerAssignError(
+                    f"{len(meta.hashRanges)} hash ranges "
+                    f"(at most {limits.KEY_SHARED_STICKY_RANGES_MAX})"
+                )
             self.selector.add(consumer, [(r.start, r.end) for r in meta.hashRanges])
         else:
             self.selector.add(consumer)
