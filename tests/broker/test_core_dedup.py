@@ -149,6 +149,23 @@ async def test_a_resend_to_a_sealed_topic_of_what_it_stored_is_a_duplicate(
             assert dup.send_receipt.message_id.entryId == U64_MAX
             fresh = await send(client, 1, b"m1")
             assert fresh.type == T.SEND_ERROR and fresh.send_error.error == pb.TopicTerminatedError
-            assert len(await stored(broker)) == 1
         finally:
             await client.close()
+        # The usual way: the connection dropped, the producer reconnects to the sealed
+        # topic (it may attach: the topic holds its messages) and resends.
+        again = await RawClient.open(broker.port)
+        try:
+            await again.handshake()
+            assert await named_producer(again) == 0
+            dup = await send(again, 0, b"m0")
+            assert dup.type == T.SEND_RECEIPT
+            assert dup.send_receipt.message_id.entryId == U64_MAX
+            fresh = await send(again, 1, b"m1")
+            assert fresh.type == T.SEND_ERROR and fresh.send_error.error == pb.TopicTerminatedError
+            # A producer the topic holds nothing of cannot attach to it.
+            await again.send(commands.producer(TOPIC, 2, 2, producer_name="stranger"))
+            refused = (await again.expect(T.ERROR)).command.error
+            assert refused.error == pb.TopicTerminatedError
+            assert len(await stored(broker)) == 1
+        finally:
+            await again.close()

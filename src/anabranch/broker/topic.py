@@ -233,7 +233,8 @@ class PersistentTopic:
     def add_producer(self, producer: Producer) -> asyncio.Future[None] | None:
         """Admit ``producer`` under its access mode; a future when it must wait
         (WaitForExclusive), else None. Raises ProducerBusy/ProducerFenced/TopicTerminated."""
-        self._check_writable()
+        if not self._may_resend_here(producer.name):
+            self._check_writable()
         if producer.name in self.producers:
             raise ProducerBusy(f"producer {producer.name!r} is already connected to {self.name}")
         mode = producer.access_mode
@@ -285,6 +286,18 @@ class PersistentTopic:
             fut.set_result(None)
 
     # --- publishing -----------------------------------------------------------------------
+
+    def _may_resend_here(self, producer_name: str) -> bool:
+        """A producer this sealed topic holds messages of may attach: its resends after a
+        lost receipt are then answered as duplicates instead of being re-routed by a
+        scalable producer to a child segment (and stored twice); its new sends still get
+        TopicTerminated."""
+        return (
+            self.ledger.is_terminated
+            and not self._closing
+            and self.dedup is not None
+            and self.dedup.last_persisted(producer_name) >= 0
+        )
 
     def _check_writable(self) -> None:
         if self.ledger.is_terminated:
