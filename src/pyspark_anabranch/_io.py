@@ -44,6 +44,7 @@ from anabranch.client.transaction import Transaction
 from anabranch.core.hash_range import HashRange
 from anabranch.core.names import TopicName
 from anabranch.core.segment_layout import SegmentLayout, segment_name
+from anabranch.core.txn_id import BRANCH_PROPERTY
 from anabranch.errors import AnabranchError, NotFound
 from anabranch.protocol._generated import pulsar_api_pb2 as pb
 from anabranch.protocol.frames import Frame
@@ -560,9 +561,6 @@ class RangeReader:
 Row = tuple[str, bytes, str | None, dict[str, str] | None, int | None]
 """A row to produce: (topic ``t/ns/x``, value, key, properties, event time ms)."""
 
-
-BRANCH_PROPERTY = "__txn_branch"
-"""The message property naming a message's branch of a batch transaction."""
 
 SINK_LOOKUP_ATTEMPTS = 5
 """How often the sink looks a topic up before its NotFound counts."""

@@ -65,12 +65,12 @@ def test_outcome_during_an_append_applies_to_its_position() -> None:
 def test_failed_append_releases_its_pin() -> None:
     s = TxnBufferState()
     s.fail_append(s.begin_append(A, (1, 0)))
-    assert s.max_read_position((1, 2)) == (1, 2) and s.is_open(A)
+    assert s.max_read_position((1, 2)) == (1, 2) and s.is_ongoing(A)
 
 
 def test_recovered_txn_pins_at_first_after_until_scanned() -> None:
     s = TxnBufferState()
-    s.recover_open(A, (1, 2))
+    s.recover_unfinished(A, (1, 2))
     assert s.max_read_position((3, 9)) == (1, 2) and s.recovered_count == 1
     s.found(A, (2, 4))
     s.found(A, (2, 4))
@@ -84,9 +84,9 @@ def test_recovered_txn_pins_at_first_after_until_scanned() -> None:
 
 def test_recovered_txn_without_entries_stops_pinning_after_scan() -> None:
     s = TxnBufferState()
-    s.recover_open(A, (1, 2))
+    s.recover_unfinished(A, (1, 2))
     s.end_scan(A)
-    assert s.max_read_position((3, 9)) == (3, 9) and s.is_open(A)
+    assert s.max_read_position((3, 9)) == (3, 9) and s.is_ongoing(A)
 
 
 def test_prune_forgets_aborted_txns_below_the_first_valid_position() -> None:

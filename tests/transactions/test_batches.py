@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from anabranch.admin.client import AdminClient, AdminHttpError
 from anabranch.aio import Client
 from anabranch.core.txn_buffer_state import TxnBufferState
+from anabranch.core.txn_id import BRANCH_PROPERTY
 from anabranch.errors import InvalidArgument, InvalidTxnStatus, TransactionConflict
 from anabranch.metadata.api import MUST_NOT_EXIST, MetadataStore
 from anabranch.metadata.memory import MemoryMetadataStore
@@ -32,7 +33,6 @@ from anabranch.testing.clock import ManualClock
 from anabranch.transactions import records
 from anabranch.transactions.batches import TxnBatches
 from anabranch.transactions.coordinator import TransactionCoordinator
-from anabranch.transactions.entry_stamp import BRANCH_PROPERTY
 from anabranch.transactions.ids import TxnId
 from anabranch.transactions.metadata_buffer import MetadataTransactionBuffer
 from anabranch.transactions.outcomes import TxnOutcomes

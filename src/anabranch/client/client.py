@@ -43,6 +43,7 @@ from anabranch.client.transaction import (
     TransactionScope,
 )
 from anabranch.core.names import SegmentName, TopicDomain, parse_name
+from anabranch.core.txn_id import TxnId
 from anabranch.core.txn_keys import validate_key
 from anabranch.errors import InvalidArgument
 from anabranch.limits import (
@@ -52,7 +53,6 @@ from anabranch.limits import (
     CONSUMER_RECEIVER_QUEUE_MESSAGES,
     KEEPALIVE_INTERVAL_S,
 )
-from anabranch.transactions.ids import TxnId
 
 
 def _persistent_topic(topic: str) -> str:

@@ -46,6 +46,7 @@ from anabranch.client.errors import MessageTooBig, from_server_error
 from anabranch.client.message_id import MessageId
 from anabranch.client.pending_bound import PendingBound
 from anabranch.client.routing import Hashing, Router
+from anabranch.core.txn_id import BRANCH_PROPERTY, TxnId
 from anabranch.errors import AnabranchError, Closed, InvalidArgument
 from anabranch.limits import (
     MESSAGE_SIZE_MAX_BYTES,
@@ -59,8 +60,6 @@ from anabranch.protocol._generated import pulsar_api_pb2 as pb
 from anabranch.protocol.batch import join_batch, single_metadata
 from anabranch.protocol.compression import CompressionType, compress
 from anabranch.protocol.frames import Frame
-from anabranch.transactions.entry_stamp import BRANCH_PROPERTY
-from anabranch.transactions.ids import TxnId
 
 if TYPE_CHECKING:
     from anabranch.client.transaction import Transaction

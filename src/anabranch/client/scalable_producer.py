@@ -68,9 +68,9 @@ from anabranch.client.pending_bound import PendingBound
 from anabranch.client.producer import Producer, ProducerOptions
 from anabranch.core.hash_range import segment_hash
 from anabranch.core.segment_layout import Segment, SegmentLayout, segment_name
+from anabranch.core.txn_id import TxnId
 from anabranch.errors import AnabranchError, Closed, InvalidArgument, NotFound, TopicTerminated
 from anabranch.limits import SCALABLE_PRODUCER_REROUTE_WAIT_S, SCALABLE_ROUTE_CACHE_MAX
-from anabranch.transactions.ids import TxnId
 
 if TYPE_CHECKING:
     from anabranch.client.transaction import Transaction

@@ -42,8 +42,8 @@ from anabranch.client.scalable_producer import ScalableProducer
 from anabranch.client.stream_consumer import StreamConsumer as AsyncStreamConsumer
 from anabranch.client.transaction import DEFAULT_TIMEOUT_S, TransactionState, finish
 from anabranch.client.transaction import Transaction as AsyncTransaction
+from anabranch.core.txn_id import TxnId
 from anabranch.errors import Closed
-from anabranch.transactions.ids import TxnId
 
 R = TypeVar("R")
 InnerT = TypeVar("InnerT")

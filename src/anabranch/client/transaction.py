@@ -7,7 +7,7 @@ Every broker serves every coordinator partition (PIP-473), so the
 connection it sends TC_CLIENT_CONNECT_REQUEST (``scalable=true``); the answer
 ``TransactionCoordinatorNotFound`` means transactions are disabled on that broker.
 NEW_TXN (``txn_ttl_millis``, ``tc_id`` round-robin over the coordinator partitions)
-returns the :class:`~anabranch.transactions.ids.TxnId`; END_TXN (COMMIT or ABORT) ends it.
+returns the :class:`~anabranch.core.txn_id.TxnId`; END_TXN (COMMIT or ABORT) ends it.
 A request whose connection dropped, or that got a retriable answer, is sent again on a
 new connection (END_TXN is idempotent on the broker for the same action), at most
 ``TXN_REQUEST_ATTEMPTS_MAX`` times within the operation timeout. ADD_PARTITION_TO_TXN and
@@ -61,6 +61,7 @@ from anabranch.client.errors import (
     TransactionOperationFailed,
     from_server_error,
 )
+from anabranch.core.txn_id import TxnId
 from anabranch.core.txn_keys import NEW_CLIENT_EPOCH, validate_key
 from anabranch.errors import (
     AnabranchError,
@@ -75,7 +76,6 @@ from anabranch.limits import (
 )
 from anabranch.protocol._generated import pulsar_api_pb2 as pb
 from anabranch.protocol.frames import Frame
-from anabranch.transactions.ids import TxnId
 
 log = logging.getLogger(__name__)
 T = pb.BaseCommand

@@ -154,7 +154,7 @@ class TxnBufferState:
         """The append of ``token`` failed: nothing was written, the pin goes."""
         del self._appends[token]
 
-    def recover_open(self, txn: Txn, first_after: Pos) -> None:
+    def recover_unfinished(self, txn: Txn, first_after: Pos) -> None:
         """After a restart: ``txn`` is OPEN and its entries lie after ``first_after``."""
         self.open_txn(txn)
         current = self._recovered.get(txn)
@@ -238,7 +238,7 @@ class TxnBufferState:
     def is_aborted(self, position: Pos) -> bool:
         return position in self._aborted
 
-    def is_open(self, txn: Txn) -> bool:
+    def is_ongoing(self, txn: Txn) -> bool:
         return txn in self._open
 
     def positions(self, txn: Txn) -> list[Pos]:

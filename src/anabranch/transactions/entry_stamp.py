@@ -39,13 +39,10 @@ import struct
 from google.protobuf.message import DecodeError  # type: ignore[import-untyped]
 
 from anabranch import limits
+from anabranch.core.txn_id import BRANCH_PROPERTY, TxnId
 from anabranch.errors import InvalidArgument, MalformedFrame
 from anabranch.protocol._generated import pulsar_api_pb2 as pb
 from anabranch.protocol.frames import MAGIC_CHECKSUM, encode_entry
-from anabranch.transactions.ids import TxnId
-
-BRANCH_PROPERTY = "__txn_branch"
-"""The reserved message property naming a batch transaction's branch."""
 
 _U16 = struct.Struct(">H")
 _I32 = struct.Struct(">i")

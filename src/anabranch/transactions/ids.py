@@ -1,20 +1,12 @@
-"""Transaction ids: (coordinator partition, per-partition counter), as on the wire.
+"""Transaction ids: defined in ``core/txn_id.py`` (the client uses them too), re-exported.
 
 Example:
-    >>> TxnId(most_bits=0, least_bits=7)
-    TxnId(most_bits=0, least_bits=7)
+    >>> TxnId(0, 7).least_bits
+    7
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from anabranch.core.txn_id import TxnId
 
-
-class TxnId(NamedTuple):
-    """A transaction id; ``most_bits`` names the coordinator partition."""
-
-    most_bits: int
-    least_bits: int
-
-    def __str__(self) -> str:
-        return f"{self.most_bits}_{self.least_bits}"
+__all__ = ["TxnId"]

@@ -301,9 +301,9 @@ class MetadataTransactionBuffer:
                 continue
             scan[txn] = first_after
             if state is TxnState.OPEN:
-                self._state.recover_open(txn, first_after)
+                self._state.recover_unfinished(txn, first_after)
                 self._outcomes.register(txn, self)
-        self.recovered_open = sum(1 for t in scan if self._state.is_open(t))
+        self.recovered_open = sum(1 for t in scan if self._state.is_ongoing(t))
         if scan:
             await self._scan(scan, headers)
         self._last_max = self.max_read_position()
