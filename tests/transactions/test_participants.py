@@ -533,6 +533,36 @@ async def test_watch_compacted_relists_registered_headers(meta: MetadataStore) -
     await outcomes.close()
 
 
+async def test_a_dead_watch_loop_is_restarted(meta: MetadataStore) -> None:
+    # The loop catches the store's errors itself; this is the belt and braces under it:
+    # a loop that dies anyway is restarted (by re-listing, then watching again).
+    clock = ManualClock()
+    await open_txn(meta, clock, T1)
+    outcomes = TxnOutcomes(meta, clock)
+    real = outcomes._watch_loop
+    calls = 0
+
+    async def dies_once(start: int) -> None:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise RuntimeError("a bug in the watch loop")
+        await real(start)
+
+    outcomes._watch_loop = dies_once  # type: ignore[method-assign]
+    seen = Seen()
+    outcomes.register(T1, seen)
+    await outcomes.start()
+    for _ in range(100):
+        if calls == 2:
+            break
+        await asyncio.sleep(0.01)
+    await finish(meta, clock, T1, COMMITTED)
+    await asyncio.wait_for(seen.event.wait(), 5)  # delivered by the restarted watch
+    assert seen.outcomes == [(T1, COMMITTED)] and calls == 2
+    await outcomes.close()
+
+
 async def test_periodic_reconcile_rereads_headers(meta: MetadataStore) -> None:
     clock = ManualClock()
     await open_txn(meta, clock, T1)

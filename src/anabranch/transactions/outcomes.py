@@ -41,7 +41,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import Protocol
+from collections.abc import Callable, Coroutine
+from typing import Any, Protocol
 
 from anabranch import failpoints, limits
 from anabranch.clock import Clock
@@ -55,6 +56,10 @@ log = logging.getLogger(__name__)
 
 _RELIST_CONCURRENCY = 32
 """Header reads in flight at once during a re-list (a bounded batch, not one per txn)."""
+
+
+Loop = Callable[[], Coroutine[Any, Any, None]]
+"""A supervised background loop's coroutine factory."""
 
 
 class OutcomeListener(Protocol):
@@ -98,12 +103,30 @@ class TxnOutcomes:
         if self._closed:
             raise Closed("transaction outcomes are closed")
         revision = await self._store.current_revision()
-        self._tasks = [
-            asyncio.create_task(self._watch_loop(revision + 1), name="txn-outcomes-watch"),
-            asyncio.create_task(self._reconcile_loop(), name="txn-outcomes-reconcile"),
-        ]
-        for task in self._tasks:
-            task.add_done_callback(_report_death)
+        self._supervise(
+            "txn-outcomes-watch", lambda: self._watch_loop(revision + 1), again=self._rewatch
+        )
+        self._supervise("txn-outcomes-reconcile", self._reconcile_loop)
+
+    def _supervise(self, name: str, make: Loop, *, again: Loop | None = None) -> None:
+        """Run ``make()`` as a kept task; one that dies of an exception is logged and
+        restarted with ``again`` (default ``make``): the watch restarts by re-listing, so
+        nothing is missed meanwhile."""
+        task = asyncio.create_task(make(), name=name)
+        self._tasks.append(task)
+
+        def died(done: asyncio.Task[None]) -> None:
+            if done in self._tasks:
+                self._tasks.remove(done)
+            if self._closed or done.cancelled() or done.exception() is None:
+                return
+            log.error("%s died; restarting it", name, exc_info=done.exception())
+            self._supervise(name, again or make, again=again)
+
+        task.add_done_callback(died)
+
+    async def _rewatch(self) -> None:
+        await self._watch_loop(await self._relist() + 1)
 
     def register(self, txn: TxnId, listener: OutcomeListener) -> None:
         """Deliver ``txn``'s outcome to ``listener`` (once per way it is learnt)."""
@@ -221,9 +244,3 @@ class TxnOutcomes:
                 return
             except Exception:
                 log.exception("periodic re-read of transaction headers failed")
-
-
-def _report_death(task: asyncio.Task[None]) -> None:
-    """A loop must never end by an exception: say so loudly if it does."""
-    if not task.cancelled() and task.exception() is not None:
-        log.error("%s died", task.get_name(), exc_info=task.exception())
