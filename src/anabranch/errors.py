@@ -243,6 +243,14 @@ class SegmentSealed(NotAllowed):
         self.sealed_at_epoch = sealed_at_epoch
 
 
+class SegmentNotPrunable(NotAllowed):
+    """A prune (PIP-468 ``pruneSegment``) of a segment that is active or not yet a root."""
+
+    def __init__(self, segment_id: int, reason: str) -> None:
+        super().__init__(f"segment {segment_id} cannot be pruned: {reason}")
+        self.segment_id = segment_id
+
+
 class SegmentTooSmall(NotAllowed):
     """A split of a segment whose hash range is a single value."""
 
@@ -388,6 +396,22 @@ class ProducerFenced(NotAllowed):
 
     wire_code = "ProducerFenced"
     http_status = 409
+
+
+class ProducerBlockedQuotaExceeded(NotAllowed):
+    """The topic's backlog is over its quota and the policy is ``producer_exception``:
+    producers are refused (Pulsar's ProducerBlockedQuotaExceededException)."""
+
+    wire_code = "ProducerBlockedQuotaExceededException"
+    http_status = 412
+
+
+class ProducerQuotaHoldTimeout(NotAllowed):
+    """A send held by ``producer_request_hold`` waited too long for the backlog to shrink
+    (Pulsar's ProducerBlockedQuotaExceededError)."""
+
+    wire_code = "ProducerBlockedQuotaExceededError"
+    http_status = 412
 
 
 class TopicTerminated(NotAllowed):

@@ -33,7 +33,13 @@ import msgspec
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from anabranch.admin import routes_cluster, routes_scalable, routes_transactions, routes_v2
+from anabranch.admin import (
+    routes_cluster,
+    routes_retention,
+    routes_scalable,
+    routes_transactions,
+    routes_v2,
+)
 from anabranch.admin.models import ErrorBody
 from anabranch.admin.openapi import openapi_document
 from anabranch.admin.routes import BODY_LIMIT, Route
@@ -72,6 +78,7 @@ def all_routes() -> list[Route]:
     """Every route the app serves, in registration order."""
     return [
         *routes_v2.ROUTES,
+        *routes_retention.ROUTES,
         *routes_scalable.ROUTES,
         *routes_cluster.ROUTES,
         *routes_transactions.ROUTES,

@@ -68,6 +68,31 @@ class BrokerConfig(BaseSettings):
     """Coordinator partitions (TxnID most bits). Persisted by the first broker of a
     metadata store; a broker configured differently refuses to start."""
     use_uvloop: bool = True
+    default_retention_time_minutes: int = Field(0, ge=-1)
+    """Retention of a namespace without a retention policy (Pulsar's
+    ``defaultRetentionTimeInMinutes``; -1 unbounded, 0 none)."""
+    default_retention_size_mb: int = Field(0, ge=-1)
+    """Pulsar's ``defaultRetentionSizeInMB`` (-1 unbounded, 0 none)."""
+    ttl_duration_default_s: int = Field(0, ge=0)
+    """Message TTL of a namespace without one (Pulsar's ``ttlDurationDefaultInSeconds``;
+    0: off)."""
+    retention_check_interval_s: float = Field(120.0, gt=0)
+    """How often fully consumed ledgers out of retention are deleted and drained sealed
+    segments pruned (Pulsar's ``retentionCheckIntervalInSeconds``)."""
+    ttl_check_interval_s: float = Field(60.0, gt=0)
+    """How often expired messages are acknowledged (Pulsar's
+    ``messageExpiryCheckIntervalInMinutes``, in seconds here)."""
+    backlog_quota_check_interval_s: float = Field(60.0, gt=0)
+    """How often backlog quotas are checked (``backlogQuotaCheckIntervalInSeconds``)."""
+    backlog_quota_hold_max_s: float = Field(30.0, gt=0)
+    """How long ``producer_request_hold`` holds a send before failing it with
+    ProducerBlockedQuotaExceededError."""
+    managed_ledger_max_entries_per_ledger: int = Field(50_000, gt=0)
+    """A topic's ledger rolls over after this many entries; retention deletes whole
+    ledgers (Pulsar's ``managedLedgerMaxEntriesPerLedger``)."""
+    managed_ledger_max_size_per_ledger_bytes: int = Field(256 * 1024 * 1024, gt=0)
+    """A topic's ledger rolls over after this many bytes (Pulsar's
+    ``managedLedgerMaxSizePerLedgerMbytes``, in bytes here)."""
 
     @field_validator("max_message_size")
     @classmethod

@@ -252,6 +252,7 @@ class ScalableCollector(Collector):
         for name, text, value in (
             ("splits", "Segment splits completed by this broker's controllers.", c.splits),
             ("merges", "Segment merges completed by this broker's controllers.", c.merges),
+            ("prunes", "Drained sealed segments pruned from the DAG.", c.prunes),
             ("controller_elections", "Controller leaderships acquired by this broker "
              "(each fail-over to it counts one).", c.leader_elections),
             ("assignment_changes", "Assignment pushes to stream/checkpoint consumers.",

@@ -91,6 +91,16 @@ class RetentionPolicies(msgspec.Struct, kw_only=True):
     retention_size_in_mb: int = msgspec.field(default=0, name="retentionSizeInMB")
 
 
+class BacklogQuotaRecord(msgspec.Struct, kw_only=True):
+    """One backlog quota as Pulsar's admin JSON has it (``limitSize`` bytes, ``limitTime``
+    seconds, -1 unlimited; ``policy`` one of ``producer_request_hold``,
+    ``producer_exception``, ``consumer_backlog_eviction``)."""
+
+    limit_size: int = msgspec.field(default=-1, name="limitSize")
+    limit_time: int = msgspec.field(default=-1, name="limitTime")
+    policy: str = "producer_request_hold"
+
+
 class AutoTopicCreationOverride(msgspec.Struct, rename="camel", kw_only=True):
     """Per-namespace override of the broker's ``allow_auto_topic_creation``."""
 
@@ -118,6 +128,8 @@ class NamespacePolicies(msgspec.Struct, kw_only=True):
     )
     retention: RetentionPolicies | None = msgspec.field(default=None, name="retention_policies")
     message_ttl_in_seconds: int | None = None
+    backlog_quota_map: dict[str, BacklogQuotaRecord] = msgspec.field(default_factory=dict)
+    """Keyed by ``destination_storage`` / ``message_age`` (Pulsar's backlogQuotaType)."""
     max_producers_per_topic: int | None = None
     max_consumers_per_topic: int | None = None
     max_consumers_per_subscription: int | None = None

@@ -36,6 +36,7 @@ from urllib.parse import quote
 from anabranch.broker.config import BrokerConfig
 from anabranch.broker.metrics import BrokerCounters
 from anabranch.broker.policies import Policies
+from anabranch.broker.retention import RetentionSweeps, retention_of
 from anabranch.broker.scalable_commands import ScalableEndpoint
 from anabranch.broker.schema import SchemaRegistry
 from anabranch.broker.segment_ops import BrokerSegmentOps
@@ -143,6 +144,8 @@ class BrokerService:
         self._background: set[asyncio.Task[bool]] = set()
         self.counters = BrokerCounters()
         """Broker-wide counters for /metrics; the server and sessions bump them."""
+        self.sweeps = RetentionSweeps(self)
+        """Retention, message TTL, backlog quotas and segment pruning (periodic)."""
         self.ownership: OwnershipGate | None = None
         """Set in cluster mode: topics are loaded only once this broker owns them."""
         self.txn_outcomes: TxnOutcomes | None = None
@@ -173,6 +176,7 @@ class BrokerService:
         producer names, so a restarted broker must never hand out an old one."""
         path = await self.store.create_sequential(PRODUCER_NAME_COUNTER_PREFIX, b"")
         self._broker_index = int(path.rsplit("-", 1)[1])
+        self.sweeps.start()
         if self.txn_outcomes is not None and self.txn_coordinator is not None:
             await self.txn_outcomes.start()
             await self.txn_coordinator.start()
@@ -242,9 +246,14 @@ class BrokerService:
                 if not (create and auto):
                     raise NotFound(f"topic {key}")
             await self.policies.register_topic(key)
+        retention = retention_of(self.config, ns_policies)
         ml_config = ManagedLedgerConfig(
             fsync=self.config.fsync,
             cursor_persist_interval_ms=self.config.cursor_persist_interval_ms,
+            ledger_entries_max=self.config.managed_ledger_max_entries_per_ledger,
+            ledger_bytes_max=self.config.managed_ledger_max_size_per_ledger_bytes,
+            retention_ms=retention.time_ms,
+            retention_bytes=retention.size_bytes,
         )
         ledger = await self.ledgers.open(managed_ledger_name(name), ml_config)
         topic = PersistentTopic(
@@ -253,6 +262,7 @@ class BrokerService:
             store=self.store,
             clock=self.clock,
             dedup_enabled=ns_policies.deduplication_enabled,
+            quota_hold_max_s=self.config.backlog_quota_hold_max_s,
         )
         try:
             if self.txn_outcomes is not None:
@@ -378,6 +388,7 @@ class BrokerService:
         """Close the scalable-topic controllers and watch sessions, then every topic:
         in-flight appends finish, dedup snapshots are written."""
         self._closed = True
+        await self.sweeps.close()
         if self.txn_keys is not None:
             await self.txn_keys.close()
         if self.txn_coordinator is not None:

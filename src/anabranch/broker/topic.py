@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from anabranch import failpoints, limits
+from anabranch.broker.backlog_quota import QuotaGate
 from anabranch.clock import Clock
 from anabranch.core.dedup import DedupState, DedupVerdict
 from anabranch.errors import (
@@ -120,6 +121,7 @@ class PersistentTopic:
         clock: Clock,
         dedup_enabled: bool = False,
         transaction_buffer: TransactionBuffer | None = None,
+        quota_hold_max_s: float = 30.0,
     ) -> None:
         self.name = name
         self.ledger = ledger
@@ -141,6 +143,8 @@ class PersistentTopic:
         everything (a scalable segment's controller hands out its children on that)."""
         self.dedup: DedupState | None = DedupState() if dedup_enabled else None
         self.topic_epoch = 0
+        self.quota = QuotaGate(name, clock, quota_hold_max_s)
+        """Refuses or holds producers while the backlog is over quota (the sweep sets it)."""
         self._exclusive: str | None = None
         self._waiting: deque[tuple[Producer, asyncio.Future[None]]] = deque()
         self._inflight: set[asyncio.Task[None]] = set()
@@ -235,6 +239,7 @@ class PersistentTopic:
         (WaitForExclusive), else None. Raises ProducerBusy/ProducerFenced/TopicTerminated."""
         if not self._may_resend_here(producer.name):
             self._check_writable()
+        self.quota.check_producer()
         if producer.name in self.producers:
             raise ProducerBusy(f"producer {producer.name!r} is already connected to {self.name}")
         mode = producer.access_mode
@@ -324,7 +329,32 @@ class PersistentTopic:
         transaction ``txn`` goes through the transaction buffer (op record first).
 
         Sends published in one loop iteration (e.g. every SEND of one socket read) are
-        stored with one ``append_many`` by one task: no task per send."""
+        stored with one ``append_many`` by one task: no task per send.
+
+        While the backlog is over a producer-blocking quota (:attr:`quota`) the send is
+        refused (ProducerBlockedQuotaExceeded) or held and judged when released, in order."""
+        if self.quota.blocked is not None or self.quota.held:
+            held = self.quota.admit(
+                lambda: self._publish(
+                    producer_name, sequence_id, highest_sequence_id, entry, num_messages, txn=txn
+                )
+            )
+            if held is not None:
+                return held
+        return self._publish(
+            producer_name, sequence_id, highest_sequence_id, entry, num_messages, txn=txn
+        )
+
+    def _publish(
+        self,
+        producer_name: str,
+        sequence_id: int,
+        highest_sequence_id: int | None,
+        entry: bytes,
+        num_messages: int,
+        *,
+        txn: TxnId | None = None,
+    ) -> asyncio.Future[Position]:
         last = last_sequence_id(sequence_id, num_messages, highest_sequence_id)
         # A resend of what the sealed ledger already holds (its receipt was lost with a
         # connection) is answered as a duplicate: told "terminated", a scalable producer
@@ -559,6 +589,7 @@ class PersistentTopic:
             if not fut.done():
                 fut.set_exception(Closed(f"{self.name} is closing"))
         self._waiting.clear()
+        await self.quota.close()
         await self.wait_inflight()
         if self._snapshot_task is not None:
             await asyncio.wait([self._snapshot_task])

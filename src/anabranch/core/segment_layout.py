@@ -9,6 +9,7 @@ the sealed ones covered, so the layout is a DAG of generations (PIP-460):
 
     split(p)        p [s, e]            -> c1 [s, mid], c2 [mid+1, e]   mid = s + (e-s)//2
     merge(p1, p2)   p1, p2 adjacent     -> c  = p1 + p2                  parentIds = [p1, p2]
+    prune(p)        p a sealed root     -> p (and its co-parents) removed; children are roots
 
 Every change bumps ``epoch`` by one; the sealed parents get ``sealedAtEpoch = epoch`` and
 the children ``createdAtEpoch = epoch``. Children take ids ``nextSegmentId``, ``+1``.
@@ -32,6 +33,8 @@ Legal changes (anything else raises and returns no layout):
     | merge(a, b)  | a, b exist                                      | UnknownSegment         |
     |              | both ACTIVE                                     | SegmentSealed          |
     |              | a != b and ranges adjacent                      | SegmentsNotAdjacent    |
+    | prune(id)    | id exists                                       | UnknownSegment         |
+    |              | id and its co-parents SEALED roots              | SegmentNotPrunable     |
 
 Example:
     >>> layout = SegmentLayout.initial(2, now_ms=1000)
@@ -63,6 +66,7 @@ from anabranch.core.hash_range import HASH_MAX, HASH_MIN, KEYSPACE_SIZE, HashRan
 from anabranch.core.names import SegmentName, TopicDomain, TopicName
 from anabranch.errors import (
     InvalidArgument,
+    SegmentNotPrunable,
     SegmentSealed,
     SegmentsNotAdjacent,
     SegmentTooSmall,
@@ -240,6 +244,46 @@ class SegmentLayout:
             created_at_ms=now_ms,
         )
         return self._changed(epoch, child_id + 1, segments)
+
+    def prune(self, segment_id: int) -> SegmentLayout:
+        """Remove sealed root ``segment_id`` and the segments sealed with it (PIP-468
+        ``pruneSegment``): its change block (a merge's parents go together) must be sealed
+        roots; their children lose the parent links and become roots. The epoch advances.
+
+        Example:
+            >>> layout = SegmentLayout.initial(1, 0).split(0, now_ms=5).prune(0)
+            >>> (sorted(layout.segments), [s.segment_id for s in layout.roots], layout.epoch)
+            ([1, 2], [1, 2], 2)
+        """
+        block = self.prune_block(segment_id)
+        children = frozenset(c for i in block for c in self.segments[i].child_ids)
+        segments = {i: s for i, s in self.segments.items() if i not in block}
+        for child_id in children:
+            child = segments[child_id]
+            parents = tuple(p for p in child.parent_ids if p not in block)
+            segments[child_id] = dataclasses.replace(child, parent_ids=parents)
+        return self._changed(self.epoch + 1, self.next_segment_id, segments)
+
+    def prune_block(self, segment_id: int) -> tuple[int, ...]:
+        """The segments :meth:`prune` removes with ``segment_id``: those sealed with it into
+        the same children. SegmentNotPrunable unless all are sealed roots.
+
+        Example:
+            >>> SegmentLayout.initial(2, 0).merge(0, 1, now_ms=1).prune_block(1)
+            (0, 1)
+        """
+        segment = self.segment(segment_id)
+        if segment.is_active:
+            raise SegmentNotPrunable(segment_id, "it is ACTIVE")
+        block = sorted(
+            {p for c in segment.child_ids for p in self.segments[c].parent_ids} | {segment_id}
+        )
+        for member in block:
+            if self.segments[member].parent_ids:
+                raise SegmentNotPrunable(
+                    member, f"its parents {list(self.segments[member].parent_ids)} remain"
+                )
+        return tuple(block)
 
     def with_properties(self, properties: Mapping[str, str]) -> SegmentLayout:
         """The same layout with other user properties (the epoch is not bumped)."""

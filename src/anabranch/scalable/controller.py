@@ -99,6 +99,7 @@ from anabranch.scalable.subscription_coordinator import (
     AssignmentListener,
     SubscriptionCoordinator,
 )
+from anabranch.transactions.records import aborted_prefix
 
 log = logging.getLogger(__name__)
 
@@ -143,6 +144,8 @@ class ScalableCounters:
 
     splits: int = 0
     merges: int = 0
+    prunes: int = 0
+    """Prunes of drained sealed segments out of the DAG (PIP-468 pruneSegment)."""
     leader_elections: int = 0
     """Controller leaderships this broker acquired (a fail-over elects a new one)."""
     assignment_changes: int = 0
@@ -455,6 +458,57 @@ class ScalableTopicController:
             layout, _ = await self._read_layout()
             intent = PendingOp("merge", (first_id, second_id), layout.epoch, self.clock.wall_ms())
             return await self._change(layout, intent)
+
+    async def prune(self, segment_ids: Sequence[int]) -> SegmentLayout:
+        """Remove drained sealed root segments from the DAG (PIP-468 ``pruneSegment``),
+        then delete their data. The caller (the broker's retention sweep) decides which
+        with :func:`anabranch.core.retention.prunable_segments`.
+
+        One fenced commit writes the new layout (CAS on its version; the epoch advances,
+        the children of a pruned block become roots) and deletes the pruned segments'
+        seal snapshots; DAG watchers see the layout change, coordinators get the new
+        layout (a pruned segment counts as drained). Then each pruned segment topic is
+        deleted (its ledgers, cursors and dedup snapshot) together with its aborted-
+        transaction records; a failure there is logged and leaves only orphaned data, never
+        a segment the layout still names without data.
+
+        Example:
+            >>> # layout = await controller.prune([0])    # after split(0) and a drain
+        """
+        async with self._lock:
+            self._require_leader()
+            await self._finish_pending()
+            layout, version = await self._read_layout()
+            new_layout = layout
+            removed: list[int] = []
+            for segment_id in segment_ids:
+                if segment_id in new_layout.segments and segment_id not in removed:
+                    removed.extend(new_layout.prune_block(segment_id))
+                    new_layout = new_layout.prune(segment_id)
+            if not removed:
+                return layout
+            ops: list[Op] = [Put(self.paths.layout, new_layout.to_json(), version)]
+            for segment_id in removed:
+                if await self.store.get(self.paths.sealed(segment_id)) is not None:
+                    ops.append(Delete(self.paths.sealed(segment_id)))
+            result = await self._commit(ops)
+            stat = result.results[1]
+            assert stat is not None and not isinstance(stat, bool)
+            self._layout, self._layout_version = new_layout, stat.version
+            self.counters.prunes += 1
+            log.info("%s: pruned %s, epoch %d", self.topic, removed, new_layout.epoch)
+            for coordinator in list(self._coordinators.values()):
+                await coordinator.handle(LayoutChanged(new_layout))
+        for segment_id in removed:
+            name = self._segment(layout, segment_id)
+            try:
+                await self.ops.delete_segment(name)
+                page = await self.store.list_prefix(aborted_prefix(str(name)))
+                for record in page.records:
+                    await self.store.delete(record.path)
+            except Exception:
+                log.exception("%s: deleting pruned segment %s failed", self.topic, name)
+        return new_layout
 
     async def _change(self, layout: SegmentLayout, intent: PendingOp) -> SegmentLayout:
         intent.apply(layout)  # an illegal change raises here, before anything is written

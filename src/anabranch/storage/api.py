@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Literal, NamedTuple, Protocol
 
 from anabranch import limits
+from anabranch.core.retention import Retention
 from anabranch.errors import InvalidArgument
 
 
@@ -209,6 +210,10 @@ class ManagedLedger(Protocol):
     async def delete_cursor(self, name: str) -> None: ...
 
     def cursors(self) -> Sequence[Cursor]: ...
+
+    def set_retention(self, retention: Retention) -> None:
+        """Use these retention bounds from now on (a namespace policy changed)."""
+        ...
 
     async def trim(self) -> int:
         """Delete closed ledgers wholly below the slowest cursor and out of retention;

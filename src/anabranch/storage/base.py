@@ -15,6 +15,7 @@ Example (what a backend implements):
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ from typing import Any
 from anabranch import limits
 from anabranch.clock import Clock
 from anabranch.core.ack_state import AckState
+from anabranch.core.retention import LedgerSpan, Retention, trimmable_ledgers
 from anabranch.errors import Closed, InvalidArgument, StorageError
 from anabranch.storage.api import (
     EARLIEST,
@@ -261,27 +263,20 @@ class ManagedLedgerBase:
 
     # --- trim ------------------------------------------------------------------------------------
 
+    def set_retention(self, retention: Retention) -> None:
+        """Apply a namespace's retention from now on (the broker's policy sweep calls it)."""
+        self.config = dataclasses.replace(
+            self.config, retention_ms=retention.time_ms, retention_bytes=retention.size_bytes
+        )
+
     def _trimmable(self) -> list[LedgerInfo]:
         """Closed ledgers, oldest first, wholly below the slowest cursor and out of
-        retention (Pulsar's rule: delete while over the size quota or past the time)."""
-        slowest = min((c.mark_delete_position for c in self._cursors.values()), default=LATEST)
-        total = sum(info.size for info in self._ledgers)
-        now = self.clock.wall_ms()
-        out: list[LedgerInfo] = []
-        for info in self._ledgers[:-1]:  # the last ledger holds last_confirmed: keep it
-            if info.closed_ms is None:
-                break
-            if info.entries and Position(info.ledger_id, info.entries - 1) > slowest:
-                break
-            over_size = self.config.retention_bytes >= 0 and total > self.config.retention_bytes
-            expired = (
-                self.config.retention_ms >= 0 and now - info.closed_ms >= self.config.retention_ms
-            )
-            if not (over_size or expired):
-                break
-            out.append(info)
-            total -= info.size
-        return out
+        retention (the decision is :func:`anabranch.core.retention.trimmable_ledgers`)."""
+        slowest = min((c.mark_delete_position for c in self._cursors.values()), default=None)
+        spans = [LedgerSpan(i.ledger_id, i.entries, i.size, i.closed_ms) for i in self._ledgers]
+        retention = Retention(self.config.retention_ms, self.config.retention_bytes)
+        count = trimmable_ledgers(spans, slowest, retention, self.clock.wall_ms())
+        return self._ledgers[:count]
 
     async def trim(self) -> int:
         self.check_open()

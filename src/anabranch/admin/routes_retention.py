@@ -1,0 +1,195 @@
+"""Pulsar admin v2 retention routes: retention, message TTL and backlog quotas per namespace.
+
+Paths and bodies are upstream's (``pulsar-admin namespaces set-retention`` and friends):
+
+    POST/GET/DELETE /admin/v2/namespaces/{t}/{ns}/retention     {"retentionTimeInMinutes",
+                                                                 "retentionSizeInMB"}
+    POST/GET/DELETE /admin/v2/namespaces/{t}/{ns}/messageTTL    seconds (an integer body)
+    POST/DELETE     /admin/v2/namespaces/{t}/{ns}/backlogQuota  {"limitSize", "limitTime",
+                    ?backlogQuotaType=destination_storage|message_age   "policy"}
+    GET             /admin/v2/namespaces/{t}/{ns}/backlogQuotaMap
+
+A GET of a policy the namespace does not set answers the broker's default (retention) or
+``null`` (TTL). -1 means unbounded; 0 means none (retention) or off (TTL).
+
+Example:
+    >>> sorted({r.path.rsplit("/", 1)[1] for r in ROUTES})
+    ['backlogQuota', 'backlogQuotaMap', 'messageTTL', 'retention']
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+from aiohttp import web
+
+from anabranch.admin.routes import Route, json_body, namespace_param
+from anabranch.broker.policies import BacklogQuotaRecord, NamespacePolicies, RetentionPolicies
+from anabranch.core.retention import BacklogPolicy, BacklogQuotaType
+from anabranch.errors import InvalidArgument
+
+if TYPE_CHECKING:
+    from anabranch.admin.service import AdminService
+
+NS = "/admin/v2/namespaces/{tenant}/{namespace}"
+INTEGER = {"type": "integer"}
+RETENTION = {
+    "type": "object",
+    "properties": {"retentionTimeInMinutes": INTEGER, "retentionSizeInMB": INTEGER},
+}
+QUOTA = {
+    "type": "object",
+    "properties": {
+        "limitSize": INTEGER,
+        "limitTime": INTEGER,
+        "policy": {"type": "string", "enum": [p.value for p in BacklogPolicy]},
+    },
+}
+QUOTA_MAP = {"type": "object", "additionalProperties": QUOTA}
+
+
+def check_retention(value: RetentionPolicies) -> RetentionPolicies:
+    """InvalidArgument unless both bounds are -1 or >= 0.
+
+    Example:
+        >>> check_retention(RetentionPolicies(retention_time_in_minutes=-2))
+        Traceback (most recent call last):
+        ...
+        anabranch.errors.InvalidArgument: retention time and size must be -1 (unbounded) or >= 0
+    """
+    if value.retention_time_in_minutes < -1 or value.retention_size_in_mb < -1:
+        raise InvalidArgument("retention time and size must be -1 (unbounded) or >= 0")
+    return value
+
+
+def check_quota(value: BacklogQuotaRecord) -> BacklogQuotaRecord:
+    """InvalidArgument for an unknown policy or a limit below -1."""
+    if value.policy not in {p.value for p in BacklogPolicy}:
+        raise InvalidArgument(f"unknown backlog quota policy {value.policy!r}")
+    if value.limit_size < -1 or value.limit_time < -1:
+        raise InvalidArgument("backlog quota limits must be -1 (unlimited) or >= 0")
+    return value
+
+
+def quota_type(request: web.Request) -> str:
+    """``?backlogQuotaType`` (default ``destination_storage``)."""
+    text = request.query.get("backlogQuotaType", BacklogQuotaType.DESTINATION_STORAGE.value)
+    if text not in {t.value for t in BacklogQuotaType}:
+        raise InvalidArgument(f"unknown backlogQuotaType {text!r}")
+    return text
+
+
+async def _policies(admin: AdminService, request: web.Request) -> NamespacePolicies:
+    return await admin.policies.namespace_policies(namespace_param(request))
+
+
+async def get_retention(admin: AdminService, request: web.Request) -> object:
+    policies = await _policies(admin, request)
+    if policies.retention is not None:
+        return msgspec.to_builtins(policies.retention)
+    config = admin.broker.config
+    return {
+        "retentionTimeInMinutes": config.default_retention_time_minutes,
+        "retentionSizeInMB": config.default_retention_size_mb,
+    }
+
+
+async def set_retention(admin: AdminService, request: web.Request) -> object:
+    value = await json_body(request, RetentionPolicies, "retention", None)
+    if value is None:
+        raise InvalidArgument("the body must be {retentionTimeInMinutes, retentionSizeInMB}")
+    check_retention(value)
+    await admin.policies.update_namespace_policies(
+        namespace_param(request), lambda p: msgspec.structs.replace(p, retention=value)
+    )
+    return None
+
+
+async def remove_retention(admin: AdminService, request: web.Request) -> object:
+    await admin.policies.update_namespace_policies(
+        namespace_param(request), lambda p: msgspec.structs.replace(p, retention=None)
+    )
+    return None
+
+
+async def get_message_ttl(admin: AdminService, request: web.Request) -> object:
+    return (await _policies(admin, request)).message_ttl_in_seconds
+
+
+async def set_message_ttl(admin: AdminService, request: web.Request) -> object:
+    ttl = await json_body(request, int, "messageTTL", None)
+    if ttl is None or ttl < 0:
+        raise InvalidArgument("the body must be a TTL in seconds, >= 0")
+    await admin.policies.update_namespace_policies(
+        namespace_param(request),
+        lambda p: msgspec.structs.replace(p, message_ttl_in_seconds=ttl),
+    )
+    return None
+
+
+async def remove_message_ttl(admin: AdminService, request: web.Request) -> object:
+    await admin.policies.update_namespace_policies(
+        namespace_param(request),
+        lambda p: msgspec.structs.replace(p, message_ttl_in_seconds=None),
+    )
+    return None
+
+
+async def get_backlog_quota_map(admin: AdminService, request: web.Request) -> object:
+    quotas: dict[str, Any] = msgspec.to_builtins(
+        (await _policies(admin, request)).backlog_quota_map
+    )
+    return quotas
+
+
+async def set_backlog_quota(admin: AdminService, request: web.Request) -> object:
+    kind = quota_type(request)
+    value = await json_body(request, BacklogQuotaRecord, "backlogQuota", None)
+    if value is None:
+        raise InvalidArgument("the body must be {limitSize, limitTime, policy}")
+    check_quota(value)
+
+    def change(p: NamespacePolicies) -> NamespacePolicies:
+        return msgspec.structs.replace(p, backlog_quota_map={**p.backlog_quota_map, kind: value})
+
+    await admin.policies.update_namespace_policies(namespace_param(request), change)
+    return None
+
+
+async def remove_backlog_quota(admin: AdminService, request: web.Request) -> object:
+    kind = quota_type(request)
+
+    def change(p: NamespacePolicies) -> NamespacePolicies:
+        quotas = {k: v for k, v in p.backlog_quota_map.items() if k != kind}
+        return msgspec.structs.replace(p, backlog_quota_map=quotas)
+
+    await admin.policies.update_namespace_policies(namespace_param(request), change)
+    return None
+
+
+ROUTES: list[Route] = [
+    Route("GET", f"{NS}/retention", get_retention,
+          "A namespace's retention (the broker's default when unset).", "namespaces",
+          response_schema=RETENTION),
+    Route("POST", f"{NS}/retention", set_retention, "Set a namespace's retention.",
+          "namespaces", request_schema=RETENTION, errors=(400, 404)),
+    Route("DELETE", f"{NS}/retention", remove_retention,
+          "Remove a namespace's retention (back to the broker's default).", "namespaces"),
+    Route("GET", f"{NS}/messageTTL", get_message_ttl,
+          "A namespace's message TTL in seconds (null when unset).", "namespaces",
+          response_schema=INTEGER),
+    Route("POST", f"{NS}/messageTTL", set_message_ttl,
+          "Set a namespace's message TTL in seconds (0: off).", "namespaces",
+          request_schema=INTEGER, errors=(400, 404)),
+    Route("DELETE", f"{NS}/messageTTL", remove_message_ttl,
+          "Remove a namespace's message TTL.", "namespaces"),
+    Route("GET", f"{NS}/backlogQuotaMap", get_backlog_quota_map,
+          "A namespace's backlog quotas by type.", "namespaces", response_schema=QUOTA_MAP),
+    Route("POST", f"{NS}/backlogQuota", set_backlog_quota,
+          "Set a backlog quota (?backlogQuotaType=destination_storage|message_age).",
+          "namespaces", request_schema=QUOTA, query=("backlogQuotaType",), errors=(400, 404)),
+    Route("DELETE", f"{NS}/backlogQuota", remove_backlog_quota,
+          "Remove a backlog quota (?backlogQuotaType).", "namespaces",
+          query=("backlogQuotaType",)),
+]  # fmt: skip

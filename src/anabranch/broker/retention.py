@@ -1,0 +1,333 @@
+"""The broker's cleanup sweeps: retention, message TTL, backlog quotas, segment pruning.
+
+Theory of operation
+-------------------
+Three supervised periodic tasks on the broker's clock (an exception in one sweep is logged
+and the task sleeps and sweeps again; one topic's failure does not stop the others):
+
+* every ``retention_check_interval_s``: each loaded topic's managed ledger takes its
+  namespace's retention (or the broker's default) and trims ledgers that every cursor has
+  passed and that are out of retention; then each scalable topic this broker leads prunes
+  the sealed root segments every subscription has drained and whose retention (timed from
+  the seal) expired (PIP-468 ``pruneSegment``: the layout first, then the data);
+* every ``ttl_check_interval_s``: with a namespace message TTL, every subscription's
+  expired prefix of messages is acknowledged (the cursor moves; retention then deletes);
+* every ``backlog_quota_check_interval_s``: a topic whose slowest subscription is over a
+  ``destination_storage`` (estimated backlog bytes) or ``message_age`` (oldest unacked
+  publish time) quota either evicts (``consumer_backlog_eviction``: the slowest cursors
+  move forward) or blocks producers (:class:`~anabranch.broker.backlog_quota.QuotaGate`).
+
+Every decision is a pure function of :mod:`anabranch.core.retention`; this module only
+gathers the inputs and acts.
+
+Example:
+    >>> async def demo(service: BrokerService) -> None:
+    ...     sweeps = RetentionSweeps(service)
+    ...     sweeps.start()
+    ...     await sweeps.sweep_retention()      # or wait for the interval
+    ...     await sweeps.close()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
+
+from anabranch.broker.config import BrokerConfig
+from anabranch.broker.dispatcher_entries import entry_info
+from anabranch.broker.policies import NamespacePolicies
+from anabranch.core.names import SegmentName, TopicName, parse_name
+from anabranch.core.retention import (
+    BacklogPolicy,
+    BacklogQuota,
+    BacklogQuotaType,
+    LedgerSpan,
+    Retention,
+    SealedSegment,
+    age_quota_exceeded,
+    backlog_bytes,
+    eviction_position,
+    expired_prefix,
+    prunable_segments,
+    storage_quota_exceeded,
+    ttl_cutoff_ms,
+)
+from anabranch.core.segment_layout import segment_name
+from anabranch.errors import NotFound
+from anabranch.storage.api import Cursor, ManagedLedger, Position
+
+if TYPE_CHECKING:
+    from anabranch.broker.service import BrokerService
+    from anabranch.broker.topic import PersistentTopic
+    from anabranch.scalable.controller import ScalableTopicController
+
+log = logging.getLogger(__name__)
+
+TTL_READ_BATCH_ENTRIES = 100
+"""Entries read per step while looking for a subscription's expired prefix."""
+
+
+def namespace_of(name: TopicName | SegmentName) -> str:
+    """``tenant/namespace`` of a topic, partition or segment.
+
+    Example:
+        >>> namespace_of(parse_name("persistent://acme/orders/t"))
+        'acme/orders'
+    """
+    topic = name.topic if isinstance(name, SegmentName) else name
+    return f"{topic.tenant}/{topic.namespace}"
+
+
+def retention_of(config: BrokerConfig, policies: NamespacePolicies) -> Retention:
+    """The namespace's retention, else the broker's default.
+
+    Example:
+        >>> from pathlib import Path
+        >>> retention_of(BrokerConfig(data_dir=Path("d")), NamespacePolicies())
+        Retention(time_ms=0, size_bytes=0)
+    """
+    if policies.retention is not None:
+        r = policies.retention
+        return Retention.of(r.retention_time_in_minutes, r.retention_size_in_mb)
+    return Retention.of(config.default_retention_time_minutes, config.default_retention_size_mb)
+
+
+def ttl_of(config: BrokerConfig, policies: NamespacePolicies) -> int:
+    """The namespace's message TTL in seconds, else the broker's default (0: off)."""
+    if policies.message_ttl_in_seconds is not None:
+        return policies.message_ttl_in_seconds
+    return config.ttl_duration_default_s
+
+
+def quotas_of(policies: NamespacePolicies) -> dict[BacklogQuotaType, BacklogQuota]:
+    """The namespace's backlog quotas by type (unknown types and policies ignored)."""
+    out: dict[BacklogQuotaType, BacklogQuota] = {}
+    for kind, record in policies.backlog_quota_map.items():
+        try:
+            out[BacklogQuotaType(kind)] = BacklogQuota(
+                record.limit_size, record.limit_time, BacklogPolicy(record.policy)
+            )
+        except ValueError:
+            log.warning("ignoring backlog quota %s=%r", kind, record)
+    return out
+
+
+def ledger_spans(ledger: ManagedLedger) -> list[LedgerSpan]:
+    """The ledger list as the pure decisions see it (empty for a backend without one)."""
+    infos = getattr(ledger, "ledgers", None) or []
+    return [LedgerSpan(i.ledger_id, i.entries, i.size, i.closed_ms) for i in infos]
+
+
+class RetentionSweeps:
+    """The three periodic sweeps of one broker (see the module docstring)."""
+
+    def __init__(self, service: BrokerService) -> None:
+        self.service = service
+        self.config = service.config
+        self.clock = service.clock
+        self._tasks: list[asyncio.Task[None]] = []
+        self._closed = False
+        self.runs = {"retention": 0, "ttl": 0, "backlog_quota": 0}
+        """Completed sweeps by kind (tests wait on them; /metrics could export them)."""
+        self.failures = 0
+        """Sweeps (or per-topic steps) that raised and were logged."""
+
+    def start(self) -> None:
+        """Start the periodic tasks (idempotent)."""
+        if self._tasks:
+            return
+        c = self.config
+        for kind, interval, sweep in (
+            ("retention", c.retention_check_interval_s, self.sweep_retention),
+            ("ttl", c.ttl_check_interval_s, self.sweep_ttl),
+            ("backlog_quota", c.backlog_quota_check_interval_s, self.sweep_backlog_quotas),
+        ):
+            self._tasks.append(asyncio.ensure_future(self._every(kind, interval, sweep)))
+
+    async def _every(
+        self, kind: str, interval_s: float, sweep: Callable[[], Awaitable[None]]
+    ) -> None:
+        """Supervised: a sweep that raises is logged; the next one runs on time."""
+        while not self._closed:
+            await self.clock.sleep(interval_s)
+            try:
+                await sweep()
+            except Exception:
+                self.failures += 1
+                log.exception("the %s sweep failed; it runs again in %ss", kind, interval_s)
+            self.runs[kind] += 1
+
+    async def close(self) -> None:
+        self._closed = True
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    # --- helpers -----------------------------------------------------------------------------
+
+    async def _each_topic(
+        self, step: Callable[[PersistentTopic, NamespacePolicies], Awaitable[None]]
+    ) -> None:
+        cache: dict[str, NamespacePolicies | None] = {}
+        for topic in self.service.loaded_topics():
+            try:
+                ns = namespace_of(parse_name(topic.name))
+                if ns not in cache:
+                    try:
+                        cache[ns] = await self.service.policies.namespace_policies(ns)
+                    except NotFound:
+                        cache[ns] = None
+                policies = cache[ns]
+                if policies is None or (topic.ledger.is_terminated and not topic.ledger.cursors()):
+                    continue
+                await step(topic, policies)
+            except Exception:
+                self.failures += 1
+                log.exception("%s: a cleanup step failed", topic.name)
+
+    # --- retention ----------------------------------------------------------------------------
+
+    async def sweep_retention(self) -> None:
+        """Trim every loaded topic's ledgers, then prune drained segments."""
+
+        async def trim(topic: PersistentTopic, policies: NamespacePolicies) -> None:
+            topic.ledger.set_retention(retention_of(self.config, policies))
+            deleted = await topic.ledger.trim()
+            if deleted:
+                log.info("%s: deleted %d consumed ledgers", topic.name, deleted)
+
+        await self._each_topic(trim)
+        for controller in self.service.scalable.local_controllers():
+            if not controller.is_leader:
+                continue
+            try:
+                await self.prune_segments(controller)
+            except Exception:
+                self.failures += 1
+                log.exception("%s: pruning sealed segments failed", controller.topic)
+
+    async def prune_segments(self, controller: ScalableTopicController) -> list[int]:
+        """Prune what :func:`prunable_segments` allows; returns the pruned segment ids."""
+        layout = await controller.get_layout()
+        roots = [s for s in layout.sealed_segments() if not s.parent_ids]
+        if not roots:
+            return []
+        policies = await self.service.policies.namespace_policies(namespace_of(controller.topic))
+        sealed: dict[int, SealedSegment] = {}
+        drained: set[int] = set()
+        for segment in layout.sealed_segments():
+            sealed[segment.segment_id] = SealedSegment(
+                segment.segment_id, segment.parent_ids, segment.child_ids, segment.sealed_at_ms
+            )
+        ops = controller.ops
+        for segment in roots:
+            name = segment_name(controller.topic, segment)
+            subscriptions = await ops.segment_subscriptions(name)
+            backlogs = [await ops.segment_backlog(name, sub) for sub in subscriptions]
+            if all(b == 0 for b in backlogs):
+                drained.add(segment.segment_id)
+        retention = retention_of(self.config, policies)
+        doomed = prunable_segments(sealed, drained, retention, self.clock.wall_ms(), 0)
+        if doomed:
+            await controller.prune(doomed)
+        return doomed
+
+    # --- message TTL ----------------------------------------------------------------------------
+
+    async def sweep_ttl(self) -> None:
+        """Acknowledge every subscription's expired messages."""
+
+        async def expire(topic: PersistentTopic, policies: NamespacePolicies) -> None:
+            cutoff = ttl_cutoff_ms(self.clock.wall_ms(), ttl_of(self.config, policies))
+            if cutoff is None:
+                return
+            for cursor in list(topic.ledger.cursors()):
+                await expire_before(topic.ledger, cursor, cutoff)
+
+        await self._each_topic(expire)
+
+    # --- backlog quotas ---------------------------------------------------------------------------
+
+    async def sweep_backlog_quotas(self) -> None:
+        """Evict or block where a topic is over a backlog quota; unblock where it is not."""
+
+        async def check(topic: PersistentTopic, policies: NamespacePolicies) -> None:
+            await self.check_quotas(topic, quotas_of(policies))
+
+        await self._each_topic(check)
+
+    async def check_quotas(
+        self, topic: PersistentTopic, quotas: dict[BacklogQuotaType, BacklogQuota]
+    ) -> None:
+        """Apply ``quotas`` to ``topic`` now."""
+        ledger = topic.ledger
+        cursors = list(ledger.cursors())
+        blocked: BacklogPolicy | None = None
+        storage = quotas.get(BacklogQuotaType.DESTINATION_STORAGE)
+        if storage is not None and cursors:
+            spans = ledger_spans(ledger)
+            slowest = min(cursors, key=lambda c: c.mark_delete_position)
+            if storage_quota_exceeded(backlog_bytes(spans, slowest.mark_delete_position), storage):
+                if storage.policy is BacklogPolicy.CONSUMER_BACKLOG_EVICTION:
+                    for cursor in cursors:
+                        if backlog_bytes(spans, cursor.mark_delete_position) > storage.limit_size:
+                            target = eviction_position(
+                                spans, cursor.mark_delete_position, storage.limit_size
+                            )
+                            await cursor.acknowledge_cumulative(Position(*target))
+                            log.info(
+                                "%s/%s: backlog evicted to %s", topic.name, cursor.name, target
+                            )
+                else:
+                    blocked = storage.policy
+        age = quotas.get(BacklogQuotaType.MESSAGE_AGE)
+        if age is not None and cursors:
+            now = self.clock.wall_ms()
+            for cursor in cursors:
+                oldest = await oldest_unacked_ms(ledger, cursor)
+                if not age_quota_exceeded(oldest, now, age):
+                    continue
+                if age.policy is BacklogPolicy.CONSUMER_BACKLOG_EVICTION:
+                    await expire_before(ledger, cursor, now - age.limit_time_s * 1000)
+                elif blocked is None:
+                    blocked = age.policy
+        if blocked != topic.quota.blocked:
+            log.info("%s: producers %s by the backlog quota", topic.name, blocked or "unblocked")
+        topic.quota.set_blocked(blocked)
+
+
+async def oldest_unacked_ms(ledger: ManagedLedger, cursor: Cursor) -> int | None:
+    """Publish time of the first unacknowledged entry (None without a backlog)."""
+    if cursor.backlog() == 0:
+        return None
+    entries = await ledger.read(cursor.read_position, max_entries=1)
+    return entry_info(entries[0].data).publish_time_ms if entries else None
+
+
+async def expire_before(ledger: ManagedLedger, cursor: Cursor, cutoff_ms: int) -> Position | None:
+    """Acknowledge ``cursor``'s messages published before ``cutoff_ms`` (a prefix, read in
+    bounded steps of ``TTL_READ_BATCH_ENTRIES``); returns the new
+    mark-delete position, None when nothing expired."""
+    position = cursor.read_position
+    last: Position | None = None
+    while cursor.backlog() > 0:
+        entries = await ledger.read(position, max_entries=TTL_READ_BATCH_ENTRIES)
+        if not entries:
+            break
+        times = [entry_info(e.data).publish_time_ms for e in entries]
+        count = expired_prefix(times, cutoff_ms)
+        if count:
+            last = entries[count - 1].position
+        if count < len(entries):
+            break
+        position = entries[-1].position.next()
+    if last is not None and last > cursor.mark_delete_position:
+        await cursor.acknowledge_cumulative(last)
+        return last
+    return None
