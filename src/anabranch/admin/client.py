@@ -240,6 +240,52 @@ class AdminClient:
     async def remove_deduplication(self, namespace: str) -> None:
         await self.request("DELETE", _ns_path(namespace) + "/deduplication")
 
+    # --- retention, message TTL, backlog quotas ------------------------------------------------
+
+    async def get_retention(self, namespace: str) -> dict[str, int]:
+        """``{"retentionTimeInMinutes", "retentionSizeInMB"}`` (-1 unbounded, 0 none)."""
+        return dict(await self.request("GET", _ns_path(namespace) + "/retention"))
+
+    async def set_retention(self, namespace: str, time_minutes: int, size_mb: int) -> None:
+        body = {"retentionTimeInMinutes": time_minutes, "retentionSizeInMB": size_mb}
+        await self.request("POST", _ns_path(namespace) + "/retention", body)
+
+    async def remove_retention(self, namespace: str) -> None:
+        await self.request("DELETE", _ns_path(namespace) + "/retention")
+
+    async def get_message_ttl(self, namespace: str) -> int | None:
+        answer = await self.request("GET", _ns_path(namespace) + "/messageTTL")
+        return None if answer is None else int(answer)
+
+    async def set_message_ttl(self, namespace: str, ttl_s: int) -> None:
+        await self.request("POST", _ns_path(namespace) + "/messageTTL", ttl_s)
+
+    async def remove_message_ttl(self, namespace: str) -> None:
+        await self.request("DELETE", _ns_path(namespace) + "/messageTTL")
+
+    async def get_backlog_quotas(self, namespace: str) -> dict[str, Any]:
+        """``{type: {"limitSize", "limitTime", "policy"}}``."""
+        return dict(await self.request("GET", _ns_path(namespace) + "/backlogQuotaMap"))
+
+    async def set_backlog_quota(
+        self,
+        namespace: str,
+        *,
+        limit_size: int = -1,
+        limit_time_s: int = -1,
+        policy: str = "producer_request_hold",
+        quota_type: str = "destination_storage",
+    ) -> None:
+        body = {"limitSize": limit_size, "limitTime": limit_time_s, "policy": policy}
+        path = f"{_ns_path(namespace)}/backlogQuota?backlogQuotaType={_q(quota_type)}"
+        await self.request("POST", path, body)
+
+    async def remove_backlog_quota(
+        self, namespace: str, quota_type: str = "destination_storage"
+    ) -> None:
+        path = f"{_ns_path(namespace)}/backlogQuota?backlogQuotaType={_q(quota_type)}"
+        await self.request("DELETE", path)
+
     # --- topics ---------------------------------------------------------------------------
 
     async def list_topics(self, namespace: str) -> list[str]:

@@ -286,6 +286,146 @@ def namespaces_get_dedup(namespace: str, output: OutputOpt = None) -> None:
     _run(lambda c: c.get_deduplication(namespace), output, f"deduplication of {namespace}")
 
 
+_SIZE_UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
+_TIME_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
+
+
+def parse_size(text: str) -> int:
+    """pulsar-admin's size argument in bytes: ``-1``, ``4096``, ``10M``, ``2G``.
+
+    Example:
+        >>> parse_size("10M"), parse_size("-1"), parse_size("512k")
+        (10485760, -1, 524288)
+    """
+    value = text.strip().upper()
+    if value == "-1":
+        return -1
+    unit = value[-1] if value and value[-1] in "KMGT" else ""
+    try:
+        number = int(value[: len(value) - len(unit)])
+    except ValueError:
+        raise typer.BadParameter(f"not a size: {text!r} (e.g. 500M, 2G, -1)") from None
+    if number < 0:
+        raise typer.BadParameter(f"a size is -1 or >= 0: {text!r}")
+    return number * _SIZE_UNITS[unit]
+
+
+def parse_time_s(text: str) -> int:
+    """pulsar-admin's time argument in seconds: ``-1``, ``120`` (s), ``30m``, ``3h``, ``2d``.
+
+    Example:
+        >>> parse_time_s("3h"), parse_time_s("90"), parse_time_s("-1")
+        (10800, 90, -1)
+    """
+    value = text.strip().lower()
+    if value == "-1":
+        return -1
+    unit = value[-1] if value and value[-1] in _TIME_UNITS else "s"
+    digits = value[:-1] if value and value[-1] in _TIME_UNITS else value
+    try:
+        number = int(digits)
+    except ValueError:
+        raise typer.BadParameter(f"not a time: {text!r} (e.g. 30m, 3h, 2d, -1)") from None
+    if number < 0:
+        raise typer.BadParameter(f"a time is -1 or >= 0: {text!r}")
+    return number * _TIME_UNITS[unit]
+
+
+@namespaces_app.command("set-retention")
+def namespaces_set_retention(
+    namespace: str,
+    size: Annotated[str, typer.Option("--size", help="e.g. 500M, 2G; -1 unbounded")],
+    time: Annotated[str, typer.Option("--time", help="e.g. 30m, 3h, 2d; -1 unbounded")],
+    output: OutputOpt = None,
+) -> None:
+    """Set how long/much consumed data a namespace keeps (0 0: none, Pulsar's default)."""
+    size_b, time_s = parse_size(size), parse_time_s(time)
+    size_mb = -1 if size_b == -1 else size_b // (1024 * 1024)
+    minutes = -1 if time_s == -1 else time_s // 60
+    _run(lambda c: c.set_retention(namespace, minutes, size_mb), output,
+         f"retention of {namespace} set")  # fmt: skip
+
+
+@namespaces_app.command("get-retention")
+def namespaces_get_retention(namespace: str, output: OutputOpt = None) -> None:
+    """A namespace's retention (minutes, MB)."""
+    _run(lambda c: c.get_retention(namespace), output, f"retention of {namespace}")
+
+
+@namespaces_app.command("remove-retention")
+def namespaces_remove_retention(namespace: str, output: OutputOpt = None) -> None:
+    """Remove a namespace's retention (the broker default applies)."""
+    _run(lambda c: c.remove_retention(namespace), output, f"retention of {namespace} removed")
+
+
+@namespaces_app.command("set-message-ttl")
+def namespaces_set_message_ttl(
+    namespace: str,
+    ttl: Annotated[str, typer.Option("--messageTTL", "--ttl", "-ttl", help="e.g. 3600, 1h")],
+    output: OutputOpt = None,
+) -> None:
+    """Set a namespace's message TTL (0: off)."""
+    seconds = parse_time_s(ttl)
+    _run(lambda c: c.set_message_ttl(namespace, seconds), output, f"message TTL of {namespace} set")
+
+
+@namespaces_app.command("get-message-ttl")
+def namespaces_get_message_ttl(namespace: str, output: OutputOpt = None) -> None:
+    """A namespace's message TTL in seconds (null: unset)."""
+    _run(lambda c: c.get_message_ttl(namespace), output, f"message TTL of {namespace}")
+
+
+@namespaces_app.command("remove-message-ttl")
+def namespaces_remove_message_ttl(namespace: str, output: OutputOpt = None) -> None:
+    """Remove a namespace's message TTL."""
+    _run(lambda c: c.remove_message_ttl(namespace), output,
+         f"message TTL of {namespace} removed")  # fmt: skip
+
+
+QuotaTypeOpt = Annotated[
+    str, typer.Option("--type", "-t", help="destination_storage or message_age")
+]
+
+
+@namespaces_app.command("set-backlog-quota")
+def namespaces_set_backlog_quota(
+    namespace: str,
+    *,
+    policy: Annotated[
+        str,
+        typer.Option(
+            "--policy",
+            "-p",
+            help="producer_request_hold, producer_exception or consumer_backlog_eviction",
+        ),
+    ],
+    limit: Annotated[str, typer.Option("--limit", "-l", help="size, e.g. 2G")] = "-1",
+    limit_time: Annotated[str, typer.Option("--limitTime", "-lt", help="e.g. 1h")] = "-1",
+    quota_type: QuotaTypeOpt = "destination_storage",
+    output: OutputOpt = None,
+) -> None:
+    """Set a backlog quota of a namespace."""
+    size_b, time_s = parse_size(limit), parse_time_s(limit_time)
+    _run(lambda c: c.set_backlog_quota(namespace, limit_size=size_b, limit_time_s=time_s,
+                                       policy=policy, quota_type=quota_type),
+         output, f"{quota_type} backlog quota of {namespace} set")  # fmt: skip
+
+
+@namespaces_app.command("get-backlog-quotas")
+def namespaces_get_backlog_quotas(namespace: str, output: OutputOpt = None) -> None:
+    """A namespace's backlog quotas by type."""
+    _run(lambda c: c.get_backlog_quotas(namespace), output, f"backlog quotas of {namespace}")
+
+
+@namespaces_app.command("remove-backlog-quota")
+def namespaces_remove_backlog_quota(
+    namespace: str, quota_type: QuotaTypeOpt = "destination_storage", output: OutputOpt = None
+) -> None:
+    """Remove a backlog quota of a namespace."""
+    _run(lambda c: c.remove_backlog_quota(namespace, quota_type), output,
+         f"{quota_type} backlog quota of {namespace} removed")  # fmt: skip
+
+
 # --- topics -----------------------------------------------------------------------------------
 
 
