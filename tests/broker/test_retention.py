@@ -1,0 +1,340 @@
+"""Retention, message TTL and backlog quotas on a real in-process broker (file ledgers).
+
+The sweeps run every ``*_check_interval_s``; most tests keep the intervals long and call
+the sweep themselves (deterministic), one shows the periodic task doing it alone. The
+broker's clock is the system clock with a wall-time offset the test moves forward, so
+"an hour later" needs no waiting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from anabranch.admin.client import AdminClient
+from anabranch.aio import Client
+from anabranch.clock import SystemClock
+from anabranch.errors import NotAllowed
+from anabranch.testing.broker import InProcessBroker
+
+NS = "public/default"
+PAYLOAD = b"x" * 1000
+EVENTUALLY_ROUNDS = 2_000
+LONG_S = 3600.0
+
+
+class SkewedClock(SystemClock):
+    """The system clock, with wall time the test can move ahead."""
+
+    def __init__(self) -> None:
+        self.offset_ms = 0
+
+    def wall_ms(self) -> int:
+        return super().wall_ms() + self.offset_ms
+
+
+@dataclass
+class World:
+    broker: InProcessBroker
+    admin: AdminClient
+    client: Client
+    clock: SkewedClock
+    data_dir: Path
+
+    def topic(self, name: str) -> str:
+        return f"persistent://{NS}/{name}"
+
+    def disk_bytes(self) -> int:
+        return sum(p.stat().st_size for p in self.data_dir.rglob("*") if p.is_file())
+
+    async def produce(self, topic: str, count: int, payload: bytes = PAYLOAD) -> None:
+        producer = await self.client.create_producer(topic, batching=False)
+        for _ in range(count):
+            await producer.send(payload)
+        await producer.close()
+
+    async def cursor(self, topic: str, sub: str) -> None:
+        """A durable subscription at the earliest position, without a connected consumer."""
+        consumer = await self.client.subscribe(topic, sub, initial_position="earliest")
+        await consumer.close()
+
+    async def consume_all(self, topic: str, sub: str, count: int) -> None:
+        consumer = await self.client.subscribe(topic, sub, initial_position="earliest")
+        for _ in range(count):
+            msg = await consumer.receive(timeout=10)
+            assert msg is not None
+            await consumer.acknowledge(msg)
+        await consumer.close()
+
+
+@pytest.fixture
+async def world(tmp_path: Path) -> AsyncIterator[World]:
+    clock = SkewedClock()
+    async with InProcessBroker(
+        tmp_path / "data",
+        clock=clock,
+        managed_ledger_max_entries_per_ledger=10,
+        retention_check_interval_s=LONG_S,
+        ttl_check_interval_s=LONG_S,
+        backlog_quota_check_interval_s=LONG_S,
+        backlog_quota_hold_max_s=LONG_S,
+        cursor_persist_interval_ms=0,
+    ) as broker:
+        assert broker.http_url is not None
+        async with AdminClient(broker.http_url) as admin, Client(broker.service_url) as client:
+            yield World(broker, admin, client, clock, tmp_path / "data")
+
+
+async def eventually_async(check: object, what: str) -> None:
+    for _ in range(EVENTUALLY_ROUNDS):
+        if await check():  # type: ignore[operator]
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"never happened: {what}")
+
+
+# --- retention -------------------------------------------------------------------------------
+
+
+async def test_consumed_ledgers_are_deleted_and_disk_usage_goes_down(world: World) -> None:
+    topic = world.topic("cleanup")
+    await world.cursor(topic, "s")
+    await world.produce(topic, 100)
+    await world.consume_all(topic, "s", 100)
+    await world.admin.set_retention(NS, 0, 0)
+    stats = await world.admin.stats(topic)
+    assert stats["storageSize"] >= 100 * len(PAYLOAD)
+    before = world.disk_bytes()
+
+    await world.broker.service.sweeps.sweep_retention()
+
+    after_stats = await world.admin.stats(topic)
+    assert after_stats["storageSize"] <= 10 * 1100  # only the open ledger's entries remain
+    assert world.disk_bytes() < before - 80 * len(PAYLOAD)
+    internal = await world.admin.internal_stats(topic)
+    assert len(internal["ledgers"]) == 1
+    # The topic keeps working after its ledgers went.
+    await world.produce(topic, 5, b"after")
+    consumer = await world.client.subscribe(topic, "s")
+    msg = await consumer.receive(timeout=10)
+    assert msg is not None and msg.value == b"after"
+
+
+async def test_unconsumed_and_retained_data_stays(world: World) -> None:
+    topic = world.topic("kept")
+    await world.cursor(topic, "slow")
+    await world.cursor(topic, "fast")
+    await world.produce(topic, 50)
+    await world.consume_all(topic, "fast", 50)
+    size = (await world.admin.stats(topic))["storageSize"]
+    await world.broker.service.sweeps.sweep_retention()
+    assert (await world.admin.stats(topic))["storageSize"] == size  # "slow" has not read it
+
+    await world.consume_all(topic, "slow", 50)
+    await world.admin.set_retention(NS, 60, -1)  # consumed data kept one hour
+    await world.broker.service.sweeps.sweep_retention()
+    assert (await world.admin.stats(topic))["storageSize"] == size
+    world.clock.offset_ms += 61 * 60_000
+    await world.broker.service.sweeps.sweep_retention()
+    assert (await world.admin.stats(topic))["storageSize"] < size // 2
+
+
+async def test_the_periodic_sweep_trims_by_itself(tmp_path: Path) -> None:
+    async with InProcessBroker(
+        tmp_path, managed_ledger_max_entries_per_ledger=5, retention_check_interval_s=0.05
+    ) as broker:
+        assert broker.http_url is not None
+        async with AdminClient(broker.http_url) as admin, Client(broker.service_url) as client:
+            world = World(broker, admin, client, SkewedClock(), tmp_path)
+            topic = world.topic("periodic")
+            await world.cursor(topic, "s")
+            await world.produce(topic, 30)
+            full = (await admin.stats(topic))["storageSize"]
+            await world.consume_all(topic, "s", 30)
+
+            async def trimmed() -> bool:
+                return int((await admin.stats(topic))["storageSize"]) < full // 2
+
+            await eventually_async(trimmed, "the retention sweep deleted consumed ledgers")
+            assert broker.service.sweeps.runs["retention"] >= 1
+
+
+async def test_retention_admin_endpoints_and_validation(world: World) -> None:
+    assert await world.admin.get_retention(NS) == {
+        "retentionTimeInMinutes": 0,
+        "retentionSizeInMB": 0,
+    }
+    await world.admin.set_retention(NS, 120, 1024)
+    assert await world.admin.get_retention(NS) == {
+        "retentionTimeInMinutes": 120,
+        "retentionSizeInMB": 1024,
+    }
+    assert (await world.admin.request("GET", f"/admin/v2/namespaces/{NS}"))[
+        "retention_policies"
+    ] == {"retentionTimeInMinutes": 120, "retentionSizeInMB": 1024}
+    with pytest.raises(Exception, match="400"):
+        await world.admin.set_retention(NS, -2, 0)
+    await world.admin.remove_retention(NS)
+    assert (await world.admin.get_retention(NS))["retentionTimeInMinutes"] == 0
+    with pytest.raises(Exception, match="404"):
+        await world.admin.set_retention("public/nope", 1, 1)
+
+
+# --- message TTL ---------------------------------------------------------------------------------
+
+
+async def test_message_ttl_acknowledges_expired_messages(world: World) -> None:
+    topic = world.topic("ttl")
+    await world.cursor(topic, "s")
+    await world.produce(topic, 20)
+    await world.admin.set_message_ttl(NS, 60)
+    assert await world.admin.get_message_ttl(NS) == 60
+    await world.broker.service.sweeps.sweep_ttl()
+    stats = await world.admin.stats(topic)
+    assert stats["backlogSize"] == 20  # not yet expired
+
+    world.clock.offset_ms += 61_000
+    await world.broker.service.sweeps.sweep_ttl()
+    assert (await world.admin.stats(topic))["backlogSize"] == 0
+    # Newer messages are kept; expired ones are then deleted by retention.
+    world.clock.offset_ms = 0
+    await world.produce(topic, 3, b"fresh")
+    await world.broker.service.sweeps.sweep_ttl()
+    assert (await world.admin.stats(topic))["backlogSize"] == 3
+    await world.broker.service.sweeps.sweep_retention()
+    assert (await world.admin.stats(topic))["storageSize"] < 10 * 1100
+    consumer = await world.client.subscribe(topic, "s")
+    msg = await consumer.receive(timeout=10)
+    assert msg is not None and msg.value == b"fresh"
+    await world.admin.remove_message_ttl(NS)
+    assert await world.admin.get_message_ttl(NS) is None
+
+
+# --- backlog quotas ----------------------------------------------------------------------------
+
+
+async def test_producer_exception_refuses_producers_until_the_backlog_shrinks(
+    world: World,
+) -> None:
+    topic = world.topic("quota-exception")
+    await world.cursor(topic, "s")
+    await world.admin.set_backlog_quota(NS, limit_size=5_000, policy="producer_exception")
+    assert (await world.admin.get_backlog_quotas(NS))["destination_storage"] == {
+        "limitSize": 5_000,
+        "limitTime": -1,
+        "policy": "producer_exception",
+    }
+    producer = await world.client.create_producer(topic, batching=False)
+    for _ in range(10):
+        await producer.send(PAYLOAD)
+    await world.broker.service.sweeps.sweep_backlog_quotas()
+
+    with pytest.raises(NotAllowed, match="quota"):
+        await producer.send(PAYLOAD)
+    with pytest.raises(NotAllowed, match="quota"):
+        await world.client.create_producer(topic)
+
+    await world.consume_all(topic, "s", 10)
+    await world.broker.service.sweeps.sweep_backlog_quotas()
+    second = await world.client.create_producer(topic, batching=False)
+    await second.send(b"ok")
+    await world.admin.remove_backlog_quota(NS)
+    assert await world.admin.get_backlog_quotas(NS) == {}
+
+
+async def test_producer_request_hold_holds_sends_until_consumed(world: World) -> None:
+    topic = world.topic("quota-hold")
+    await world.cursor(topic, "s")
+    await world.admin.set_backlog_quota(NS, limit_size=5_000, policy="producer_request_hold")
+    await world.produce(topic, 10)
+    await world.broker.service.sweeps.sweep_backlog_quotas()
+    loaded = world.broker.service.loaded_topic(topic)
+    assert loaded is not None
+
+    producer = await world.client.create_producer(topic, batching=False)
+    held = asyncio.ensure_future(producer.send(b"held"))
+
+    async def is_held() -> bool:
+        return loaded.quota.held == 1
+
+    await eventually_async(is_held, "the send is held")
+    assert not held.done()
+    await world.consume_all(topic, "s", 10)
+    await world.broker.service.sweeps.sweep_backlog_quotas()
+    message_id = await held
+    assert message_id is not None
+    assert loaded.quota.held == 0
+
+
+async def test_producer_request_hold_gives_up_after_the_hold_bound(tmp_path: Path) -> None:
+    async with InProcessBroker(
+        tmp_path, backlog_quota_check_interval_s=LONG_S, backlog_quota_hold_max_s=0.2
+    ) as broker:
+        assert broker.http_url is not None
+        async with AdminClient(broker.http_url) as admin, Client(broker.service_url) as client:
+            world = World(broker, admin, client, SkewedClock(), tmp_path)
+            topic = world.topic("quota-hold-bound")
+            await world.cursor(topic, "s")
+            await admin.set_backlog_quota(NS, limit_size=1_000, policy="producer_request_hold")
+            await world.produce(topic, 3)
+            await broker.service.sweeps.sweep_backlog_quotas()
+            producer = await client.create_producer(topic, batching=False)
+            with pytest.raises(NotAllowed, match="held"):
+                await producer.send(b"never")
+
+
+async def test_consumer_backlog_eviction_moves_the_slowest_cursor(world: World) -> None:
+    topic = world.topic("quota-evict")
+    await world.cursor(topic, "slow")
+    await world.admin.set_backlog_quota(NS, limit_size=5_000, policy="consumer_backlog_eviction")
+    await world.produce(topic, 20)
+    assert (await world.admin.stats(topic))["backlogSize"] == 20
+    await world.broker.service.sweeps.sweep_backlog_quotas()
+    backlog = (await world.admin.stats(topic))["backlogSize"]
+    assert 0 < backlog <= 4  # 90% of 5,000 bytes of 1,000-byte messages
+    consumer = await world.client.subscribe(topic, "slow")
+    received = 0
+    while await consumer.receive(timeout=0.5) is not None:
+        received += 1
+    assert received == backlog
+    # Producers are never blocked by an eviction policy.
+    await world.produce(topic, 1)
+
+
+async def test_message_age_quota_evicts_old_messages(world: World) -> None:
+    topic = world.topic("quota-age")
+    await world.cursor(topic, "s")
+    await world.admin.set_backlog_quota(
+        NS, limit_time_s=30, policy="consumer_backlog_eviction", quota_type="message_age"
+    )
+    await world.produce(topic, 5)
+    await world.broker.service.sweeps.sweep_backlog_quotas()
+    assert (await world.admin.stats(topic))["backlogSize"] == 5
+    world.clock.offset_ms += 31_000
+    await world.broker.service.sweeps.sweep_backlog_quotas()
+    assert (await world.admin.stats(topic))["backlogSize"] == 0
+    assert "message_age" in await world.admin.get_backlog_quotas(NS)
+
+
+async def test_a_failing_sweep_is_logged_and_the_task_keeps_running(tmp_path: Path) -> None:
+    async with InProcessBroker(tmp_path, ttl_check_interval_s=0.02) as broker:
+        sweeps = broker.service.sweeps
+        calls = 0
+
+        def broken() -> list[object]:
+            nonlocal calls
+            calls += 1
+            raise RuntimeError("boom")
+
+        broker.service.loaded_topics = broken  # type: ignore[method-assign,assignment]
+        for _ in range(EVENTUALLY_ROUNDS):
+            if calls >= 3:
+                break
+            await asyncio.sleep(0.01)
+        assert calls >= 3
+        assert sweeps.failures >= 3
+        assert sweeps.runs["ttl"] >= 3
