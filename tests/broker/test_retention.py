@@ -153,11 +153,12 @@ async def test_the_periodic_sweep_trims_by_itself(tmp_path: Path) -> None:
             topic = world.topic("periodic")
             await world.cursor(topic, "s")
             await world.produce(topic, 30)
-            full = (await admin.stats(topic))["storageSize"]
+            full: int = (await admin.stats(topic))["storageSize"]
             await world.consume_all(topic, "s", 30)
 
             async def trimmed() -> bool:
-                return int((await admin.stats(topic))["storageSize"]) < full // 2
+                size: int = (await admin.stats(topic))["storageSize"]
+                return size < full // 2
 
             await eventually_async(trimmed, "the retention sweep deleted consumed ledgers")
             assert broker.service.sweeps.runs["retention"] >= 1

@@ -182,7 +182,8 @@ def layouts(draw: st.DrawFn) -> SegmentLayout:
     for now in range(1, draw(st.integers(1, 10)) + 1):
         active = layout.active_segments()
         pairs = list(itertools.pairwise(active))
-        if pairs and draw(st.booleans()):
+        merge: bool = bool(pairs) and draw(st.booleans())
+        if merge:
             a, b = draw(st.sampled_from(pairs))
             layout = layout.merge(a.segment_id, b.segment_id, now_ms=now * 10)
         else:
@@ -237,8 +238,8 @@ def test_prune_to_a_fixpoint_keeps_the_dag_valid(
             and s.segment_id in drained
             and retention.expired(s.sealed_at_ms, now, 0)
         ):
-            block = {p for c in s.child_ids for p in layout.segments[c].parent_ids}
-            assert not block <= drained or any(layout.segments[p].parent_ids for p in block)
+            parents = {p for c in s.child_ids for p in layout.segments[c].parent_ids}
+            assert not parents <= drained or any(layout.segments[p].parent_ids for p in parents)
     assert pruned.isdisjoint(layout.segments)
 
 
