@@ -1,0 +1,61 @@
+"""``anabranch admin namespaces`` retention, message TTL and backlog-quota commands
+(pulsar-admin's names and units) against a broker running in a thread."""
+
+from __future__ import annotations
+
+from anabranch.cli.admin import parse_size, parse_time_s
+from tests.admin.test_cli import admin_url, cli, cli_json
+
+__all__ = ["admin_url"]  # the fixture, imported for pytest
+
+NS = "public/default"
+
+
+def test_size_and_time_units() -> None:
+    assert parse_size("2G") == 2 * 1024**3
+    assert parse_size("100") == 100
+    assert parse_time_s("2d") == 2 * 86400
+    assert parse_time_s("45m") == 2700
+
+
+def test_retention_commands(admin_url: str) -> None:
+    cli(admin_url, "namespaces", "set-retention", NS, "--size", "10G", "--time", "3h")
+    assert cli_json(admin_url, "namespaces", "get-retention", NS) == {
+        "retentionTimeInMinutes": 180,
+        "retentionSizeInMB": 10 * 1024,
+    }
+    cli(admin_url, "namespaces", "set-retention", NS, "--size", "-1", "--time", "-1")
+    assert cli_json(admin_url, "namespaces", "get-retention", NS) == {
+        "retentionTimeInMinutes": -1,
+        "retentionSizeInMB": -1,
+    }
+    cli(admin_url, "namespaces", "remove-retention", NS)
+    assert cli_json(admin_url, "namespaces", "get-retention", NS)["retentionSizeInMB"] == 0
+    cli(admin_url, "namespaces", "set-retention", NS, "--size", "lots", "--time", "1h", code=2)
+
+
+def test_message_ttl_commands(admin_url: str) -> None:
+    cli(admin_url, "namespaces", "set-message-ttl", NS, "--messageTTL", "1h")
+    assert cli_json(admin_url, "namespaces", "get-message-ttl", NS) == 3600
+    cli(admin_url, "namespaces", "remove-message-ttl", NS)
+    assert cli_json(admin_url, "namespaces", "get-message-ttl", NS) is None
+
+
+def test_backlog_quota_commands(admin_url: str) -> None:
+    cli(admin_url, "namespaces", "set-backlog-quota", NS, "--limit", "2G",
+        "--policy", "producer_exception")  # fmt: skip
+    cli(admin_url, "namespaces", "set-backlog-quota", NS, "--limitTime", "1h",
+        "--policy", "consumer_backlog_eviction", "--type", "message_age")  # fmt: skip
+    assert cli_json(admin_url, "namespaces", "get-backlog-quotas", NS) == {
+        "destination_storage": {
+            "limitSize": 2 * 1024**3,
+            "limitTime": -1,
+            "policy": "producer_exception",
+        },
+        "message_age": {"limitSize": -1, "limitTime": 3600, "policy": "consumer_backlog_eviction"},
+    }
+    cli(admin_url, "namespaces", "set-backlog-quota", NS, "--policy", "drop_everything", code=1)
+    cli(admin_url, "namespaces", "remove-backlog-quota", NS, "--type", "message_age")
+    assert list(cli_json(admin_url, "namespaces", "get-backlog-quotas", NS)) == [
+        "destination_storage"
+    ]
