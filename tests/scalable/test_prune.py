@@ -121,3 +121,23 @@ async def test_a_parent_with_backlog_or_retention_is_kept(tmp_path: Path) -> Non
             layout = await admin.get_scalable_topic(TOPIC)
             assert 0 not in {int(i) for i in layout["segments"]}
             await producer.close()
+
+
+async def test_a_checkpoint_group_keeps_every_segment(tmp_path: Path) -> None:
+    async with InProcessBroker(tmp_path, retention_check_interval_s=LONG_S) as broker:
+        assert broker.http_url is not None
+        async with AdminClient(broker.http_url) as admin, Client(broker.service_url) as client:
+            await admin.create_scalable_topic(TOPIC, 1)
+            group = await client.create_checkpoint_consumer(
+                TOPIC, consumer_group="readers", consumer_name="r1"
+            )
+            producer = await client.create_producer(TOPIC, batch_delay_s=0.002)
+            assert isinstance(producer, ScalableProducer)
+            await produce(producer, 0, 10)
+            await admin.split_segment(TOPIC, 0)
+            await broker.service.sweeps.sweep_retention()
+            layout = await admin.get_scalable_topic(TOPIC)
+            # No cursor says what the group read: the sealed parent stays.
+            assert 0 in {int(i) for i in layout["segments"]}
+            await group.close()
+            await producer.close()

@@ -9,7 +9,9 @@ and the task sleeps and sweeps again; one topic's failure does not stop the othe
   namespace's retention (or the broker's default) and trims ledgers that every cursor has
   passed and that are out of retention; then each scalable topic this broker leads prunes
   the sealed root segments every subscription has drained and whose retention (timed from
-  the seal) expired (PIP-468 ``pruneSegment``: the layout first, then the data);
+  the seal) expired (PIP-468 ``pruneSegment``: the layout first, then the data). A
+  scalable topic with a CHECKPOINT subscription is left alone: its readers keep their
+  positions themselves, so the broker cannot know what they consumed;
 * every ``ttl_check_interval_s``: with a namespace message TTL, every subscription's
   expired prefix of messages is acknowledged (the cursor moves; retention then deletes);
 * every ``backlog_quota_check_interval_s``: a topic whose slowest subscription is over a
@@ -57,6 +59,9 @@ from anabranch.core.retention import (
 )
 from anabranch.core.segment_layout import segment_name
 from anabranch.errors import NotFound
+from anabranch.metadata.api import MetadataStore
+from anabranch.scalable.controller import CHECKPOINT, subscription_kind
+from anabranch.scalable.paths import TopicPaths
 from anabranch.storage.api import Cursor, ManagedLedger, Position
 
 if TYPE_CHECKING:
@@ -196,7 +201,17 @@ class RetentionSweeps:
     async def sweep_retention(self) -> None:
         """Trim every loaded topic's ledgers, then prune drained segments."""
 
+        checkpointed: dict[TopicName, bool] = {}
+
         async def trim(topic: PersistentTopic, policies: NamespacePolicies) -> None:
+            name = parse_name(topic.name)
+            if isinstance(name, SegmentName):
+                if name.topic not in checkpointed:
+                    checkpointed[name.topic] = await checkpoint_subscribed(
+                        self.service.store, name.topic
+                    )
+                if checkpointed[name.topic]:
+                    return  # its readers keep their positions: nothing is known consumed
             topic.ledger.set_retention(retention_of(self.config, policies))
             deleted = await topic.ledger.trim()
             if deleted:
@@ -216,7 +231,7 @@ class RetentionSweeps:
         """Prune what :func:`prunable_segments` allows; returns the pruned segment ids."""
         layout = await controller.get_layout()
         roots = [s for s in layout.sealed_segments() if not s.parent_ids]
-        if not roots:
+        if not roots or await checkpoint_subscribed(self.service.store, controller.topic):
             return []
         policies = await self.service.policies.namespace_policies(namespace_of(controller.topic))
         sealed: dict[int, SealedSegment] = {}
@@ -300,6 +315,18 @@ class RetentionSweeps:
         if blocked != topic.quota.blocked:
             log.info("%s: producers %s by the backlog quota", topic.name, blocked or "unblocked")
         topic.quota.set_blocked(blocked)
+
+
+async def checkpoint_subscribed(store: MetadataStore, topic: TopicName) -> bool:
+    """Whether scalable ``topic`` has a CHECKPOINT subscription: its readers keep their
+    positions themselves (no cursors), so no segment data counts as consumed and none is
+    trimmed or pruned while it exists."""
+    paths = TopicPaths(topic)
+    for name in await store.list_children(paths.subscriptions):
+        record = await store.get(paths.subscription(name))
+        if record is not None and subscription_kind(record.value) == CHECKPOINT:
+            return True
+    return False
 
 
 async def oldest_unacked_ms(ledger: ManagedLedger, cursor: Cursor) -> int | None:

@@ -159,7 +159,8 @@ CHECKPOINT = "CHECKPOINT"
 """Subscription kinds (the wire's ``ScalableConsumerType``), kept in the subscription record."""
 
 
-def _subscription_kind(record: bytes) -> str:
+def subscription_kind(record: bytes) -> str:
+    """``STREAM`` or ``CHECKPOINT`` from a subscription record (STREAM if unreadable)."""
     try:
         kind = json.loads(record).get("type", STREAM)
     except (ValueError, AttributeError):
@@ -628,7 +629,7 @@ class ScalableTopicController:
         for name in await self.store.list_children(self.paths.subscriptions):
             consumers = await self.store.list_children(self.paths.consumers(name))
             record = await self.store.get(self.paths.subscription(name))
-            kind = _subscription_kind(record.value) if record is not None else STREAM
+            kind = subscription_kind(record.value) if record is not None else STREAM
             state, instructions = SubscriptionAssignment.restore(
                 name,
                 layout,
