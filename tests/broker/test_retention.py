@@ -339,3 +339,60 @@ async def test_a_failing_sweep_is_logged_and_the_task_keeps_running(tmp_path: Pa
         assert calls >= 3
         assert sweeps.failures >= 3
         assert sweeps.runs["ttl"] >= 3
+
+
+# --- topic-level overrides ----------------------------------------------------------------------
+
+
+async def test_topic_level_overrides_win_over_the_namespace(world: World) -> None:
+    topic = world.topic("override")
+    other = world.topic("not-overridden")
+    path = f"/admin/v2/persistent/{NS}/override"
+    for name in (topic, other):
+        await world.cursor(name, "s")
+        await world.produce(name, 20)
+    await world.admin.set_message_ttl(NS, 3600)
+    await world.admin.request("POST", f"{path}/messageTTL?messageTTL=10")
+    assert await world.admin.request("GET", f"{path}/messageTTL") == 10
+    assert (
+        await world.admin.request("GET", f"/admin/v2/persistent/{NS}/not-overridden/messageTTL")
+        is None
+    )
+    world.clock.offset_ms += 11_000
+    await world.broker.service.sweeps.sweep_ttl()
+    assert (await world.admin.stats(topic))["backlogSize"] == 0  # its own 10 s TTL
+    assert (await world.admin.stats(other))["backlogSize"] == 20  # the namespace's hour
+
+    await world.admin.request(
+        "POST", f"{path}/retention", {"retentionTimeInMinutes": -1, "retentionSizeInMB": -1}
+    )
+    assert await world.admin.request("GET", f"{path}/retention?applied=true") == {
+        "retentionTimeInMinutes": -1,
+        "retentionSizeInMB": -1,
+    }
+    size = (await world.admin.stats(topic))["storageSize"]
+    await world.broker.service.sweeps.sweep_retention()
+    assert (await world.admin.stats(topic))["storageSize"] == size  # infinite retention
+    await world.admin.request("DELETE", f"{path}/retention")
+    assert await world.admin.request("GET", f"{path}/retention") is None
+    await world.broker.service.sweeps.sweep_retention()
+    assert (await world.admin.stats(topic))["storageSize"] < size
+
+    await world.admin.request(
+        "POST",
+        f"{path}/backlogQuota?backlogQuotaType=destination_storage",
+        {"limitSize": 1000, "limitTime": -1, "policy": "producer_exception"},
+    )
+    assert (await world.admin.request("GET", f"{path}/backlogQuotaMap?applied=true"))[
+        "destination_storage"
+    ]["policy"] == "producer_exception"
+    await world.produce(topic, 3)
+    await world.broker.service.sweeps.sweep_backlog_quotas()
+    with pytest.raises(NotAllowed, match="quota"):
+        await world.client.create_producer(topic)
+    await world.produce(other, 1)  # the namespace has no quota
+    await world.admin.request("DELETE", f"{path}/backlogQuota")
+    await world.broker.service.sweeps.sweep_backlog_quotas()
+    await world.produce(topic, 1)
+    with pytest.raises(Exception, match="404"):
+        await world.admin.request("GET", f"/admin/v2/persistent/{NS}/absent/retention")

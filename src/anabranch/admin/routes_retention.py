@@ -9,30 +9,42 @@ Paths and bodies are upstream's (``pulsar-admin namespaces set-retention`` and f
                     ?backlogQuotaType=destination_storage|message_age   "policy"}
     GET             /admin/v2/namespaces/{t}/{ns}/backlogQuotaMap
 
+The same five paths under ``/admin/v2/persistent/{t}/{ns}/{topic}`` set topic-level
+overrides (a partitioned topic's apply to its partitions); the topic's ``messageTTL`` also
+takes Pulsar's ``?messageTTL=N`` query form. A GET of a topic policy answers the override
+(``null`` when unset), or with ``?applied=true`` the value in force.
+
 A GET of a policy the namespace does not set answers the broker's default (retention) or
 ``null`` (TTL). -1 means unbounded; 0 means none (retention) or off (TTL).
 
 Example:
     >>> sorted({r.path.rsplit("/", 1)[1] for r in ROUTES})
     ['backlogQuota', 'backlogQuotaMap', 'messageTTL', 'retention']
+    >>> len(ROUTES)
+    18
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 from aiohttp import web
 
-from anabranch.admin.routes import Route, json_body, namespace_param
+from anabranch.admin.routes import Route, flag, json_body, namespace_param, topic_param
 from anabranch.broker.policies import BacklogQuotaRecord, NamespacePolicies, RetentionPolicies
+from anabranch.broker.retention import retention_of
+from anabranch.broker.topic_policies import TopicPolicies, TopicPolicyStore
+from anabranch.core.names import TopicName
 from anabranch.core.retention import BacklogPolicy, BacklogQuotaType
-from anabranch.errors import InvalidArgument
+from anabranch.errors import InvalidArgument, NotFound
 
 if TYPE_CHECKING:
     from anabranch.admin.service import AdminService
 
 NS = "/admin/v2/namespaces/{tenant}/{namespace}"
+TOPIC = "/admin/v2/persistent/{tenant}/{namespace}/{topic}"
 INTEGER = {"type": "integer"}
 RETENTION = {
     "type": "object",
@@ -168,6 +180,117 @@ async def remove_backlog_quota(admin: AdminService, request: web.Request) -> obj
     return None
 
 
+# --- topic level ------------------------------------------------------------------------------
+
+
+async def _topic(admin: AdminService, request: web.Request) -> TopicName:
+    """The topic of the path; NotFound unless it (or its partitioned topic) exists."""
+    name = TopicName.parse(topic_param(request))
+    if await admin.policies.get_partitions(name) == 0 and not await admin.topic_exists(name):
+        raise NotFound(f"topic {name}")
+    return name
+
+
+async def _applied(admin: AdminService, topic: TopicName) -> NamespacePolicies:
+    namespace = await admin.policies.namespace_policies(f"{topic.tenant}/{topic.namespace}")
+    return (await TopicPolicyStore(admin.broker.store).get(topic)).over(namespace)
+
+
+async def _update_topic(
+    admin: AdminService, request: web.Request, change: Callable[[TopicPolicies], TopicPolicies]
+) -> None:
+    topic = await _topic(admin, request)
+    await TopicPolicyStore(admin.broker.store).update(topic, change)
+
+
+async def get_topic_retention(admin: AdminService, request: web.Request) -> object:
+    topic = await _topic(admin, request)
+    if flag(request, "applied"):
+        r = retention_of(admin.broker.config, await _applied(admin, topic))
+        minutes = -1 if r.time_ms == -1 else r.time_ms // 60_000
+        mb = -1 if r.size_bytes == -1 else r.size_bytes // (1024 * 1024)
+        return {"retentionTimeInMinutes": minutes, "retentionSizeInMB": mb}
+    value = (await TopicPolicyStore(admin.broker.store).get(topic)).retention
+    return None if value is None else msgspec.to_builtins(value)
+
+
+async def set_topic_retention(admin: AdminService, request: web.Request) -> object:
+    value = await json_body(request, RetentionPolicies, "retention", None)
+    if value is None:
+        raise InvalidArgument("the body must be {retentionTimeInMinutes, retentionSizeInMB}")
+    check_retention(value)
+    await _update_topic(admin, request, lambda p: msgspec.structs.replace(p, retention=value))
+    return None
+
+
+async def remove_topic_retention(admin: AdminService, request: web.Request) -> object:
+    await _update_topic(admin, request, lambda p: msgspec.structs.replace(p, retention=None))
+    return None
+
+
+async def get_topic_message_ttl(admin: AdminService, request: web.Request) -> object:
+    topic = await _topic(admin, request)
+    if flag(request, "applied"):
+        return (await _applied(admin, topic)).message_ttl_in_seconds
+    return (await TopicPolicyStore(admin.broker.store).get(topic)).message_ttl_in_seconds
+
+
+async def set_topic_message_ttl(admin: AdminService, request: web.Request) -> object:
+    text = request.query.get("messageTTL")
+    try:
+        ttl = int(text) if text is not None else await json_body(request, int, "messageTTL", None)
+    except ValueError:
+        raise InvalidArgument(f"messageTTL {text!r} is not an integer") from None
+    if ttl is None or ttl < 0:
+        raise InvalidArgument("the TTL must be seconds >= 0 (?messageTTL=N or the body)")
+    await _update_topic(
+        admin, request, lambda p: msgspec.structs.replace(p, message_ttl_in_seconds=ttl)
+    )
+    return None
+
+
+async def remove_topic_message_ttl(admin: AdminService, request: web.Request) -> object:
+    await _update_topic(
+        admin, request, lambda p: msgspec.structs.replace(p, message_ttl_in_seconds=None)
+    )
+    return None
+
+
+async def get_topic_backlog_quota_map(admin: AdminService, request: web.Request) -> object:
+    topic = await _topic(admin, request)
+    if flag(request, "applied"):
+        quotas = (await _applied(admin, topic)).backlog_quota_map
+    else:
+        quotas = (await TopicPolicyStore(admin.broker.store).get(topic)).backlog_quota_map
+    answer: dict[str, Any] = msgspec.to_builtins(quotas)
+    return answer
+
+
+async def set_topic_backlog_quota(admin: AdminService, request: web.Request) -> object:
+    kind = quota_type(request)
+    value = await json_body(request, BacklogQuotaRecord, "backlogQuota", None)
+    if value is None:
+        raise InvalidArgument("the body must be {limitSize, limitTime, policy}")
+    check_quota(value)
+
+    def change(p: TopicPolicies) -> TopicPolicies:
+        return msgspec.structs.replace(p, backlog_quota_map={**p.backlog_quota_map, kind: value})
+
+    await _update_topic(admin, request, change)
+    return None
+
+
+async def remove_topic_backlog_quota(admin: AdminService, request: web.Request) -> object:
+    kind = quota_type(request)
+
+    def change(p: TopicPolicies) -> TopicPolicies:
+        quotas = {k: v for k, v in p.backlog_quota_map.items() if k != kind}
+        return msgspec.structs.replace(p, backlog_quota_map=quotas)
+
+    await _update_topic(admin, request, change)
+    return None
+
+
 ROUTES: list[Route] = [
     Route("GET", f"{NS}/retention", get_retention,
           "A namespace's retention (the broker's default when unset).", "namespaces",
@@ -192,4 +315,29 @@ ROUTES: list[Route] = [
     Route("DELETE", f"{NS}/backlogQuota", remove_backlog_quota,
           "Remove a backlog quota (?backlogQuotaType).", "namespaces",
           query=("backlogQuotaType",)),
+    Route("GET", f"{TOPIC}/retention", get_topic_retention,
+          "A topic's retention override (null when unset; ?applied=true: in force).",
+          "persistent", response_schema=RETENTION, query=("applied",), errors=(404,)),
+    Route("POST", f"{TOPIC}/retention", set_topic_retention,
+          "Override retention for a topic.", "persistent", request_schema=RETENTION,
+          errors=(400, 404)),
+    Route("DELETE", f"{TOPIC}/retention", remove_topic_retention,
+          "Remove a topic's retention override.", "persistent", errors=(404,)),
+    Route("GET", f"{TOPIC}/messageTTL", get_topic_message_ttl,
+          "A topic's message TTL override (?applied=true: in force).", "persistent",
+          response_schema=INTEGER, query=("applied",), errors=(404,)),
+    Route("POST", f"{TOPIC}/messageTTL", set_topic_message_ttl,
+          "Override the message TTL for a topic (?messageTTL=N or the body).", "persistent",
+          request_schema=INTEGER, query=("messageTTL",), errors=(400, 404)),
+    Route("DELETE", f"{TOPIC}/messageTTL", remove_topic_message_ttl,
+          "Remove a topic's message TTL override.", "persistent", errors=(404,)),
+    Route("GET", f"{TOPIC}/backlogQuotaMap", get_topic_backlog_quota_map,
+          "A topic's backlog quota overrides (?applied=true: in force).", "persistent",
+          response_schema=QUOTA_MAP, query=("applied",), errors=(404,)),
+    Route("POST", f"{TOPIC}/backlogQuota", set_topic_backlog_quota,
+          "Override a backlog quota for a topic (?backlogQuotaType).", "persistent",
+          request_schema=QUOTA, query=("backlogQuotaType",), errors=(400, 404)),
+    Route("DELETE", f"{TOPIC}/backlogQuota", remove_topic_backlog_quota,
+          "Remove a topic's backlog quota override (?backlogQuotaType).", "persistent",
+          query=("backlogQuotaType",), errors=(404,)),
 ]  # fmt: skip

@@ -18,6 +18,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from anabranch.admin.models import LookupData, MessageIdBody
+from anabranch.broker.topic_policies import TopicPolicyStore
 from anabranch.core.names import NamespaceName, SegmentName, TopicDomain, TopicName, parse_name
 from anabranch.core.segment_layout import SegmentLayout, segment_name
 from anabranch.errors import (
@@ -195,6 +196,7 @@ class AdminService:
                     pass
             await self.policies.unregister_topic(partition)
         await self.policies.delete_partitioned_topic(name)
+        await TopicPolicyStore(self.broker.store).delete(name)
 
     async def stats(self, text: str) -> dict[str, Any]:
         """Pulsar ``TopicStats`` JSON of a (loaded or loadable) topic."""

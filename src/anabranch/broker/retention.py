@@ -6,7 +6,8 @@ Three supervised periodic tasks on the broker's clock (an exception in one sweep
 and the task sleeps and sweeps again; one topic's failure does not stop the others):
 
 * every ``retention_check_interval_s``: each loaded topic's managed ledger takes its
-  namespace's retention (or the broker's default) and trims ledgers that every cursor has
+  retention (the topic's override, else its namespace's, else the broker's default; the
+  same order for TTL and quotas) and trims ledgers that every cursor has
   passed and that are out of retention; then each scalable topic this broker leads prunes
   the sealed root segments every subscription has drained and whose retention (timed from
   the seal) expired (PIP-468 ``pruneSegment``: the layout first, then the data). A
@@ -41,6 +42,7 @@ from typing import TYPE_CHECKING
 from anabranch.broker.config import BrokerConfig
 from anabranch.broker.dispatcher_entries import entry_info
 from anabranch.broker.policies import NamespacePolicies
+from anabranch.broker.topic_policies import TopicPolicyStore
 from anabranch.core.names import SegmentName, TopicName, parse_name
 from anabranch.core.retention import (
     BacklogPolicy,
@@ -133,6 +135,7 @@ class RetentionSweeps:
         self.service = service
         self.config = service.config
         self.clock = service.clock
+        self._topic_policies = TopicPolicyStore(service.store)
         self._tasks: list[asyncio.Task[None]] = []
         self._closed = False
         self.runs = {"retention": 0, "ttl": 0, "backlog_quota": 0}
@@ -191,6 +194,9 @@ class RetentionSweeps:
                 policies = cache[ns]
                 if policies is None or (topic.ledger.is_terminated and not topic.ledger.cursors()):
                     continue
+                name = parse_name(topic.name)
+                if isinstance(name, TopicName):
+                    policies = (await self._topic_policies.get(name)).over(policies)
                 await step(topic, policies)
             except Exception:
                 self.failures += 1

@@ -42,6 +42,7 @@ from anabranch.broker.schema import SchemaRegistry
 from anabranch.broker.segment_ops import BrokerSegmentOps
 from anabranch.broker.subscription import Subscription
 from anabranch.broker.topic import PersistentTopic
+from anabranch.broker.topic_policies import TopicPolicyStore
 from anabranch.clock import Clock, SystemClock
 from anabranch.core.names import SegmentName, TopicDomain, TopicName, parse_name
 from anabranch.core.segment_layout import SegmentLayout
@@ -383,6 +384,8 @@ class BrokerService:
         await self.store.delete(f"/dedup-snapshots/{quote(ledger.name, safe='')}")
         if not isinstance(parsed, SegmentName):  # segments are never registered
             await self.policies.unregister_topic(topic.name)
+            if parsed.partition is None:  # a partitioned topic's are its parent's
+                await TopicPolicyStore(self.store).delete(parsed)
 
     async def close(self) -> None:
         """Close the scalable-topic controllers and watch sessions, then every topic:
