@@ -16,6 +16,8 @@ from anabranch.admin.client import AdminClient
 from anabranch.aio import Client, Message
 from anabranch.client.scalable_producer import ScalableProducer
 from anabranch.client.stream_consumer import StreamConsumer
+from anabranch.core.names import SegmentName
+from anabranch.scalable.paths import TopicPaths
 from anabranch.storage.ledger import disk_name
 from anabranch.testing.broker import InProcessBroker
 
@@ -140,4 +142,49 @@ async def test_a_checkpoint_group_keeps_every_segment(tmp_path: Path) -> None:
             # No cursor says what the group read: the sealed parent stays.
             assert 0 in {int(i) for i in layout["segments"]}
             await group.close()
+            await producer.close()
+
+
+async def test_a_failed_deletion_is_finished_by_the_next_sweep(tmp_path: Path) -> None:
+    data_dir = tmp_path / "data"
+    async with InProcessBroker(data_dir, retention_check_interval_s=LONG_S) as broker:
+        assert broker.http_url is not None
+        async with AdminClient(broker.http_url) as admin, Client(broker.service_url) as client:
+            await admin.create_scalable_topic(TOPIC, 1)
+            producer = await client.create_producer(TOPIC, batch_delay_s=0.002)
+            assert isinstance(producer, ScalableProducer)
+            await produce(producer, 0, 10)
+            await admin.split_segment(TOPIC, 0)
+            parent_dir = (
+                data_dir / "ledgers" / disk_name("public/default/segment/pruned/0000-ffff-0")
+            )
+            assert parent_dir.is_dir()
+            controller = await broker.service.scalable.controller(TOPIC)
+            real_delete = controller.ops.delete_segment
+            failures = 0
+
+            async def failing_delete(segment: SegmentName) -> None:
+                nonlocal failures
+                failures += 1
+                raise OSError("disk unplugged")
+
+            controller.ops.delete_segment = failing_delete  # type: ignore[method-assign]
+            await broker.service.sweeps.sweep_retention()
+            assert failures == 1
+            layout = await admin.get_scalable_topic(TOPIC)
+            assert 0 not in {int(i) for i in layout["segments"]}  # pruned from the DAG
+            assert parent_dir.is_dir()  # but its data is still there
+            pending = await broker.service.store.list_children(
+                TopicPaths(controller.topic).pruned_root
+            )
+            assert pending == ["0"]
+
+            controller.ops.delete_segment = real_delete  # type: ignore[method-assign]
+            await broker.service.sweeps.sweep_retention()
+            assert not parent_dir.exists()
+            assert (
+                await broker.service.store.list_children(TopicPaths(controller.topic).pruned_root)
+                == []
+            )
+            await produce(producer, 10, 10)
             await producer.close()

@@ -235,6 +235,7 @@ class RetentionSweeps:
 
     async def prune_segments(self, controller: ScalableTopicController) -> list[int]:
         """Prune what :func:`prunable_segments` allows; returns the pruned segment ids."""
+        await controller.finish_prunes()  # a deletion a failure or crash left behind
         layout = await controller.get_layout()
         roots = [s for s in layout.sealed_segments() if not s.parent_ids]
         if not roots or await checkpoint_subscribed(self.service.store, controller.topic):

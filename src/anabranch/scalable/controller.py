@@ -466,12 +466,13 @@ class ScalableTopicController:
         with :func:`anabranch.core.retention.prunable_segments`.
 
         One fenced commit writes the new layout (CAS on its version; the epoch advances,
-        the children of a pruned block become roots) and deletes the pruned segments'
-        seal snapshots; DAG watchers see the layout change, coordinators get the new
-        layout (a pruned segment counts as drained). Then each pruned segment topic is
-        deleted (its ledgers, cursors and dedup snapshot) together with its aborted-
-        transaction records; a failure there is logged and leaves only orphaned data, never
-        a segment the layout still names without data.
+        the children of a pruned block become roots), deletes the pruned segments' seal
+        snapshots and records each at ``.../pruned/{id}``; DAG watchers see the layout
+        change, coordinators get the new layout (a pruned segment counts as drained). Then
+        :meth:`finish_prunes` deletes each pruned segment topic (its ledgers, cursors and
+        dedup snapshot) and its aborted-transaction records, and only then its record: a
+        failure or crash there leaves the record, and the next call finishes the deletion.
+        The layout never names a segment whose data is gone.
 
         Example:
             >>> # layout = await controller.prune([0])    # after split(0) and a drain
@@ -490,6 +491,8 @@ class ScalableTopicController:
                 return layout
             ops: list[Op] = [Put(self.paths.layout, new_layout.to_json(), version)]
             for segment_id in removed:
+                name = str(self._segment(layout, segment_id))
+                ops.append(Put(self.paths.pruned(segment_id), name.encode()))
                 if await self.store.get(self.paths.sealed(segment_id)) is not None:
                     ops.append(Delete(self.paths.sealed(segment_id)))
             result = await self._commit(ops)
@@ -500,16 +503,32 @@ class ScalableTopicController:
             log.info("%s: pruned %s, epoch %d", self.topic, removed, new_layout.epoch)
             for coordinator in list(self._coordinators.values()):
                 await coordinator.handle(LayoutChanged(new_layout))
-        for segment_id in removed:
-            name = self._segment(layout, segment_id)
+        await self.finish_prunes()
+        return new_layout
+
+    async def finish_prunes(self) -> int:
+        """Delete the data of pruned segments still recorded at ``.../pruned/{id}``
+        (see :meth:`prune`); returns how many were finished. A failure is logged and the
+        record stays for the next call."""
+        done = 0
+        for child in await self.store.list_children(self.paths.pruned_root):
+            path = f"{self.paths.pruned_root}/{child}"
+            record = await self.store.get(path)
+            if record is None:
+                continue
             try:
+                name = SegmentName.parse(record.value.decode())
                 await self.ops.delete_segment(name)
                 page = await self.store.list_prefix(aborted_prefix(str(name)))
-                for record in page.records:
-                    await self.store.delete(record.path)
+                for aborted in page.records:
+                    await self.store.delete(aborted.path)
+                await self._commit([Delete(path, record.stat.version)])
+                done += 1
+            except (NotLeader, Closed):
+                raise
             except Exception:
-                log.exception("%s: deleting pruned segment %s failed", self.topic, name)
-        return new_layout
+                log.exception("%s: deleting pruned segment %s failed", self.topic, child)
+        return done
 
     async def _change(self, layout: SegmentLayout, intent: PendingOp) -> SegmentLayout:
         intent.apply(layout)  # an illegal change raises here, before anything is written
@@ -789,6 +808,7 @@ class ScalableTopicController:
             self._require_leader()
             layout, version = await self._read_layout()
             await self._stop_coordinators()
+            await self.finish_prunes()
             for segment in layout:
                 await self.ops.delete_segment(segment_name(self.topic, segment))
             page = await self.store.list_prefix(self.paths.layout + "/")

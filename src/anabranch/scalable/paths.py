@@ -4,6 +4,8 @@
     /topics/{t}/{ns}/{topic}/controller                       ephemeral: the leader's URLs (JSON)
     /topics/{t}/{ns}/{topic}/pending-op                       a split/merge in progress
     /topics/{t}/{ns}/{topic}/sealed/{segmentId}               a sealed segment's dedup snapshot
+    /topics/{t}/{ns}/{topic}/pruned/{segmentId}               a pruned segment whose data is
+                                                              still to be deleted (its name)
     /topics/{t}/{ns}/{topic}/subscriptions/{sub}              a subscription
     /topics/{t}/{ns}/{topic}/subscriptions/{sub}/consumers/{name}   a durable consumer session
 
@@ -62,6 +64,13 @@ class TopicPaths:
 
     def sealed(self, segment_id: int) -> str:
         return f"{self.layout}/sealed/{segment_id}"
+
+    @property
+    def pruned_root(self) -> str:
+        return f"{self.layout}/pruned"
+
+    def pruned(self, segment_id: int) -> str:
+        return f"{self.pruned_root}/{segment_id}"
 
     def subscription(self, name: str) -> str:
         return f"{self.subscriptions}/{name}"
