@@ -152,6 +152,10 @@ class Standalone:
             f"data {self.config.data_dir}"
         )
 
+    async def failed(self) -> str:
+        """Wait until an essential background loop gave up; the reason."""
+        return await self.service.fatal.wait()
+
     async def stop(self) -> None:
         """Clean shutdown (see the module docstring)."""
         self.server.stop_accepting()
