@@ -127,6 +127,22 @@ class Supervised:
             await asyncio.gather(task, return_exceptions=True)
 
 
+def report_death(task: asyncio.Task[object]) -> None:
+    """Done-callback for a task whose death has a safe consequence of its own (a session
+    keepalive: the session then expires by its deadline, which its holder handles): the
+    exception is logged with its traceback instead of lost.
+
+    Example:
+        >>> async def demo() -> None:
+        ...     task = asyncio.get_running_loop().create_task(asyncio.sleep(0))
+        ...     task.add_done_callback(report_death)
+        ...     await task
+        >>> asyncio.run(demo())
+    """
+    if not task.cancelled() and task.exception() is not None:
+        log.error("%s died", task.get_name(), exc_info=task.exception())
+
+
 class Fatal:
     """A broker-wide "something essential is broken": the process waits on :meth:`wait`
     beside its stop signal and exits non-zero when :meth:`fail` was called.

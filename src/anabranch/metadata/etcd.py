@@ -83,6 +83,7 @@ from anabranch.metadata.api import (
     validate_value,
 )
 from anabranch.metadata.etcd_channel import EtcdChannel, EtcdOptions
+from anabranch.supervisor import report_death
 
 _SEQUENCE_MARK = b"\x00seq"
 """Counter keys live at ``namespace + _SEQUENCE_MARK + prefix``: "\\x00" sorts below "/",
@@ -592,7 +593,9 @@ class EtcdSession:
         self._deadline = self._loop.time() + granted_ttl_s
         self._gone = asyncio.Event()
         self._auto = auto_keepalive
-        self._task = self._loop.create_task(self._monitor())
+        self._task = self._loop.create_task(self._monitor(), name=f"etcd-lease-{lease_id}")
+        # A dead monitor refreshes nothing: the session then expires by its deadline.
+        self._task.add_done_callback(report_death)
 
     @property
     def id(self) -> int:
