@@ -2,8 +2,9 @@
 
 Theory of operation
 -------------------
-Three supervised periodic tasks on the broker's clock (an exception in one sweep is logged
-and the task sleeps and sweeps again; one topic's failure does not stop the others):
+Three :class:`~anabranch.supervisor.Supervised` periodic loops on the broker's clock (an
+exception in one sweep is logged and the loop sleeps and sweeps again; one topic's failure
+does not stop the others):
 
 * every ``retention_check_interval_s``: each loaded topic's managed ledger takes its
   retention (the topic's override, else its namespace's, else the broker's default; the
@@ -33,8 +34,7 @@ Example:
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
+import functools
 import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
@@ -65,6 +65,7 @@ from anabranch.metadata.api import MetadataStore
 from anabranch.scalable.controller import CHECKPOINT, subscription_kind
 from anabranch.scalable.paths import TopicPaths
 from anabranch.storage.api import Cursor, ManagedLedger, Position
+from anabranch.supervisor import Supervised
 
 if TYPE_CHECKING:
     from anabranch.broker.service import BrokerService
@@ -136,7 +137,7 @@ class RetentionSweeps:
         self.config = service.config
         self.clock = service.clock
         self._topic_policies = TopicPolicyStore(service.store)
-        self._tasks: list[asyncio.Task[None]] = []
+        self._loops: list[Supervised] = []
         self._closed = False
         self.runs = {"retention": 0, "ttl": 0, "backlog_quota": 0}
         """Completed sweeps by kind (tests wait on them; /metrics could export them)."""
@@ -144,8 +145,10 @@ class RetentionSweeps:
         """Sweeps (or per-topic steps) that raised and were logged."""
 
     def start(self) -> None:
-        """Start the periodic tasks (idempotent)."""
-        if self._tasks:
+        """Start the periodic loops (idempotent), each :class:`Supervised`: a sweep that
+        raises is logged and the next runs on time; a loop that dies anyway is restarted,
+        and one that keeps dying stops the broker (``service.fatal``)."""
+        if self._loops:
             return
         c = self.config
         for kind, interval, sweep in (
@@ -153,12 +156,14 @@ class RetentionSweeps:
             ("ttl", c.ttl_check_interval_s, self.sweep_ttl),
             ("backlog_quota", c.backlog_quota_check_interval_s, self.sweep_backlog_quotas),
         ):
-            self._tasks.append(asyncio.ensure_future(self._every(kind, interval, sweep)))
+            loop = functools.partial(self._every, kind, interval, sweep)
+            self._loops.append(
+                Supervised(f"{kind}-sweeps", loop, on_give_up=self.service.fatal.fail).start()
+            )
 
     async def _every(
         self, kind: str, interval_s: float, sweep: Callable[[], Awaitable[None]]
     ) -> None:
-        """Supervised: a sweep that raises is logged; the next one runs on time."""
         while not self._closed:
             await self.clock.sleep(interval_s)
             try:
@@ -170,12 +175,9 @@ class RetentionSweeps:
 
     async def close(self) -> None:
         self._closed = True
-        tasks, self._tasks = self._tasks, []
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        loops, self._loops = self._loops, []
+        for loop in loops:
+            await loop.stop()
 
     # --- helpers -----------------------------------------------------------------------------
 
