@@ -76,6 +76,9 @@ log = logging.getLogger(__name__)
 
 TTL_READ_BATCH_ENTRIES = 100
 """Entries read per step while looking for a subscription's expired prefix."""
+TTL_SCAN_ENTRIES_MAX = 20_000
+"""At most this many entries are examined per subscription per sweep: a huge expired
+backlog is acknowledged over several sweeps instead of stalling one."""
 
 
 def namespace_of(name: TopicName | SegmentName) -> str:
@@ -348,14 +351,16 @@ async def oldest_unacked_ms(ledger: ManagedLedger, cursor: Cursor) -> int | None
 
 async def expire_before(ledger: ManagedLedger, cursor: Cursor, cutoff_ms: int) -> Position | None:
     """Acknowledge ``cursor``'s messages published before ``cutoff_ms`` (a prefix, read in
-    bounded steps of ``TTL_READ_BATCH_ENTRIES``); returns the new
-    mark-delete position, None when nothing expired."""
+    steps of ``TTL_READ_BATCH_ENTRIES``, at most ``TTL_SCAN_ENTRIES_MAX`` entries); returns
+    the new mark-delete position, None when nothing expired."""
     position = cursor.read_position
     last: Position | None = None
-    while cursor.backlog() > 0:
+    scanned = 0
+    while cursor.backlog() > 0 and scanned < TTL_SCAN_ENTRIES_MAX:
         entries = await ledger.read(position, max_entries=TTL_READ_BATCH_ENTRIES)
         if not entries:
             break
+        scanned += len(entries)
         times = [entry_info(e.data).publish_time_ms for e in entries]
         count = expired_prefix(times, cutoff_ms)
         if count:
