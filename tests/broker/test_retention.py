@@ -28,13 +28,17 @@ LONG_S = 3600.0
 
 
 class SkewedClock(SystemClock):
-    """The system clock, with wall time the test can move ahead."""
+    """The system clock, with wall (and monotonic) time the test can move ahead."""
 
     def __init__(self) -> None:
         self.offset_ms = 0
+        self.monotonic_offset_s = 0.0
 
     def wall_ms(self) -> int:
         return super().wall_ms() + self.offset_ms
+
+    def monotonic(self) -> float:
+        return super().monotonic() + self.monotonic_offset_s
 
 
 @dataclass
@@ -141,6 +145,22 @@ async def test_unconsumed_and_retained_data_stays(world: World) -> None:
     world.clock.offset_ms += 61 * 60_000
     await world.broker.service.sweeps.sweep_retention()
     assert (await world.admin.stats(topic))["storageSize"] < size // 2
+
+
+async def test_an_idle_consumed_ledger_rolls_over_and_goes(world: World) -> None:
+    topic = world.topic("idle")
+    await world.cursor(topic, "s")
+    await world.produce(topic, 5)  # fewer than a ledger holds: it stays open
+    await world.consume_all(topic, "s", 5)
+    await world.broker.service.sweeps.sweep_retention()
+    assert (await world.admin.stats(topic))["storageSize"] >= 5 * len(PAYLOAD)  # still open
+    world.clock.monotonic_offset_s += 4 * 3600 + 1  # past the ledger rollover time
+    await world.broker.service.sweeps.sweep_retention()
+    assert (await world.admin.stats(topic))["storageSize"] == 0
+    await world.produce(topic, 1, b"later")
+    consumer = await world.client.subscribe(topic, "s")
+    msg = await consumer.receive(timeout=10)
+    assert msg is not None and msg.value == b"later"
 
 
 async def test_the_periodic_sweep_trims_by_itself(tmp_path: Path) -> None:

@@ -314,3 +314,38 @@ async def test_concurrent_appends_get_distinct_ordered_positions(backend: Backen
     assert results == sorted(results)  # call order = position order
     entries = await ml.read(EARLIEST, 1000)
     assert [e.data for e in entries] == [str(i).encode() for i in range(200)]
+
+
+@pytest.mark.parametrize("kind", ["memory", "files"])
+async def test_an_idle_ledger_rolls_over_when_due_and_is_then_trimmed(
+    kind: str, tmp_path: Path
+) -> None:
+    from anabranch.testing.clock import ManualClock
+
+    clock = ManualClock()
+    store = MemoryMetadataStore()
+    factory: ManagedLedgerFactory = (
+        MemoryManagedLedgerFactory(clock)
+        if kind == "memory"
+        else FileManagedLedgerFactory(tmp_path / "data", store, clock=clock)
+    )
+    try:
+        config = ManagedLedgerConfig(ledger_entries_max=100, ledger_age_ms=60_000)
+        ml = await factory.open("idle", config)
+        assert not await ml.roll_over_if_due()  # empty: nothing to roll
+        positions = await fill(ml, 3)
+        cursor = await ml.open_cursor("c", EARLIEST)
+        await cursor.acknowledge_cumulative(positions[-1])
+        assert not await ml.roll_over_if_due()  # young
+        assert await ml.trim() == 0  # the open ledger is never trimmed
+        clock.advance(61)
+        assert await ml.roll_over_if_due()
+        assert await ml.trim() == 1
+        assert ml.entry_count == 0 and cursor.backlog() == 0
+        later = await ml.append(b"later")
+        assert later.ledger_id > positions[-1].ledger_id
+        assert [e.data for e in await ml.read(EARLIEST, 10)] == [b"later"]
+        await ml.close()
+    finally:
+        await factory.close()
+        await store.close()

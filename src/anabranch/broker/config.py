@@ -98,6 +98,9 @@ class BrokerConfig(BaseSettings):
     managed_ledger_max_entries_per_ledger: int = Field(50_000, gt=0)
     """A topic's ledger rolls over after this many entries; retention deletes whole
     ledgers (Pulsar's ``managedLedgerMaxEntriesPerLedger``)."""
+    managed_ledger_max_ledger_rollover_time_s: float = Field(4 * 3600.0, gt=0)
+    """A non-empty ledger older than this rolls over, idle or not (checked at each append
+    and each retention sweep; Pulsar's ``managedLedgerMaxLedgerRolloverTimeMinutes``)."""
     managed_ledger_max_size_per_ledger_bytes: int = Field(256 * 1024 * 1024, gt=0)
     """A topic's ledger rolls over after this many bytes (Pulsar's
     ``managedLedgerMaxSizePerLedgerMbytes``, in bytes here)."""

@@ -224,6 +224,7 @@ class RetentionSweeps:
                 if checkpointed[name.topic]:
                     return  # its readers keep their positions: nothing is known consumed
             topic.ledger.set_retention(retention_of(self.config, policies))
+            await topic.ledger.roll_over_if_due()
             deleted = await topic.ledger.trim()
             if deleted:
                 log.info("%s: deleted %d consumed ledgers", topic.name, deleted)

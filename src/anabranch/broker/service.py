@@ -258,6 +258,9 @@ class BrokerService:
             cursor_persist_interval_ms=self.config.cursor_persist_interval_ms,
             ledger_entries_max=self.config.managed_ledger_max_entries_per_ledger,
             ledger_bytes_max=self.config.managed_ledger_max_size_per_ledger_bytes,
+            ledger_age_ms=max(
+                round(self.config.managed_ledger_max_ledger_rollover_time_s * 1000), 1
+            ),
             retention_ms=retention.time_ms,
             retention_bytes=retention.size_bytes,
         )

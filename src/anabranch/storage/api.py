@@ -211,6 +211,12 @@ class ManagedLedger(Protocol):
 
     def cursors(self) -> Sequence[Cursor]: ...
 
+    async def roll_over_if_due(self) -> bool:
+        """Close the current ledger and open a new one if it holds entries and is older
+        than ``ledger_age_ms`` (an idle topic's data can then be trimmed); True if it
+        rolled over."""
+        ...
+
     def set_retention(self, retention: Retention) -> None:
         """Use these retention bounds from now on (a namespace policy changed)."""
         ...

@@ -636,6 +636,21 @@ class FileManagedLedger(ManagedLedgerBase):
             self._rolling = True
             self._rollover_task = asyncio.get_running_loop().create_task(self._rollover())
 
+    async def roll_over_if_due(self) -> bool:
+        """Roll an idle, non-empty ledger over once it is older than ``ledger_age_ms``
+        (Pulsar's rollover timer), so retention can delete it; True if it rolled."""
+        if self._closed or self._terminated_at is not None or not self._ledgers:
+            return False
+        current = self._ledgers[-1]
+        if current.entries == 0 or self._rolling:
+            return False
+        self._maybe_rollover(current)
+        task = self._rollover_task
+        if not self._rolling or task is None:
+            return False
+        await asyncio.gather(task, return_exceptions=True)
+        return self._ledgers[-1] is not current
+
     async def _rollover(self) -> None:
         try:
             await self._drained.wait()

@@ -79,6 +79,14 @@ class MemoryManagedLedger(ManagedLedgerBase):
         if self._terminated_at is not None:
             raise LedgerSealed(f"managed ledger {self.name} is terminated")
 
+    async def roll_over_if_due(self) -> bool:
+        """Roll an idle, non-empty ledger over once it is older than ``ledger_age_ms``."""
+        if self._closed or self._terminated_at is not None or not self._ledgers:
+            return False
+        current = self._ledgers[-1]
+        self._maybe_rollover()
+        return self._ledgers[-1] is not current
+
     def _maybe_rollover(self) -> None:
         current = self._ledgers[-1]
         age_ms = (self.clock.monotonic() - self._ledger_created) * 1000
