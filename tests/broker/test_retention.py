@@ -121,7 +121,9 @@ async def test_consumed_ledgers_are_deleted_and_disk_usage_goes_down(world: Worl
     assert world.disk_bytes() < before - 80 * len(PAYLOAD)
     internal = await world.admin.internal_stats(topic)
     assert len(internal["ledgers"]) == 1
-    # The topic keeps working after its ledgers went.
+    assert (
+        world.broker.service.counters.ledgers_trimmed == 9
+    )  # The topic keeps working after its ledgers went.
     await world.produce(topic, 5, b"after")
     consumer = await world.client.subscribe(topic, "s")
     msg = await consumer.receive(timeout=10)
@@ -221,6 +223,7 @@ async def test_message_ttl_acknowledges_expired_messages(world: World) -> None:
     world.clock.offset_ms += 61_000
     await world.broker.service.sweeps.sweep_ttl()
     assert (await world.admin.stats(topic))["backlogSize"] == 0
+    assert world.broker.service.counters.entries_expired == 20
     # Newer messages are kept; expired ones are then deleted by retention.
     world.clock.offset_ms = 0
     await world.produce(topic, 3, b"fresh")
@@ -357,7 +360,7 @@ async def test_a_failing_sweep_is_logged_and_the_task_keeps_running(tmp_path: Pa
                 break
             await asyncio.sleep(0.01)
         assert calls >= 3
-        assert sweeps.failures >= 3
+        assert broker.service.counters.cleanup_failures >= 3
         assert sweeps.runs["ttl"] >= 3
 
 

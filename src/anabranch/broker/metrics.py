@@ -57,6 +57,14 @@ class BrokerCounters:
     the header size (DESIGN.md §3.2 'count it in a metric')."""
     protocol_errors: int = 0
     """Connections closed for any other protocol error."""
+    ledgers_trimmed: int = 0
+    """Consumed ledgers deleted by the retention sweep."""
+    entries_expired: int = 0
+    """Entries acknowledged for a subscription by message TTL or a message_age eviction."""
+    backlog_evictions: int = 0
+    """Cursors moved forward by a consumer_backlog_eviction quota."""
+    cleanup_failures: int = 0
+    """Retention/TTL/quota sweeps (or one topic's step) that raised and were logged."""
 
     @property
     def active_connections(self) -> int:
@@ -195,6 +203,13 @@ class BrokerCollector(Collector):
             ("bad_frames", "Frames rejected before allocation: bad length prefix.",
              c.bad_frames),
             ("protocol_errors", "Connections closed for a protocol error.", c.protocol_errors),
+            ("ledgers_trimmed", "Consumed ledgers deleted by retention.", c.ledgers_trimmed),
+            ("entries_expired", "Entries acknowledged by message TTL or age eviction.",
+             c.entries_expired),
+            ("backlog_evictions", "Cursors moved by consumer_backlog_eviction.",
+             c.backlog_evictions),
+            ("cleanup_failures", "Retention/TTL/quota sweep steps that failed (logged).",
+             c.cleanup_failures),
         ):  # fmt: skip
             counter = CounterMetricFamily(f"{prefix}_{name}", text, labels=labels)
             counter.add_metric([self.cluster], value)

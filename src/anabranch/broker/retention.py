@@ -144,8 +144,7 @@ class RetentionSweeps:
         self._closed = False
         self.runs = {"retention": 0, "ttl": 0, "backlog_quota": 0}
         """Completed sweeps by kind (tests wait on them; /metrics could export them)."""
-        self.failures = 0
-        """Sweeps (or per-topic steps) that raised and were logged."""
+        self.counters = service.counters
 
     def start(self) -> None:
         """Start the periodic loops (idempotent), each :class:`Supervised`: a sweep that
@@ -172,7 +171,7 @@ class RetentionSweeps:
             try:
                 await sweep()
             except Exception:
-                self.failures += 1
+                self.counters.cleanup_failures += 1
                 log.exception("the %s sweep failed; it runs again in %ss", kind, interval_s)
             self.runs[kind] += 1
 
@@ -204,7 +203,7 @@ class RetentionSweeps:
                     policies = (await self._topic_policies.get(name)).over(policies)
                 await step(topic, policies)
             except Exception:
-                self.failures += 1
+                self.counters.cleanup_failures += 1
                 log.exception("%s: a cleanup step failed", topic.name)
 
     # --- retention ----------------------------------------------------------------------------
@@ -226,6 +225,7 @@ class RetentionSweeps:
             topic.ledger.set_retention(retention_of(self.config, policies))
             await topic.ledger.roll_over_if_due()
             deleted = await topic.ledger.trim()
+            self.counters.ledgers_trimmed += deleted
             if deleted:
                 log.info("%s: deleted %d consumed ledgers", topic.name, deleted)
 
@@ -236,7 +236,7 @@ class RetentionSweeps:
             try:
                 await self.prune_segments(controller)
             except Exception:
-                self.failures += 1
+                self.counters.cleanup_failures += 1
                 log.exception("%s: pruning sealed segments failed", controller.topic)
 
     async def prune_segments(self, controller: ScalableTopicController) -> list[int]:
@@ -276,7 +276,9 @@ class RetentionSweeps:
             if cutoff is None:
                 return
             for cursor in list(topic.ledger.cursors()):
-                await expire_before(topic.ledger, cursor, cutoff)
+                before = cursor.backlog()
+                if await expire_before(topic.ledger, cursor, cutoff) is not None:
+                    self.counters.entries_expired += before - cursor.backlog()
 
         await self._each_topic(expire)
 
@@ -309,6 +311,7 @@ class RetentionSweeps:
                                 spans, cursor.mark_delete_position, storage.limit_size
                             )
                             await cursor.acknowledge_cumulative(Position(*target))
+                            self.counters.backlog_evictions += 1
                             log.info(
                                 "%s/%s: backlog evicted to %s", topic.name, cursor.name, target
                             )
@@ -322,7 +325,10 @@ class RetentionSweeps:
                 if not age_quota_exceeded(oldest, now, age):
                     continue
                 if age.policy is BacklogPolicy.CONSUMER_BACKLOG_EVICTION:
+                    before = cursor.backlog()
                     await expire_before(ledger, cursor, now - age.limit_time_s * 1000)
+                    self.counters.entries_expired += before - cursor.backlog()
+                    self.counters.backlog_evictions += 1
                 elif blocked is None:
                     blocked = age.policy
         if blocked != topic.quota.blocked:
