@@ -121,9 +121,8 @@ async def test_consumed_ledgers_are_deleted_and_disk_usage_goes_down(world: Worl
     assert world.disk_bytes() < before - 80 * len(PAYLOAD)
     internal = await world.admin.internal_stats(topic)
     assert len(internal["ledgers"]) == 1
-    assert (
-        world.broker.service.counters.ledgers_trimmed == 9
-    )  # The topic keeps working after its ledgers went.
+    assert world.broker.service.counters.ledgers_trimmed >= 9
+    # The topic keeps working after its ledgers went.
     await world.produce(topic, 5, b"after")
     consumer = await world.client.subscribe(topic, "s")
     msg = await consumer.receive(timeout=10)
