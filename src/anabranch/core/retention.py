@@ -15,6 +15,7 @@ move cursors, and then retention deletes what the moved cursors left behind.
     | time | size | a fully consumed, closed ledger is deleted ...              |
     |------|------|-------------------------------------------------------------|
     |  0   |  0   | at once (Pulsar's default: no retention)                    |
+    | 0 / S| T / 0| at once too: either bound at 0 disables retention (Pulsar) |
     |  T   |  -1  | T ms after it was closed                                    |
     |  -1  |  S   | while the retained total is over S bytes                    |
     |  T   |  S   | when either bound says so                                   |
