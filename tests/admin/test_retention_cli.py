@@ -59,3 +59,29 @@ def test_backlog_quota_commands(admin_url: str) -> None:
     assert list(cli_json(admin_url, "namespaces", "get-backlog-quotas", NS)) == [
         "destination_storage"
     ]
+
+
+def test_topic_level_commands(admin_url: str) -> None:
+    topic = "persistent://public/default/overridden"
+    cli(admin_url, "topics", "create", topic)
+    assert cli_json(admin_url, "topics", "get-retention", topic) is None
+    cli(admin_url, "topics", "set-retention", topic, "-s", "1G", "-t", "1d")
+    assert cli_json(admin_url, "topics", "get-retention", topic) == {
+        "retentionTimeInMinutes": 1440,
+        "retentionSizeInMB": 1024,
+    }
+    cli(admin_url, "topics", "set-message-ttl", topic, "-ttl", "90")
+    assert cli_json(admin_url, "topics", "get-message-ttl", topic) == 90
+    assert cli_json(admin_url, "namespaces", "get-message-ttl", NS) is None
+    cli(admin_url, "topics", "set-backlog-quota", topic, "-l", "10M", "-p", "producer_exception")
+    assert (
+        cli_json(admin_url, "topics", "get-backlog-quotas", topic)["destination_storage"][
+            "limitSize"
+        ]
+        == 10 * 1024**2
+    )
+    cli(admin_url, "topics", "remove-backlog-quota", topic)
+    cli(admin_url, "topics", "remove-message-ttl", topic)
+    cli(admin_url, "topics", "remove-retention", topic)
+    assert cli_json(admin_url, "topics", "get-backlog-quotas", topic) == {}
+    cli(admin_url, "topics", "get-retention", "persistent://public/default/absent", code=1)

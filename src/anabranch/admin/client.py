@@ -58,6 +58,18 @@ def _ns_path(namespace: str) -> str:
     return f"/admin/v2/namespaces/{_q(ns.tenant)}/{_q(ns.namespace)}"
 
 
+def _policy_path(target: str) -> str:
+    """A namespace's path for ``tenant/ns``, else the topic's.
+
+    Example:
+        >>> _policy_path("public/default"), _policy_path("public/default/t")
+        ('/admin/v2/namespaces/public/default', '/admin/v2/persistent/public/default/t')
+    """
+    if "://" not in target and target.count("/") == 1:
+        return _ns_path(target)
+    return _topic_path(target)
+
+
 def _scalable_path(topic: str) -> str:
     """``/admin/v2/scalable/t/ns/x`` of a scalable topic (``topic://t/ns/x``, ``t/ns/x``, ``x``)."""
     name = TopicName.parse(topic, TopicDomain.TOPIC)
@@ -241,35 +253,39 @@ class AdminClient:
         await self.request("DELETE", _ns_path(namespace) + "/deduplication")
 
     # --- retention, message TTL, backlog quotas ------------------------------------------------
+    # ``target`` is a namespace (``tenant/ns``) or a topic (``persistent://t/ns/x``,
+    # ``t/ns/x``): the topic's override is addressed then.
 
-    async def get_retention(self, namespace: str) -> dict[str, int]:
-        """``{"retentionTimeInMinutes", "retentionSizeInMB"}`` (-1 unbounded, 0 none)."""
-        return dict(await self.request("GET", _ns_path(namespace) + "/retention"))
+    async def get_retention(self, target: str) -> dict[str, int] | None:
+        """``{"retentionTimeInMinutes", "retentionSizeInMB"}`` (-1 unbounded, 0 none); a
+        namespace without one answers the broker default, a topic without one None."""
+        answer = await self.request("GET", _policy_path(target) + "/retention")
+        return None if answer is None else dict(answer)
 
-    async def set_retention(self, namespace: str, time_minutes: int, size_mb: int) -> None:
+    async def set_retention(self, target: str, time_minutes: int, size_mb: int) -> None:
         body = {"retentionTimeInMinutes": time_minutes, "retentionSizeInMB": size_mb}
-        await self.request("POST", _ns_path(namespace) + "/retention", body)
+        await self.request("POST", _policy_path(target) + "/retention", body)
 
-    async def remove_retention(self, namespace: str) -> None:
-        await self.request("DELETE", _ns_path(namespace) + "/retention")
+    async def remove_retention(self, target: str) -> None:
+        await self.request("DELETE", _policy_path(target) + "/retention")
 
-    async def get_message_ttl(self, namespace: str) -> int | None:
-        answer = await self.request("GET", _ns_path(namespace) + "/messageTTL")
+    async def get_message_ttl(self, target: str) -> int | None:
+        answer = await self.request("GET", _policy_path(target) + "/messageTTL")
         return None if answer is None else int(answer)
 
-    async def set_message_ttl(self, namespace: str, ttl_s: int) -> None:
-        await self.request("POST", _ns_path(namespace) + "/messageTTL", ttl_s)
+    async def set_message_ttl(self, target: str, ttl_s: int) -> None:
+        await self.request("POST", _policy_path(target) + "/messageTTL", ttl_s)
 
-    async def remove_message_ttl(self, namespace: str) -> None:
-        await self.request("DELETE", _ns_path(namespace) + "/messageTTL")
+    async def remove_message_ttl(self, target: str) -> None:
+        await self.request("DELETE", _policy_path(target) + "/messageTTL")
 
-    async def get_backlog_quotas(self, namespace: str) -> dict[str, Any]:
+    async def get_backlog_quotas(self, target: str) -> dict[str, Any]:
         """``{type: {"limitSize", "limitTime", "policy"}}``."""
-        return dict(await self.request("GET", _ns_path(namespace) + "/backlogQuotaMap"))
+        return dict(await self.request("GET", _policy_path(target) + "/backlogQuotaMap"))
 
     async def set_backlog_quota(
         self,
-        namespace: str,
+        target: str,
         *,
         limit_size: int = -1,
         limit_time_s: int = -1,
@@ -277,13 +293,13 @@ class AdminClient:
         quota_type: str = "destination_storage",
     ) -> None:
         body = {"limitSize": limit_size, "limitTime": limit_time_s, "policy": policy}
-        path = f"{_ns_path(namespace)}/backlogQuota?backlogQuotaType={_q(quota_type)}"
+        path = f"{_policy_path(target)}/backlogQuota?backlogQuotaType={_q(quota_type)}"
         await self.request("POST", path, body)
 
     async def remove_backlog_quota(
-        self, namespace: str, quota_type: str = "destination_storage"
+        self, target: str, quota_type: str = "destination_storage"
     ) -> None:
-        path = f"{_ns_path(namespace)}/backlogQuota?backlogQuotaType={_q(quota_type)}"
+        path = f"{_policy_path(target)}/backlogQuota?backlogQuotaType={_q(quota_type)}"
         await self.request("DELETE", path)
 
     # --- topics ---------------------------------------------------------------------------

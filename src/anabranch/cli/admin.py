@@ -331,99 +331,103 @@ def parse_time_s(text: str) -> int:
     return number * _TIME_UNITS[unit]
 
 
-@namespaces_app.command("set-retention")
-def namespaces_set_retention(
-    namespace: str,
-    size: Annotated[str, typer.Option("--size", help="e.g. 500M, 2G; -1 unbounded")],
-    time: Annotated[str, typer.Option("--time", help="e.g. 30m, 3h, 2d; -1 unbounded")],
-    output: OutputOpt = None,
-) -> None:
-    """Set how long/much consumed data a namespace keeps (0 0: none, Pulsar's default)."""
-    size_b, time_s = parse_size(size), parse_time_s(time)
-    size_mb = -1 if size_b == -1 else size_b // (1024 * 1024)
-    minutes = -1 if time_s == -1 else time_s // 60
-    _run(lambda c: c.set_retention(namespace, minutes, size_mb), output,
-         f"retention of {namespace} set")  # fmt: skip
-
-
-@namespaces_app.command("get-retention")
-def namespaces_get_retention(namespace: str, output: OutputOpt = None) -> None:
-    """A namespace's retention (minutes, MB)."""
-    _run(lambda c: c.get_retention(namespace), output, f"retention of {namespace}")
-
-
-@namespaces_app.command("remove-retention")
-def namespaces_remove_retention(namespace: str, output: OutputOpt = None) -> None:
-    """Remove a namespace's retention (the broker default applies)."""
-    _run(lambda c: c.remove_retention(namespace), output, f"retention of {namespace} removed")
-
-
-@namespaces_app.command("set-message-ttl")
-def namespaces_set_message_ttl(
-    namespace: str,
-    ttl: Annotated[str, typer.Option("--messageTTL", "--ttl", "-ttl", help="e.g. 3600, 1h")],
-    output: OutputOpt = None,
-) -> None:
-    """Set a namespace's message TTL (0: off)."""
-    seconds = parse_time_s(ttl)
-    _run(lambda c: c.set_message_ttl(namespace, seconds), output, f"message TTL of {namespace} set")
-
-
-@namespaces_app.command("get-message-ttl")
-def namespaces_get_message_ttl(namespace: str, output: OutputOpt = None) -> None:
-    """A namespace's message TTL in seconds (null: unset)."""
-    _run(lambda c: c.get_message_ttl(namespace), output, f"message TTL of {namespace}")
-
-
-@namespaces_app.command("remove-message-ttl")
-def namespaces_remove_message_ttl(namespace: str, output: OutputOpt = None) -> None:
-    """Remove a namespace's message TTL."""
-    _run(lambda c: c.remove_message_ttl(namespace), output,
-         f"message TTL of {namespace} removed")  # fmt: skip
-
-
 QuotaTypeOpt = Annotated[
     str, typer.Option("--type", "-t", help="destination_storage or message_age")
 ]
+PolicyOpt = Annotated[
+    str,
+    typer.Option(
+        "--policy",
+        "-p",
+        help="producer_request_hold, producer_exception or consumer_backlog_eviction",
+    ),
+]
 
 
-@namespaces_app.command("set-backlog-quota")
-def namespaces_set_backlog_quota(
-    namespace: str,
-    *,
-    policy: Annotated[
-        str,
-        typer.Option(
-            "--policy",
-            "-p",
-            help="producer_request_hold, producer_exception or consumer_backlog_eviction",
-        ),
-    ],
-    limit: Annotated[str, typer.Option("--limit", "-l", help="size, e.g. 2G")] = "-1",
-    limit_time: Annotated[str, typer.Option("--limitTime", "-lt", help="e.g. 1h")] = "-1",
-    quota_type: QuotaTypeOpt = "destination_storage",
-    output: OutputOpt = None,
-) -> None:
-    """Set a backlog quota of a namespace."""
-    size_b, time_s = parse_size(limit), parse_time_s(limit_time)
-    _run(lambda c: c.set_backlog_quota(namespace, limit_size=size_b, limit_time_s=time_s,
-                                       policy=policy, quota_type=quota_type),
-         output, f"{quota_type} backlog quota of {namespace} set")  # fmt: skip
+Target = Annotated[str, typer.Argument(metavar="NAMESPACE|TOPIC", help="tenant/ns or a topic")]
 
 
-@namespaces_app.command("get-backlog-quotas")
-def namespaces_get_backlog_quotas(namespace: str, output: OutputOpt = None) -> None:
-    """A namespace's backlog quotas by type."""
-    _run(lambda c: c.get_backlog_quotas(namespace), output, f"backlog quotas of {namespace}")
+def _policy_commands(app: typer.Typer) -> None:
+    """Register pulsar-admin's retention, message-TTL and backlog-quota commands on ``app``
+    (``namespaces``: a namespace's policies; ``topics``: a topic's overrides)."""
+
+    @app.command("set-retention")
+    def set_retention(
+        target: Target,
+        size: Annotated[str, typer.Option("--size", "-s", help="e.g. 500M, 2G; -1 unbounded")],
+        time: Annotated[str, typer.Option("--time", "-t", help="e.g. 30m, 3h, 2d; -1 unbounded")],
+        output: OutputOpt = None,
+    ) -> None:
+        """Set how long/much consumed data is kept (0 0: none, Pulsar's default)."""
+        size_b, time_s = parse_size(size), parse_time_s(time)
+        size_mb = -1 if size_b == -1 else size_b // (1024 * 1024)
+        minutes = -1 if time_s == -1 else time_s // 60
+        _run(lambda c: c.set_retention(target, minutes, size_mb), output,
+             f"retention of {target} set")  # fmt: skip
+
+    @app.command("get-retention")
+    def get_retention(target: Target, output: OutputOpt = None) -> None:
+        """Retention (minutes, MB)."""
+        _run(lambda c: c.get_retention(target), output, f"retention of {target}")
+
+    @app.command("remove-retention")
+    def remove_retention(target: Target, output: OutputOpt = None) -> None:
+        """Remove the retention policy (the next level's applies)."""
+        _run(lambda c: c.remove_retention(target), output, f"retention of {target} removed")
+
+    @app.command("set-message-ttl")
+    def set_message_ttl(
+        target: Target,
+        ttl: Annotated[str, typer.Option("--messageTTL", "--ttl", "-ttl", help="e.g. 3600, 1h")],
+        output: OutputOpt = None,
+    ) -> None:
+        """Set the message TTL (0: off)."""
+        seconds = parse_time_s(ttl)
+        _run(lambda c: c.set_message_ttl(target, seconds), output,
+             f"message TTL of {target} set")  # fmt: skip
+
+    @app.command("get-message-ttl")
+    def get_message_ttl(target: Target, output: OutputOpt = None) -> None:
+        """The message TTL in seconds (null: unset)."""
+        _run(lambda c: c.get_message_ttl(target), output, f"message TTL of {target}")
+
+    @app.command("remove-message-ttl")
+    def remove_message_ttl(target: Target, output: OutputOpt = None) -> None:
+        """Remove the message TTL."""
+        _run(lambda c: c.remove_message_ttl(target), output, f"message TTL of {target} removed")
+
+    @app.command("set-backlog-quota")
+    def set_backlog_quota(
+        target: Target,
+        *,
+        policy: PolicyOpt,
+        limit: Annotated[str, typer.Option("--limit", "-l", help="size, e.g. 2G")] = "-1",
+        limit_time: Annotated[str, typer.Option("--limitTime", "-lt", help="e.g. 1h")] = "-1",
+        quota_type: QuotaTypeOpt = "destination_storage",
+        output: OutputOpt = None,
+    ) -> None:
+        """Set a backlog quota."""
+        size_b, time_s = parse_size(limit), parse_time_s(limit_time)
+        _run(lambda c: c.set_backlog_quota(target, limit_size=size_b, limit_time_s=time_s,
+                                           policy=policy, quota_type=quota_type),
+             output, f"{quota_type} backlog quota of {target} set")  # fmt: skip
+
+    @app.command("get-backlog-quotas")
+    def get_backlog_quotas(target: Target, output: OutputOpt = None) -> None:
+        """Backlog quotas by type."""
+        _run(lambda c: c.get_backlog_quotas(target), output, f"backlog quotas of {target}")
+
+    @app.command("remove-backlog-quota")
+    def remove_backlog_quota(
+        target: Target, quota_type: QuotaTypeOpt = "destination_storage", output: OutputOpt = None
+    ) -> None:
+        """Remove a backlog quota."""
+        _run(lambda c: c.remove_backlog_quota(target, quota_type), output,
+             f"{quota_type} backlog quota of {target} removed")  # fmt: skip
 
 
-@namespaces_app.command("remove-backlog-quota")
-def namespaces_remove_backlog_quota(
-    namespace: str, quota_type: QuotaTypeOpt = "destination_storage", output: OutputOpt = None
-) -> None:
-    """Remove a backlog quota of a namespace."""
-    _run(lambda c: c.remove_backlog_quota(namespace, quota_type), output,
-         f"{quota_type} backlog quota of {namespace} removed")  # fmt: skip
+_policy_commands(namespaces_app)
+_policy_commands(topics_app)
 
 
 # --- topics -----------------------------------------------------------------------------------
