@@ -421,3 +421,25 @@ async def test_topic_level_overrides_win_over_the_namespace(world: World) -> Non
     await world.produce(topic, 1)
     with pytest.raises(Exception, match="404"):
         await world.admin.request("GET", f"/admin/v2/persistent/{NS}/absent/retention")
+
+
+async def test_the_broker_default_quota_applies_without_a_namespace_quota(tmp_path: Path) -> None:
+    async with InProcessBroker(
+        tmp_path,
+        backlog_quota_check_interval_s=LONG_S,
+        backlog_quota_default_limit_bytes=5_000,
+        backlog_quota_default_retention_policy="producer_exception",
+    ) as broker:
+        assert broker.http_url is not None
+        async with AdminClient(broker.http_url) as admin, Client(broker.service_url) as client:
+            world = World(broker, admin, client, SkewedClock(), tmp_path)
+            topic = world.topic("default-quota")
+            await world.cursor(topic, "s")
+            await world.produce(topic, 10)
+            await broker.service.sweeps.sweep_backlog_quotas()
+            with pytest.raises(NotAllowed, match="quota"):
+                await client.create_producer(topic)
+            # A namespace quota replaces the default.
+            await admin.set_backlog_quota(NS, limit_size=50_000, policy="producer_exception")
+            await broker.service.sweeps.sweep_backlog_quotas()
+            await world.produce(topic, 1)

@@ -92,6 +92,15 @@ class BrokerConfig(BaseSettings):
     ``messageExpiryCheckIntervalInMinutes``, in seconds here)."""
     backlog_quota_check_interval_s: float = Field(60.0, gt=0)
     """How often backlog quotas are checked (``backlogQuotaCheckIntervalInSeconds``)."""
+    backlog_quota_default_limit_bytes: int = Field(-1, ge=-1)
+    """``destination_storage`` quota of a topic whose namespace sets none (Pulsar's
+    ``backlogQuotaDefaultLimitBytes``; -1: none)."""
+    backlog_quota_default_limit_second: int = Field(-1, ge=-1)
+    """``message_age`` quota of a topic whose namespace sets none (-1: none)."""
+    backlog_quota_default_retention_policy: Literal[
+        "producer_request_hold", "producer_exception", "consumer_backlog_eviction"
+    ] = "producer_request_hold"
+    """What the default quotas do (Pulsar's ``backlogQuotaDefaultRetentionPolicy``)."""
     backlog_quota_hold_max_s: float = Field(30.0, gt=0)
     """How long ``producer_request_hold`` holds a send before failing it with
     ProducerBlockedQuotaExceededError."""

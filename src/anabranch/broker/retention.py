@@ -113,9 +113,27 @@ def ttl_of(config: BrokerConfig, policies: NamespacePolicies) -> int:
     return config.ttl_duration_default_s
 
 
-def quotas_of(policies: NamespacePolicies) -> dict[BacklogQuotaType, BacklogQuota]:
-    """The namespace's backlog quotas by type (unknown types and policies ignored)."""
+def quotas_of(
+    config: BrokerConfig, policies: NamespacePolicies
+) -> dict[BacklogQuotaType, BacklogQuota]:
+    """The backlog quotas by type: the policies' own (unknown types and policies ignored),
+    else the broker's defaults (Pulsar's ``backlogQuotaDefault*``; -1: none).
+
+    Example:
+        >>> from pathlib import Path
+        >>> quotas_of(BrokerConfig(data_dir=Path("d")), NamespacePolicies())
+        {}
+    """
     out: dict[BacklogQuotaType, BacklogQuota] = {}
+    default_policy = BacklogPolicy(config.backlog_quota_default_retention_policy)
+    if config.backlog_quota_default_limit_bytes >= 0:
+        out[BacklogQuotaType.DESTINATION_STORAGE] = BacklogQuota(
+            limit_size=config.backlog_quota_default_limit_bytes, policy=default_policy
+        )
+    if config.backlog_quota_default_limit_second >= 0:
+        out[BacklogQuotaType.MESSAGE_AGE] = BacklogQuota(
+            limit_time_s=config.backlog_quota_default_limit_second, policy=default_policy
+        )
     for kind, record in policies.backlog_quota_map.items():
         try:
             out[BacklogQuotaType(kind)] = BacklogQuota(
@@ -288,7 +306,7 @@ class RetentionSweeps:
         """Evict or block where a topic is over a backlog quota; unblock where it is not."""
 
         async def check(topic: PersistentTopic, policies: NamespacePolicies) -> None:
-            await self.check_quotas(topic, quotas_of(policies))
+            await self.check_quotas(topic, quotas_of(self.config, policies))
 
         await self._each_topic(check)
 
