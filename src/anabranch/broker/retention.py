@@ -205,19 +205,21 @@ class RetentionSweeps:
         self, step: Callable[[PersistentTopic, NamespacePolicies], Awaitable[None]]
     ) -> None:
         cache: dict[str, NamespacePolicies | None] = {}
+        overridden: dict[str, frozenset[str]] = {}
         for topic in self.service.loaded_topics():
             try:
-                ns = namespace_of(parse_name(topic.name))
+                name = parse_name(topic.name)
+                ns = namespace_of(name)
                 if ns not in cache:
                     try:
                         cache[ns] = await self.service.policies.namespace_policies(ns)
                     except NotFound:
                         cache[ns] = None
+                    overridden[ns] = await self._topic_policies.overridden(ns)
                 policies = cache[ns]
                 if policies is None or (topic.ledger.is_terminated and not topic.ledger.cursors()):
                     continue
-                name = parse_name(topic.name)
-                if isinstance(name, TopicName):
+                if isinstance(name, TopicName) and name.local_name in overridden[ns]:
                     policies = (await self._topic_policies.get(name)).over(policies)
                 await step(topic, policies)
             except Exception:

@@ -108,6 +108,12 @@ class TopicPolicyStore:
             return new
         raise BadVersion(path, None, -1)
 
+    async def overridden(self, namespace: str) -> frozenset[str]:
+        """Local names of the persistent topics of ``namespace`` (``tenant/ns``) that have
+        overrides: one listing, so a sweep reads records only for those."""
+        children = await self.store.list_children(f"{TOPIC_POLICIES}/{namespace}/persistent")
+        return frozenset(children)
+
     async def delete(self, topic: TopicName) -> None:
         """Forget the topic's overrides (the topic was deleted)."""
         await self.store.delete(topic_policies_path(topic))
