@@ -88,6 +88,10 @@ class FaultCluster(LocalCluster):
     ) -> None:
         names = parse(",".join(failpoints))  # a typo fails here, not in a subprocess
         env = {ENV_VAR: ",".join(sorted(names))} if names else {}
+        # Infinite retention: the checker judges reads against the final DAG, so no drained
+        # sealed segment may be pruned from it during a run.
+        settings.setdefault("default_retention_time_minutes", -1)
+        settings.setdefault("default_retention_size_mb", -1)
         super().__init__(root, brokers, session_ttl_s=session_ttl_s, env=env, **settings)
         self.failpoints = names
         self.proxies: list[TcpProxy] = []
