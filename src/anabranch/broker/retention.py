@@ -260,7 +260,11 @@ class RetentionSweeps:
                 log.exception("%s: pruning sealed segments failed", controller.topic)
 
     async def prune_segments(self, controller: ScalableTopicController) -> list[int]:
-        """Prune what :func:`prunable_segments` allows; returns the pruned segment ids."""
+        """Prune what :func:`prunable_segments` allows; returns the pruned segment ids.
+
+        Segment sizes are not known here (a segment may live on another broker), so the
+        retained total is taken as 0: the time bound decides, and a size-only retention
+        (time -1) keeps sealed segments."""
         await controller.finish_prunes()  # a deletion a failure or crash left behind
         layout = await controller.get_layout()
         roots = [s for s in layout.sealed_segments() if not s.parent_ids]
