@@ -406,6 +406,12 @@ class ProducerBlockedQuotaExceeded(NotAllowed):
     http_status = 412
 
 
+class QuotaExceedsRetention(NotAllowed):
+    """A backlog quota at or over the retention bounds (Pulsar answers 412)."""
+
+    http_status = 412
+
+
 class ProducerQuotaHoldTimeout(NotAllowed):
     """A send held by ``producer_request_hold`` waited too long for the backlog to shrink
     (Pulsar's ProducerBlockedQuotaExceededError)."""

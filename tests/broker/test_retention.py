@@ -200,6 +200,17 @@ async def test_retention_admin_endpoints_and_validation(world: World) -> None:
     ] == {"retentionTimeInMinutes": 120, "retentionSizeInMB": 1024}
     with pytest.raises(Exception, match="400"):
         await world.admin.set_retention(NS, -2, 0)
+    # Pulsar's rule: a backlog quota stays under positive retention bounds (412).
+    with pytest.raises(Exception, match="412"):
+        await world.admin.set_backlog_quota(NS, limit_size=2 * 1024**3, policy="producer_exception")
+    await world.admin.set_backlog_quota(NS, limit_size=100 * 1024**2, policy="producer_exception")
+    with pytest.raises(Exception, match="412"):
+        await world.admin.set_retention(NS, 120, 50)
+    with pytest.raises(Exception, match="412"):
+        await world.admin.set_backlog_quota(
+            NS, limit_time_s=3 * 3600, policy="producer_exception", quota_type="message_age"
+        )
+    await world.admin.remove_backlog_quota(NS)
     await world.admin.remove_retention(NS)
     assert await world.admin.get_retention(NS) == {
         "retentionTimeInMinutes": 0,

@@ -19,6 +19,7 @@ from anabranch.core.retention import (
     eviction_position,
     expired_prefix,
     prunable_segments,
+    quota_fits_retention,
     storage_quota_exceeded,
     trimmable_ledgers,
     ttl_cutoff_ms,
@@ -259,3 +260,19 @@ def test_prune_block_rules() -> None:
     assert prunable_segments(view, {0, 1}, Retention(0, 0), 10, 0) == [0, 1]
     assert prunable_segments(view, {0, 1}, Retention(60_000, UNBOUNDED), 10, 0) == []
     assert prunable_segments(view, {0, 1}, Retention(UNBOUNDED, UNBOUNDED), 10**9, 0) == []
+
+
+@given(
+    st.integers(-1, 5000),
+    st.integers(-1, 5000),
+    st.integers(-1, 100),
+    st.integers(-1, 100),
+)
+def test_quota_fits_retention_is_pulsars_rule(
+    limit_size: int, limit_time: int, minutes: int, mb: int
+) -> None:
+    quota = BacklogQuota(limit_size=limit_size * 1024, limit_time_s=limit_time)
+    fits = quota_fits_retention(quota, minutes, mb)
+    too_big = mb > 0 and limit_size * 1024 >= mb * 1024 * 1024
+    too_old = minutes > 0 and limit_time >= minutes * 60
+    assert fits == (not too_big and not too_old)

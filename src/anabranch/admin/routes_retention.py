@@ -37,8 +37,13 @@ from anabranch.broker.policies import BacklogQuotaRecord, NamespacePolicies, Ret
 from anabranch.broker.retention import retention_of
 from anabranch.broker.topic_policies import TopicPolicies, TopicPolicyStore
 from anabranch.core.names import TopicName
-from anabranch.core.retention import BacklogPolicy, BacklogQuotaType
-from anabranch.errors import InvalidArgument, NotFound
+from anabranch.core.retention import (
+    BacklogPolicy,
+    BacklogQuota,
+    BacklogQuotaType,
+    quota_fits_retention,
+)
+from anabranch.errors import InvalidArgument, NotFound, QuotaExceedsRetention
 
 if TYPE_CHECKING:
     from anabranch.admin.service import AdminService
@@ -84,6 +89,23 @@ def check_quota(value: BacklogQuotaRecord) -> BacklogQuotaRecord:
     return value
 
 
+def check_fits(quotas: dict[str, BacklogQuotaRecord], retention: RetentionPolicies | None) -> None:
+    """QuotaExceedsRetention (412) when a quota is not under the positive retention bounds
+    (Pulsar: "Backlog Quota exceeds configured retention quota")."""
+    if retention is None:
+        return
+    for kind, record in quotas.items():
+        quota = BacklogQuota(record.limit_size, record.limit_time, BacklogPolicy(record.policy))
+        if not quota_fits_retention(
+            quota, retention.retention_time_in_minutes, retention.retention_size_in_mb
+        ):
+            raise QuotaExceedsRetention(
+                f"the {kind} backlog quota exceeds the configured retention"
+                f" ({retention.retention_time_in_minutes} min, {retention.retention_size_in_mb}"
+                " MB): increase retention and retry"
+            )
+
+
 def quota_type(request: web.Request) -> str:
     """``?backlogQuotaType`` (default ``destination_storage``)."""
     text = request.query.get("backlogQuotaType", BacklogQuotaType.DESTINATION_STORAGE.value)
@@ -112,9 +134,12 @@ async def set_retention(admin: AdminService, request: web.Request) -> object:
     if value is None:
         raise InvalidArgument("the body must be {retentionTimeInMinutes, retentionSizeInMB}")
     check_retention(value)
-    await admin.policies.update_namespace_policies(
-        namespace_param(request), lambda p: msgspec.structs.replace(p, retention=value)
-    )
+
+    def change(p: NamespacePolicies) -> NamespacePolicies:
+        check_fits(p.backlog_quota_map, value)
+        return msgspec.structs.replace(p, retention=value)
+
+    await admin.policies.update_namespace_policies(namespace_param(request), change)
     return None
 
 
@@ -163,7 +188,9 @@ async def set_backlog_quota(admin: AdminService, request: web.Request) -> object
     check_quota(value)
 
     def change(p: NamespacePolicies) -> NamespacePolicies:
-        return msgspec.structs.replace(p, backlog_quota_map={**p.backlog_quota_map, kind: value})
+        quotas = {**p.backlog_quota_map, kind: value}
+        check_fits(quotas, p.retention)
+        return msgspec.structs.replace(p, backlog_quota_map=quotas)
 
     await admin.policies.update_namespace_policies(namespace_param(request), change)
     return None
@@ -219,7 +246,12 @@ async def set_topic_retention(admin: AdminService, request: web.Request) -> obje
     if value is None:
         raise InvalidArgument("the body must be {retentionTimeInMinutes, retentionSizeInMB}")
     check_retention(value)
-    await _update_topic(admin, request, lambda p: msgspec.structs.replace(p, retention=value))
+
+    def change(p: TopicPolicies) -> TopicPolicies:
+        check_fits(p.backlog_quota_map, value)
+        return msgspec.structs.replace(p, retention=value)
+
+    await _update_topic(admin, request, change)
     return None
 
 
@@ -274,7 +306,9 @@ async def set_topic_backlog_quota(admin: AdminService, request: web.Request) -> 
     check_quota(value)
 
     def change(p: TopicPolicies) -> TopicPolicies:
-        return msgspec.structs.replace(p, backlog_quota_map={**p.backlog_quota_map, kind: value})
+        quotas = {**p.backlog_quota_map, kind: value}
+        check_fits(quotas, p.retention)
+        return msgspec.structs.replace(p, backlog_quota_map=quotas)
 
     await _update_topic(admin, request, change)
     return None

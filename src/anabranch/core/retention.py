@@ -218,6 +218,21 @@ class BacklogQuota:
     policy: BacklogPolicy = BacklogPolicy.PRODUCER_REQUEST_HOLD
 
 
+def quota_fits_retention(quota: BacklogQuota, retention_minutes: int, retention_mb: int) -> bool:
+    """Pulsar's rule that a backlog quota stays under positive retention bounds: a size
+    quota below ``retentionSizeInMB``, an age quota below ``retentionTimeInMinutes``.
+
+    Example:
+        >>> quota_fits_retention(BacklogQuota(limit_size=2 * MB), 60, 1)
+        False
+        >>> quota_fits_retention(BacklogQuota(limit_size=2 * MB), 60, -1)
+        True
+    """
+    if retention_mb > 0 and quota.limit_size >= retention_mb * MB:
+        return False
+    return not (retention_minutes > 0 and quota.limit_time_s >= retention_minutes * 60)
+
+
 def storage_quota_exceeded(backlog_bytes: int, quota: BacklogQuota | None) -> bool:
     """Whether the slowest subscription's backlog is over the storage quota.
 
