@@ -251,6 +251,30 @@ async def test_message_ttl_acknowledges_expired_messages(world: World) -> None:
     assert await world.admin.get_message_ttl(NS) is None
 
 
+async def test_ttl_never_expires_an_open_transactions_messages(world: World) -> None:
+    topic = world.topic("ttl-txn")
+    await world.cursor(topic, "s")
+    producer = await world.client.create_producer(topic, batching=False)
+    await producer.send(b"before")
+    txn = await world.client.new_transaction(timeout=3600)
+    await producer.send(b"in-txn", txn=txn)
+    await producer.send(b"after")
+    await world.admin.set_message_ttl(NS, 60)
+    world.clock.offset_ms += 61_000
+    await world.broker.service.sweeps.sweep_ttl()
+    # Only what precedes the open transaction expired: the rest waits for its outcome.
+    assert (await world.admin.stats(topic))["backlogSize"] == 2
+    await txn.commit()
+    world.clock.offset_ms = 0
+    consumer = await world.client.subscribe(topic, "s")
+    got = [
+        m.value
+        for m in [await consumer.receive(timeout=10), await consumer.receive(timeout=10)]
+        if m
+    ]
+    assert got == [b"in-txn", b"after"]
+
+
 # --- backlog quotas ----------------------------------------------------------------------------
 
 

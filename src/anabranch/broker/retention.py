@@ -301,7 +301,8 @@ class RetentionSweeps:
                 return
             for cursor in list(topic.ledger.cursors()):
                 before = cursor.backlog()
-                if await expire_before(topic.ledger, cursor, cutoff) is not None:
+                upto = topic.transaction_buffer.max_read_position()
+                if await expire_before(topic.ledger, cursor, cutoff, upto) is not None:
                     self.counters.entries_expired += before - cursor.backlog()
 
         await self._each_topic(expire)
@@ -331,9 +332,14 @@ class RetentionSweeps:
                 if storage.policy is BacklogPolicy.CONSUMER_BACKLOG_EVICTION:
                     for cursor in cursors:
                         if backlog_bytes(spans, cursor.mark_delete_position) > storage.limit_size:
-                            target = eviction_position(
-                                spans, cursor.mark_delete_position, storage.limit_size
+                            target = min(
+                                eviction_position(
+                                    spans, cursor.mark_delete_position, storage.limit_size
+                                ),
+                                topic.transaction_buffer.max_read_position(),
                             )
+                            if target <= cursor.mark_delete_position:
+                                continue
                             await cursor.acknowledge_cumulative(Position(*target))
                             self.counters.backlog_evictions += 1
                             log.info(
@@ -350,7 +356,8 @@ class RetentionSweeps:
                     continue
                 if age.policy is BacklogPolicy.CONSUMER_BACKLOG_EVICTION:
                     before = cursor.backlog()
-                    await expire_before(ledger, cursor, now - age.limit_time_s * 1000)
+                    upto = topic.transaction_buffer.max_read_position()
+                    await expire_before(ledger, cursor, now - age.limit_time_s * 1000, upto)
                     self.counters.entries_expired += before - cursor.backlog()
                     self.counters.backlog_evictions += 1
                 elif blocked is None:
@@ -380,15 +387,20 @@ async def oldest_unacked_ms(ledger: ManagedLedger, cursor: Cursor) -> int | None
     return entry_info(entries[0].data).publish_time_ms if entries else None
 
 
-async def expire_before(ledger: ManagedLedger, cursor: Cursor, cutoff_ms: int) -> Position | None:
+async def expire_before(
+    ledger: ManagedLedger, cursor: Cursor, cutoff_ms: int, upto: Position
+) -> Position | None:
     """Acknowledge ``cursor``'s messages published before ``cutoff_ms`` (a prefix, read in
-    steps of ``TTL_READ_BATCH_ENTRIES``, at most ``TTL_SCAN_ENTRIES_MAX`` entries); returns
-    the new mark-delete position, None when nothing expired."""
+    steps of ``TTL_READ_BATCH_ENTRIES``, at most ``TTL_SCAN_ENTRIES_MAX`` entries), never
+    past ``upto`` (the transaction buffer's max read position: an open transaction's
+    entries are not expired under it); returns the new mark-delete position, None when
+    nothing expired."""
     position = cursor.read_position
     last: Position | None = None
     scanned = 0
     while cursor.backlog() > 0 and scanned < TTL_SCAN_ENTRIES_MAX:
         entries = await ledger.read(position, max_entries=TTL_READ_BATCH_ENTRIES)
+        entries = [e for e in entries if e.position <= upto]
         if not entries:
             break
         scanned += len(entries)
