@@ -305,10 +305,9 @@ def eviction_position(ledgers: Sequence[LedgerSpan], mark_delete: Pos, limit_byt
         # Keep the most entries k of this ledger with size * k // entries <= target - rest.
         allowed = target - rest
         keep = info.entries if info.size == 0 else allowed * info.entries // info.size
-        keep = min(keep, info.entries - first)
-        return (
-            (info.ledger_id, info.entries - 1 - keep) if keep < info.entries - first else position
-        )
+        if keep >= info.entries - first:
+            return position  # keeping all that is left here is within the target
+        return (info.ledger_id, info.entries - 1 - keep)
     return position
 
 
