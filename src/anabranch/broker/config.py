@@ -68,6 +68,10 @@ class BrokerConfig(BaseSettings):
     """Coordinator partitions (TxnID most bits). Persisted by the first broker of a
     metadata store; a broker configured differently refuses to start."""
     use_uvloop: bool = True
+    superuser_roles: list[str] = Field(default_factory=list)
+    """Roles allowed everything, including the cluster routes brokers and the controller
+    call (Pulsar's ``superUserRoles``; the cluster's own role belongs here). Used only
+    when authentication gives connections a role."""
 
     @field_validator("max_message_size")
     @classmethod

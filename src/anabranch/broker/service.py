@@ -33,6 +33,7 @@ from collections.abc import Awaitable, Callable
 from typing import Protocol
 from urllib.parse import quote
 
+from anabranch.broker.authorization import Authorizer
 from anabranch.broker.config import BrokerConfig
 from anabranch.broker.metrics import BrokerCounters
 from anabranch.broker.policies import Policies
@@ -117,6 +118,7 @@ class BrokerService:
         self.clock: Clock = clock or SystemClock()
         self.policies = policies or Policies(store)
         self.schemas = SchemaRegistry(store)
+        self.authorizer = Authorizer(self.policies, config.superuser_roles)
         self.advertised_url = f"pulsar://{config.advertised_address}:{config.port}"
         self.http_url = f"http://{config.advertised_address}:{config.http_port}"
         self.scalable_endpoint = ScalableEndpoint(self)

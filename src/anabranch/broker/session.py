@@ -18,12 +18,13 @@ Handlers raise ``anabranch.errors`` exceptions for per-request failures; the ses
 them to ERROR with ``error_codes.server_error`` and keeps the connection. Any other
 exception is logged and answered with UnknownError: client input never kills the broker.
 
-The dispatch table holds the core's handlers. Other command types are looked up lazily
-by name, ``handle_<type name in lower case>(session, body)`` (e.g. ``handle_subscribe``,
-``handle_redeliver_unacknowledged_messages``), in the modules of ``LAZY_HANDLER_MODULES``
-(consumer commands, transactions, scalable topics), so those modules plug in without
-touching this file. A client command that nobody handles gets ERROR and a close.
-When the connection closes, each such module's ``on_session_closed(session)`` runs.
+Dispatch is one static table, ``command_table.TABLE``: command type → handler, inline or
+spawned, and the permission it needs. With authentication on (``role`` set at CONNECT),
+a spawned command's permission is checked before its handler runs; a refusal is answered
+in the command's own response shape and runs nothing. Inline commands (the hot SEND, ACK,
+FLOW) act on producers and consumers whose creation was checked, so they pay no check. A
+client command absent from the table gets ERROR and a close. When the connection closes,
+``command_table.CLOSE_HOOKS`` run.
 
 Reading from the socket pauses while too many appends are pending, too many commands
 are queued, or the socket's output buffer is over its high-water mark
@@ -38,28 +39,22 @@ Example:
 from __future__ import annotations
 
 import asyncio
-import importlib
 import logging
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from anabranch import limits
+from anabranch.broker import command_table
+from anabranch.broker.authorization import NONE_RESOURCE
+from anabranch.broker.command_table import SERVER_VERSION, TABLE, Command
 from anabranch.broker.error_codes import client_message, server_error
-from anabranch.broker.lookup import (
-    handle_get_or_create_schema,
-    handle_get_schema,
-    handle_get_topics_of_namespace,
-    handle_lookup,
-    handle_partitioned_metadata,
-)
-from anabranch.broker.producer import Producer, handle_producer
+from anabranch.broker.producer import Producer
+from anabranch.core.authz import Need
 from anabranch.errors import (
     AnabranchError,
     BadFrameLength,
     FrameTooLarge,
-    NotAllowed,
-    NotOwner,
     ProtocolError,
 )
 from anabranch.protocol import commands
@@ -73,28 +68,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 T = pb.BaseCommand
 
-SERVER_VERSION = "anabranch-0.1"
+__all__ = ["SERVER_VERSION", "NotSupported", "Session"]
 
-LAZY_HANDLER_MODULES = (
-    "anabranch.broker.consumer_commands",
-    "anabranch.broker.txn_commands",
-    "anabranch.broker.scalable_commands",
-)
-"""Modules searched for ``handle_<command>`` functions the table below does not hold."""
-
-SPAWNED = frozenset(
-    {
-        T.PRODUCER, T.SUBSCRIBE, T.PARTITIONED_METADATA, T.LOOKUP, T.GET_TOPICS_OF_NAMESPACE,
-        T.GET_SCHEMA, T.GET_OR_CREATE_SCHEMA, T.CLOSE_PRODUCER,
-        T.SCALABLE_TOPIC_LOOKUP, T.SCALABLE_TOPIC_SUBSCRIBE, T.SCALABLE_TOPIC_UNSUBSCRIBE,
-        T.WATCH_SCALABLE_TOPICS,
-        T.TC_CLIENT_CONNECT_REQUEST, T.NEW_TXN, T.ADD_PARTITION_TO_TXN,
-        T.ADD_SUBSCRIPTION_TO_TXN, T.END_TXN,
-    }
-)  # fmt: skip
-"""Command types whose handlers may wait on metadata/storage: run as tasks."""
-
-BodyHandler = Callable[["Session", Any], Awaitable[None] | None]
+_UNCHECKED = frozenset({Need.NONE, Need.OWNED})
+"""Needs that every connection meets (no check at dispatch)."""
 
 
 class Session:
@@ -110,6 +87,8 @@ class Session:
     ) -> None:
         self.service = service
         self.transport = transport
+        self.role: str | None = None
+        """The authenticated role (set at CONNECT); None while authentication is off."""
         max_frame = max(
             limits.FRAME_SIZE_MAX_BYTES,
             service.config.max_message_size + limits.FRAME_PADDING_BYTES,
@@ -246,42 +225,33 @@ class Session:
             self.update_reading()
 
     async def _dispatch(self, frame: Frame) -> None:
-        kind = frame.type
-        handler = self._handler(kind)
-        if handler is None:
+        entry = TABLE.get(frame.type)
+        if entry is None:
             self._protocol_failure(NotSupported(frame.type_name))
             return
-        if kind in SPAWNED:
+        if entry.spawned:
             # At SESSION_HANDLER_TASKS_MAX running handlers the worker waits for one to
             # end: later frames queue and reading pauses (bounded tasks, backpressure).
             await self._task_slots.acquire()
             if self.closed:
                 self._task_slots.release()
                 return
-            task = asyncio.ensure_future(self._guard(handler, frame))
+            task = asyncio.ensure_future(self._guard(entry, frame))
             self._tasks.add(task)
             task.add_done_callback(self._task_done)
         else:
-            await self._guard(handler, frame)
+            await self._guard(entry, frame)
 
     def _task_done(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
         self._task_slots.release()
 
-    def _handler(self, kind: int) -> Callable[[Session, Frame], Awaitable[None] | None] | None:
-        handler = _FRAME_HANDLERS.get(kind)
-        if handler is not None:
-            return handler
-        body_handler = _BODY_HANDLERS.get(kind) or _lazy_handler(kind)
-        if body_handler is None:
-            return None
-        return lambda session, frame: body_handler(session, frame.body)
-
-    async def _guard(
-        self, handler: Callable[[Session, Frame], Awaitable[None] | None], frame: Frame
-    ) -> None:
+    async def _guard(self, entry: Command, frame: Frame) -> None:
         try:
-            result = handler(self, frame)
+            checked = self.role is not None and entry.need not in _UNCHECKED
+            if checked and not await self._authorized(entry, frame):
+                return
+            result = entry.handler(self, frame)
             if result is not None:
                 await result
         except ProtocolError as err:
@@ -290,6 +260,21 @@ class Session:
             raise
         except Exception as err:
             self._request_failed(frame, err)
+
+    async def _authorized(self, entry: Command, frame: Frame) -> bool:
+        """Check the row's permission; a refusal (or a resource name that cannot be
+        parsed) is answered in the command's own shape."""
+        try:
+            resource = entry.resource(frame.body) if entry.resource else NONE_RESOURCE
+            what = frame.type_name.lower()
+            await self.service.authorizer.check(self.role, entry.need, resource, what)
+        except AnabranchError as err:
+            if entry.reject is None:
+                self._request_failed(frame, err)
+            else:
+                entry.reject(self, frame.body, err)
+            return False
+        return True
 
     def _request_failed(self, frame: Frame, err: Exception) -> None:
         if not isinstance(err, AnabranchError):
@@ -356,16 +341,13 @@ class Session:
         self._queue.clear()
         for producer in list(self.producers.values()):
             producer.close()
-        for name in LAZY_HANDLER_MODULES:
-            module = _module(name)
-            hook = getattr(module, "on_session_closed", None) if module else None
-            if hook is not None:
-                try:
-                    result = hook(self)
-                    if asyncio.iscoroutine(result):
-                        self._closing.add(asyncio.ensure_future(result))
-                except Exception:
-                    log.exception("%s: %s.on_session_closed failed", self._remote, name)
+        for hook in command_table.CLOSE_HOOKS:
+            try:
+                result = hook(self)
+                if asyncio.iscoroutine(result):
+                    self._closing.add(asyncio.ensure_future(result))
+            except Exception:
+                log.exception("%s: %s failed", self._remote, hook.__qualname__)
         self._worker.cancel()
         for task in list(self._tasks):
             task.cancel()
@@ -394,95 +376,3 @@ class NotSupported(ProtocolError):
 
 def _phase(state: State) -> str:
     return "keepalive" if state is State.CONNECTED else "handshake"
-
-
-# --- the core's handlers -------------------------------------------------------------------
-
-
-def _handle_connect(session: Session, frame: Frame) -> None:
-    flags = pb.FeatureFlags(supports_scalable_topics=True)
-    version = session.protocol.negotiate_version()
-    max_size = session.service.config.max_message_size
-    session.write(commands.connected(SERVER_VERSION, version, max_size, flags))
-
-
-def _handle_ping(session: Session, frame: Frame) -> None:
-    session.write(commands.pong())
-
-
-def _handle_pong(session: Session, frame: Frame) -> None:
-    return None  # the protocol object clears the outstanding PING
-
-
-def _handle_send(session: Session, frame: Frame) -> None:
-    cmd = frame.command.send
-    producer = session.producers.get(cmd.producer_id)
-    if producer is None:
-        err = NotAllowed(f"producer {cmd.producer_id} is not open on this connection")
-        session.write(
-            commands.send_error(
-                cmd.producer_id, cmd.sequence_id, server_error(err), client_message(err)
-            )
-        )
-        return
-    ownership = session.service.ownership
-    if ownership is not None and not ownership.serving(producer.topic.name):
-        # Cluster mode: the topic moved (or our session ran out): the client reconnects.
-        moved = NotOwner(producer.topic.name, None)
-        session.write(
-            commands.send_error(cmd.producer_id, cmd.sequence_id, server_error(moved), str(moved))
-        )
-        return
-    producer.send(frame)
-
-
-async def _handle_close_producer(session: Session, frame: Frame) -> None:
-    cmd = frame.command.close_producer
-    producer = session.producers.get(cmd.producer_id)
-    if producer is not None:
-        producer.close()
-        # Receipts of sends still being written go out before the SUCCESS.
-        pending = [f for _, _, f in producer.pending if not f.done()]
-        if pending:
-            await asyncio.wait(pending)
-    session.reply_success(cmd.request_id)
-
-
-_FRAME_HANDLERS: dict[int, Callable[[Session, Frame], Awaitable[None] | None]] = {
-    T.CONNECT: _handle_connect,
-    T.PING: _handle_ping,
-    T.PONG: _handle_pong,
-    T.SEND: _handle_send,
-    T.CLOSE_PRODUCER: _handle_close_producer,
-}
-
-_BODY_HANDLERS: dict[int, BodyHandler] = {
-    T.PRODUCER: handle_producer,
-    T.PARTITIONED_METADATA: handle_partitioned_metadata,
-    T.LOOKUP: handle_lookup,
-    T.GET_TOPICS_OF_NAMESPACE: handle_get_topics_of_namespace,
-    T.GET_SCHEMA: handle_get_schema,
-    T.GET_OR_CREATE_SCHEMA: handle_get_or_create_schema,
-}
-
-
-def _module(name: str) -> Any:
-    try:
-        return importlib.import_module(name)
-    except ModuleNotFoundError as err:
-        if err.name != name:
-            raise  # the module exists but is broken: say so loudly
-        return None
-
-
-def _lazy_handler(kind: int) -> BodyHandler | None:
-    try:
-        name = "handle_" + T.Type.Name(kind).lower()
-    except ValueError:
-        return None
-    for module_name in LAZY_HANDLER_MODULES:
-        module = _module(module_name)
-        handler = getattr(module, name, None) if module is not None else None
-        if handler is not None:
-            return handler  # type: ignore[no-any-return]
-    return None
