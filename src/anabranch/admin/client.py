@@ -66,6 +66,21 @@ def _scalable_path(topic: str) -> str:
     return f"/admin/v2/scalable/{_q(name.tenant)}/{_q(name.namespace)}/{_q(name.local_name)}"
 
 
+def _permissions_path(topic: str) -> str:
+    """``.../permissions`` of a persistent (partition: its topic) or scalable topic.
+
+    Example:
+        >>> _permissions_path("topic://a/b/c")
+        '/admin/v2/scalable/a/b/c/permissions'
+        >>> _permissions_path("persistent://a/b/c-partition-1")
+        '/admin/v2/persistent/a/b/c/permissions'
+    """
+    name = TopicName.parse(topic)
+    if name.domain is TopicDomain.TOPIC:
+        return _scalable_path(str(name)) + "/permissions"
+    return _topic_path(str(name.base)) + "/permissions"
+
+
 def _segment_path(segment: str) -> str:
     """``/admin/v2/segments/t/ns/x/<descriptor>`` of a ``segment://`` name."""
     name = SegmentName.parse(segment)
@@ -455,6 +470,33 @@ class AdminClient:
     async def delete_transaction_key(self, key: str, *, owner: str = "") -> dict[str, Any]:
         """Abort the key's open transaction and delete the key (its holder is fenced)."""
         return dict(await self.request("DELETE", _key_path(key, owner)))
+
+    # --- permissions --------------------------------------------------------------------
+
+    async def namespace_permissions(self, namespace: str) -> dict[str, list[str]]:
+        """Role → actions granted on the namespace."""
+        return dict(await self.request("GET", _ns_path(namespace) + "/permissions"))
+
+    async def grant_namespace_permission(
+        self, namespace: str, role: str, actions: list[str]
+    ) -> None:
+        """Set ``role``'s actions (``produce``, ``consume``) on the namespace."""
+        path = _ns_path(namespace) + f"/permissions/{_q(role)}"
+        await self.request("POST", path, list(actions))
+
+    async def revoke_namespace_permission(self, namespace: str, role: str) -> None:
+        await self.request("DELETE", _ns_path(namespace) + f"/permissions/{_q(role)}")
+
+    async def permissions(self, topic: str) -> dict[str, list[str]]:
+        """Role → actions on a topic (its namespace's grants included)."""
+        return dict(await self.request("GET", _permissions_path(topic)))
+
+    async def grant_permission(self, topic: str, role: str, actions: list[str]) -> None:
+        """Set ``role``'s actions on one topic (``persistent://`` or scalable ``topic://``)."""
+        await self.request("POST", _permissions_path(topic) + f"/{_q(role)}", list(actions))
+
+    async def revoke_permission(self, topic: str, role: str) -> None:
+        await self.request("DELETE", _permissions_path(topic) + f"/{_q(role)}")
 
     # --- misc -----------------------------------------------------------------------------
 

@@ -1,8 +1,10 @@
 """The admin HTTP server: ``aiohttp.web`` on the broker's own event loop.
 
 One route table (``routes_v2`` + ``routes_scalable`` + ``routes_cluster`` +
-``routes_transactions`` + the routes below)
-feeds both the app and ``GET /openapi.json``. Every handler runs under one error
+``routes_transactions`` + ``routes_permissions`` + the routes below)
+feeds both the app and ``GET /openapi.json``; ``access.ROUTE_ACCESS`` says what each
+route needs, enforced by ``access.authorization_middleware`` (403 AuthorizationError)
+once authentication gives requests a role. Every handler runs under one error
 middleware:
 
 * :class:`~anabranch.errors.NotLeader` (a scalable-topic mutation on a non-leader)
@@ -33,7 +35,14 @@ import msgspec
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from anabranch.admin import routes_cluster, routes_scalable, routes_transactions, routes_v2
+from anabranch.admin import (
+    routes_cluster,
+    routes_permissions,
+    routes_scalable,
+    routes_transactions,
+    routes_v2,
+)
+from anabranch.admin.access import authorization_middleware
 from anabranch.admin.models import ErrorBody
 from anabranch.admin.openapi import openapi_document
 from anabranch.admin.routes import BODY_LIMIT, Route
@@ -75,6 +84,7 @@ def all_routes() -> list[Route]:
         *routes_scalable.ROUTES,
         *routes_cluster.ROUTES,
         *routes_transactions.ROUTES,
+        *routes_permissions.ROUTES,
         *OWN_ROUTES,
     ]
 
@@ -128,7 +138,8 @@ def _bind(route: Route) -> Callable[[web.Request], Awaitable[web.StreamResponse]
 
 def build_app(admin: AdminService, registry: CollectorRegistry | None = None) -> web.Application:
     """The aiohttp application for ``admin`` (tests may serve it themselves)."""
-    app = web.Application(middlewares=[error_middleware], client_max_size=BODY_LIMIT)
+    authorize = authorization_middleware(lambda request: request.app[ADMIN_KEY].broker.authorizer)
+    app = web.Application(middlewares=[error_middleware, authorize], client_max_size=BODY_LIMIT)
     app[ADMIN_KEY] = admin
     app[REGISTRY_KEY] = registry if registry is not None else broker_registry(admin.broker)
     for route in all_routes():

@@ -13,7 +13,8 @@
   (create, JSON list of subscriptions), ``POST .../terminate`` (answers the dedup
   snapshot), ``POST .../seedDedup`` (JSON list of parent snapshots), ``GET
   .../subscriptions``, ``GET .../backlog/{subscription}``, ``DELETE
-  .../subscriptions/{subscription}``, DELETE. The receiver claims an unowned segment.
+  .../subscriptions/{subscription}``, DELETE (409 while the layout lists the segment as
+  active and its topic is not being deleted). The receiver claims an unowned segment.
   ``GET .../owner`` reads the ownership record without assigning anything.
 * ``GET /admin/v2/brokers/{cluster}``: the live brokers' ``host:port`` ids, as upstream.
 * ``GET /admin/v2/brokers/{cluster}/load``: their registry records (addresses, load).
@@ -198,6 +199,8 @@ async def owner_remove_subscription(admin: AdminService, request: web.Request) -
 
 
 async def owner_delete_segment(admin: AdminService, request: web.Request) -> object:
+    # 409 while the layout says ACTIVE: checked before this broker claims the segment.
+    await admin.check_segment_deletable(segment_param(request))
     ops, segment = await _local_segment_ops(admin, request)
     await ops.delete_segment(segment)
     return None

@@ -19,17 +19,19 @@ from typing import TYPE_CHECKING, Any
 
 from anabranch.admin.models import LookupData, MessageIdBody
 from anabranch.core.names import NamespaceName, SegmentName, TopicDomain, TopicName, parse_name
-from anabranch.core.segment_layout import SegmentLayout, segment_name
+from anabranch.core.segment_layout import SegmentLayout, segment_is_active, segment_name
 from anabranch.errors import (
     AlreadyExists,
     InvalidArgument,
     NotEmpty,
     NotFound,
     NotOwner,
+    SegmentActive,
     TransactionCoordinatorNotFound,
     TransactionNotFound,
 )
 from anabranch.protocol._generated import pulsar_api_pb2 as pb
+from anabranch.scalable.paths import TopicPaths
 from anabranch.scalable.segment_ops import SegmentOps, decode_dedup_snapshot
 from anabranch.scalable.service import ScalableTopicService, scalable_topic_name
 from anabranch.storage.api import EARLIEST, LATEST, Position
@@ -407,8 +409,21 @@ class AdminService:
         return decode_dedup_snapshot(await (await self.segment_ops()).terminate_segment(segment))
 
     async def delete_segment(self, segment: SegmentName) -> None:
-        """Delete a segment topic, its data and cursors."""
+        """Delete a segment topic, its data and cursors (SegmentActive, 409, while its
+        topic's layout lists it as active)."""
+        await self.check_segment_deletable(segment)
         await (await self.segment_ops()).delete_segment(segment)
+
+    async def check_segment_deletable(self, segment: SegmentName) -> None:
+        """Refuse (SegmentActive) to delete a segment its topic's layout lists as ACTIVE,
+        unless the topic is being deleted; a sealed segment, one the layout no longer has
+        (pruned) and one of a topic that no longer exists may go."""
+        paths = TopicPaths(segment.topic)
+        record = await self.broker.store.get(paths.layout)
+        if record is None or await self.broker.store.get(paths.deleting) is not None:
+            return
+        if segment_is_active(SegmentLayout.from_json(record.value), segment):
+            raise SegmentActive(str(segment))
 
     # --- transactions (PIP-473) -----------------------------------------------------------
 

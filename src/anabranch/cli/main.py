@@ -19,7 +19,10 @@ import typer
 from rich.console import Console
 
 from anabranch.broker.config import BrokerConfig
-from anabranch.cli import messages
+from anabranch.cli import (
+    admin_permissions,  # noqa: F401  (registers its commands)
+    messages,
+)
 from anabranch.cli.admin import admin_app
 
 app = typer.Typer(no_args_is_help=True, help="anabranch: elastic, key-ordered streams.")
