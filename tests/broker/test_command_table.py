@@ -81,9 +81,7 @@ async def test_an_unserved_command_gets_error_and_a_close(
             ),
             T.END_TXN_ON_SUBSCRIPTION: (
                 "endTxnOnSubscription",
-                pb.CommandEndTxnOnSubscription(
-                    request_id=1, txnid_most_bits=0, txnid_least_bits=0
-                ),
+                pb.CommandEndTxnOnSubscription(request_id=1, txnid_most_bits=0, txnid_least_bits=0),
             ),
         }[kind]
         command = T(type=kind)
