@@ -14,6 +14,7 @@
     │   ├── SegmentSealed               split/merge of a sealed segment
     │   └── SegmentTooSmall             split of a segment one hash wide
     ├── Closed                          the object was closed by its owner
+    ├── AuthenticationError             missing, wrong or expired credentials (401)
     ├── MetadataError
     │   ├── BadVersion                  CAS condition failed           (409)
     │   ├── NotFound                                                   (404)
@@ -520,6 +521,33 @@ class ResourceLimitReached(NotAllowed):
         super().__init__(f"too many {what} (at most {limit})")
         self.what = what
         self.limit = limit
+
+
+WIRE_CODES.update({c: c.wire_code for c in all_error_classes()})
+HTTP_STATUS.update({c: c.http_status for c in all_error_classes()})
+
+
+# --- security -------------------------------------------------------------------------------
+
+
+class AuthenticationError(AnabranchError):
+    """Missing, wrong or expired credentials (auth on). On the wire an ERROR with
+    ``AuthenticationError`` and the connection is closed; over HTTP a 401. The message
+    says what was wrong in general terms ("token expired", "unknown user or wrong
+    password"), never which part of a secret failed or where it is kept.
+
+    Example:
+        >>> err = AuthenticationError("token expired")
+        >>> (err.wire_code, err.http_status, err.retriable, str(err))
+        ('AuthenticationError', 401, False, 'authentication failed: token expired')
+    """
+
+    wire_code = "AuthenticationError"
+    http_status = 401
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"authentication failed: {reason}")
+        self.reason = reason
 
 
 WIRE_CODES.update({c: c.wire_code for c in all_error_classes()})

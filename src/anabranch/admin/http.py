@@ -2,8 +2,10 @@
 
 One route table (``routes_v2`` + ``routes_scalable`` + ``routes_cluster`` +
 ``routes_transactions`` + the routes below)
-feeds both the app and ``GET /openapi.json``. Every handler runs under one error
-middleware:
+feeds both the app and ``GET /openapi.json``. Every handler runs under the
+authentication middleware (:mod:`anabranch.admin.authentication`: sets
+``request["anabranch.role"]``, 401 without valid credentials when auth is on) inside one
+error middleware:
 
 * :class:`~anabranch.errors.NotLeader` (a scalable-topic mutation on a non-leader)
   answers 307 with ``Location`` = the same path and query on the leader's HTTP address
@@ -34,6 +36,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from anabranch.admin import routes_cluster, routes_scalable, routes_transactions, routes_v2
+from anabranch.admin.authentication import authentication_middleware
 from anabranch.admin.models import ErrorBody
 from anabranch.admin.openapi import openapi_document
 from anabranch.admin.routes import BODY_LIMIT, Route
@@ -128,7 +131,12 @@ def _bind(route: Route) -> Callable[[web.Request], Awaitable[web.StreamResponse]
 
 def build_app(admin: AdminService, registry: CollectorRegistry | None = None) -> web.Application:
     """The aiohttp application for ``admin`` (tests may serve it themselves)."""
-    app = web.Application(middlewares=[error_middleware], client_max_size=BODY_LIMIT)
+    broker = admin.broker
+    auth = authentication_middleware(
+        getattr(broker, "authentication", None),
+        authenticate_metrics=broker.config.authenticate_metrics_endpoint,
+    )
+    app = web.Application(middlewares=[error_middleware, auth], client_max_size=BODY_LIMIT)
     app[ADMIN_KEY] = admin
     app[REGISTRY_KEY] = registry if registry is not None else broker_registry(admin.broker)
     for route in all_routes():

@@ -14,6 +14,16 @@ is closed. Frames are then handled in arrival order by one worker task per conne
   storage, so they run as tasks and never hold up the connection; at most
   ``limits.SESSION_HANDLER_TASKS_MAX`` at once, past which the worker waits for one to end.
 
+Authentication (``service.authentication``, None while disabled): CONNECT's
+``auth_method_name``/``auth_data`` (and a TLS connection's verified client certificate) go
+to the providers; success sets :attr:`Session.role`, the role authorization checks
+(None while authentication is disabled). Bad credentials are refused with
+AuthenticationError: our client gets ERROR and the close at once; other clients (the
+official C++ core retries a refused handshake until its operation timeout) get CONNECTED
+and then that error as the answer to their first request, and the close. Either way
+nothing is served. A token that expires on a live connection gets an AUTH_CHALLENGE; the
+connection closes unless the AUTH_RESPONSE carries valid credentials for the same role.
+
 Handlers raise ``anabranch.errors`` exceptions for per-request failures; the session maps
 them to ERROR with ``error_codes.server_error`` and keeps the connection. Any other
 exception is logged and answered with UnknownError: client input never kills the broker.
@@ -56,6 +66,7 @@ from anabranch.broker.lookup import (
 from anabranch.broker.producer import Producer, handle_producer
 from anabranch.errors import (
     AnabranchError,
+    AuthenticationError,
     BadFrameLength,
     FrameTooLarge,
     NotAllowed,
@@ -66,6 +77,7 @@ from anabranch.protocol import commands
 from anabranch.protocol._generated import pulsar_api_pb2 as pb
 from anabranch.protocol.connection import ProtocolConnection, Role, State
 from anabranch.protocol.frames import Frame, encode_command
+from anabranch.security.authentication import Credentials
 
 if TYPE_CHECKING:
     from anabranch.broker.service import BrokerService
@@ -121,6 +133,17 @@ class Session:
             keepalive_interval_s=keepalive_interval_s,
             handshake_timeout_s=handshake_timeout_s,
         )
+        self.role: str | None = None
+        """The authenticated role (set by CONNECT); None while authentication is disabled."""
+        self.auth_method = ""
+        self.auth_expires_at: float | None = None
+        """Unix time the connection's credentials expire (a token's ``exp``), if ever."""
+        self.auth_challenged_at: float | None = None
+        """Monotonic time an AUTH_CHALLENGE went out and is unanswered."""
+        self.auth_checked_at = service.clock.monotonic()
+        self.auth_failure: AuthenticationError | None = None
+        """A failed CONNECT answered CONNECTED for a client that retries a refused handshake
+        until it times out: its first request gets this error, then the close."""
         self.producers: dict[int, Producer] = {}
         self.creating_producers: set[int] = set()
         self.consumers: dict[int, Any] = {}
@@ -144,6 +167,54 @@ class Session:
     def remote_address(self) -> str:
         """``host:port`` of the client."""
         return self._remote
+
+    @property
+    def peer_certificate(self) -> dict[str, object] | None:
+        """The verified client certificate of a TLS connection (None: plain TCP or none)."""
+        cert = self.transport.get_extra_info("peercert")
+        return cert if isinstance(cert, dict) and cert else None
+
+    def _refuse_request(self, frame: Frame, err: AuthenticationError) -> None:
+        """Answer a request of an unauthenticated session with ``err`` in the form its
+        client waits for (lookups have their own failure responses), then close."""
+        code, message = server_error(err), client_message(err)
+        body = frame.body
+        request_id = getattr(body, "request_id", None)
+        if frame.type == T.PARTITIONED_METADATA:
+            failed = pb.CommandPartitionedTopicMetadataResponse(
+                request_id=request_id,
+                response=pb.CommandPartitionedTopicMetadataResponse.Failed,
+                error=code,  # type: ignore[arg-type]
+                message=message,
+            )
+            self.write(
+                pb.BaseCommand(
+                    type=T.PARTITIONED_METADATA_RESPONSE, partitionMetadataResponse=failed
+                )
+            )
+        elif frame.type == T.LOOKUP:
+            lookup = pb.CommandLookupTopicResponse(
+                request_id=request_id,
+                response=pb.CommandLookupTopicResponse.Failed,
+                error=code,  # type: ignore[arg-type]
+                message=message,
+            )
+            self.write(pb.BaseCommand(type=T.LOOKUP_RESPONSE, lookupTopicResponse=lookup))
+        elif request_id is not None:
+            self.reply_error(int(request_id), code, message)
+        log.info("%s: refused %s: %s", self._remote, frame.type_name, err)
+        self.close()
+
+    def refuse_authentication(self, err: AuthenticationError) -> None:
+        """ERROR(AuthenticationError) and close (a failed CONNECT or AUTH_RESPONSE)."""
+        log.info("%s: %s", self._remote, err)
+        self.service.counters.authentication_failures += 1
+        if not self.closed:
+            self.flush()
+            self.transport.write(
+                encode_command(commands.error(0, server_error(err), client_message(err)))
+            )
+        self.close()
 
     # --- output ---------------------------------------------------------------------------
 
@@ -247,6 +318,9 @@ class Session:
 
     async def _dispatch(self, frame: Frame) -> None:
         kind = frame.type
+        if self.auth_failure is not None and kind not in (T.PING, T.PONG):
+            self._refuse_request(frame, self.auth_failure)
+            return
         handler = self._handler(kind)
         if handler is None:
             self._protocol_failure(NotSupported(frame.type_name))
@@ -399,11 +473,42 @@ def _phase(state: State) -> str:
 # --- the core's handlers -------------------------------------------------------------------
 
 
-def _handle_connect(session: Session, frame: Frame) -> None:
+async def _handle_connect(session: Session, frame: Frame) -> None:
+    auth = session.service.authentication
+    if auth is not None:
+        body = frame.command.connect
+        try:
+            result = await auth.authenticate(
+                body.auth_method_name,
+                Credentials(bytes(body.auth_data), session.peer_certificate),
+            )
+        except AuthenticationError as err:
+            if not body.client_version.startswith(_REFUSING_CLIENTS):
+                # Official clients (the C++ core) retry a refused CONNECT until their
+                # operation timeout (apache/pulsar-client-cpp#227): accept the handshake and
+                # refuse their first request instead, so the application sees
+                # AuthenticationError at once. Nothing is served either way.
+                session.auth_failure = err
+                session.service.counters.authentication_failures += 1
+                log.info("%s: %s", session.remote_address, err)
+            else:
+                session.refuse_authentication(err)
+                return
+        else:
+            session.role = result.role
+            session.auth_method = body.auth_method_name or (
+                "tls" if session.peer_certificate else ""
+            )
+            session.auth_expires_at = result.expires_at
     flags = pb.FeatureFlags(supports_scalable_topics=True)
     version = session.protocol.negotiate_version()
     max_size = session.service.config.max_message_size
     session.write(commands.connected(SERVER_VERSION, version, max_size, flags))
+
+
+_REFUSING_CLIENTS = "anabranch"
+"""``client_version`` prefix of clients (ours, the probe) that report an ERROR answering
+CONNECT as the authentication error it is; others get the refusal on their first request."""
 
 
 def _handle_ping(session: Session, frame: Frame) -> None:
