@@ -16,6 +16,7 @@
     │   └── SegmentTooSmall             split of a segment one hash wide
     ├── Closed                          the object was closed by its owner
     ├── AuthorizationError              the role lacks the permission  (403)
+    ├── AuthenticationError             missing, wrong or expired credentials (401)
     ├── MetadataError
     │   ├── BadVersion                  CAS condition failed           (409)
     │   ├── NotFound                                                   (404)
@@ -568,6 +569,29 @@ class SegmentActive(NotAllowed):
     def __init__(self, segment: str) -> None:
         super().__init__(f"{segment} is active in its topic's layout; seal it first")
         self.segment = segment
+
+
+# --- security -------------------------------------------------------------------------------
+
+
+class AuthenticationError(AnabranchError):
+    """Missing, wrong or expired credentials (auth on). On the wire an ERROR with
+    ``AuthenticationError`` and the connection is closed; over HTTP a 401. The message
+    says what was wrong in general terms ("token expired", "unknown user or wrong
+    password"), never which part of a secret failed or where it is kept.
+
+    Example:
+        >>> err = AuthenticationError("token expired")
+        >>> (err.wire_code, err.http_status, err.retriable, str(err))
+        ('AuthenticationError', 401, False, 'authentication failed: token expired')
+    """
+
+    wire_code = "AuthenticationError"
+    http_status = 401
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"authentication failed: {reason}")
+        self.reason = reason
 
 
 WIRE_CODES.update({c: c.wire_code for c in all_error_classes()})

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -73,7 +74,7 @@ async def test_an_unserved_command_gets_error_and_a_close(
     client = await RawClient.open(broker.port)
     try:
         await client.handshake()
-        field = {
+        fields: dict[int, tuple[str, Any]] = {
             T.AUTH_RESPONSE: ("authResponse", pb.CommandAuthResponse()),
             T.END_TXN_ON_PARTITION: (
                 "endTxnOnPartition",
@@ -83,8 +84,9 @@ async def test_an_unserved_command_gets_error_and_a_close(
                 "endTxnOnSubscription",
                 pb.CommandEndTxnOnSubscription(request_id=1, txnid_most_bits=0, txnid_least_bits=0),
             ),
-        }[kind]
-        command = T(type=kind)
+        }
+        field = fields[kind]
+        command = T(type=kind)  # type: ignore[arg-type]
         getattr(command, field[0]).CopyFrom(field[1])
         await client.send(command)
         seen = await client.closed_by_broker()

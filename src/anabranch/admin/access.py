@@ -8,7 +8,7 @@ routes ``topic://`` ones, the lookup routes their ``{domain}``), else ``{namespa
 else ``{tenant}``. In short::
 
     routes                                                   need
-    /metrics, /openapi.json                                  NONE
+    /metrics, /openapi.json, brokers/health                  NONE
     GET clusters; transaction batches of a sink              AUTHENTICATED
     lookups; topic stats, partitions (GET), subscriptions    LOOKUP (produce or consume)
     subscription create/delete, skip, reset cursor           CONSUME
@@ -16,7 +16,7 @@ else ``{tenant}``. In short::
     tenant (GET), namespaces, topics, permissions, unload,   TENANT_ADMIN of {tenant}
       split/merge, transaction buffer/pending-ack stats
     clusters (but GET list), tenants (but GET one),          SUPERUSER
-      brokers, health, segments, coordinator stats, keys
+      brokers, segments, coordinator stats, transaction keys
     /admin/v2/cluster/* (controller-to-broker calls)         CLUSTER
 
 :func:`authorization_middleware` enforces it with the role the authentication middleware
@@ -141,7 +141,7 @@ ROUTE_ACCESS: dict[tuple[str, str], Need] = {
     # lookup and health
     ("GET", LOOKUP): N.LOOKUP,
     ("GET", f"{LOOKUP}/{{segment}}"): N.LOOKUP,
-    ("GET", f"{V2}/brokers/health"): N.SUPERUSER,
+    ("GET", f"{V2}/brokers/health"): N.NONE,
     ("GET", f"{V2}/brokers/{{cluster}}"): N.SUPERUSER,
     ("GET", f"{V2}/brokers/{{cluster}}/load"): N.SUPERUSER,
     # scalable topics

@@ -2,10 +2,11 @@
 
 One route table (``routes_v2`` + ``routes_scalable`` + ``routes_cluster`` +
 ``routes_transactions`` + ``routes_permissions`` + the routes below)
-feeds both the app and ``GET /openapi.json``; ``access.ROUTE_ACCESS`` says what each
-route needs, enforced by ``access.authorization_middleware`` (403 AuthorizationError)
-once authentication gives requests a role. Every handler runs under one error
-middleware:
+feeds both the app and ``GET /openapi.json``. Every handler runs under the
+authentication middleware (:mod:`anabranch.admin.authentication`: sets
+``request["anabranch.role"]``, 401 without valid credentials when auth is on), then the
+authorization middleware (``access.ROUTE_ACCESS`` says what each route needs; 403
+AuthorizationError), inside one error middleware:
 
 * :class:`~anabranch.errors.NotLeader` (a scalable-topic mutation on a non-leader)
   answers 307 with ``Location`` = the same path and query on the leader's HTTP address
@@ -43,6 +44,7 @@ from anabranch.admin import (
     routes_v2,
 )
 from anabranch.admin.access import authorization_middleware
+from anabranch.admin.authentication import authentication_middleware
 from anabranch.admin.models import ErrorBody
 from anabranch.admin.openapi import openapi_document
 from anabranch.admin.routes import BODY_LIMIT, Route
@@ -138,8 +140,15 @@ def _bind(route: Route) -> Callable[[web.Request], Awaitable[web.StreamResponse]
 
 def build_app(admin: AdminService, registry: CollectorRegistry | None = None) -> web.Application:
     """The aiohttp application for ``admin`` (tests may serve it themselves)."""
+    broker = admin.broker
+    auth = authentication_middleware(
+        getattr(broker, "authentication", None),
+        authenticate_metrics=broker.config.authenticate_metrics_endpoint,
+    )
     authorize = authorization_middleware(lambda request: request.app[ADMIN_KEY].broker.authorizer)
-    app = web.Application(middlewares=[error_middleware, authorize], client_max_size=BODY_LIMIT)
+    app = web.Application(
+        middlewares=[error_middleware, auth, authorize], client_max_size=BODY_LIMIT
+    )
     app[ADMIN_KEY] = admin
     app[REGISTRY_KEY] = registry if registry is not None else broker_registry(admin.broker)
     for route in all_routes():

@@ -70,14 +70,20 @@ NONE_RESOURCE = Resource()
 class Authorizer:
     """Decides for one broker (see the module docstring)."""
 
-    def __init__(self, policies: Policies, superusers: Iterable[str] = ()) -> None:
+    def __init__(
+        self, policies: Policies, superusers: Iterable[str] = (), *, enforced: bool = True
+    ) -> None:
         self.policies = policies
         self.superusers = frozenset(superusers)
+        self.enforced = enforced
+        """False: Pulsar's ``authorizationEnabled=false`` (only CLUSTER is checked)."""
 
     async def is_allowed(self, role: str | None, need: Need, resource: Resource) -> bool:
         """Whether ``role`` may do ``need`` on ``resource``."""
-        if role is None or role in self.superusers or not need.scoped:
-            return allowed(role, need, Grants(superusers=self.superusers))
+        unscoped = role is None or role in self.superusers or not need.scoped
+        if unscoped or not self.enforced:
+            grants = Grants(superusers=self.superusers)
+            return allowed(role, need, grants, enforced=self.enforced)
         return allowed(role, need, await self.grants(resource))
 
     async def check(self, role: str | None, need: Need, resource: Resource, what: str) -> None:

@@ -39,6 +39,7 @@ Example:
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -48,14 +49,16 @@ from anabranch.broker.authorization import Resource
 from anabranch.broker.error_codes import client_message, server_error
 from anabranch.broker.producer import handle_producer
 from anabranch.core.authz import Need
-from anabranch.errors import NotAllowed, NotOwner
+from anabranch.errors import AuthenticationError, NotAllowed, NotOwner
 from anabranch.protocol import commands
 from anabranch.protocol._generated import pulsar_api_pb2 as pb
 from anabranch.protocol.frames import Frame
+from anabranch.security.authentication import Credentials
 
 if TYPE_CHECKING:
     from anabranch.broker.session import Session
 
+log = logging.getLogger(__name__)
 T = pb.BaseCommand
 
 SERVER_VERSION = "anabranch-0.1"
@@ -81,11 +84,42 @@ class Command:
 # --- the core's own handlers ---------------------------------------------------------------
 
 
-def _handle_connect(session: Session, frame: Frame) -> None:
+async def _handle_connect(session: Session, frame: Frame) -> None:
+    auth = session.service.authentication
+    if auth is not None:
+        body = frame.command.connect
+        try:
+            result = await auth.authenticate(
+                body.auth_method_name,
+                Credentials(bytes(body.auth_data), session.peer_certificate),
+            )
+        except AuthenticationError as err:
+            if not body.client_version.startswith(_REFUSING_CLIENTS):
+                # Official clients (the C++ core) retry a refused CONNECT until their
+                # operation timeout (apache/pulsar-client-cpp#227): accept the handshake and
+                # refuse their first request instead, so the application sees
+                # AuthenticationError at once. Nothing is served either way.
+                session.auth_failure = err
+                session.service.counters.authentication_failures += 1
+                log.info("%s: %s", session.remote_address, err)
+            else:
+                session.refuse_authentication(err)
+                return
+        else:
+            session.role = result.role
+            session.auth_method = body.auth_method_name or (
+                "tls" if session.peer_certificate else ""
+            )
+            session.auth_expires_at = result.expires_at
     flags = pb.FeatureFlags(supports_scalable_topics=True)
     version = session.protocol.negotiate_version()
     max_size = session.service.config.max_message_size
     session.write(commands.connected(SERVER_VERSION, version, max_size, flags))
+
+
+_REFUSING_CLIENTS = "anabranch"
+"""``client_version`` prefix of clients (ours, the probe) that report an ERROR answering
+CONNECT as the authentication error it is; others get the refusal on their first request."""
 
 
 def _handle_ping(session: Session, frame: Frame) -> None:

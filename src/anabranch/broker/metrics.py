@@ -57,6 +57,8 @@ class BrokerCounters:
     the header size (DESIGN.md §3.2 'count it in a metric')."""
     protocol_errors: int = 0
     """Connections closed for any other protocol error."""
+    authentication_failures: int = 0
+    """Connections closed because CONNECT (or an AUTH_RESPONSE) had bad credentials."""
 
     @property
     def active_connections(self) -> int:
@@ -195,6 +197,8 @@ class BrokerCollector(Collector):
             ("bad_frames", "Frames rejected before allocation: bad length prefix.",
              c.bad_frames),
             ("protocol_errors", "Connections closed for a protocol error.", c.protocol_errors),
+            ("authentication_failures", "Connections refused for bad credentials.",
+             c.authentication_failures),
         ):  # fmt: skip
             counter = CounterMetricFamily(f"{prefix}_{name}", text, labels=labels)
             counter.add_metric([self.cluster], value)

@@ -51,6 +51,7 @@ from anabranch.scalable.dag_watch import DagWatcher
 from anabranch.scalable.paths import TopicPaths
 from anabranch.scalable.segment_ops import decode_dedup_snapshot
 from anabranch.scalable.service import ScalableTopicService
+from anabranch.security.authentication import AuthenticationService
 from anabranch.storage.api import ManagedLedgerConfig, ManagedLedgerFactory
 from anabranch.transactions.coordinator import TransactionCoordinator
 from anabranch.transactions.keys import TransactionKeys
@@ -118,7 +119,11 @@ class BrokerService:
         self.clock: Clock = clock or SystemClock()
         self.policies = policies or Policies(store)
         self.schemas = SchemaRegistry(store)
-        self.authorizer = Authorizer(self.policies, config.superuser_roles)
+        self.authorizer = Authorizer(
+            self.policies, config.superuser_roles, enforced=config.authorization_enabled
+        )
+        self.authentication = AuthenticationService.from_config(config)
+        """Checks CONNECT and HTTP credentials; None while authentication is disabled."""
         self.advertised_url = f"pulsar://{config.advertised_address}:{config.port}"
         self.http_url = f"http://{config.advertised_address}:{config.http_port}"
         self.scalable_endpoint = ScalableEndpoint(self)

@@ -14,6 +14,16 @@ is closed. Frames are then handled in arrival order by one worker task per conne
   storage, so they run as tasks and never hold up the connection; at most
   ``limits.SESSION_HANDLER_TASKS_MAX`` at once, past which the worker waits for one to end.
 
+Authentication (``service.authentication``, None while disabled): CONNECT's
+``auth_method_name``/``auth_data`` (and a TLS connection's verified client certificate) go
+to the providers; success sets :attr:`Session.role`, the role authorization checks
+(None while authentication is disabled). Bad credentials are refused with
+AuthenticationError: our client gets ERROR and the close at once; other clients (the
+official C++ core retries a refused handshake until its operation timeout) get CONNECTED
+and then that error as the answer to their first request, and the close. Either way
+nothing is served. A token that expires on a live connection gets an AUTH_CHALLENGE; the
+connection closes unless the AUTH_RESPONSE carries valid credentials for the same role.
+
 Handlers raise ``anabranch.errors`` exceptions for per-request failures; the session maps
 them to ERROR with ``error_codes.server_error`` and keeps the connection. Any other
 exception is logged and answered with UnknownError: client input never kills the broker.
@@ -53,6 +63,7 @@ from anabranch.broker.producer import Producer
 from anabranch.core.authz import Need
 from anabranch.errors import (
     AnabranchError,
+    AuthenticationError,
     BadFrameLength,
     FrameTooLarge,
     ProtocolError,
@@ -87,8 +98,6 @@ class Session:
     ) -> None:
         self.service = service
         self.transport = transport
-        self.role: str | None = None
-        """The authenticated role (set at CONNECT); None while authentication is off."""
         max_frame = max(
             limits.FRAME_SIZE_MAX_BYTES,
             service.config.max_message_size + limits.FRAME_PADDING_BYTES,
@@ -100,6 +109,17 @@ class Session:
             keepalive_interval_s=keepalive_interval_s,
             handshake_timeout_s=handshake_timeout_s,
         )
+        self.role: str | None = None
+        """The authenticated role (set by CONNECT); None while authentication is disabled."""
+        self.auth_method = ""
+        self.auth_expires_at: float | None = None
+        """Unix time the connection's credentials expire (a token's ``exp``), if ever."""
+        self.auth_challenged_at: float | None = None
+        """Monotonic time an AUTH_CHALLENGE went out and is unanswered."""
+        self.auth_checked_at = service.clock.monotonic()
+        self.auth_failure: AuthenticationError | None = None
+        """A failed CONNECT answered CONNECTED for a client that retries a refused handshake
+        until it times out: its first request gets this error, then the close."""
         self.producers: dict[int, Producer] = {}
         self.creating_producers: set[int] = set()
         self.consumers: dict[int, Any] = {}
@@ -123,6 +143,54 @@ class Session:
     def remote_address(self) -> str:
         """``host:port`` of the client."""
         return self._remote
+
+    @property
+    def peer_certificate(self) -> dict[str, object] | None:
+        """The verified client certificate of a TLS connection (None: plain TCP or none)."""
+        cert = self.transport.get_extra_info("peercert")
+        return cert if isinstance(cert, dict) and cert else None
+
+    def _refuse_request(self, frame: Frame, err: AuthenticationError) -> None:
+        """Answer a request of an unauthenticated session with ``err`` in the form its
+        client waits for (lookups have their own failure responses), then close."""
+        code, message = server_error(err), client_message(err)
+        body = frame.body
+        request_id = getattr(body, "request_id", None)
+        if frame.type == T.PARTITIONED_METADATA:
+            failed = pb.CommandPartitionedTopicMetadataResponse(
+                request_id=request_id,
+                response=pb.CommandPartitionedTopicMetadataResponse.Failed,
+                error=code,  # type: ignore[arg-type]
+                message=message,
+            )
+            self.write(
+                pb.BaseCommand(
+                    type=T.PARTITIONED_METADATA_RESPONSE, partitionMetadataResponse=failed
+                )
+            )
+        elif frame.type == T.LOOKUP:
+            lookup = pb.CommandLookupTopicResponse(
+                request_id=request_id,
+                response=pb.CommandLookupTopicResponse.Failed,
+                error=code,  # type: ignore[arg-type]
+                message=message,
+            )
+            self.write(pb.BaseCommand(type=T.LOOKUP_RESPONSE, lookupTopicResponse=lookup))
+        elif request_id is not None:
+            self.reply_error(int(request_id), code, message)
+        log.info("%s: refused %s: %s", self._remote, frame.type_name, err)
+        self.close()
+
+    def refuse_authentication(self, err: AuthenticationError) -> None:
+        """ERROR(AuthenticationError) and close (a failed CONNECT or AUTH_RESPONSE)."""
+        log.info("%s: %s", self._remote, err)
+        self.service.counters.authentication_failures += 1
+        if not self.closed:
+            self.flush()
+            self.transport.write(
+                encode_command(commands.error(0, server_error(err), client_message(err)))
+            )
+        self.close()
 
     # --- output ---------------------------------------------------------------------------
 
@@ -225,7 +293,11 @@ class Session:
             self.update_reading()
 
     async def _dispatch(self, frame: Frame) -> None:
-        entry = TABLE.get(frame.type)
+        kind = frame.type
+        if self.auth_failure is not None and kind not in (T.PING, T.PONG):
+            self._refuse_request(frame, self.auth_failure)
+            return
+        entry = TABLE.get(kind)
         if entry is None:
             self._protocol_failure(NotSupported(frame.type_name))
             return

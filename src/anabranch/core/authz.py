@@ -28,7 +28,9 @@ What a request needs (:class:`Need`)::
 
 Superusers pass every row; tenant admins pass every row but SUPERUSER and CLUSTER for
 resources of their tenant. ``role is None`` means authentication is off (the standalone
-default): everything is allowed, as before authorization existed.
+default): everything is allowed, as before authorization existed. With authentication on
+but authorization off (``authorization_enabled = false``, Pulsar's default), every role
+passes every row but CLUSTER: broker-to-broker and controller calls stay the superusers'.
 
 Example:
     >>> grants = Grants(namespace={"app": frozenset({Action.CONSUME})})
@@ -109,12 +111,24 @@ class Grants:
         return self.namespace.get(role, frozenset()) | self.topic.get(role, frozenset())
 
 
-def allowed(role: str | None, need: Need, grants: Grants) -> bool:
-    """Whether ``role`` may do what ``need`` says, given ``grants`` (module docstring)."""
+def allowed(role: str | None, need: Need, grants: Grants, *, enforced: bool = True) -> bool:
+    """Whether ``role`` may do what ``need`` says, given ``grants`` (module docstring).
+
+    ``enforced=False`` is Pulsar's ``authorizationEnabled=false``: any authenticated role
+    may do everything but the CLUSTER calls, which stay the superusers'.
+
+    Example:
+        >>> allowed("app", Need.TENANT_ADMIN, Grants(), enforced=False)
+        True
+        >>> allowed("app", Need.CLUSTER, Grants(), enforced=False)
+        False
+    """
     if role is None or need in _OPEN:
         return True
     if role in grants.superusers:
         return True
+    if not enforced:
+        return need is not Need.CLUSTER
     if need in (Need.SUPERUSER, Need.CLUSTER):
         return False
     if role in grants.tenant_admins:

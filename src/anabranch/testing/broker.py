@@ -32,13 +32,16 @@ from anabranch.broker.probe import handshake
 from anabranch.broker.service import BrokerService
 from anabranch.broker.standalone import Standalone
 from anabranch.clock import Clock
+from anabranch.testing.security import BrokerSecurity
 
 
 class InProcessBroker:
     """A standalone broker on ``127.0.0.1:0`` in this event loop.
 
     ``metadata`` is ``"memory"`` or ``"sqlite"`` (under ``data_dir``); ``ledgers`` is
-    ``"file"`` (default) or ``"memory"``; other keyword arguments are BrokerConfig fields.
+    ``"file"`` (default) or ``"memory"``; ``security`` (e.g.
+    :class:`~anabranch.testing.security.TokenAuth`) adds authentication/TLS settings; other
+    keyword arguments are BrokerConfig fields.
     """
 
     def __init__(
@@ -50,6 +53,7 @@ class InProcessBroker:
         clock: Clock | None = None,
         keepalive_interval_s: float = limits.KEEPALIVE_INTERVAL_S,
         handshake_timeout_s: float = limits.HANDSHAKE_TIMEOUT_S,
+        security: BrokerSecurity | None = None,
         **config: Any,
     ) -> None:
         data_dir = Path(data_dir)
@@ -61,8 +65,11 @@ class InProcessBroker:
             "metadata_url": url,
             "use_uvloop": False,
         }
+        if security is not None:
+            fields.update(security.broker_config())
         fields.update(config)
         self.config = BrokerConfig(**fields)
+        self.security = security
         self._ledgers = ledgers
         self._clock = clock
         self._keepalive = keepalive_interval_s
