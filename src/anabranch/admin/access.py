@@ -240,7 +240,9 @@ def authorization_middleware(authorizer: Callable[[web.Request], Authorizer]) ->
         template = route.resource.canonical if route.resource is not None else request.path
         need = access_of(request.method, template)
         resource = route_resource(template, dict(request.match_info))
-        await authorizer(request).check(str(role), need, resource, f"{request.method} {template}")
+        # The refusal names the request as sent (its path names the resource).
+        what = f"{request.method} {request.path}"
+        await authorizer(request).check(str(role), need, resource, what, named="")
         return await handler(request)
 
     return middleware

@@ -86,10 +86,20 @@ class Authorizer:
             return allowed(role, need, grants, enforced=self.enforced)
         return allowed(role, need, await self.grants(resource))
 
-    async def check(self, role: str | None, need: Need, resource: Resource, what: str) -> None:
-        """Return if allowed; AuthorizationError naming ``what`` and the resource if not."""
+    async def check(
+        self,
+        role: str | None,
+        need: Need,
+        resource: Resource,
+        what: str,
+        *,
+        named: str | None = None,
+    ) -> None:
+        """Return if allowed; AuthorizationError naming ``what`` and ``named`` (default:
+        the resource) if not."""
         if not await self.is_allowed(role, need, resource):
-            raise AuthorizationError(role or "anonymous", what, str(resource))
+            shown = str(resource) if named is None else named
+            raise AuthorizationError(role or "anonymous", what, shown)
 
     async def grants(self, resource: Resource) -> Grants:
         """The grants stored for ``resource`` (empty where its tenant/namespace is absent)."""
