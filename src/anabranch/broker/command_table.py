@@ -80,6 +80,16 @@ class Command:
     reject: Reject | None = None
     """Answer a refused request in its own response shape; None: ERROR(request_id)."""
 
+    @property
+    def checked(self) -> bool:
+        """Whether dispatch checks this row's permission (with authentication on).
+
+        Example:
+            >>> TABLE[T.SUBSCRIBE].checked, TABLE[T.ACK].checked
+            (True, False)
+        """
+        return self.need not in (Need.NONE, Need.OWNED)
+
 
 # --- the core's own handlers ---------------------------------------------------------------
 

@@ -60,7 +60,6 @@ from anabranch.broker.authorization import NONE_RESOURCE
 from anabranch.broker.command_table import SERVER_VERSION, TABLE, Command
 from anabranch.broker.error_codes import client_message, server_error
 from anabranch.broker.producer import Producer
-from anabranch.core.authz import Need
 from anabranch.errors import (
     AnabranchError,
     AuthenticationError,
@@ -80,9 +79,6 @@ log = logging.getLogger(__name__)
 T = pb.BaseCommand
 
 __all__ = ["SERVER_VERSION", "NotSupported", "Session"]
-
-_UNCHECKED = frozenset({Need.NONE, Need.OWNED})
-"""Needs that every connection meets (no check at dispatch)."""
 
 
 class Session:
@@ -320,7 +316,8 @@ class Session:
 
     async def _guard(self, entry: Command, frame: Frame) -> None:
         try:
-            checked = self.role is not None and entry.need not in _UNCHECKED
+            # Inline rows (SEND, ACK, FLOW, ...) are never checked: their objects were.
+            checked = entry.spawned and entry.checked and self.role is not None
             if checked and not await self._authorized(entry, frame):
                 return
             result = entry.handler(self, frame)
