@@ -122,6 +122,10 @@ class BrokerService:
         """Checks CONNECT and HTTP credentials; None while authentication is disabled."""
         self.advertised_url = f"pulsar://{config.advertised_address}:{config.port}"
         self.http_url = f"http://{config.advertised_address}:{config.http_port}"
+        self.advertised_url_tls: str | None = None
+        """``pulsar+ssl://`` URL of the TLS listener (None without one)."""
+        self.peer_tls_urls: dict[str, str] = {}
+        """Other brokers' ``pulsar://`` -> ``pulsar+ssl://`` URLs (cluster registry)."""
         self.scalable_endpoint = ScalableEndpoint(self)
         self.scalable = ScalableTopicService(
             store,
@@ -182,9 +186,18 @@ class BrokerService:
             if self.txn_keys is not None:
                 await self.txn_keys.start()
 
-    def set_addresses(self, *, pulsar_url: str | None = None, http_url: str | None = None) -> None:
+    def set_addresses(
+        self,
+        *,
+        pulsar_url: str | None = None,
+        http_url: str | None = None,
+        pulsar_url_tls: str | None = None,
+    ) -> None:
         """The bound addresses (known once the servers listen); controllers created later
-        advertise them as the leader's address."""
+        advertise them as the leader's address. ``pulsar_url_tls`` is the ``pulsar+ssl://``
+        URL lookups also answer with (``brokerServiceUrlTls``)."""
+        if pulsar_url_tls is not None:
+            self.advertised_url_tls = pulsar_url_tls
         if pulsar_url is not None:
             self.advertised_url = pulsar_url
             self.scalable.pulsar_url = pulsar_url
@@ -194,6 +207,15 @@ class BrokerService:
 
     async def _local_segment_broker(self, segment: SegmentName) -> str:
         return self.advertised_url
+
+    def tls_url_for(self, pulsar_url: str) -> str | None:
+        """The ``pulsar+ssl://`` URL of the broker advertised as ``pulsar_url``: ours for
+        our own URL, else what the cluster registry says (None: no TLS listener known)."""
+        if pulsar_url == self.advertised_url:
+            return self.advertised_url_tls
+        if pulsar_url.startswith("pulsar+ssl://"):
+            return pulsar_url
+        return self.peer_tls_urls.get(pulsar_url)
 
     def new_producer_name(self) -> str:
         """``<cluster>-<broker index>-<n>``, unique across restarts.

@@ -417,8 +417,35 @@ class Session:
         if self.protocol.idle_timed_out(now):
             log.info("%s: %s timed out, closing", self._remote, _phase(self.protocol.state))
             self.close()
-        elif self.protocol.ping_due(now):
+            return
+        if self.protocol.ping_due(now):
             self.write_bytes(self.protocol.ping(now))
+        if self.auth_expires_at is not None:
+            self._check_credentials(now)
+
+    def _check_credentials(self, now: float) -> None:
+        """Every ``auth_refresh_check_s``: challenge expired credentials (Pulsar's
+        AUTH_CHALLENGE with ``PulsarAuthRefresh``); close when the client cannot answer
+        or left a challenge unanswered for a whole check interval."""
+        interval = self.service.config.auth_refresh_check_s
+        if now - self.auth_checked_at < interval:
+            return
+        self.auth_checked_at = now
+        expires_at = self.auth_expires_at
+        if expires_at is None or self.service.clock.wall_ms() / 1000 < expires_at:
+            return
+        can_refresh = self.protocol.peer_feature_flags.supports_auth_refresh
+        if self.auth_challenged_at is not None or not can_refresh:
+            self.refuse_authentication(AuthenticationError("credentials expired"))
+        else:
+            self.auth_challenged_at = now
+            challenge = pb.AuthData(auth_method_name=self.auth_method, auth_data=AUTH_REFRESH)
+            body = pb.CommandAuthChallenge(
+                server_version=SERVER_VERSION,
+                challenge=challenge,
+                protocol_version=self.protocol.protocol_version,
+            )
+            self.write(pb.BaseCommand(type=T.AUTH_CHALLENGE, authChallenge=body))
 
     def close(self) -> None:
         """Close the connection: producers and consumers detach, tasks are cancelled."""
@@ -511,6 +538,30 @@ _REFUSING_CLIENTS = "anabranch"
 CONNECT as the authentication error it is; others get the refusal on their first request."""
 
 
+AUTH_REFRESH = b"PulsarAuthRefresh"
+"""The challenge data Pulsar brokers send to ask for fresh credentials."""
+
+
+async def _handle_auth_response(session: Session, frame: Frame) -> None:
+    auth = session.service.authentication
+    if auth is None:
+        return  # nothing was challenged
+    body = frame.command.authResponse
+    try:
+        result = await auth.authenticate(
+            body.response.auth_method_name,
+            Credentials(bytes(body.response.auth_data), session.peer_certificate),
+        )
+        if result.role != session.role:
+            raise AuthenticationError("refreshed credentials name another role")
+    except AuthenticationError as err:
+        session.refuse_authentication(err)
+        return
+    session.auth_expires_at = result.expires_at
+    session.auth_challenged_at = None
+    session.service.counters.authentication_refreshes += 1
+
+
 def _handle_ping(session: Session, frame: Frame) -> None:
     session.write(commands.pong())
 
@@ -557,6 +608,7 @@ _FRAME_HANDLERS: dict[int, Callable[[Session, Frame], Awaitable[None] | None]] =
     T.CONNECT: _handle_connect,
     T.PING: _handle_ping,
     T.PONG: _handle_pong,
+    T.AUTH_RESPONSE: _handle_auth_response,
     T.SEND: _handle_send,
     T.CLOSE_PRODUCER: _handle_close_producer,
 }
