@@ -397,7 +397,7 @@ class ScalableEndpoint:
             if not isinstance(err, AnabranchError):
                 log.error("%s: scalable lookup failed", session.remote_address, exc_info=err)
             message = (
-                not_leader_message(watch.topic, await self._leader_pulsar_url(watch.topic))
+                not_leader_message(watch.topic, await self._leader_url_for(session, watch.topic))
                 if isinstance(err, NotLeader)
                 else client_message(err)
             )
@@ -475,6 +475,14 @@ class ScalableEndpoint:
         brokers = {s.segment_id: url for s, url in zip(segments, urls, strict=True) if url}
         leader = await self._leader_pulsar_url(topic)
         return dag_proto(layout, brokers, leader, self.service.tls_url_for)
+
+    async def _leader_url_for(self, session: Session, topic: TopicName) -> str | None:
+        """The leader's URL as ``session``'s client can reach it: the ``pulsar+ssl://``
+        one on a TLS connection (when known)."""
+        url = await self._leader_pulsar_url(topic)
+        if url is not None and session.is_tls:
+            return self.service.tls_url_for(url) or url
+        return url
 
     async def _leader_pulsar_url(self, topic: TopicName) -> str | None:
         address = await self.service.scalable.leader_address(topic)
@@ -658,7 +666,7 @@ class ScalableEndpoint:
             if not isinstance(err, AnabranchError):
                 log.error("%s: scalable subscribe failed", session.remote_address, exc_info=err)
             message = (
-                not_leader_message(topic, await self._leader_pulsar_url(topic))
+                not_leader_message(topic, await self._leader_url_for(session, topic))
                 if isinstance(err, NotLeader)
                 else client_message(err)
             )

@@ -51,6 +51,7 @@ from anabranch.scalable.paths import TopicPaths
 from anabranch.scalable.segment_ops import decode_dedup_snapshot
 from anabranch.scalable.service import ScalableTopicService
 from anabranch.security.authentication import AuthenticationService
+from anabranch.security.broker_client import BrokerClientCredentials
 from anabranch.storage.api import ManagedLedgerConfig, ManagedLedgerFactory
 from anabranch.transactions.coordinator import TransactionCoordinator
 from anabranch.transactions.keys import TransactionKeys
@@ -120,6 +121,8 @@ class BrokerService:
         self.schemas = SchemaRegistry(store)
         self.authentication = AuthenticationService.from_config(config)
         """Checks CONNECT and HTTP credentials; None while authentication is disabled."""
+        self.broker_client = BrokerClientCredentials.from_config(config)
+        """What this broker presents to other brokers (cluster calls and probes)."""
         self.advertised_url = f"pulsar://{config.advertised_address}:{config.port}"
         self.http_url = f"http://{config.advertised_address}:{config.http_port}"
         self.advertised_url_tls: str | None = None

@@ -169,6 +169,11 @@ class Session:
         return self._remote
 
     @property
+    def is_tls(self) -> bool:
+        """Whether the client connected to the TLS listener."""
+        return self.transport.get_extra_info("sslcontext") is not None
+
+    @property
     def peer_certificate(self) -> dict[str, object] | None:
         """The verified client certificate of a TLS connection (None: plain TCP or none)."""
         cert = self.transport.get_extra_info("peercert")
