@@ -21,7 +21,7 @@ BROKER_TO_CLIENT = commands.BROKER_COMMANDS - commands.CLIENT_COMMANDS
 WIRE_COMMANDS = frozenset(T.Type.values()) - BROKER_TO_CLIENT
 """Every command type a client may send: the protobuf enum minus broker→client types."""
 
-NOT_SERVED = frozenset({T.AUTH_RESPONSE, T.END_TXN_ON_PARTITION, T.END_TXN_ON_SUBSCRIPTION})
+NOT_SERVED = frozenset({T.END_TXN_ON_PARTITION, T.END_TXN_ON_SUBSCRIPTION})
 """Client-sendable types this broker answers with ERROR and a close (no table row)."""
 
 HOT = (T.SEND, T.ACK, T.FLOW)
@@ -75,7 +75,6 @@ async def test_an_unserved_command_gets_error_and_a_close(
     try:
         await client.handshake()
         fields: dict[int, tuple[str, Any]] = {
-            T.AUTH_RESPONSE: ("authResponse", pb.CommandAuthResponse()),
             T.END_TXN_ON_PARTITION: (
                 "endTxnOnPartition",
                 pb.CommandEndTxnOnPartition(request_id=1, txnid_most_bits=0, txnid_least_bits=0),

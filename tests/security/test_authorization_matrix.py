@@ -120,7 +120,8 @@ async def test_refused_requests_change_nothing(tmp_path: Path) -> None:
 
 # --- the wire ------------------------------------------------------------------------------
 
-Builder = Callable[[int], pb.BaseCommand]
+Builder = Callable[[int, bytes], pb.BaseCommand]
+"""A request from its request id and the role's credentials."""
 
 
 def _cmd(kind: Any, field: str, body: Any) -> pb.BaseCommand:
@@ -135,130 +136,137 @@ def _schema() -> pb.Schema:
 
 TXN: dict[str, Any] = {"txnid_most_bits": 0, "txnid_least_bits": 1}
 WIRE: dict[int, tuple[Builder, set[int]]] = {
-    T.PRODUCER: (lambda r: commands.producer(TOPIC, r, r), {T.PRODUCER_SUCCESS, T.ERROR}),
-    T.SEND: (lambda r: commands.send(9999, r), {T.SEND_ERROR}),
+    T.PRODUCER: (lambda r, c: commands.producer(TOPIC, r, r), {T.PRODUCER_SUCCESS, T.ERROR}),
+    T.SEND: (lambda r, c: commands.send(9999, r), {T.SEND_ERROR}),
     T.CLOSE_PRODUCER: (
-        lambda r: _cmd(T.CLOSE_PRODUCER, "close_producer",
+        lambda r, c: _cmd(T.CLOSE_PRODUCER, "close_producer",
                        pb.CommandCloseProducer(producer_id=9999, request_id=r)),
         {T.SUCCESS, T.ERROR},
     ),
     T.SUBSCRIBE: (
-        lambda r: commands.subscribe(TOPIC, f"s{r}", pb.CommandSubscribe.Shared, r, r),
+        lambda r, c: commands.subscribe(TOPIC, f"s{r}", pb.CommandSubscribe.Shared, r, r),
         {T.SUCCESS, T.ERROR},
     ),
-    T.FLOW: (lambda r: _cmd(T.FLOW, "flow", pb.CommandFlow(consumer_id=9999,
+    T.FLOW: (lambda r, c: _cmd(T.FLOW, "flow", pb.CommandFlow(consumer_id=9999,
                                                          messagePermits=1)), set()),
     T.ACK: (
-        lambda r: _cmd(T.ACK, "ack", pb.CommandAck(consumer_id=9999,
+        lambda r, c: _cmd(T.ACK, "ack", pb.CommandAck(consumer_id=9999,
                                                    ack_type=pb.CommandAck.Individual)),
         set(),
     ),
     T.REDELIVER_UNACKNOWLEDGED_MESSAGES: (
-        lambda r: _cmd(T.REDELIVER_UNACKNOWLEDGED_MESSAGES, "redeliverUnacknowledgedMessages",
+        lambda r, c: _cmd(T.REDELIVER_UNACKNOWLEDGED_MESSAGES, "redeliverUnacknowledgedMessages",
                        pb.CommandRedeliverUnacknowledgedMessages(consumer_id=9999)),
         set(),
     ),
     T.SEEK: (
-        lambda r: _cmd(T.SEEK, "seek", pb.CommandSeek(consumer_id=9999, request_id=r,
+        lambda r, c: _cmd(T.SEEK, "seek", pb.CommandSeek(consumer_id=9999, request_id=r,
                                                       message_publish_time=0)),
         {T.SUCCESS, T.ERROR},
     ),
     T.GET_LAST_MESSAGE_ID: (
-        lambda r: _cmd(T.GET_LAST_MESSAGE_ID, "getLastMessageId",
+        lambda r, c: _cmd(T.GET_LAST_MESSAGE_ID, "getLastMessageId",
                        pb.CommandGetLastMessageId(consumer_id=9999, request_id=r)),
         {T.GET_LAST_MESSAGE_ID_RESPONSE, T.ERROR},
     ),
     T.UNSUBSCRIBE: (
-        lambda r: _cmd(T.UNSUBSCRIBE, "unsubscribe",
+        lambda r, c: _cmd(T.UNSUBSCRIBE, "unsubscribe",
                        pb.CommandUnsubscribe(consumer_id=9999, request_id=r)),
         {T.SUCCESS, T.ERROR},
     ),
     T.CLOSE_CONSUMER: (
-        lambda r: _cmd(T.CLOSE_CONSUMER, "close_consumer",
+        lambda r, c: _cmd(T.CLOSE_CONSUMER, "close_consumer",
                        pb.CommandCloseConsumer(consumer_id=9999, request_id=r)),
         {T.SUCCESS, T.ERROR},
     ),
     T.LOOKUP: (
-        lambda r: _cmd(T.LOOKUP, "lookupTopic", pb.CommandLookupTopic(topic=TOPIC, request_id=r)),
+        lambda r, c: _cmd(T.LOOKUP, "lookupTopic",
+                          pb.CommandLookupTopic(topic=TOPIC, request_id=r)),
         {T.LOOKUP_RESPONSE},
     ),
     T.PARTITIONED_METADATA: (
-        lambda r: _cmd(T.PARTITIONED_METADATA, "partitionMetadata",
+        lambda r, c: _cmd(T.PARTITIONED_METADATA, "partitionMetadata",
                        pb.CommandPartitionedTopicMetadata(topic=TOPIC, request_id=r)),
         {T.PARTITIONED_METADATA_RESPONSE},
     ),
     T.GET_TOPICS_OF_NAMESPACE: (
-        lambda r: _cmd(T.GET_TOPICS_OF_NAMESPACE, "getTopicsOfNamespace",
+        lambda r, c: _cmd(T.GET_TOPICS_OF_NAMESPACE, "getTopicsOfNamespace",
                        pb.CommandGetTopicsOfNamespace(namespace="acme/ns", request_id=r)),
         {T.GET_TOPICS_OF_NAMESPACE_RESPONSE, T.ERROR},
     ),
     T.GET_SCHEMA: (
-        lambda r: _cmd(T.GET_SCHEMA, "getSchema", pb.CommandGetSchema(topic=TOPIC, request_id=r)),
+        lambda r, c: _cmd(T.GET_SCHEMA, "getSchema",
+                          pb.CommandGetSchema(topic=TOPIC, request_id=r)),
         {T.GET_SCHEMA_RESPONSE},
     ),
     T.GET_OR_CREATE_SCHEMA: (
-        lambda r: _cmd(T.GET_OR_CREATE_SCHEMA, "getOrCreateSchema",
+        lambda r, c: _cmd(T.GET_OR_CREATE_SCHEMA, "getOrCreateSchema",
                        pb.CommandGetOrCreateSchema(topic=TOPIC, request_id=r, schema=_schema())),
         {T.GET_OR_CREATE_SCHEMA_RESPONSE},
     ),
     T.SCALABLE_TOPIC_LOOKUP: (
-        lambda r: _cmd(T.SCALABLE_TOPIC_LOOKUP, "scalableTopicLookup",
+        lambda r, c: _cmd(T.SCALABLE_TOPIC_LOOKUP, "scalableTopicLookup",
                        pb.CommandScalableTopicLookup(session_id=r, topic=SCALABLE)),
         {T.SCALABLE_TOPIC_UPDATE},
     ),
     T.SCALABLE_TOPIC_CLOSE: (
-        lambda r: _cmd(T.SCALABLE_TOPIC_CLOSE, "scalableTopicClose",
+        lambda r, c: _cmd(T.SCALABLE_TOPIC_CLOSE, "scalableTopicClose",
                        pb.CommandScalableTopicClose(session_id=9999)),
         set(),
     ),
     T.SCALABLE_TOPIC_SUBSCRIBE: (
-        lambda r: _cmd(T.SCALABLE_TOPIC_SUBSCRIBE, "scalableTopicSubscribe",
+        lambda r, c: _cmd(T.SCALABLE_TOPIC_SUBSCRIBE, "scalableTopicSubscribe",
                        pb.CommandScalableTopicSubscribe(
                            request_id=r, topic=SCALABLE, subscription="sub",
                            consumer_name=f"c{r}", consumer_id=r, consumer_type=pb.STREAM)),
         {T.SCALABLE_TOPIC_SUBSCRIBE_RESPONSE},
     ),
     T.SCALABLE_TOPIC_UNSUBSCRIBE: (
-        lambda r: _cmd(T.SCALABLE_TOPIC_UNSUBSCRIBE, "scalableTopicUnsubscribe",
+        lambda r, c: _cmd(T.SCALABLE_TOPIC_UNSUBSCRIBE, "scalableTopicUnsubscribe",
                        pb.CommandScalableTopicUnsubscribe(request_id=r, consumer_id=9999)),
         {T.SUCCESS, T.ERROR},
     ),
     T.WATCH_SCALABLE_TOPICS: (
-        lambda r: _cmd(T.WATCH_SCALABLE_TOPICS, "watchScalableTopics",
+        lambda r, c: _cmd(T.WATCH_SCALABLE_TOPICS, "watchScalableTopics",
                        pb.CommandWatchScalableTopics(watch_id=r, namespace="acme/ns")),
         {T.WATCH_SCALABLE_TOPICS_UPDATE},
     ),
     T.WATCH_SCALABLE_TOPICS_CLOSE: (
-        lambda r: _cmd(T.WATCH_SCALABLE_TOPICS_CLOSE, "watchScalableTopicsClose",
+        lambda r, c: _cmd(T.WATCH_SCALABLE_TOPICS_CLOSE, "watchScalableTopicsClose",
                        pb.CommandWatchScalableTopicsClose(watch_id=9999)),
         set(),
     ),
     T.TC_CLIENT_CONNECT_REQUEST: (
-        lambda r: _cmd(T.TC_CLIENT_CONNECT_REQUEST, "tcClientConnectRequest",
+        lambda r, c: _cmd(T.TC_CLIENT_CONNECT_REQUEST, "tcClientConnectRequest",
                        pb.CommandTcClientConnectRequest(request_id=r, tc_id=0)),
         {T.TC_CLIENT_CONNECT_RESPONSE},
     ),
     T.NEW_TXN: (
-        lambda r: _cmd(T.NEW_TXN, "newTxn", pb.CommandNewTxn(request_id=r, tc_id=0)),
+        lambda r, c: _cmd(T.NEW_TXN, "newTxn", pb.CommandNewTxn(request_id=r, tc_id=0)),
         {T.NEW_TXN_RESPONSE},
     ),
     T.ADD_PARTITION_TO_TXN: (
-        lambda r: _cmd(T.ADD_PARTITION_TO_TXN, "addPartitionToTxn",
+        lambda r, c: _cmd(T.ADD_PARTITION_TO_TXN, "addPartitionToTxn",
                        pb.CommandAddPartitionToTxn(request_id=r, partitions=[TOPIC], **TXN)),
         {T.ADD_PARTITION_TO_TXN_RESPONSE},
     ),
     T.ADD_SUBSCRIPTION_TO_TXN: (
-        lambda r: _cmd(T.ADD_SUBSCRIPTION_TO_TXN, "addSubscriptionToTxn",
+        lambda r, c: _cmd(T.ADD_SUBSCRIPTION_TO_TXN, "addSubscriptionToTxn",
                        pb.CommandAddSubscriptionToTxn(request_id=r, **TXN)),
         {T.ADD_SUBSCRIPTION_TO_TXN_RESPONSE},
     ),
     T.END_TXN: (
-        lambda r: _cmd(T.END_TXN, "endTxn",
+        lambda r, c: _cmd(T.END_TXN, "endTxn",
                        pb.CommandEndTxn(request_id=r, txn_action=pb.ABORT, **TXN)),
         {T.END_TXN_RESPONSE},
     ),
-    T.PING: (lambda r: commands.ping(), {T.PONG}),
-    T.PONG: (lambda r: commands.pong(), set()),
+    T.PING: (lambda r, c: commands.ping(), {T.PONG}),
+    T.AUTH_RESPONSE: (  # the role's own (still valid) credentials again: nothing answers
+        lambda r, c: _cmd(T.AUTH_RESPONSE, "authResponse", pb.CommandAuthResponse(
+            response=pb.AuthData(auth_method_name="token", auth_data=c))),
+        set(),
+    ),
+    T.PONG: (lambda r, c: commands.pong(), set()),
 }  # fmt: skip
 """A request naming ``acme/ns`` for every served command, and what answers it (an empty
 set: nothing answers; a PING that follows must get its PONG)."""
@@ -318,7 +326,8 @@ async def test_every_wire_command_for_every_role(tmp_path: Path) -> None:
                         metadata = pb.MessageMetadata(
                             producer_name="p", sequence_id=request_id, publish_time=1
                         )
-                    await client.send(build(request_id), metadata, b"x")
+                    credentials = w.auth.token(role).encode()
+                    await client.send(build(request_id, credentials), metadata, b"x")
                     frame = await answer(client, kinds)
                     refused = refusal_code(frame) == pb.AuthorizationError
                     need = TABLE[kind].need

@@ -29,6 +29,7 @@ Example:
 from __future__ import annotations
 
 import logging
+import ssl
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
@@ -161,8 +162,17 @@ def build_app(admin: AdminService, registry: CollectorRegistry | None = None) ->
     return app
 
 
-async def start_http(service: BrokerService, host: str, port: int) -> web.AppRunner:
-    """Serve the admin API on ``host:port`` (0 picks a free port) on the running loop.
+async def start_http(
+    service: BrokerService,
+    host: str,
+    port: int,
+    *,
+    ssl_context: ssl.SSLContext | None = None,
+    tls_port: int | None = None,
+    plaintext: bool = True,
+) -> web.AppRunner:
+    """Serve the admin API on ``host:port`` (0 picks a free port) on the running loop, and
+    with ``ssl_context`` HTTPS on ``tls_port`` too (``plaintext`` False: HTTPS only).
 
     The bound URL is ``admin.http_url`` (also what lookups answer); stop with
     ``await runner.cleanup()``.
@@ -171,15 +181,18 @@ async def start_http(service: BrokerService, host: str, port: int) -> web.AppRun
     app = build_app(admin)
     runner = web.AppRunner(app, handle_signals=False, access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, host, port, reuse_address=True)
-    await site.start()
-    bound = port
-    for address in runner.addresses:
-        if isinstance(address, tuple):
-            bound = int(address[1])
-            break
+    if plaintext:
+        await web.TCPSite(runner, host, port, reuse_address=True).start()
+    if ssl_context is not None and tls_port is not None:
+        site = web.TCPSite(runner, host, tls_port, ssl_context=ssl_context, reuse_address=True)
+        await site.start()
+    ports = [int(a[1]) for a in runner.addresses if isinstance(a, tuple)]
+    bound = ports[0] if ports else port
     advertised = getattr(service.config, "advertised_address", host) or host
-    advertised_port = getattr(service.config, "advertised_http_port", None) or bound
-    admin.http_url = f"http://{advertised}:{advertised_port}"
+    scheme = "http" if plaintext else "https"
+    advertised_port = (
+        getattr(service.config, "advertised_http_port", None) if plaintext else None
+    ) or bound
+    admin.http_url = f"{scheme}://{advertised}:{advertised_port}"
     log.info("admin HTTP on %s", admin.http_url)
     return runner

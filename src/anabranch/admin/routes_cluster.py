@@ -43,6 +43,7 @@ from anabranch.broker.cluster.records import OwnerState
 from anabranch.core.names import NamespaceName, TopicName, parse_name
 from anabranch.errors import NotFound, NotOwner, StorageError
 from anabranch.scalable.segment_ops import decode_dedup_snapshot, encode_dedup_snapshot
+from anabranch.security.broker_client import BrokerClientCredentials
 
 if TYPE_CHECKING:
     from anabranch.admin.service import AdminService
@@ -113,18 +114,23 @@ async def unload_namespace(admin: AdminService, request: web.Request) -> object:
             except (NotOwner, StorageError):
                 pass  # it moved meanwhile: nothing left to unload here
         else:
-            forwards.append(_forward_unload(owner.http_url, topic))
+            forwards.append(_forward_unload(owner.http_url, topic, admin.broker.broker_client))
     await asyncio.gather(*forwards)
     return None
 
 
-async def _forward_unload(http_url: str, topic: str) -> None:
+async def _forward_unload(http_url: str, topic: str, credentials: BrokerClientCredentials) -> None:
     name = TopicName.parse(topic) if not topic.startswith("segment://") else None
     if name is None:
         return  # segments are unloaded by their owner's namespace unload
     url = f"{http_url.rstrip('/')}{V2}/persistent/{name.short_name}/unload"
     timeout = aiohttp.ClientTimeout(total=FORWARD_TIMEOUT_S)
-    async with aiohttp.ClientSession(timeout=timeout) as http, http.put(url) as response:
+    tls = credentials.ssl_for(url)
+    headers = credentials.http_headers()
+    async with (
+        aiohttp.ClientSession(timeout=timeout) as http,
+        http.put(url, headers=headers, ssl=tls if tls is not None else True) as response,
+    ):
         if response.status >= 400 and response.status not in (307, 404):
             raise NotFound(f"unload of {topic} at {http_url} failed: HTTP {response.status}")
 

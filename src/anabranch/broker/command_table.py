@@ -3,7 +3,8 @@
 Every client command the broker serves has one :class:`Command` row in :data:`TABLE`::
 
     command                          run      need            resource
-    CONNECT, PING, PONG              inline   NONE            -
+    CONNECT, PING, PONG,             inline   NONE            -
+      AUTH_RESPONSE (credentials refreshed after an AUTH_CHALLENGE)
     SEND, CLOSE_PRODUCER             inline   OWNED           (a producer of this connection)
     FLOW, ACK, REDELIVER_UNACK...,   inline   OWNED           (a consumer of this connection)
       SEEK, GET_LAST_MESSAGE_ID,
@@ -130,6 +131,30 @@ async def _handle_connect(session: Session, frame: Frame) -> None:
 _REFUSING_CLIENTS = "anabranch"
 """``client_version`` prefix of clients (ours, the probe) that report an ERROR answering
 CONNECT as the authentication error it is; others get the refusal on their first request."""
+
+
+AUTH_REFRESH = b"PulsarAuthRefresh"
+"""The challenge data Pulsar brokers send to ask for fresh credentials."""
+
+
+async def _handle_auth_response(session: Session, frame: Frame) -> None:
+    auth = session.service.authentication
+    if auth is None:
+        return  # nothing was challenged
+    body = frame.command.authResponse
+    try:
+        result = await auth.authenticate(
+            body.response.auth_method_name,
+            Credentials(bytes(body.response.auth_data), session.peer_certificate),
+        )
+        if result.role != session.role:
+            raise AuthenticationError("refreshed credentials name another role")
+    except AuthenticationError as err:
+        session.refuse_authentication(err)
+        return
+    session.auth_expires_at = result.expires_at
+    session.auth_challenged_at = None
+    session.service.counters.authentication_refreshes += 1
 
 
 def _handle_ping(session: Session, frame: Frame) -> None:
@@ -285,6 +310,7 @@ TABLE: dict[int, Command] = {
     T.CONNECT: Command(_handle_connect, N.NONE, spawned=False),
     T.PING: Command(_handle_ping, N.NONE, spawned=False),
     T.PONG: Command(_handle_pong, N.NONE, spawned=False),
+    T.AUTH_RESPONSE: Command(_handle_auth_response, N.NONE, spawned=False),
     # producers
     T.PRODUCER: _row(handle_producer, N.PRODUCE, _topic),
     T.SEND: Command(_handle_send, N.OWNED, spawned=False),

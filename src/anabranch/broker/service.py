@@ -52,6 +52,7 @@ from anabranch.scalable.paths import TopicPaths
 from anabranch.scalable.segment_ops import decode_dedup_snapshot
 from anabranch.scalable.service import ScalableTopicService
 from anabranch.security.authentication import AuthenticationService
+from anabranch.security.broker_client import BrokerClientCredentials
 from anabranch.storage.api import ManagedLedgerConfig, ManagedLedgerFactory
 from anabranch.transactions.coordinator import TransactionCoordinator
 from anabranch.transactions.keys import TransactionKeys
@@ -124,8 +125,14 @@ class BrokerService:
         )
         self.authentication = AuthenticationService.from_config(config)
         """Checks CONNECT and HTTP credentials; None while authentication is disabled."""
+        self.broker_client = BrokerClientCredentials.from_config(config)
+        """What this broker presents to other brokers (cluster calls and probes)."""
         self.advertised_url = f"pulsar://{config.advertised_address}:{config.port}"
         self.http_url = f"http://{config.advertised_address}:{config.http_port}"
+        self.advertised_url_tls: str | None = None
+        """``pulsar+ssl://`` URL of the TLS listener (None without one)."""
+        self.peer_tls_urls: dict[str, str] = {}
+        """Other brokers' ``pulsar://`` -> ``pulsar+ssl://`` URLs (cluster registry)."""
         self.scalable_endpoint = ScalableEndpoint(self)
         self.scalable = ScalableTopicService(
             store,
@@ -186,9 +193,18 @@ class BrokerService:
             if self.txn_keys is not None:
                 await self.txn_keys.start()
 
-    def set_addresses(self, *, pulsar_url: str | None = None, http_url: str | None = None) -> None:
+    def set_addresses(
+        self,
+        *,
+        pulsar_url: str | None = None,
+        http_url: str | None = None,
+        pulsar_url_tls: str | None = None,
+    ) -> None:
         """The bound addresses (known once the servers listen); controllers created later
-        advertise them as the leader's address."""
+        advertise them as the leader's address. ``pulsar_url_tls`` is the ``pulsar+ssl://``
+        URL lookups also answer with (``brokerServiceUrlTls``)."""
+        if pulsar_url_tls is not None:
+            self.advertised_url_tls = pulsar_url_tls
         if pulsar_url is not None:
             self.advertised_url = pulsar_url
             self.scalable.pulsar_url = pulsar_url
@@ -198,6 +214,15 @@ class BrokerService:
 
     async def _local_segment_broker(self, segment: SegmentName) -> str:
         return self.advertised_url
+
+    def tls_url_for(self, pulsar_url: str) -> str | None:
+        """The ``pulsar+ssl://`` URL of the broker advertised as ``pulsar_url``: ours for
+        our own URL, else what the cluster registry says (None: no TLS listener known)."""
+        if pulsar_url == self.advertised_url:
+            return self.advertised_url_tls
+        if pulsar_url.startswith("pulsar+ssl://"):
+            return pulsar_url
+        return self.peer_tls_urls.get(pulsar_url)
 
     def new_producer_name(self) -> str:
         """``<cluster>-<broker index>-<n>``, unique across restarts.

@@ -57,7 +57,7 @@ from typing import TYPE_CHECKING, Any
 from anabranch import limits
 from anabranch.broker import command_table
 from anabranch.broker.authorization import NONE_RESOURCE
-from anabranch.broker.command_table import SERVER_VERSION, TABLE, Command
+from anabranch.broker.command_table import AUTH_REFRESH, SERVER_VERSION, TABLE, Command
 from anabranch.broker.error_codes import client_message, server_error
 from anabranch.broker.producer import Producer
 from anabranch.errors import (
@@ -139,6 +139,11 @@ class Session:
     def remote_address(self) -> str:
         """``host:port`` of the client."""
         return self._remote
+
+    @property
+    def is_tls(self) -> bool:
+        """Whether the client connected to the TLS listener."""
+        return self.transport.get_extra_info("sslcontext") is not None
 
     @property
     def peer_certificate(self) -> dict[str, object] | None:
@@ -397,8 +402,35 @@ class Session:
         if self.protocol.idle_timed_out(now):
             log.info("%s: %s timed out, closing", self._remote, _phase(self.protocol.state))
             self.close()
-        elif self.protocol.ping_due(now):
+            return
+        if self.protocol.ping_due(now):
             self.write_bytes(self.protocol.ping(now))
+        if self.auth_expires_at is not None:
+            self._check_credentials(now)
+
+    def _check_credentials(self, now: float) -> None:
+        """Every ``auth_refresh_check_s``: challenge expired credentials (Pulsar's
+        AUTH_CHALLENGE with ``PulsarAuthRefresh``); close when the client cannot answer
+        or left a challenge unanswered for a whole check interval."""
+        interval = self.service.config.auth_refresh_check_s
+        if now - self.auth_checked_at < interval:
+            return
+        self.auth_checked_at = now
+        expires_at = self.auth_expires_at
+        if expires_at is None or self.service.clock.wall_ms() / 1000 < expires_at:
+            return
+        can_refresh = self.protocol.peer_feature_flags.supports_auth_refresh
+        if self.auth_challenged_at is not None or not can_refresh:
+            self.refuse_authentication(AuthenticationError("credentials expired"))
+        else:
+            self.auth_challenged_at = now
+            challenge = pb.AuthData(auth_method_name=self.auth_method, auth_data=AUTH_REFRESH)
+            body = pb.CommandAuthChallenge(
+                server_version=SERVER_VERSION,
+                challenge=challenge,
+                protocol_version=self.protocol.protocol_version,
+            )
+            self.write(pb.BaseCommand(type=T.AUTH_CHALLENGE, authChallenge=body))
 
     def close(self) -> None:
         """Close the connection: producers and consumers detach, tasks are cancelled."""

@@ -53,6 +53,7 @@ from anabranch.client.errors import (
     ConnectionClosed,
     LookupFailed,
     OperationTimeout,
+    TlsHandshakeFailed,
     from_server_error,
 )
 from anabranch.client.tls import TlsOptions, client_ssl_context
@@ -301,6 +302,9 @@ class ClientConnection:
                 ),
                 self.handshake_timeout_s,
             )
+        except ssl.SSLError as err:
+            self._closed.set()
+            raise TlsHandshakeFailed(f"TLS handshake with {host}:{port} failed: {err}") from err
         except (OSError, TimeoutError) as err:
             self._closed.set()
             raise ConnectionClosed(f"cannot connect to {host}:{port}: {err}") from err
@@ -559,7 +563,21 @@ class ClientConnection:
             self._shutdown(ConnectionClosed(f"connection to {self._peer()} failed"))
 
     def _on_lost(self, exc: Exception | None) -> None:
-        if exc is None:
+        refused_cert = (
+            exc is None
+            and self.auth is not None
+            and self.auth.tls_cert_chain is not None
+            and self.ssl_context is not None
+        )
+        if not self._connected.done() and (isinstance(exc, ssl.SSLError) or refused_cert):
+            # TLS 1.3: the broker checks our certificate after our side of the handshake
+            # and hangs up before CONNECTED when it does not trust it.
+            self._shutdown(
+                TlsHandshakeFailed(
+                    f"{self._peer()} refused the TLS session (client certificate not trusted?)"
+                )
+            )
+        elif exc is None:
             self._shutdown(ConnectionClosed(f"{self._peer()} closed the connection"))
         else:
             self._shutdown(ConnectionClosed(f"connection to {self._peer()} failed: {exc}"))

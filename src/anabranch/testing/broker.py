@@ -159,6 +159,8 @@ class BrokerSubprocess:
         self.log_path = log_path
         self.label = label
         self.process: subprocess.Popen[bytes] | None = None
+        self.probe_auth: tuple[str | None, bytes | None] = (None, None)
+        """CONNECT credentials of the readiness probe (a broker with authentication on)."""
 
     @property
     def service_url(self) -> str:
@@ -200,7 +202,8 @@ class BrokerSubprocess:
                 code = None if self.process is None else self.process.returncode
                 raise RuntimeError(f"{self.label} exited ({code}); see {self.log_path}")
             try:
-                await handshake(self.host, self.port)
+                method, data = self.probe_auth
+                await handshake(self.host, self.port, auth_method=method, auth_data=data)
                 return
             except (OSError, asyncio.IncompleteReadError, ConnectionError):
                 if loop.time() > end:
