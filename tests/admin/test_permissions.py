@@ -74,6 +74,24 @@ async def test_topic_grants_merge_with_the_namespace(admin: AdminClient) -> None
     assert policies["auth_policies"]["destination_auth"] == {TOPIC: {"app": ["produce"]}}
 
 
+async def test_a_deleted_topic_takes_its_grants_along(admin: AdminClient) -> None:
+    partitioned = "persistent://public/default/parts"
+    await admin.create_topic(TOPIC)
+    await admin.create_partitioned_topic(partitioned, 2)
+    await admin.create_scalable_topic(SCALABLE, 1)
+    for topic in (TOPIC, partitioned, SCALABLE):
+        await admin.grant_permission(topic, "app", ["produce"])
+    await admin.grant_namespace_permission("public/default", "ns-wide", ["consume"])
+    await admin.delete_topic(TOPIC)
+    await admin.delete_partitioned_topic(partitioned)
+    await admin.delete_scalable_topic(SCALABLE)
+    policies = await admin.get_namespace_policies("public/default")
+    assert policies["auth_policies"]["destination_auth"] == {}
+    assert policies["auth_policies"]["namespace_auth"] == {"ns-wide": ["consume"]}
+    await admin.create_topic(TOPIC)  # the same name again: no grant of the old one
+    assert await admin.permissions(TOPIC) == {"ns-wide": ["consume"]}
+
+
 async def test_scalable_topic_grants(admin: AdminClient) -> None:
     await admin.grant_permission(SCALABLE, "app", ["consume"])
     assert await admin.permissions(SCALABLE) == {"app": ["consume"]}

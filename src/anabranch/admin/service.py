@@ -161,6 +161,9 @@ class AdminService:
                     f"{len(topic.producers)} producers and {consumers} consumers are connected",
                 )
         await self.broker.delete_topic(topic.name)
+        deleted = parse_name(topic.name)
+        if isinstance(deleted, TopicName) and deleted.partition is None:
+            await self.policies.forget_topic_permissions(deleted)
 
     async def create_partitioned_topic(self, text: str, partitions: int) -> None:
         """Record the partition count and register every partition."""
@@ -197,6 +200,7 @@ class AdminService:
                     pass
             await self.policies.unregister_topic(partition)
         await self.policies.delete_partitioned_topic(name)
+        await self.policies.forget_topic_permissions(name)
 
     async def stats(self, text: str) -> dict[str, Any]:
         """Pulsar ``TopicStats`` JSON of a (loaded or loadable) topic."""

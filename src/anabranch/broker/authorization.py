@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from anabranch.broker.policies import AuthPolicies, Policies
 from anabranch.core.authz import Grants, Need, allowed, to_actions
-from anabranch.core.names import NamespaceName, SegmentName, TopicName, parse_name
+from anabranch.core.names import NamespaceName, SegmentName, parse_name
 from anabranch.errors import AuthorizationError, NotFound
 
 
@@ -122,8 +122,3 @@ class Authorizer:
             namespace={role: to_actions(a) for role, a in auth.namespace_auth.items()},
             topic={role: to_actions(a) for role, a in topic_auth.items()},
         )
-
-
-def topic_resource(name: TopicName | SegmentName | str) -> Resource:
-    """:meth:`Resource.of_topic` of a parsed or textual name."""
-    return Resource.of_topic(str(name))

@@ -520,6 +520,27 @@ class Policies:
 
         await self.update_namespace_policies(name.namespace_name, change)
 
+    async def forget_topic_permissions(self, topic: str | TopicName) -> None:
+        """Drop every grant on a deleted topic, so a topic created later under the same
+        name starts with none (no write when there is nothing to drop)."""
+        name = _topic(topic).base
+        key = str(name)
+        try:
+            auth = (await self.namespace_policies(name.namespace_name)).auth_policies
+        except NotFound:
+            return
+        if key not in auth.destination_auth:
+            return
+
+        def change(old: NamespacePolicies) -> NamespacePolicies:
+            a = old.auth_policies
+            left = {t: roles for t, roles in a.destination_auth.items() if t != key}
+            return msgspec.structs.replace(
+                old, auth_policies=msgspec.structs.replace(a, destination_auth=left)
+            )
+
+        await self.update_namespace_policies(name.namespace_name, change)
+
     async def namespace_permissions(self, namespace: str | NamespaceName) -> dict[str, list[str]]:
         """Role → actions granted on the namespace."""
         return dict((await self.namespace_policies(namespace)).auth_policies.namespace_auth)
