@@ -19,6 +19,7 @@ Example:
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -84,7 +85,7 @@ class Authorizer:
         if unscoped or not self.enforced:
             grants = Grants(superusers=self.superusers)
             return allowed(role, need, grants, enforced=self.enforced)
-        return allowed(role, need, await self.grants(resource))
+        return allowed(role, need, await self.grants(resource, need))
 
     async def check(
         self,
@@ -101,20 +102,14 @@ class Authorizer:
             shown = str(resource) if named is None else named
             raise AuthorizationError(role or "anonymous", what, shown)
 
-    async def grants(self, resource: Resource) -> Grants:
-        """The grants stored for ``resource`` (empty where its tenant/namespace is absent)."""
-        admins: frozenset[str] = frozenset()
-        auth = AuthPolicies()
-        if resource.tenant is not None:
-            try:
-                admins = frozenset((await self.policies.get_tenant(resource.tenant)).admin_roles)
-            except NotFound:
-                pass
-        if resource.namespace is not None:
-            try:
-                auth = (await self.policies.namespace_policies(resource.namespace)).auth_policies
-            except NotFound:
-                pass
+    async def grants(self, resource: Resource, need: Need = Need.LOOKUP) -> Grants:
+        """The grants stored for ``resource`` (empty where its tenant/namespace is absent);
+        the tenant and the namespace are read concurrently, the namespace only when ``need``
+        is a data action."""
+        admins, auth = await asyncio.gather(
+            self._tenant_admins(resource.tenant),
+            self._auth_policies(resource.namespace if need is not Need.TENANT_ADMIN else None),
+        )
         topic_auth = auth.destination_auth.get(resource.topic, {}) if resource.topic else {}
         return Grants(
             superusers=self.superusers,
@@ -122,3 +117,19 @@ class Authorizer:
             namespace={role: to_actions(a) for role, a in auth.namespace_auth.items()},
             topic={role: to_actions(a) for role, a in topic_auth.items()},
         )
+
+    async def _tenant_admins(self, tenant: str | None) -> frozenset[str]:
+        if tenant is None:
+            return frozenset()
+        try:
+            return frozenset((await self.policies.get_tenant(tenant)).admin_roles)
+        except NotFound:
+            return frozenset()
+
+    async def _auth_policies(self, namespace: str | None) -> AuthPolicies:
+        if namespace is None:
+            return AuthPolicies()
+        try:
+            return (await self.policies.namespace_policies(namespace)).auth_policies
+        except NotFound:
+            return AuthPolicies()

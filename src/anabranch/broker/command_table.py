@@ -5,7 +5,8 @@ Every client command the broker serves has one :class:`Command` row in :data:`TA
     command                          run      need            resource
     CONNECT, PING, PONG,             inline   NONE            -
       AUTH_RESPONSE (credentials refreshed after an AUTH_CHALLENGE)
-    SEND, CLOSE_PRODUCER             inline   OWNED           (a producer of this connection)
+    SEND                             inline   OWNED           (a producer of this connection)
+    CLOSE_PRODUCER                   spawned  OWNED           (waits for pending receipts)
     FLOW, ACK, REDELIVER_UNACK...,   inline   OWNED           (a consumer of this connection)
       SEEK, GET_LAST_MESSAGE_ID,
       UNSUBSCRIBE, CLOSE_CONSUMER
@@ -26,9 +27,10 @@ Every client command the broker serves has one :class:`Command` row in :data:`TA
 (:data:`TABLE` itself is the authority; ``tests/broker/test_command_table.py`` checks it
 against this list's rules.) The permission is checked once, when a producer, consumer or
 watch is created or a request is looked up, as Pulsar does; the hot frames (SEND, ACK,
-FLOW) act on objects whose creation was checked, so they pay no check (need OWNED, and
-every inline row is NONE or OWNED). A check that fails answers the request in its own
-response shape (``reject``; the generic ERROR when None) and runs nothing. A command
+FLOW) act on objects whose creation was checked, so they pay no check (need OWNED;
+every inline row is NONE or OWNED, and dispatch never looks at an inline row's need).
+A check that fails answers the request in its own response shape (``reject``; the
+generic ERROR when None) and runs nothing. A command
 type absent from the table is answered with ERROR and the connection closes. When a
 connection closes, every :data:`CLOSE_HOOKS` function runs.
 
