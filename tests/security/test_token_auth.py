@@ -17,7 +17,7 @@ import pytest
 
 from anabranch.aio import Client
 from anabranch.client.errors import AuthenticationFailed
-from anabranch.testing.broker import InProcessBroker
+from anabranch.testing.broker import BrokerProcess, InProcessBroker
 from anabranch.testing.security import TokenAuth
 from tests.security.official import refusal, round_trip
 
@@ -178,3 +178,20 @@ async def test_http_metrics_open_when_configured(tmp_path: Path) -> None:
     async with InProcessBroker(tmp_path, security=auth) as broker:
         assert (await http_status(f"{broker.http_url}/metrics"))[0] == 200
         assert (await http_status(f"{broker.http_url}/admin/v2/tenants"))[0] == 401
+
+
+async def test_standalone_process_with_token_auth_from_env(tmp_path: Path) -> None:
+    """``anabranch standalone`` configured through ``ANABRANCH_*`` variables (lists in
+    Pulsar's comma form); the readiness probe authenticates with the broker token."""
+    auth = TokenAuth()
+    process = BrokerProcess(tmp_path / "data", security=auth)
+    await process.start()
+    try:
+        async with Client(process.service_url, auth_token=auth.token("erin")) as client:
+            producer = await client.create_producer(TOPIC)
+            await producer.send(b"x")
+        async with Client(process.service_url, auth_token="bad") as client:
+            with pytest.raises(AuthenticationFailed):
+                await client.create_producer(TOPIC)
+    finally:
+        await process.stop()

@@ -16,10 +16,10 @@ from __future__ import annotations
 import os
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from anabranch import limits
 from anabranch.errors import InvalidArgument
@@ -81,14 +81,16 @@ class BrokerConfig(BaseSettings):
     authentication_enabled: bool = False
     """Check every connection's and HTTP request's credentials (Pulsar's
     ``authenticationEnabled``). Off: every client is anonymous (``role`` None) as before."""
-    authentication_providers: list[Literal["token", "basic", "tls"]] = Field(default_factory=list)
+    authentication_providers: Annotated[list[Literal["token", "basic", "tls"]], NoDecode] = Field(
+        default_factory=list
+    )
     """Auth methods accepted, by Pulsar's method names (``AuthenticationProviderToken`` ->
     ``token``, ``AuthenticationProviderBasic`` -> ``basic``, ``AuthenticationProviderTls``
     -> ``tls``)."""
     anonymous_user_role: str | None = None
     """Role of a client that sends no credentials (Pulsar's ``anonymousUserRole``); None:
     such clients are refused."""
-    superuser_roles: list[str] = Field(default_factory=list)
+    superuser_roles: Annotated[list[str], NoDecode] = Field(default_factory=list)
     """Roles allowed everything, including the cluster routes brokers and the controller
     call (Pulsar's ``superUserRoles``; the cluster's own role belongs here)."""
     authorization_enabled: bool = False
@@ -143,6 +145,14 @@ class BrokerConfig(BaseSettings):
     broker_client_trust_certs_file_path: str = ""
     """CA bundle to verify other brokers' TLS certificates with (default: this broker's
     ``tls_trust_certs_file_path``)."""
+
+    @field_validator("authentication_providers", "superuser_roles", mode="before")
+    @classmethod
+    def _comma_separated(cls, value: Any) -> Any:
+        # Env vars and CLI flags give lists as Pulsar's config does: "token,tls".
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
 
     @field_validator("max_message_size")
     @classmethod

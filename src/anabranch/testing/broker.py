@@ -264,6 +264,7 @@ class BrokerProcess(BrokerSubprocess):
         host: str = "127.0.0.1",
         fsync: str = "always",
         failpoints: str = "",
+        security: BrokerSecurity | None = None,
     ) -> None:
         self.failpoints = failpoints
         """Comma-separated failpoints (:mod:`anabranch.failpoints`) for the next start."""
@@ -271,6 +272,13 @@ class BrokerProcess(BrokerSubprocess):
         super().__init__(host, free_port(host), self.data_dir.with_suffix(".log"), "broker")
         self.http_port = free_port(host)
         self.fsync = fsync
+        self.security_env: dict[str, str] = {}
+        if security is not None:
+            settings = security.broker_config()
+            self.security_env = _settings_env(settings)
+            token = settings.get("broker_client_auth_token")
+            if token:
+                self.probe_auth = ("token", str(token).encode())
 
     def _command(self) -> tuple[list[str], dict[str, str]]:
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -279,9 +287,31 @@ class BrokerProcess(BrokerSubprocess):
         env["ANABRANCH_BIND_ADDRESS"] = self.host
         if self.failpoints:
             env[FAILPOINTS_ENV] = self.failpoints
+        env.update(self.security_env)
         args = [
             sys.executable, "-m", "anabranch.cli.main", "standalone",
             "--data-dir", str(self.data_dir),
             "--port", str(self.port), "--http-port", str(self.http_port),
         ]  # fmt: skip
         return args, env
+
+
+def _settings_env(settings: dict[str, Any]) -> dict[str, str]:
+    """BrokerConfig fields as ``ANABRANCH_*`` variables (lists comma-separated).
+
+    Example:
+        >>> _settings_env({"authentication_enabled": True, "superuser_roles": ["a", "b"]})
+        {'ANABRANCH_AUTHENTICATION_ENABLED': 'true', 'ANABRANCH_SUPERUSER_ROLES': 'a,b'}
+    """
+    env: dict[str, str] = {}
+    for key, value in settings.items():
+        if value is None:
+            continue
+        if isinstance(value, bool):
+            text = "true" if value else "false"
+        elif isinstance(value, list):
+            text = ",".join(str(v) for v in value)
+        else:
+            text = str(value)
+        env[f"ANABRANCH_{key.upper()}"] = text
+    return env

@@ -102,6 +102,9 @@ class LookupAnswer:
     """The broker's ``pulsar+ssl://`` URL, for ``brokerServiceUrlTls`` ("" if none)."""
 
 
+_NO_CREDENTIALS = BrokerClientCredentials()
+
+
 class ClusterOwnership:
     """One broker's session, registry record and topic ownerships (module docstring)."""
 
@@ -172,7 +175,9 @@ class ClusterOwnership:
     @property
     def credentials(self) -> BrokerClientCredentials:
         """What this broker presents to other brokers (HTTP calls, probes)."""
-        return self._service.broker_client
+        # A service without one (test doubles) presents nothing.
+        credentials = getattr(self._service, "broker_client", None)
+        return credentials if credentials is not None else _NO_CREDENTIALS
 
     @property
     def broker_id(self) -> str:
@@ -238,7 +243,9 @@ class ClusterOwnership:
     def _learn_tls_url(self, pulsar_url: str, pulsar_url_tls: str) -> None:
         """Remember a broker's TLS URL for the answers that name only its ``pulsar://``
         URL (the DAG's controller address); bounded like the other per-broker caches."""
-        urls = self._service.peer_tls_urls
+        urls = getattr(self._service, "peer_tls_urls", None)
+        if urls is None:
+            return
         if len(urls) > limits.CLUSTER_RECENT_ASSIGNMENTS_MAX:
             urls.clear()
         urls[pulsar_url] = pulsar_url_tls
@@ -295,7 +302,7 @@ class ClusterOwnership:
         if self._reachable_until.get(owner.broker_id, 0.0) > now:
             return True
         host, _, port = owner.pulsar_url.split("://", 1)[-1].rpartition(":")
-        credentials = self._service.broker_client
+        credentials = self.credentials
         method, data = credentials.connect_auth()
         try:
             probe = handshake(
