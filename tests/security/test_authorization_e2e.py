@@ -15,7 +15,16 @@ import pulsar
 import pytest
 
 from anabranch.aio import Client
-from tests.security.authz_world import CONSUMER, SUPERUSER, TENANT_ADMIN, TOPIC, world
+from anabranch.client.errors import AuthorizationFailed
+from tests.security.authz_world import (
+    CONSUMER,
+    PRODUCER,
+    SCALABLE,
+    SUPERUSER,
+    TENANT_ADMIN,
+    TOPIC,
+    world,
+)
 from tests.security.official import refusal, round_trip
 
 V2 = "/admin/v2"
@@ -36,7 +45,7 @@ async def test_consume_only_role_cannot_produce_until_granted(tmp_path: Path) ->
         assert status == 200 and '"publishers":[]' in stats  # no producer was attached
         # Our client says the same.
         async with Client(url, auth_token=token) as client:
-            with pytest.raises(Exception, match="not authorized to producer"):
+            with pytest.raises(AuthorizationFailed, match="not authorized to producer"):
                 await client.create_producer(TOPIC)
             consumer = await client.subscribe(TOPIC, "sub")  # consume was granted
             await consumer.close()
@@ -48,6 +57,23 @@ async def test_consume_only_role_cannot_produce_until_granted(tmp_path: Path) ->
         assert await asyncio.to_thread(refusal, url, TOPIC, **official(token)) == (
             "AuthorizationError"
         )
+
+
+async def test_scalable_topics_check_produce_and_consume_too(tmp_path: Path) -> None:
+    async with world(tmp_path) as w:
+        url = w.broker.service_url
+        async with Client(url, auth_token=w.auth.token(CONSUMER)) as client:
+            producer = await client.create_producer(SCALABLE)  # the DAG lookup: allowed
+            with pytest.raises(AuthorizationFailed, match="not authorized to producer"):
+                await producer.send(b"x", key="k")  # its segment producer: refused
+            stream = await client.subscribe_stream(SCALABLE, "sub", consumer_name="a")
+            await stream.close()
+        async with Client(url, auth_token=w.auth.token(PRODUCER)) as client:
+            producer = await client.create_producer(SCALABLE)
+            await producer.send(b"x", key="k")
+            await producer.close()
+            with pytest.raises(AuthorizationFailed, match="scalable_topic_subscribe"):
+                await client.subscribe_stream(SCALABLE, "sub", consumer_name="b")
 
 
 async def test_a_tenant_admin_cannot_touch_another_tenant(tmp_path: Path) -> None:
