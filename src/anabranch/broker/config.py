@@ -73,9 +73,9 @@ class BrokerConfig(BaseSettings):
     authentication_enabled: bool = False
     """Check every connection's and HTTP request's credentials (Pulsar's
     ``authenticationEnabled``). Off: every client is anonymous (``role`` None) as before."""
-    authentication_providers: Annotated[
-        list[Literal["token", "basic", "tls"]], NoDecode
-    ] = Field(default_factory=list)
+    authentication_providers: Annotated[list[Literal["token", "basic", "tls"]], NoDecode] = Field(
+        default_factory=list
+    )
     """Auth methods accepted, by Pulsar's method names (``AuthenticationProviderToken`` ->
     ``token``, ``AuthenticationProviderBasic`` -> ``basic``, ``AuthenticationProviderTls``
     -> ``tls``)."""
