@@ -18,11 +18,12 @@ import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from anabranch import limits
 from anabranch.errors import InvalidArgument
+from anabranch.metadata.etcd_channel import EtcdOptions
 
 
 class BrokerConfig(BaseSettings):
@@ -35,6 +36,13 @@ class BrokerConfig(BaseSettings):
     metadata_url: str = ""
     """``sqlite:///abs/path``, ``memory://`` or ``etcd://host:port[,host:port]``;
     default: SQLite under ``data_dir``."""
+    etcd_username: str | None = None
+    etcd_password: SecretStr | None = None
+    etcd_tls_trust_certs_file: Path | None = None
+    """CA bundle for etcd's server certificates; setting it connects to etcd over TLS."""
+    etcd_tls_cert_file: Path | None = None
+    """Client certificate (and ``etcd_tls_key_file``) when etcd requires one."""
+    etcd_tls_key_file: Path | None = None
     bind_address: str = "127.0.0.1"
     port: int = Field(6650, ge=0, le=65535)
     http_port: int = Field(8080, ge=0, le=65535)
@@ -165,6 +173,18 @@ class BrokerConfig(BaseSettings):
         if not self.plaintext_enabled and not self.tls_enabled:
             raise ValueError("plaintext_enabled=false needs tls_enabled=true")
         return self
+
+    def etcd_options(self) -> EtcdOptions:
+        """TLS and credentials for an ``etcd://`` metadata URL."""
+        options = EtcdOptions(
+            username=self.etcd_username,
+            password=None if self.etcd_password is None else self.etcd_password.get_secret_value(),
+            tls_trust_certs_file=self.etcd_tls_trust_certs_file,
+            tls_cert_file=self.etcd_tls_cert_file,
+            tls_key_file=self.etcd_tls_key_file,
+        )
+        options.check()
+        return options
 
     @classmethod
     def load(cls, path: Path | None = None, **overrides: Any) -> BrokerConfig:

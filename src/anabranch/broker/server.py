@@ -27,8 +27,9 @@ import ssl
 from collections.abc import Callable
 from typing import TYPE_CHECKING, cast
 
-from anabranch import limits
+from anabranch import failpoints, limits
 from anabranch.broker.session import Session
+from anabranch.supervisor import Supervised
 
 if TYPE_CHECKING:
     from anabranch.broker.service import BrokerService
@@ -117,7 +118,7 @@ class BrokerServer:
         self.handshake_timeout_s = handshake_timeout_s
         self.sessions: set[Session] = set()
         self._server: asyncio.Server | None = None
-        self._timer: asyncio.Task[None] | None = None
+        self._timer: Supervised | None = None
 
     async def start(self, *, serving: bool = True) -> int:
         """Bind (and with ``serving``, start accepting); returns the bound port (useful
@@ -144,7 +145,9 @@ class BrokerServer:
                 start_serving=serving,
             )
             self.tls_port = int(self._tls_server.sockets[0].getsockname()[1])
-        self._timer = asyncio.ensure_future(self._run_timer())
+        self._timer = Supervised(
+            "connection-timer", self._run_timer, on_give_up=self.service.fatal.fail
+        ).start()
         if serving:
             self._log_listening()
         return self.port
@@ -188,6 +191,8 @@ class BrokerServer:
         )
         while True:
             await clock.sleep(interval)
+            if failpoints.enabled(failpoints.BREAK_CONNECTION_TIMER):
+                raise RuntimeError("failpoint: the connection timer is broken")
             now = clock.monotonic()
             for session in list(self.sessions):
                 try:
@@ -211,9 +216,7 @@ class BrokerServer:
         """Stop listening, close every connection and the timer."""
         self.stop_accepting()
         if self._timer is not None:
-            self._timer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._timer
+            await self._timer.stop()
         sessions = list(self.sessions)
         for session in sessions:
             session.close()

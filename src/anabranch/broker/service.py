@@ -53,6 +53,7 @@ from anabranch.scalable.service import ScalableTopicService
 from anabranch.security.authentication import AuthenticationService
 from anabranch.security.broker_client import BrokerClientCredentials
 from anabranch.storage.api import ManagedLedgerConfig, ManagedLedgerFactory
+from anabranch.supervisor import Fatal
 from anabranch.transactions.coordinator import TransactionCoordinator
 from anabranch.transactions.keys import TransactionKeys
 from anabranch.transactions.metadata_buffer import MetadataTransactionBuffer
@@ -123,6 +124,8 @@ class BrokerService:
         """Checks CONNECT and HTTP credentials; None while authentication is disabled."""
         self.broker_client = BrokerClientCredentials.from_config(config)
         """What this broker presents to other brokers (cluster calls and probes)."""
+        self.fatal = Fatal()
+        """Set when an essential background loop keeps dying: the process exits non-zero."""
         self.advertised_url = f"pulsar://{config.advertised_address}:{config.port}"
         self.http_url = f"http://{config.advertised_address}:{config.http_port}"
         self.advertised_url_tls: str | None = None
@@ -141,6 +144,7 @@ class BrokerService:
             session_ttl_s=config.session_ttl_s,
             grace_period_ms=round(config.consumer_grace_period_s * 1000),
             on_assignment=self.scalable_endpoint.deliver_assignment,
+            on_give_up=self.fatal.fail,
         )
         self.dag_watcher = DagWatcher(store, self.clock)
         self.segment_broker_url: SegmentBrokerResolver = self._local_segment_broker
@@ -159,7 +163,7 @@ class BrokerService:
         self.txn_coordinator: TransactionCoordinator | None = None
         self.txn_keys: TransactionKeys | None = None
         if config.transactions_enabled:
-            self.txn_outcomes = TxnOutcomes(store, self.clock)
+            self.txn_outcomes = TxnOutcomes(store, self.clock, on_give_up=self.fatal.fail)
             # The coordinator wakes this broker's participants right after its CAS (the
             # fast path); other brokers' participants learn it from their header watch.
             self.txn_coordinator = TransactionCoordinator(
@@ -168,6 +172,7 @@ class BrokerService:
                 partitions=config.transaction_partitions,
                 owner_id=self.http_url,
                 on_final=self.txn_outcomes.wake,
+                on_give_up=self.fatal.fail,
             )
             # Transaction keys (the key-fencing PIP): epochs per owner&key, fenced here
             # and, through its watch, on every other broker.

@@ -30,29 +30,22 @@ from anabranch.broker.server import BrokerServer
 from anabranch.broker.service import BrokerService
 from anabranch.clock import Clock, SystemClock
 from anabranch.metadata.api import MetadataStore
+from anabranch.metadata.etcd_channel import EtcdOptions
+from anabranch.metadata.factory import open_metadata_store
 from anabranch.security.tls import server_ssl_context
 from anabranch.storage.api import ManagedLedgerFactory
 
 log = logging.getLogger(__name__)
 
 
-async def open_store(url: str, clock: Clock | None = None) -> MetadataStore:
-    """The metadata store named by ``url`` (``memory://`` works without the factory)."""
-    try:
-        factory = importlib.import_module("anabranch.metadata.factory")
-    except ModuleNotFoundError:
-        # Until the metadata factory lands, only the in-memory store can be opened.
-        if url.startswith("memory:"):
-            from anabranch.metadata.memory import MemoryMetadataStore
-
-            return MemoryMetadataStore(clock)
-        if url.startswith("sqlite://"):
-            from anabranch.metadata.sqlite import SqliteMetadataStore
-
-            return await SqliteMetadataStore.open(url[len("sqlite://") :], clock=clock)
-        raise
-    store: MetadataStore = await factory.open_metadata_store(url)
-    return store
+async def open_store(
+    url: str, clock: Clock | None = None, etcd: EtcdOptions | None = None
+) -> MetadataStore:
+    """The metadata store named by ``url``; ``etcd`` carries TLS and credentials for an
+    ``etcd://`` URL. The stores keep real time: ``clock`` (the broker's, possibly a test's
+    manual one) is not theirs to follow, or sessions would never expire."""
+    del clock
+    return await open_metadata_store(url, etcd=etcd)
 
 
 @dataclass
@@ -86,7 +79,7 @@ class Standalone:
         installs its ownership gate there)."""
         clock = clock or SystemClock()
         config.data_dir.mkdir(parents=True, exist_ok=True)
-        store = await open_store(config.metadata_url, clock)
+        store = await open_store(config.metadata_url, clock, config.etcd_options())
         try:
             ledgers = _ledger_factory(ledger_backend, config, store, clock)
             policies = Policies(store)
@@ -198,6 +191,10 @@ class Standalone:
             f"broker {self.service_url}, {http}, {tls}metadata {self.config.metadata_url}, "
             f"data {self.config.data_dir}"
         )
+
+    async def failed(self) -> str:
+        """Wait until an essential background loop gave up; the reason."""
+        return await self.service.fatal.wait()
 
     async def stop(self) -> None:
         """Clean shutdown (see the module docstring)."""

@@ -57,11 +57,13 @@ async def _run_standalone(cfg: BrokerConfig) -> None:
 
 class _Node(Protocol):
     def describe(self) -> str: ...
+    async def failed(self) -> str: ...
     async def stop(self) -> None: ...
 
 
 async def _serve(label: str, starting: Awaitable[_Node]) -> None:
-    """Run a started node until SIGINT/SIGTERM, then stop it cleanly."""
+    """Run a started node until SIGINT/SIGTERM, then stop it cleanly; when an essential
+    background loop of the node keeps dying, stop it and exit with status 70 (EX_SOFTWARE)."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -71,11 +73,21 @@ async def _serve(label: str, starting: Awaitable[_Node]) -> None:
     # full collection (a pause every client sees as latency) scans only the working set.
     gc.freeze()
     console.print(f"[green]anabranch {label}[/] ready: {node.describe()}")
+    signalled = asyncio.ensure_future(stop.wait())
+    failed = asyncio.ensure_future(node.failed())
+    reason: str | None = None
     try:
-        await stop.wait()
+        await asyncio.wait((signalled, failed), return_when=asyncio.FIRST_COMPLETED)
+        if failed.done() and not failed.cancelled():
+            reason = failed.result()
     finally:
+        signalled.cancel()
+        failed.cancel()
         console.print("shutting down ...")
         await node.stop()
+    if reason is not None:
+        console.print(f"[red]anabranch {label} stopped: {reason}[/]")
+        raise SystemExit(70)
 
 
 @app.command()

@@ -32,6 +32,7 @@ from anabranch.broker.probe import handshake
 from anabranch.broker.service import BrokerService
 from anabranch.broker.standalone import Standalone
 from anabranch.clock import Clock
+from anabranch.failpoints import ENV_VAR as FAILPOINTS_ENV
 from anabranch.testing.security import BrokerSecurity
 
 
@@ -263,7 +264,10 @@ class BrokerProcess(BrokerSubprocess):
         host: str = "127.0.0.1",
         fsync: str = "always",
         security: BrokerSecurity | None = None,
+        failpoints: str = "",
     ) -> None:
+        self.failpoints = failpoints
+        """Comma-separated failpoints (:mod:`anabranch.failpoints`) for the next start."""
         self.data_dir = Path(data_dir)
         super().__init__(host, free_port(host), self.data_dir.with_suffix(".log"), "broker")
         self.http_port = free_port(host)
@@ -281,6 +285,8 @@ class BrokerProcess(BrokerSubprocess):
         env = {k: v for k, v in os.environ.items() if not k.startswith("ANABRANCH_")}
         env["ANABRANCH_FSYNC"] = self.fsync
         env["ANABRANCH_BIND_ADDRESS"] = self.host
+        if self.failpoints:
+            env[FAILPOINTS_ENV] = self.failpoints
         env.update(self.security_env)
         args = [
             sys.executable, "-m", "anabranch.cli.main", "standalone",

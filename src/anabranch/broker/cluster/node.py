@@ -110,6 +110,10 @@ class ClusterNode:
             + self.standalone.describe()
         )
 
+    async def failed(self) -> str:
+        """Wait until an essential background loop gave up; the reason."""
+        return await self.standalone.failed()
+
     async def stop(self) -> None:
         """Hand owned topics back, leave the cluster, then the standalone shutdown."""
         self.standalone.server.stop_accepting()

@@ -79,6 +79,7 @@ from anabranch.errors import (
 )
 from anabranch.metadata.api import MUST_NOT_EXIST, MetadataStore, Record, Session
 from anabranch.security.broker_client import BrokerClientCredentials
+from anabranch.supervisor import Supervised
 
 if TYPE_CHECKING:
     from anabranch.broker.service import BrokerService
@@ -128,7 +129,7 @@ class ClusterOwnership:
         """Topic → version of its ownership record as we last wrote it."""
         self._ready = asyncio.Event()
         self._stopping = False
-        self._tasks: list[asyncio.Task[None]] = []
+        self._loops: list[Supervised] = []
         self._recent: deque[tuple[float, str]] = deque(maxlen=limits.CLUSTER_RECENT_ASSIGNMENTS_MAX)
         self._rates: tuple[float, int, int] = (time.monotonic(), 0, 0)
         self._reachable_until: dict[str, float] = {}
@@ -152,20 +153,17 @@ class ClusterOwnership:
         self._session = await self._store.open_session(self.session_ttl_s)
         await self._register()
         self._ready.set()
-        self._tasks = [
-            asyncio.ensure_future(self._guard_session()),
-            asyncio.ensure_future(self._report_load()),
+        fatal = self._service.fatal.fail
+        self._loops = [
+            Supervised("cluster-session-guard", self._guard_session, on_give_up=fatal).start(),
+            Supervised("cluster-load-report", self._report_load, on_give_up=fatal).start(),
         ]
         log.info("broker %s joined cluster %s", broker_id, self.cluster)
 
     async def stop(self) -> None:
         """Hand every owned topic back (closing it), deregister and close the session."""
         self._stopping = True
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(BaseException):
-                await task
+        await asyncio.gather(*(loop.stop() for loop in self._loops))
         owned = list(self._owned)
         self._owned.clear()
         await self._unload_all(owned)
