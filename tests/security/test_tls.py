@@ -215,3 +215,20 @@ async def test_https_admin_tls_authentication(tls_broker: InProcessBroker, pki: 
         tls_trust_certs_file_path=str(pki.ca_cert),
     ) as admin:
         assert "public" in await admin.list_tenants()
+
+
+async def test_required_client_certificate(tmp_path: Path, pki: TestPki) -> None:
+    setup = TlsSetup(pki, authenticate=True, require_client_cert=True)
+    async with InProcessBroker(tmp_path, security=setup) as broker:
+        async with Client(tls_url(broker), tls_trust_certs_file_path=str(pki.ca_cert)) as client:
+            with pytest.raises(AuthenticationFailed):
+                await client.create_producer(TOPIC)
+        cert, key = pki.client("frank")
+        async with Client(
+            tls_url(broker),
+            auth=AuthenticationTLS(cert, key),
+            tls_trust_certs_file_path=str(pki.ca_cert),
+        ) as client:
+            producer = await client.create_producer(TOPIC)
+            await producer.send(b"x")
+            assert "frank" in roles(broker)
