@@ -232,3 +232,18 @@ async def test_required_client_certificate(tmp_path: Path, pki: TestPki) -> None
             producer = await client.create_producer(TOPIC)
             await producer.send(b"x")
             assert "frank" in roles(broker)
+
+
+async def test_http_lookup_names_the_tls_urls(tls_broker: InProcessBroker, pki: TestPki) -> None:
+    cert, key = pki.client("ops")
+    async with AdminClient(
+        https_url(tls_broker),
+        auth=AuthenticationTLS(cert, key),
+        tls_trust_certs_file_path=str(pki.ca_cert),
+    ) as admin:
+        answer = await admin.request("GET", "/lookup/v2/topic/persistent/public/default/t")
+        cluster = await admin.get_cluster("standalone")
+    assert answer["brokerUrlTls"] == tls_url(tls_broker)
+    assert answer["httpUrlTls"] == https_url(tls_broker)
+    assert answer["brokerUrl"] == tls_broker.service_url
+    assert cluster["brokerServiceUrlTls"].startswith("pulsar+ssl://")
