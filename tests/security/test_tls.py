@@ -129,6 +129,7 @@ async def test_our_client_over_tls_with_a_client_certificate(
         tls_url(tls_broker),
         auth=AuthenticationTLS(cert, key),
         tls_trust_certs_file_path=str(pki.ca_cert),
+        tls_validate_hostname=True,  # the broker's certificate names 127.0.0.1
     ) as client:
         producer = await client.create_producer(TOPIC)
         consumer = await client.subscribe(TOPIC, "s", initial_position="earliest")
