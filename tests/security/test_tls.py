@@ -129,6 +129,7 @@ async def test_our_client_over_tls_with_a_client_certificate(
         tls_url(tls_broker),
         auth=AuthenticationTLS(cert, key),
         tls_trust_certs_file_path=str(pki.ca_cert),
+        tls_validate_hostname=True,  # the broker's certificate names 127.0.0.1
     ) as client:
         producer = await client.create_producer(TOPIC)
         consumer = await client.subscribe(TOPIC, "s", initial_position="earliest")
@@ -215,3 +216,35 @@ async def test_https_admin_tls_authentication(tls_broker: InProcessBroker, pki: 
         tls_trust_certs_file_path=str(pki.ca_cert),
     ) as admin:
         assert "public" in await admin.list_tenants()
+
+
+async def test_required_client_certificate(tmp_path: Path, pki: TestPki) -> None:
+    setup = TlsSetup(pki, authenticate=True, require_client_cert=True)
+    async with InProcessBroker(tmp_path, security=setup) as broker:
+        async with Client(tls_url(broker), tls_trust_certs_file_path=str(pki.ca_cert)) as client:
+            with pytest.raises(AuthenticationFailed):
+                await client.create_producer(TOPIC)
+        cert, key = pki.client("frank")
+        async with Client(
+            tls_url(broker),
+            auth=AuthenticationTLS(cert, key),
+            tls_trust_certs_file_path=str(pki.ca_cert),
+        ) as client:
+            producer = await client.create_producer(TOPIC)
+            await producer.send(b"x")
+            assert "frank" in roles(broker)
+
+
+async def test_http_lookup_names_the_tls_urls(tls_broker: InProcessBroker, pki: TestPki) -> None:
+    cert, key = pki.client("ops")
+    async with AdminClient(
+        https_url(tls_broker),
+        auth=AuthenticationTLS(cert, key),
+        tls_trust_certs_file_path=str(pki.ca_cert),
+    ) as admin:
+        answer = await admin.request("GET", "/lookup/v2/topic/persistent/public/default/t")
+        cluster = await admin.get_cluster("standalone")
+    assert answer["brokerUrlTls"] == tls_url(tls_broker)
+    assert answer["httpUrlTls"] == https_url(tls_broker)
+    assert answer["brokerUrl"] == tls_broker.service_url
+    assert cluster["brokerServiceUrlTls"].startswith("pulsar+ssl://")

@@ -5,8 +5,11 @@ closed (Pulsar's authenticationRefreshCheckSeconds)."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from pathlib import Path
+
+import pulsar
 
 from anabranch.aio import Client
 from anabranch.testing.broker import InProcessBroker
@@ -57,3 +60,32 @@ async def test_expired_static_token_closes_the_connection(tmp_path: Path) -> Non
             await client.create_producer(TOPIC)
             await wait_for(lambda: counters.authentication_failures >= 1, "the close")
             assert counters.authentication_refreshes == 0
+
+
+def official_producer_across_expiry(url: str, supplier: Callable[[], str]) -> None:
+    client = pulsar.Client(
+        url, authentication=pulsar.AuthenticationToken(supplier), operation_timeout_seconds=30
+    )
+    try:
+        producer = client.create_producer(TOPIC)
+        producer.send(b"before")
+        time.sleep(LIFETIME_S * 2)  # the token expires and the broker challenges it
+        producer.send(b"after")
+    finally:
+        client.close()
+
+
+async def test_official_client_token_supplier_answers_the_challenge(tmp_path: Path) -> None:
+    auth = TokenAuth(extra={"auth_refresh_check_s": 0.2})
+    issued: list[str] = []
+
+    def supplier() -> str:
+        issued.append(auth.token("alice", expires_in_s=LIFETIME_S))
+        return issued[-1]
+
+    async with InProcessBroker(tmp_path, security=auth) as broker:
+        counters = broker.service.counters
+        await asyncio.to_thread(official_producer_across_expiry, broker.service_url, supplier)
+        assert counters.authentication_refreshes >= 1
+        assert counters.authentication_failures == 0
+        assert counters.connections_opened == 1  # no reconnect was needed

@@ -76,8 +76,12 @@ async def cluster_lookup(
             f"{answer.http_url.rstrip('/')}{request.path}?authoritative=true"
         )
         return response
+    tls = answer.pulsar_url_tls or admin.broker.tls_url_for(answer.pulsar_url) or ""
     return LookupData(
-        broker_url=answer.pulsar_url, native_url=answer.pulsar_url, http_url=answer.http_url
+        broker_url=answer.pulsar_url,
+        native_url=answer.pulsar_url,
+        http_url=answer.http_url,
+        broker_url_tls=tls,
     )
 
 

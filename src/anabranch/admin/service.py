@@ -577,7 +577,13 @@ class AdminService:
         """This broker serves every topic and segment: answer its own URLs."""
         parse_name(topic)  # InvalidArgument
         url = self.broker.advertised_url
-        return LookupData(broker_url=url, native_url=url, http_url=self.http_url)
+        return LookupData(
+            broker_url=url,
+            native_url=url,
+            http_url=self.http_url,
+            broker_url_tls=getattr(self.broker, "advertised_url_tls", None) or "",
+            http_url_tls=getattr(self.broker, "http_url_tls", None) or "",
+        )
 
 
 def _consumer_count(subscription: Any) -> int:

@@ -76,6 +76,8 @@ class ClusterData(msgspec.Struct, rename="camel", kw_only=True):
 
     service_url: str = ""
     broker_service_url: str = ""
+    service_url_tls: str = ""
+    broker_service_url_tls: str = ""
 
 
 class TenantInfo(msgspec.Struct, rename="camel", kw_only=True):
@@ -711,10 +713,17 @@ class Policies:
         *,
         service_url: str = "http://127.0.0.1:8080",
         broker_service_url: str = "pulsar://127.0.0.1:6650",
+        service_url_tls: str = "",
+        broker_service_url_tls: str = "",
     ) -> None:
         """Create cluster ``cluster``, tenant ``public`` and namespace ``public/default``
         when absent; existing records are left as they are (idempotent, race-safe)."""
-        data = ClusterData(service_url=service_url, broker_service_url=broker_service_url)
+        data = ClusterData(
+            service_url=service_url,
+            broker_service_url=broker_service_url,
+            service_url_tls=service_url_tls,
+            broker_service_url_tls=broker_service_url_tls,
+        )
         try:
             await self.create_cluster(cluster, data)
         except AlreadyExists:

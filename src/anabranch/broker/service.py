@@ -134,6 +134,8 @@ class BrokerService:
         self.http_url = f"http://{config.advertised_address}:{config.http_port}"
         self.advertised_url_tls: str | None = None
         """``pulsar+ssl://`` URL of the TLS listener (None without one)."""
+        self.http_url_tls: str | None = None
+        """``https://`` URL of the admin API's TLS listener (None without one)."""
         self.peer_tls_urls: dict[str, str] = {}
         """Other brokers' ``pulsar://`` -> ``pulsar+ssl://`` URLs (cluster registry)."""
         self.scalable_endpoint = ScalableEndpoint(self)
@@ -204,12 +206,15 @@ class BrokerService:
         pulsar_url: str | None = None,
         http_url: str | None = None,
         pulsar_url_tls: str | None = None,
+        http_url_tls: str | None = None,
     ) -> None:
         """The bound addresses (known once the servers listen); controllers created later
         advertise them as the leader's address. ``pulsar_url_tls`` is the ``pulsar+ssl://``
         URL lookups also answer with (``brokerServiceUrlTls``)."""
         if pulsar_url_tls is not None:
             self.advertised_url_tls = pulsar_url_tls
+        if http_url_tls is not None:
+            self.http_url_tls = http_url_tls
         if pulsar_url is not None:
             self.advertised_url = pulsar_url
             self.scalable.pulsar_url = pulsar_url

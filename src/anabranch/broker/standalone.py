@@ -89,6 +89,7 @@ class Standalone:
                 f"{config.advertised_http_port or config.http_port}",
                 broker_service_url=f"pulsar://{config.advertised_address}:"
                 f"{config.advertised_port or config.port}",
+                **_tls_cluster_urls(config),
             )
             service = BrokerService(config, store, ledgers, clock, policies)
             if prepare is not None:
@@ -117,7 +118,7 @@ class Standalone:
         try:
             await node._start_http()
             if node.http_url is not None:
-                service.set_addresses(http_url=node.http_url)
+                service.set_addresses(http_url=node.http_url, http_url_tls=node.https_url)
             await service.scalable.start()
             await server.serve()  # ready: clients connect only now
         except BaseException:
@@ -208,6 +209,19 @@ class Standalone:
             await self.ledgers.close()
         finally:
             await self.store.close()
+
+
+def _tls_cluster_urls(config: BrokerConfig) -> dict[str, str]:
+    """The cluster record's ``serviceUrlTls``/``brokerServiceUrlTls`` (from the configured
+    ports: the record is written before the listeners bind)."""
+    if not config.tls_enabled:
+        return {}
+    host = config.advertised_address
+    port = config.advertised_port_tls or config.broker_service_port_tls
+    return {
+        "service_url_tls": f"https://{host}:{config.web_service_port_tls}",
+        "broker_service_url_tls": f"pulsar+ssl://{host}:{port}",
+    }
 
 
 def _ledger_factory(

@@ -563,18 +563,15 @@ class ClientConnection:
             self._shutdown(ConnectionClosed(f"connection to {self._peer()} failed"))
 
     def _on_lost(self, exc: Exception | None) -> None:
-        refused_cert = (
-            exc is None
-            and self.auth is not None
-            and self.auth.tls_cert_chain is not None
-            and self.ssl_context is not None
-        )
-        if not self._connected.done() and (isinstance(exc, ssl.SSLError) or refused_cert):
+        refused_tls = exc is None and self.ssl_context is not None
+        if not self._connected.done() and (isinstance(exc, ssl.SSLError) or refused_tls):
             # TLS 1.3: the broker checks our certificate after our side of the handshake
-            # and hangs up before CONNECTED when it does not trust it.
+            # and hangs up before answering CONNECT when it does not trust it (or requires
+            # one we did not send). Reconnects of live producers/consumers still retry.
             self._shutdown(
                 TlsHandshakeFailed(
-                    f"{self._peer()} refused the TLS session (client certificate not trusted?)"
+                    f"{self._peer()} closed the TLS session before CONNECTED "
+                    "(client certificate missing or not trusted?)"
                 )
             )
         elif exc is None:

@@ -263,8 +263,8 @@ class BrokerProcess(BrokerSubprocess):
         *,
         host: str = "127.0.0.1",
         fsync: str = "always",
-        failpoints: str = "",
         security: BrokerSecurity | None = None,
+        failpoints: str = "",
     ) -> None:
         self.failpoints = failpoints
         """Comma-separated failpoints (:mod:`anabranch.failpoints`) for the next start."""

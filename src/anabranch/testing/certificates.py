@@ -22,6 +22,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from anabranch.testing.security import BrokerSecurity
+
 VALID_FOR = datetime.timedelta(days=2)
 
 
@@ -140,7 +142,13 @@ class TlsSetup:
     authenticate: bool = False
     require_client_cert: bool = False
     plaintext: bool = True
-    also: Any = None
+    also: BrokerSecurity | None = None
+
+    @property
+    def superuser_token(self) -> str | None:
+        """The combined set-up's superuser token, if it has one (a ``TokenAuth``)."""
+        token = getattr(self.also, "superuser_token", None)
+        return token if isinstance(token, str) else None
 
     def broker_config(self) -> dict[str, Any]:
         fields: dict[str, Any] = dict(self.also.broker_config()) if self.also else {}

@@ -132,10 +132,7 @@ class LocalCluster:
         self.root = Path(root)
         self.security = security
         self.http_headers: dict[str, str] = {}
-        token = getattr(security, "superuser_token", None) if security is not None else None
-        if token is None and security is not None:
-            inner = getattr(security, "also", None)
-            token = getattr(inner, "superuser_token", None)
+        token = getattr(security, "superuser_token", None)
         if isinstance(token, str):
             self.http_headers["Authorization"] = f"Bearer {token}"
         security_settings = security.broker_config() if security is not None else {}
