@@ -65,6 +65,10 @@ class BrokerCounters:
     """Cursors moved forward by a consumer_backlog_eviction quota."""
     cleanup_failures: int = 0
     """Retention/TTL/quota sweeps (or one topic's step) that raised and were logged."""
+    authentication_failures: int = 0
+    """Connections closed because CONNECT (or an AUTH_RESPONSE) had bad credentials."""
+    authentication_refreshes: int = 0
+    """Expired credentials a client replaced with valid ones after an AUTH_CHALLENGE."""
 
     @property
     def active_connections(self) -> int:
@@ -210,6 +214,10 @@ class BrokerCollector(Collector):
              c.backlog_evictions),
             ("cleanup_failures", "Retention/TTL/quota sweep steps that failed (logged).",
              c.cleanup_failures),
+            ("authentication_failures", "Connections refused for bad credentials.",
+             c.authentication_failures),
+            ("authentication_refreshes", "Expired credentials refreshed after a challenge.",
+             c.authentication_refreshes),
         ):  # fmt: skip
             counter = CounterMetricFamily(f"{prefix}_{name}", text, labels=labels)
             counter.add_metric([self.cluster], value)
