@@ -22,7 +22,11 @@ from anabranch.storage.api import (
     ManagedLedgerFactory,
     Position,
 )
-from anabranch.storage.jetstream_ledger import JetStreamManagedLedgerFactory
+from anabranch.storage.jetstream_client import StreamNotFound
+from anabranch.storage.jetstream_ledger import (
+    JetStreamManagedLedger,
+    JetStreamManagedLedgerFactory,
+)
 from anabranch.storage.ledger import FileManagedLedgerFactory
 from anabranch.storage.memory import MemoryManagedLedgerFactory
 from anabranch.testing.nats import NatsCluster
@@ -325,6 +329,14 @@ async def test_delete(backend: Backend) -> None:
         assert not (backend.tmp / "data" / "doomed").exists()
         assert (await backend.store.list_prefix("/managed-ledgers/")).records == []
         assert (await backend.store.list_prefix("/ledgers/")).records == []
+    if backend.kind == "jetstream":
+        assert isinstance(fresh, JetStreamManagedLedger)
+        stream = fresh.stream
+        await fresh.delete()
+        client = await backend.factories[-1].client()  # type: ignore[attr-defined]
+        with pytest.raises(StreamNotFound):
+            await client.stream_info(stream)
+        assert (await backend.store.list_prefix("/js-managed-ledgers/")).records == []
 
 
 async def test_concurrent_appends_get_distinct_ordered_positions(backend: Backend) -> None:

@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import contextlib
 import itertools
 import json
 import logging
@@ -196,8 +197,12 @@ class JetStreamClient:
                     options["user_credentials"] = credentials_file
                 if tls is not None:
                     options["tls"] = tls
-                await nc.connect(**options)
+                # nats-py keeps retrying an initial connect that allows reconnects: bound it.
+                remaining = min(max(deadline - loop.time(), 0.1), 5.0)
+                await asyncio.wait_for(nc.connect(**options), remaining)
             except (NatsError, OSError, TimeoutError, asyncio.TimeoutError) as err:
+                with contextlib.suppress(NatsError, OSError):
+                    await nc.close()
                 if loop.time() + delay > deadline:
                     raise StorageIOError(
                         f"cannot reach NATS JetStream at {', '.join(urls)}: {type(err).__name__}"
