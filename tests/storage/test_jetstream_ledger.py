@@ -75,6 +75,7 @@ async def test_second_opener_fences_a_writer_with_appends_in_flight(
         first = await first_factory.open("t", BIG)
         acked: dict[Position, bytes] = {}
         failures: list[BaseException] = []
+        enough = asyncio.Event()
 
         async def produce(worker: int) -> None:
             for i in itertools.count():
@@ -84,10 +85,11 @@ async def test_second_opener_fences_a_writer_with_appends_in_flight(
                 except LedgerFenced as err:
                     failures.append(err)
                     return
+                if len(acked) >= 300:
+                    enough.set()
 
         producers = [asyncio.ensure_future(produce(w)) for w in range(8)]
-        while len(acked) < 300:
-            await asyncio.sleep(0.01)
+        await enough.wait()
         second = await second_factory.open("t", BIG)  # recovery: the fence
         await asyncio.gather(*producers)
         assert len(failures) == 8  # every producer met the fence, none hung
@@ -164,6 +166,7 @@ async def _produce_through(
     acked: dict[Position, bytes] = {}
     failures: list[BaseException] = []
     counter = itertools.count()
+    third = asyncio.Event()
 
     async def produce(worker: int) -> None:
         while True:
@@ -176,10 +179,11 @@ async def _produce_through(
             except Exception as err:
                 failures.append(err)
                 return
+            if len(acked) >= total // 3:
+                third.set()
 
     producers = [asyncio.ensure_future(produce(w)) for w in range(workers)]
-    while len(acked) < total // 3 and not all(p.done() for p in producers):
-        await asyncio.sleep(0.005)
+    await third.wait()
     assert callable(crash)
     await asyncio.to_thread(crash)
     await asyncio.gather(*producers)

@@ -177,6 +177,10 @@ def _ledger_factory(
         from anabranch.storage.memory import MemoryManagedLedgerFactory
 
         return MemoryManagedLedgerFactory(clock=clock)
+    if config.storage == "jetstream":
+        from anabranch.storage.jetstream_ledger import jetstream_factory
+
+        return jetstream_factory(config, store, clock)
     from anabranch.storage.ledger import FileManagedLedgerFactory
 
     return FileManagedLedgerFactory(config.data_dir / "ledgers", store, clock=clock)

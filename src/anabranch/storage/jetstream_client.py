@@ -200,7 +200,7 @@ class JetStreamClient:
                 # nats-py keeps retrying an initial connect that allows reconnects: bound it.
                 remaining = min(max(deadline - loop.time(), 0.1), 5.0)
                 await asyncio.wait_for(nc.connect(**options), remaining)
-            except (NatsError, OSError, TimeoutError, asyncio.TimeoutError) as err:
+            except (NatsError, OSError, TimeoutError) as err:
                 with contextlib.suppress(NatsError, OSError):
                     await nc.close()
                 if loop.time() + delay > deadline:
@@ -266,14 +266,14 @@ class JetStreamClient:
     # --- API requests ----------------------------------------------------------------------------
 
     async def api(
-        self, subject: str, body: dict[str, Any] | None = None, timeout: float = API_TIMEOUT_S
+        self, subject: str, body: dict[str, Any] | None = None, timeout_s: float = API_TIMEOUT_S
     ) -> dict[str, Any]:
         """One ``$JS.API`` request; an error reply raises the matching :class:`ApiError`."""
         payload = json.dumps(body).encode() if body is not None else b""
         try:
-            reply = await self._nc.request(subject, payload, timeout=timeout)
-        except (TimeoutError, asyncio.TimeoutError) as err:
-            raise ReplyTimeout(f"no reply to {subject} within {timeout}s") from err
+            reply = await self._nc.request(subject, payload, timeout=timeout_s)
+        except TimeoutError as err:
+            raise ReplyTimeout(f"no reply to {subject} within {timeout_s}s") from err
         except NatsError as err:
             raise StorageIOError(f"{subject}: {type(err).__name__} {err}") from err
         try:
@@ -343,7 +343,7 @@ class JetStreamClient:
             int(message["seq"]), str(message["subject"]), data, parse_headers(raw_headers)
         )
 
-    # --- the hot path ------------------------------------------------------------------------------
+    # --- the hot path -------------------------------------------------------------------------
 
     async def publish_batch(
         self,
@@ -351,7 +351,7 @@ class JetStreamClient:
         payloads: Sequence[bytes],
         *,
         expected_last_seq: int,
-        timeout: float = API_TIMEOUT_S,
+        timeout_s: float = API_TIMEOUT_S,
         batch_id: str | None = None,
     ) -> PubAck:
         """Store ``payloads`` atomically after ``expected_last_seq``; the reply to the
@@ -377,9 +377,9 @@ class JetStreamClient:
                 else:
                     await publish(subject, data, headers=headers)
             try:
-                msg = await asyncio.wait_for(fut, timeout)
-            except (TimeoutError, asyncio.TimeoutError) as err:
-                raise ReplyTimeout(f"no ack for batch {batch_id} within {timeout}s") from err
+                msg = await asyncio.wait_for(fut, timeout_s)
+            except TimeoutError as err:
+                raise ReplyTimeout(f"no ack for batch {batch_id} within {timeout_s}s") from err
         except NatsError as err:
             raise StorageIOError(f"publish to {subject}: {type(err).__name__} {err}") from err
         finally:
@@ -400,14 +400,14 @@ class JetStreamClient:
         data: bytes,
         *,
         expected_last_seq: int,
-        timeout: float = API_TIMEOUT_S,
+        timeout_s: float = API_TIMEOUT_S,
     ) -> int:
         """A single conditional publish (markers); returns its sequence."""
         headers = {"Nats-Expected-Last-Sequence": str(expected_last_seq)}
         try:
-            reply = await self._nc.request(subject, data, timeout=timeout, headers=headers)
-        except (TimeoutError, asyncio.TimeoutError) as err:
-            raise ReplyTimeout(f"no ack for {subject} within {timeout}s") from err
+            reply = await self._nc.request(subject, data, timeout=timeout_s, headers=headers)
+        except TimeoutError as err:
+            raise ReplyTimeout(f"no ack for {subject} within {timeout_s}s") from err
         except NatsError as err:
             raise StorageIOError(f"publish to {subject}: {type(err).__name__} {err}") from err
         try:
@@ -425,7 +425,7 @@ class JetStreamClient:
         count: int,
         *,
         max_bytes: int | None = None,
-        timeout: float = API_TIMEOUT_S,
+        timeout_s: float = API_TIMEOUT_S,
     ) -> list[StoredMsg]:
         """Up to ``count`` messages from ``seq`` on, from any current replica (possibly
         fewer: the byte budget, the end of the stream, or a lagging replica)."""
@@ -442,9 +442,9 @@ class JetStreamClient:
                 reply=f"{self._prefix}.{token}",
             )
             try:
-                await asyncio.wait_for(done, timeout)
-            except (TimeoutError, asyncio.TimeoutError) as err:
-                raise ReplyTimeout(f"no end of batch from {stream} within {timeout}s") from err
+                await asyncio.wait_for(done, timeout_s)
+            except TimeoutError as err:
+                raise ReplyTimeout(f"no end of batch from {stream} within {timeout_s}s") from err
         except NatsError as err:
             raise StorageIOError(f"direct get {stream}: {type(err).__name__} {err}") from err
         finally:

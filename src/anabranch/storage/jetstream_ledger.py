@@ -65,7 +65,7 @@ import ssl
 import uuid
 from collections import deque
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, unquote
 
 from anabranch import limits
@@ -88,11 +88,13 @@ from anabranch.storage.jetstream_client import (
     ERR_NO_SUITABLE_PEERS,
     ApiError,
     JetStreamClient,
-    ReplyTimeout,
     StreamNotFound,
     WrongLastSequence,
 )
 from anabranch.storage.ledger import LEDGER_ID_COUNTER, disk_name
+
+if TYPE_CHECKING:
+    from anabranch.broker.config import BrokerConfig
 
 log = logging.getLogger(__name__)
 
@@ -268,10 +270,9 @@ class JetStreamManagedLedger(ManagedLedgerBase):
         # (3) resolve the ledgers left open.
         kept: list[LedgerInfo] = []
         for ledger in ledgers:
-            if ledger.closed_ms is None:
-                if not await self._resolve(ledger):
-                    self._first_seq.pop(ledger.ledger_id, None)
-                    continue
+            if ledger.closed_ms is None and not await self._resolve(ledger):
+                self._first_seq.pop(ledger.ledger_id, None)
+                continue
             kept.append(ledger)
         kept.append(new)
         versions = await self._commit([Put(self._path, self._ml_info(kept), self._ml_version)])
@@ -302,7 +303,7 @@ class JetStreamManagedLedger(ManagedLedgerBase):
                     if _marker_ledger(newest.subject) > ledger_id:
                         raise LedgerFenced(f"{self.name}: opened again by a newer owner")
                 return await client.publish_one(
-                    subject, payload, expected_last_seq=last, timeout=self._factory.api_timeout_s
+                    subject, payload, expected_last_seq=last, timeout_s=self._factory.api_timeout_s
                 )
             except WrongLastSequence:
                 continue  # the previous owner appended meanwhile: look again
@@ -469,7 +470,7 @@ class JetStreamManagedLedger(ManagedLedgerBase):
             self._idle.set()
             self._room.set()
 
-    def _fail_queue(self, err: StorageError) -> None:
+    def _fail_queue(self, err: Exception) -> None:
         for pending in (*self._inflight, *self._queue):
             if not pending.fut.done():
                 pending.fut.set_exception(err)
@@ -524,7 +525,7 @@ class JetStreamManagedLedger(ManagedLedgerBase):
                     self._entries_subject,
                     payloads,
                     expected_last_seq=expected,
-                    timeout=self._factory.api_timeout_s,
+                    timeout_s=self._factory.api_timeout_s,
                     batch_id=batch_id,
                 )
             except WrongLastSequence as err:
@@ -587,8 +588,10 @@ class JetStreamManagedLedger(ManagedLedgerBase):
         while True:
             try:
                 seq = await client.publish_one(
-                    subject, payload, expected_last_seq=expected,
-                    timeout=self._factory.api_timeout_s,
+                    subject,
+                    payload,
+                    expected_last_seq=expected,
+                    timeout_s=self._factory.api_timeout_s,
                 )
                 break
             except StreamNotFound as err:
@@ -712,7 +715,7 @@ class JetStreamManagedLedger(ManagedLedgerBase):
                     seq,
                     count,
                     max_bytes=None if max_bytes is None else max_bytes + _HEADER_ALLOWANCE,
-                    timeout=self._factory.api_timeout_s,
+                    timeout_s=self._factory.api_timeout_s,
                 )
                 out: list[bytes] = []
                 for k, msg in enumerate(msgs):
@@ -865,13 +868,11 @@ class JetStreamManagedLedgerFactory:
         self.api_timeout_s = api_timeout_s
         self.append_timeout_s = append_timeout_s
         self.tail_cache_bytes = tail_cache_bytes
-        self._auth = {
-            "user": user,
-            "password": password,
-            "token": token,
-            "credentials_file": credentials_file,
-            "tls": tls,
-        }
+        self._user = user
+        self._password = password
+        self._token = token
+        self._credentials_file = credentials_file
+        self._tls = tls
         self._connect_timeout_s = connect_timeout_s
         self._client: JetStreamClient | None = None
         self._connecting = asyncio.Lock()
@@ -900,11 +901,11 @@ class JetStreamManagedLedgerFactory:
             if self._client is None:
                 self._client = await JetStreamClient.connect(
                     self.urls,
-                    user=self._auth["user"],
-                    password=self._auth["password"],
-                    token=self._auth["token"],
-                    credentials_file=self._auth["credentials_file"],
-                    tls=self._auth["tls"],
+                    user=self._user,
+                    password=self._password,
+                    token=self._token,
+                    credentials_file=self._credentials_file,
+                    tls=self._tls,
                     connect_timeout_s=self._connect_timeout_s,
                 )
             return self._client
@@ -955,3 +956,42 @@ class JetStreamManagedLedgerFactory:
             self._client = None
         if errors:
             raise errors[0]
+
+
+def jetstream_factory(
+    config: BrokerConfig, store: MetadataStore, clock: Clock | None = None
+) -> JetStreamManagedLedgerFactory:
+    """The factory a broker configured with ``storage = "jetstream"`` uses.
+
+    Example:
+        >>> from pathlib import Path
+        >>> from anabranch.broker.config import BrokerConfig
+        >>> from anabranch.metadata.memory import MemoryMetadataStore
+        >>> cfg = BrokerConfig(data_dir=Path("/tmp/ab"), storage="jetstream",
+        ...                    jetstream_urls=["nats://127.0.0.1:4222"], jetstream_replicas=1)
+        >>> jetstream_factory(cfg, MemoryMetadataStore()).replicas
+        1
+    """
+    tls: ssl.SSLContext | None = None
+    if config.jetstream_tls_trust_certs_file is not None:
+        tls = ssl.create_default_context(cafile=str(config.jetstream_tls_trust_certs_file))
+        if config.jetstream_tls_cert_file is not None:
+            key = config.jetstream_tls_key_file
+            tls.load_cert_chain(
+                str(config.jetstream_tls_cert_file), None if key is None else str(key)
+            )
+    password = config.jetstream_password
+    token = config.jetstream_token
+    creds = config.jetstream_credentials_file
+    return JetStreamManagedLedgerFactory(
+        config.jetstream_urls,
+        store,
+        replicas=config.jetstream_replicas,
+        prefix=config.jetstream_stream_prefix,
+        clock=clock,
+        user=config.jetstream_username,
+        password=None if password is None else password.get_secret_value(),
+        token=None if token is None else token.get_secret_value(),
+        credentials_file=None if creds is None else str(creds),
+        tls=tls,
+    )
