@@ -30,11 +30,13 @@ Theory of operation.
 * **Appends** queue on the loop; one writer task takes everything queued (up to
   ``BATCH_MESSAGES_MAX`` entries and ``STORAGE_GROUP_COMMIT_BYTES_MAX`` bytes, never past
   the current ledger's entry bound) and publishes it as one atomic batch whose first
-  message expects the last sequence we stored. A wrong-last-sequence reply means another
-  owner appended: LedgerFenced. A timeout or a leaderless stream leaves the outcome
-  unknown: the writer reads the batch's last sequence back from the stream leader (ours
-  if it carries one of our batch ids), and republishes only if the stream still ends where
-  we left it — never trusting deduplication.
+  message expects the sequence the batch before it ends at; up to ``pipeline_depth``
+  batches are in flight, acknowledged to appenders strictly in order. A wrong-last-sequence
+  reply means another owner appended: LedgerFenced. A timeout or a leaderless stream
+  leaves the outcome unknown: the writer lets the pipeline settle, then, batch by batch,
+  reads the batch's last sequence back from the stream leader (ours if it carries one of
+  our batch ids) and republishes only if the stream still ends where the batch expects —
+  never trusting deduplication.
 
 * **Reads** come from a tail cache of recent appends, else a batch direct get from any
   current replica; a lagging replica's short answer is completed from the stream leader.
@@ -88,6 +90,7 @@ from anabranch.storage.jetstream_client import (
     ERR_NO_SUITABLE_PEERS,
     ApiError,
     JetStreamClient,
+    PubAck,
     StreamNotFound,
     WrongLastSequence,
 )
@@ -150,6 +153,21 @@ def _transient(err: ApiError) -> bool:
     return err.code in (408, 500, 503) or err.err_code == ERR_NO_SUITABLE_PEERS
 
 
+class _Batch:
+    """Appends published together as one atomic batch right after ``expected``."""
+
+    __slots__ = ("batch_id", "expected", "payloads", "pendings", "size", "task", "tried")
+
+    def __init__(self, pendings: list[_Pending], expected: int) -> None:
+        self.pendings = pendings
+        self.payloads = [p.data for p in pendings]
+        self.size = sum(map(len, self.payloads))
+        self.expected = expected
+        self.batch_id = uuid.uuid4().hex[:22]
+        self.tried: set[str] = set()
+        self.task: asyncio.Future[PubAck]
+
+
 class _Pending:
     __slots__ = ("data", "fut")
 
@@ -181,7 +199,7 @@ class JetStreamManagedLedger(ManagedLedgerBase):
         self._last_seq = 0
         """Stream sequence of the last message we stored (the fence of our next batch)."""
         self._queue: deque[_Pending] = deque()
-        self._inflight: tuple[_Pending, ...] = ()
+        self._pipeline: deque[_Batch] = deque()
         self._queued_bytes = 0
         self._room = asyncio.Event()
         self._room_waiters = 0
@@ -434,48 +452,96 @@ class JetStreamManagedLedger(ManagedLedgerBase):
         return list(await asyncio.gather(*futs))
 
     async def _run_writer(self) -> None:
-        """The one task that stores batches, in queue order."""
+        """The one task that stores batches, in queue order, up to ``pipeline_depth``
+        batches in flight (each expects the end of the one before it)."""
+        pipeline = self._pipeline
+        depth = self._factory.pipeline_depth
         try:
             while True:
-                if not self._queue:
+                while len(pipeline) < depth and self._queue and self._fill(pipeline):
+                    pass
+                if not pipeline:
+                    if self._queue:  # the current ledger is full: roll over, then go on
+                        await self._rollover()
+                        continue
                     self._idle.set()
                     if self._stopping:
                         return
                     await self._wakeup.wait()
                     self._wakeup.clear()
                     continue
-                current = self._ledgers[-1]
-                if self._should_roll(current):
-                    await self._rollover()
-                    continue
-                batch = self._take(self.config.ledger_entries_max - current.entries)
-                if not batch:
-                    continue
-                payloads = [p.data for p in batch]
-                await self._store_batch(payloads)
-                first = current.entries
-                size = sum(map(len, payloads))
-                self._entries_confirmed(current, len(batch), size)
-                self._cache(current.ledger_id, first, payloads, size)
-                lid = current.ledger_id
-                for k, pending in enumerate(batch):
-                    if not pending.fut.done():
-                        pending.fut.set_result(Position(lid, first + k))
+                batch = pipeline[0]
+                try:
+                    ack = await batch.task
+                    if ack.last_seq != batch.expected + len(batch.payloads):
+                        raise StorageIOError(
+                            f"{self.name}: batch stored at {ack.last_seq}, expected"
+                            f" {batch.expected + len(batch.payloads)}"
+                        )
+                except StorageIOError as err:
+                    # Settle everything in flight first, then recover in order: a later
+                    # batch can only have landed if this one did.
+                    await asyncio.gather(*(b.task for b in pipeline), return_exceptions=True)
+                    await self._recover_batch(batch, err)
+                self._confirm(pipeline.popleft())
         except Exception as err:
             failure = err if isinstance(err, StorageError) else StorageIOError(repr(err))
             if self._failure is None:
                 self._failure = failure
+            for batch in pipeline:
+                batch.task.cancel()
             self._fail_queue(self._failure)
         finally:
             self._idle.set()
             self._room.set()
 
+    def _fill(self, pipeline: deque[_Batch]) -> bool:
+        """Start publishing the next batch; False when the current ledger has no room
+        (a rollover waits for the pipeline to drain) or nothing was taken."""
+        current = self._ledgers[-1]
+        assigned = current.entries + sum(len(b.payloads) for b in pipeline)
+        assigned_bytes = current.size + sum(b.size for b in pipeline)
+        room = self.config.ledger_entries_max - assigned
+        if room <= 0 or assigned_bytes >= self.config.ledger_bytes_max or self._aged(current):
+            return False
+        pendings = self._take(room)
+        if not pendings:
+            return bool(self._queue)
+        expected = (
+            pipeline[-1].expected + len(pipeline[-1].payloads) if pipeline else (self._last_seq)
+        )
+        batch = _Batch(pendings, expected)
+        batch.tried.add(batch.batch_id)
+        batch.task = asyncio.get_running_loop().create_task(
+            self._client.publish_batch(
+                self._entries_subject,
+                batch.payloads,
+                expected_last_seq=expected,
+                timeout_s=self._factory.api_timeout_s,
+                batch_id=batch.batch_id,
+            )
+        )
+        pipeline.append(batch)
+        return True
+
+    def _confirm(self, batch: _Batch) -> None:
+        current = self._ledgers[-1]
+        first = current.entries
+        self._last_seq = batch.expected + len(batch.payloads)
+        self._entries_confirmed(current, len(batch.payloads), batch.size)
+        self._cache(current.ledger_id, first, batch.payloads, batch.size)
+        lid = current.ledger_id
+        for k, pending in enumerate(batch.pendings):
+            if not pending.fut.done():
+                pending.fut.set_result(Position(lid, first + k))
+
     def _fail_queue(self, err: Exception) -> None:
-        for pending in (*self._inflight, *self._queue):
+        pendings = [p for b in self._pipeline for p in b.pendings]
+        for pending in (*pendings, *self._queue):
             if not pending.fut.done():
                 pending.fut.set_exception(err)
                 pending.fut.exception()  # retrieved: its appender may be gone
-        self._inflight = ()
+        self._pipeline.clear()
         self._queue.clear()
         self._queued_bytes = 0
         self._wake()
@@ -497,57 +563,49 @@ class JetStreamManagedLedger(ManagedLedgerBase):
                 continue
             out.append(pending)
             size += n
-        self._inflight = tuple(out)
         if self._room_waiters:
             self._room.set()
         return out
 
-    def _should_roll(self, info: LedgerInfo) -> bool:
+    def _aged(self, info: LedgerInfo) -> bool:
         age_ms = (self.clock.monotonic() - self._ledger_created) * 1000
-        return (
-            info.entries >= self.config.ledger_entries_max
-            or info.size >= self.config.ledger_bytes_max
-            or (info.entries > 0 and age_ms >= self.config.ledger_age_ms)
-        )
+        return info.entries > 0 and age_ms >= self.config.ledger_age_ms
 
-    async def _store_batch(self, payloads: list[bytes]) -> None:
-        """Publish ``payloads`` right after ``_last_seq``; see the module docstring."""
-        client = self._client
-        expected = self._last_seq
-        count = len(payloads)
-        tried: set[str] = set()
+    async def _recover_batch(self, batch: _Batch, err: StorageIOError) -> None:
+        """After a failed or unanswered publish: make sure ``batch`` is stored right after
+        ``batch.expected`` — read back whether an attempt landed (never trusting
+        deduplication), publish again while the stream still ends there, LedgerFenced once
+        something else is there."""
+        count = len(batch.payloads)
         deadline = self._deadline()
         while True:
-            batch_id = uuid.uuid4().hex[:22]
-            tried.add(batch_id)
-            try:
-                ack = await client.publish_batch(
-                    self._entries_subject,
-                    payloads,
-                    expected_last_seq=expected,
-                    timeout_s=self._factory.api_timeout_s,
-                    batch_id=batch_id,
-                )
-            except WrongLastSequence as err:
-                if await self._landed(expected, count, tried, deadline):
-                    break
-                raise LedgerFenced(f"{self.name}: another owner appended") from err
-            except StreamNotFound as err:
+            if isinstance(err, StreamNotFound):
                 raise LedgerFenced(f"{self.name}: its stream was deleted") from err
-            except StorageIOError as err:
-                if isinstance(err, ApiError) and not _transient(err):
-                    raise
-                # The outcome is unknown: read it back rather than trust deduplication.
-                if await self._landed(expected, count, tried, deadline, err):
-                    break
-                continue  # the stream still ends where we left it: publish again
-            if ack.last_seq != expected + count:
-                raise StorageIOError(
-                    f"{self.name}: batch stored at {ack.last_seq}, expected {expected + count}"
+            transient = not isinstance(err, ApiError) or _transient(err)
+            if not transient and not isinstance(err, WrongLastSequence):
+                raise err
+            cause = None if isinstance(err, WrongLastSequence) else err
+            if await self._landed(batch.expected, count, batch.tried, deadline, cause):
+                return
+            batch.batch_id = uuid.uuid4().hex[:22]
+            batch.tried.add(batch.batch_id)
+            try:
+                ack = await self._client.publish_batch(
+                    self._entries_subject,
+                    batch.payloads,
+                    expected_last_seq=batch.expected,
+                    timeout_s=self._factory.api_timeout_s,
+                    batch_id=batch.batch_id,
                 )
-            break
-        self._last_seq = expected + count
-        self._inflight = ()
+            except StorageIOError as again:
+                err = again
+                continue
+            if ack.last_seq != batch.expected + count:
+                raise StorageIOError(
+                    f"{self.name}: batch stored at {ack.last_seq}, expected"
+                    f" {batch.expected + count}"
+                )
+            return
 
     async def _landed(
         self,
@@ -853,6 +911,7 @@ class JetStreamManagedLedgerFactory:
         api_timeout_s: float = 5.0,
         append_timeout_s: float = 60.0,
         tail_cache_bytes: int = limits.STORAGE_TAIL_CACHE_BYTES_MAX,
+        pipeline_depth: int = 2,
     ) -> None:
         if not urls:
             raise ValueError("JetStream needs at least one server URL")
@@ -868,6 +927,7 @@ class JetStreamManagedLedgerFactory:
         self.api_timeout_s = api_timeout_s
         self.append_timeout_s = append_timeout_s
         self.tail_cache_bytes = tail_cache_bytes
+        self.pipeline_depth = max(1, pipeline_depth)
         self._user = user
         self._password = password
         self._token = token
