@@ -16,14 +16,13 @@ Theory of operation.
   cursors under ``<that path>/cursors/<quoted cursor>`` (AckState bytes), written with a
   version check on the record, as in the file backend.
 
-* **Open = claim, fence, resolve.** (1) CAS the record with a fresh owner and a new ledger
-  id (a concurrent opener loses with LedgerFenced); ids are allocated after reading the
-  record, so successful claims carry increasing ids. (2) Append the new ledger's marker
-  with ``Nats-Expected-Last-Sequence`` = the stream's last sequence, re-reading and retrying
-  when a stale writer slips an append in, and giving up (LedgerFenced) once a marker of a
-  newer ledger exists: after the marker lands, every append of the previous owner fails
-  its own expected-last-sequence check — that conditional append is the fence. (3) Every
-  ledger the record still lists as open ends just before the next marker
+* **Open = claim, fence, resolve.** (1) CAS the record with a fresh owner and a new
+  ledger id (a concurrent opener loses with LedgerFenced). (2) Append the new ledger's
+  marker with ``Nats-Expected-Last-Sequence`` = the stream's last sequence, re-reading and
+  retrying when a stale writer slips an append in, and giving up (LedgerFenced) once the
+  record shows a later claim: after the marker lands, every append of the previous owner
+  fails its own expected-last-sequence check — that conditional append is the fence.
+  (3) Every ledger the record still lists as open ends just before the next marker
   (``next_by_subj``), which gives its entry count; it is closed, empty ones dropped, and
   the record is CASed again with the new ledger's first sequence.
 
@@ -140,12 +139,6 @@ def stream_name(prefix: str, name: str) -> str:
 
 def _dumps(obj: Any) -> bytes:
     return json.dumps(obj, separators=(",", ":"), sort_keys=True).encode()
-
-
-def _marker_ledger(subject: str) -> int:
-    """The ledger id of a marker subject (-1 for the seal marker)."""
-    tail = subject.rpartition(".")[2]
-    return int(tail) if tail.isdigit() else -1
 
 
 def _transient(err: ApiError) -> bool:
@@ -304,22 +297,25 @@ class JetStreamManagedLedger(ManagedLedgerBase):
 
     async def _append_open_marker(self, ledger_id: int) -> int:
         """Append ``<stream>.m.<ledger_id>`` after the stream's current end (the fence);
-        LedgerFenced once a newer ledger's marker exists."""
+        LedgerFenced once another opener has claimed the record after us."""
         client = self._client
         subject = f"{self._stream}.m.{ledger_id}"
         payload = _dumps({"ledger": ledger_id, "owner": self._owner})
         deadline = self._deadline()
         while True:
             try:
-                # The end first, then the newest marker: a newer marker that lands after
-                # we read the end makes our conditional publish fail, and we look again.
+                # The stream's end first, then the record: a later claimer's marker that is
+                # already in the stream shows up as its claim in the record (claims come
+                # before markers); one that lands after we read the end makes our
+                # conditional publish fail, and we look again. So a superseded opener never
+                # appends its marker after the newer owner's.
                 last = await client.last_seq(self._stream)
+                record = await self._store.get(self._path)
+                if record is None or record.stat.version != self._ml_version:
+                    raise LedgerFenced(f"{self.name}: opened again by a newer owner")
                 newest = await client.msg_get(self._stream, last_by_subj=f"{self._stream}.m.*")
-                if newest is not None:
-                    if newest.subject == subject:
-                        return newest.seq  # an earlier attempt of ours landed
-                    if _marker_ledger(newest.subject) > ledger_id:
-                        raise LedgerFenced(f"{self.name}: opened again by a newer owner")
+                if newest is not None and newest.subject == subject:
+                    return newest.seq  # an earlier attempt of ours landed
                 return await client.publish_one(
                     subject, payload, expected_last_seq=last, timeout_s=self._factory.api_timeout_s
                 )
