@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -135,6 +136,32 @@ async def test_concurrent_openers_one_wins(
             await f.close()
 
 
+async def test_orphan_marker_of_a_dead_opener_ends_the_previous_ledger(
+    shared_cluster: NatsCluster, store: MemoryMetadataStore
+) -> None:
+    """An opener that appended its marker and died before recording it: the writer it
+    fenced stays fenced, and the next opener counts the previous ledger up to that marker."""
+    prefix = f"f{next(_prefixes)}"
+    factory = _factory(shared_cluster, store, prefix)
+    again = _factory(shared_cluster, store, prefix)
+    try:
+        ml = await factory.open("t", BIG)
+        positions = [await ml.append(b"e%d" % i) for i in range(5)]
+        client = await factory.client()
+        last = await client.last_seq(ml.stream)
+        await client.publish_one(f"{ml.stream}.m.999999", b"{}", expected_last_seq=last)
+        with pytest.raises(LedgerFenced):
+            await ml.append(b"after the orphan marker")
+        recovered = await again.open("t", BIG)
+        stored = await _read_all(recovered)
+        assert list(stored) == positions
+        assert recovered.entry_count == 5
+        assert (await recovered.append(b"next")) > positions[-1]
+    finally:
+        await factory.close()
+        await again.close()
+
+
 async def test_stream_deleted_behind_our_back_fences(
     shared_cluster: NatsCluster, store: MemoryMetadataStore
 ) -> None:
@@ -212,6 +239,43 @@ async def test_killing_the_stream_leader_loses_no_acknowledged_append(
         assert lost == []
         assert len(stored) == len(acked)
     finally:
+        await factory.close()
+        await reader.close()
+        cluster.stop()
+
+
+@pytest.mark.slow
+async def test_pausing_the_stream_leader_loses_no_acknowledged_append(
+    tmp_path: Path, store: MemoryMetadataStore
+) -> None:
+    """SIGSTOP of the stream leader: publishes go unanswered (timeouts, outcome unknown),
+    the writer reads back instead of trusting deduplication, and after the resume every
+    acknowledged append is stored exactly once at its position."""
+    cluster = NatsCluster.start(tmp_path / "nats", nodes=3)
+    factory = JetStreamManagedLedgerFactory(cluster.urls, store, api_timeout_s=1.0)
+    reader = JetStreamManagedLedgerFactory(cluster.urls, store, tail_cache_bytes=0)
+    paused = None
+    try:
+        ml = await factory.open("t", BIG)
+        paused = cluster.stream_leader(ml.stream)
+
+        def pause_then_resume() -> None:
+            assert paused is not None
+            paused.pause()
+            time.sleep(4.0)
+            paused.resume()
+
+        acked, failures = await _produce_through(ml, pause_then_resume)
+        assert failures == []
+        assert len(acked) == 1500
+        await factory.close()
+        recovered = await reader.open("t", BIG)
+        stored = await _read_all(recovered)
+        assert [p for p in acked if stored.get(p) != acked[p]] == []
+        assert len(stored) == len(acked)  # no batch stored twice
+    finally:
+        if paused is not None:
+            paused.resume()
         await factory.close()
         await reader.close()
         cluster.stop()

@@ -612,20 +612,30 @@ class JetStreamManagedLedger(ManagedLedgerBase):
         cause: BaseException | None = None,
     ) -> bool:
         """Did one of our batches land after ``expected``? True if so; False if the stream
-        still ends at ``expected`` (safe to publish again); LedgerFenced if something else
-        is there. Retries through leader elections until ``deadline``."""
+        still ends at ``expected`` (safe to publish again: an attempt that lands later makes
+        that publish fail, and we look again); LedgerFenced if a message of someone else
+        follows ``expected``. Retries through leader elections until ``deadline``.
+
+        The end is read before the message after ``expected``: a stored sequence never
+        changes, so "someone else's message is there" is final, whereas "nothing is there
+        yet" could turn false at any moment (a delayed commit of our own batch)."""
         if cause is not None:
             await self._backoff(deadline, cause)
         client = self._client
         while True:
             try:
-                msg = await client.msg_get(self._stream, seq=expected + count)
-                if msg is not None and msg.headers.get("Nats-Batch-Id") in tried:
-                    return True
                 last = await client.last_seq(self._stream)
                 if last == expected:
                     return False
-                raise LedgerFenced(f"{self.name}: another owner appended")
+                if last > expected:
+                    after = await client.msg_get(self._stream, seq=expected + 1)
+                    if after is not None:
+                        if after.headers.get("Nats-Batch-Id") not in tried:
+                            raise LedgerFenced(f"{self.name}: another owner appended")
+                        if last >= expected + count:  # batches are atomic: all of it is there
+                            return True
+                # A stream behind what it acknowledged, or a batch half applied: ask again.
+                await self._backoff(deadline, StorageIOError(f"{self.name}: stream at {last}"))
             except StreamNotFound as err:
                 raise LedgerFenced(f"{self.name}: its stream was deleted") from err
             except LedgerFenced:
@@ -768,7 +778,7 @@ class JetStreamManagedLedger(ManagedLedgerBase):
                     self._stream,
                     seq,
                     count,
-                    max_bytes=None if max_bytes is None else max_bytes + _HEADER_ALLOWANCE,
+                    max_bytes=None if max_bytes is None else max_bytes + count * _HEADER_ALLOWANCE,
                     timeout_s=self._factory.api_timeout_s,
                 )
                 out: list[bytes] = []
