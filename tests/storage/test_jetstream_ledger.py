@@ -17,6 +17,7 @@ import pytest
 from anabranch.errors import LedgerFenced, StorageIOError
 from anabranch.metadata.memory import MemoryMetadataStore
 from anabranch.storage.api import EARLIEST, ManagedLedgerConfig, Position
+from anabranch.storage.jetstream_client import ApiError, StreamNotFound
 from anabranch.storage.jetstream_ledger import (
     JetStreamManagedLedger,
     JetStreamManagedLedgerFactory,
@@ -160,6 +161,32 @@ async def test_orphan_marker_of_a_dead_opener_ends_the_previous_ledger(
     finally:
         await factory.close()
         await again.close()
+
+
+async def test_terminate_seals_the_stream(
+    shared_cluster: NatsCluster, store: MemoryMetadataStore
+) -> None:
+    factory = _factory(shared_cluster, store, f"f{next(_prefixes)}")
+    try:
+        ml = await factory.open("t", ManagedLedgerConfig(ledger_entries_max=2))
+        positions = [await ml.append(b"e%d" % i) for i in range(5)]
+        cursor = await ml.open_cursor("c", EARLIEST)
+        assert await ml.terminate() == positions[-1]
+        client = await factory.client()
+        info = await client.stream_info(ml.stream)
+        assert info["config"]["sealed"] is True
+        with pytest.raises(ApiError, match="sealed"):
+            await client.publish_batch(
+                f"{ml.stream}.e", [b"x"], expected_last_seq=int(info["state"]["last_seq"])
+            )
+        await cursor.acknowledge_cumulative(positions[-1])
+        assert await ml.trim() == 2  # the record drops the ledgers; the stream keeps them
+        assert [e.position for e in await ml.read(EARLIEST, 100)] == positions[4:]
+        await ml.delete()
+        with pytest.raises(StreamNotFound):
+            await client.stream_info(ml.stream)
+    finally:
+        await factory.close()
 
 
 async def test_stream_deleted_behind_our_back_fences(

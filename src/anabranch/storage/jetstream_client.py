@@ -58,6 +58,7 @@ ERR_STREAM_NOT_FOUND = 10059
 ERR_NO_MESSAGE_FOUND = 10037
 ERR_STREAM_NAME_IN_USE = 10058
 ERR_NO_SUITABLE_PEERS = 10005
+ERR_STREAM_SEALED = 10109
 
 BATCH_MESSAGES_MAX = 1000
 """Messages per atomic batch (the server's default limit)."""
@@ -301,6 +302,12 @@ class JetStreamClient:
         """The stream's last sequence, from the leader."""
         info = await self.stream_info(stream)
         return int(info["state"]["last_seq"])
+
+    async def seal_stream(self, config: dict[str, Any]) -> dict[str, Any]:
+        """Mark the stream sealed (no more writes, purges or deletes of messages; reads
+        and deleting the whole stream still work); returns its fresh info."""
+        name = config["name"]
+        return await self.api(f"$JS.API.STREAM.UPDATE.{name}", {**config, "sealed": True})
 
     async def purge_below(self, stream: str, seq: int) -> int:
         """Remove every message with a sequence below ``seq``; how many went."""

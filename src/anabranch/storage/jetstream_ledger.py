@@ -40,10 +40,11 @@ Theory of operation.
 * **Reads** come from a tail cache of recent appends, else a batch direct get from any
   current replica; a lagging replica's short answer is completed from the stream leader.
   **Trim** removes closed ledgers from the record, then purges the stream below the first
-  kept marker. **Terminate** appends the seal marker (fence-checked) and records
-  ``terminatedAt``. The stream's own ``sealed`` flag is not set: it also denies purges, so
-  a terminated topic could no longer be trimmed. **Delete** removes the record, cursors
-  and the stream.
+  kept marker. **Terminate** appends the seal marker (fence-checked), records
+  ``terminatedAt``, then sets the stream's ``sealed`` flag and checks on that fresh stream
+  info that the seal marker is the last message. A sealed stream refuses purges, so a
+  terminated ledger's trim only updates the record; its bytes go with ``delete``, which
+  removes the record, cursors and the stream.
 
 Example:
     >>> async def demo(store: MetadataStore) -> None:
@@ -87,6 +88,7 @@ from anabranch.storage.base import LedgerInfo, ManagedLedgerBase
 from anabranch.storage.jetstream_client import (
     BATCH_MESSAGES_MAX,
     ERR_NO_SUITABLE_PEERS,
+    ERR_STREAM_SEALED,
     ApiError,
     JetStreamClient,
     PubAck,
@@ -837,6 +839,10 @@ class JetStreamManagedLedger(ManagedLedgerBase):
         if keep_from is not None:
             try:
                 await self._client.purge_below(self._stream, keep_from)
+            except ApiError as err:
+                if err.err_code != ERR_STREAM_SEALED:
+                    raise
+                # A terminated ledger's stream is sealed: its bytes go when it is deleted.
             except StorageIOError as err:  # the next trim purges up to its own first ledger
                 log.warning("%s: purge below %d failed: %s", self.name, keep_from, err)
 
@@ -861,9 +867,28 @@ class JetStreamManagedLedger(ManagedLedgerBase):
                 raise
             self._ml_version = versions[0]
         await self._stop_writer()
+        await self._seal_stream()
         self._wake()
         self._room.set()
         return end
+
+    async def _seal_stream(self) -> None:
+        """Set the stream's ``sealed`` flag (best effort: the seal marker and the record
+        already seal the ledger) and check, on the fresh stream info, that nothing landed
+        after our seal marker."""
+        try:
+            info = await self._client.seal_stream(self._factory.stream_config(self._stream))
+        except StorageIOError as err:
+            log.warning("%s: could not set the stream's sealed flag: %s", self.name, err)
+            return
+        last = int(info["state"]["last_seq"])
+        if last != self._last_seq:
+            log.error(
+                "%s: sealed stream ends at %d, our seal marker is at %d",
+                self.name,
+                last,
+                self._last_seq,
+            )
 
     async def delete(self) -> None:
         self.check_readable()
