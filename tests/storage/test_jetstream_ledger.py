@@ -271,6 +271,28 @@ async def test_killing_the_stream_leader_loses_no_acknowledged_append(
         cluster.stop()
 
 
+async def test_single_node_restart_keeps_the_ledger(
+    tmp_path: Path, store: MemoryMetadataStore
+) -> None:
+    """R1 on one node: a clean restart of the server (same store dir) keeps every entry."""
+    cluster = NatsCluster.start(tmp_path / "nats", nodes=1)
+    factory = JetStreamManagedLedgerFactory(cluster.urls, store, replicas=1)
+    reader = JetStreamManagedLedgerFactory(cluster.urls, store, replicas=1, tail_cache_bytes=0)
+    try:
+        ml = await factory.open("t", BIG)
+        positions = await ml.append_many([b"a", b"b", b"c"])
+        await factory.close()
+        await asyncio.to_thread(cluster.restart, "n1")
+        recovered = await reader.open("t", BIG)
+        assert [(e.position, e.data) for e in await recovered.read(EARLIEST, 10)] == list(
+            zip(positions, [b"a", b"b", b"c"], strict=True)
+        )
+    finally:
+        await factory.close()
+        await reader.close()
+        cluster.stop()
+
+
 @pytest.mark.slow
 async def test_pausing_the_stream_leader_loses_no_acknowledged_append(
     tmp_path: Path, store: MemoryMetadataStore
