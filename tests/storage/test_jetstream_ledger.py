@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from anabranch.errors import LedgerFenced, StorageIOError
+from anabranch.errors import CorruptRecord, LedgerFenced, StorageIOError
 from anabranch.metadata.memory import MemoryMetadataStore
 from anabranch.storage.api import EARLIEST, ManagedLedgerConfig, Position
 from anabranch.storage.jetstream_client import ApiError, StreamNotFound
@@ -185,6 +185,25 @@ async def test_terminate_seals_the_stream(
         await ml.delete()
         with pytest.raises(StreamNotFound):
             await client.stream_info(ml.stream)
+    finally:
+        await factory.close()
+
+
+async def test_a_message_deleted_behind_our_back_is_a_corrupt_record(
+    shared_cluster: NatsCluster, store: MemoryMetadataStore
+) -> None:
+    """Never serve around a hole: entries before it are served, the hole itself raises."""
+    factory = _factory(shared_cluster, store, f"f{next(_prefixes)}")
+    try:
+        ml = await factory.open("t", BIG)
+        positions = [await ml.append(b"e%d" % i) for i in range(5)]
+        client = await factory.client()
+        marker = (await client.last_seq(ml.stream)) - 5
+        await client.api(f"$JS.API.STREAM.MSG.DELETE.{ml.stream}", {"seq": marker + 3})
+        assert [e.position for e in await ml.read(EARLIEST, 10)] == positions[:2]
+        with pytest.raises(CorruptRecord):
+            await ml.read(positions[2], 10)
+        assert [e.data for e in await ml.read(positions[3], 10)] == [b"e3", b"e4"]
     finally:
         await factory.close()
 

@@ -784,8 +784,9 @@ class JetStreamManagedLedger(ManagedLedgerBase):
                     timeout_s=self._factory.api_timeout_s,
                 )
                 out: list[bytes] = []
+                entries_subject = self._entries_subject
                 for k, msg in enumerate(msgs):
-                    if msg.seq != seq + k:
+                    if msg.seq != seq + k or msg.subject != entries_subject:
                         break
                     out.append(msg.data)
                 if out or not at_least_one:
