@@ -8,7 +8,9 @@
 ``--jetstream`` adds the same two measurements on the JetStream backend: a 3-node NATS
 cluster (``sync_interval: always``, fsync before every ack) started by the benchmark on
 loopback in a temp dir, streams with ``--replicas`` copies (R3 by default); the file
-backend's figures of the same repetition are its baseline (``jetstream_vs_file``).
+backend's figures of the same repetition are its baseline (``jetstream_vs_file``). Each
+repetition then SIGKILLs the stream leader under load and reports the write pause (the
+longest gap between two acknowledgements) and failed appends (expected: 0).
 
 Each is repeated ``--reps`` times (fresh directory each time); medians are reported. The
 raw figure is measured right before and right after each ledger run (the disk is shared,
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import shutil
@@ -194,7 +197,9 @@ def main() -> None:
         uvloop.install()
 
     raws, rates, sat_p50, sat_p99, half_p50, half_p99, half_rate = [], [], [], [], [], [], []
-    js: dict[str, list[float]] = {k: [] for k in ("rate", "p50", "p99", "hrate", "hp50", "hp99")}
+    js: dict[str, list[float]] = {
+        k: [] for k in ("rate", "p50", "p99", "hrate", "hp50", "hp99", "pause", "failed")
+    }
     for rep in range(args.reps):
         base = Path(tempfile.mkdtemp(prefix="ledger-bench-", dir="/tmp"))
         try:
@@ -248,6 +253,9 @@ def main() -> None:
                 "jetstream_half_load_rate_per_s": round(med(js["hrate"])),
                 "jetstream_half_load_p50_ms": round(med(js["hp50"]), 3),
                 "jetstream_half_load_p99_ms": round(med(js["hp99"]), 3),
+                "jetstream_leader_kill_pause_s": round(med(js["pause"]), 3),
+                "jetstream_leader_kill_pause_max_s": round(max(js["pause"]), 3),
+                "jetstream_leader_kill_failed_appends": round(sum(js["failed"])),
             }
         )
     print(json.dumps(result))
@@ -266,14 +274,57 @@ def run_jetstream(base: Path, args: argparse.Namespace, out: dict[str, list[floa
         out["hrate"].append(achieved)
         out["hp50"].append(pct(lat, 0.5) * 1e3)
         out["hp99"].append(pct(lat, 0.99) * 1e3)
+        pause, failed = asyncio.run(leader_kill_pause(cluster, target))
+        out["pause"].append(pause)
+        out["failed"].append(failed)
     finally:
         cluster.stop()
     print(
         f"jetstream R{args.replicas}: {rate:,.0f}/s sat p50/p99 {out['p50'][-1]:.2f}/"
         f"{out['p99'][-1]:.2f} ms; 50% load {achieved:,.0f}/s p50/p99 "
-        f"{out['hp50'][-1]:.2f}/{out['hp99'][-1]:.2f} ms",
+        f"{out['hp50'][-1]:.2f}/{out['hp99'][-1]:.2f} ms; stream leader SIGKILL: "
+        f"longest gap between acks {pause:.2f} s, {failed:.0f} appends failed",
         flush=True,
     )
+
+
+async def leader_kill_pause(
+    cluster: NatsCluster, target: Target, seconds: float = 8.0, inflight: int = 32
+) -> tuple[float, float]:
+    """Appends from ``inflight`` tasks for ``seconds``; the stream leader is SIGKILLed a
+    quarter of the way in. Returns the longest gap between two acknowledgements (the
+    write pause) and how many appends failed."""
+    store = MemoryMetadataStore()
+    factory = target.factory(Path("/nonexistent"), store)
+    assert isinstance(factory, JetStreamManagedLedgerFactory)
+    ml = await factory.open("bench", CONFIG)
+    payload = os.urandom(ENTRY)
+    acks: list[float] = []
+    failed = 0
+    clock = time.perf_counter
+    end = clock() + seconds
+
+    async def appender() -> None:
+        nonlocal failed
+        while clock() < end:
+            try:
+                await ml.append(payload)
+            except Exception:
+                failed += 1
+                return
+            acks.append(clock())
+
+    tasks = [asyncio.ensure_future(appender()) for _ in range(inflight)]
+    await asyncio.sleep(seconds / 4)
+    leader = await asyncio.to_thread(cluster.stream_leader, ml.stream)
+    await asyncio.to_thread(leader.kill)
+    await asyncio.gather(*tasks)
+    await factory.close()
+    await store.close()
+    cluster.start_node(leader.name)
+    await asyncio.to_thread(cluster.wait_ready)
+    gaps = [b - a for a, b in itertools.pairwise(acks)]
+    return max(gaps, default=seconds), float(failed)
 
 
 if __name__ == "__main__":
