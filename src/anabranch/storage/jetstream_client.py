@@ -295,12 +295,12 @@ class JetStreamClient:
                 raise
         return await self.stream_info(name)
 
-    async def stream_info(self, stream: str) -> dict[str, Any]:
-        return await self.api(f"$JS.API.STREAM.INFO.{stream}")
+    async def stream_info(self, stream: str, timeout_s: float = API_TIMEOUT_S) -> dict[str, Any]:
+        return await self.api(f"$JS.API.STREAM.INFO.{stream}", timeout_s=timeout_s)
 
-    async def last_seq(self, stream: str) -> int:
+    async def last_seq(self, stream: str, timeout_s: float = API_TIMEOUT_S) -> int:
         """The stream's last sequence, from the leader."""
-        info = await self.stream_info(stream)
+        info = await self.stream_info(stream, timeout_s)
         return int(info["state"]["last_seq"])
 
     async def seal_stream(self, config: dict[str, Any]) -> dict[str, Any]:
@@ -327,6 +327,7 @@ class JetStreamClient:
         seq: int | None = None,
         last_by_subj: str | None = None,
         next_by_subj: str | None = None,
+        timeout_s: float = API_TIMEOUT_S,
     ) -> StoredMsg | None:
         """One message from the stream leader (a consistent read), or None if absent."""
         body: dict[str, Any] = {}
@@ -337,7 +338,7 @@ class JetStreamClient:
         if next_by_subj is not None:
             body["next_by_subj"] = next_by_subj
         try:
-            out = await self.api(f"$JS.API.STREAM.MSG.GET.{stream}", body)
+            out = await self.api(f"$JS.API.STREAM.MSG.GET.{stream}", body, timeout_s)
         except MessageNotFound:
             return None
         message = out["message"]

@@ -626,11 +626,12 @@ class JetStreamManagedLedger(ManagedLedgerBase):
         client = self._client
         while True:
             try:
-                last = await client.last_seq(self._stream)
+                quick = self._factory.readback_timeout_s
+                last = await client.last_seq(self._stream, quick)
                 if last == expected:
                     return False
                 if last > expected:
-                    after = await client.msg_get(self._stream, seq=expected + 1)
+                    after = await client.msg_get(self._stream, seq=expected + 1, timeout_s=quick)
                     if after is not None:
                         if after.headers.get("Nats-Batch-Id") not in tried:
                             raise LedgerFenced(f"{self.name}: another owner appended")
@@ -677,7 +678,9 @@ class JetStreamManagedLedger(ManagedLedgerBase):
     async def _read_back_marker(self, seq: int, subject: str, deadline: float) -> bool:
         while True:
             try:
-                msg = await self._client.msg_get(self._stream, seq=seq)
+                msg = await self._client.msg_get(
+                    self._stream, seq=seq, timeout_s=self._factory.readback_timeout_s
+                )
                 if msg is not None and msg.subject == subject:
                     return True
                 if msg is None:
@@ -944,6 +947,7 @@ class JetStreamManagedLedgerFactory:
         append_timeout_s: float = 60.0,
         tail_cache_bytes: int = limits.STORAGE_TAIL_CACHE_BYTES_MAX,
         pipeline_depth: int = 2,
+        readback_timeout_s: float = 1.0,
     ) -> None:
         if not urls:
             raise ValueError("JetStream needs at least one server URL")
@@ -960,6 +964,10 @@ class JetStreamManagedLedgerFactory:
         self.append_timeout_s = append_timeout_s
         self.tail_cache_bytes = tail_cache_bytes
         self.pipeline_depth = max(1, pipeline_depth)
+        self.readback_timeout_s = min(readback_timeout_s, api_timeout_s)
+        """Requests that poll for a new stream leader after an unanswered publish are
+        short, so the first one after the election answers soon (a request sent while
+        the stream has no leader waits out its whole timeout)."""
         self._user = user
         self._password = password
         self._token = token
