@@ -17,7 +17,7 @@ import pytest
 from anabranch.errors import CorruptRecord, LedgerFenced, StorageIOError
 from anabranch.metadata.memory import MemoryMetadataStore
 from anabranch.storage.api import EARLIEST, ManagedLedgerConfig, Position
-from anabranch.storage.jetstream_client import ApiError, StreamNotFound
+from anabranch.storage.jetstream_client import ApiError, NatsAuthError, StreamNotFound
 from anabranch.storage.jetstream_ledger import (
     JetStreamManagedLedger,
     JetStreamManagedLedgerFactory,
@@ -229,6 +229,28 @@ async def test_unreachable_nats_is_a_clear_error(store: MemoryMetadataStore) -> 
     with pytest.raises(StorageIOError, match="cannot reach NATS JetStream at nats://127"):
         await factory.open("t")
     await factory.close()
+
+
+async def test_credentials(tmp_path: Path, store: MemoryMetadataStore) -> None:
+    cluster = NatsCluster.start(tmp_path / "nats", nodes=1, auth=("broker", "s3cret"))
+    good = JetStreamManagedLedgerFactory(
+        cluster.urls, store, replicas=1, user="broker", password="s3cret"
+    )
+    bad = JetStreamManagedLedgerFactory(
+        cluster.urls, store, replicas=1, user="broker", password="wrong", connect_timeout_s=20
+    )
+    try:
+        ml = await good.open("t", BIG)
+        assert (await ml.append(b"x")).entry_id == 0
+        started = asyncio.get_running_loop().time()
+        with pytest.raises(NatsAuthError, match="refused our credentials") as caught:
+            await bad.open("t", BIG)
+        assert "wrong" not in str(caught.value)  # never a credential in a message
+        assert asyncio.get_running_loop().time() - started < 10  # no retrying a refusal
+    finally:
+        await good.close()
+        await bad.close()
+        cluster.stop()
 
 
 async def _produce_through(

@@ -86,6 +86,17 @@ class MessageNotFound(ApiError):
     """No message at that sequence (or for that subject)."""
 
 
+class NatsAuthError(StorageIOError):
+    """The NATS servers refused our credentials (user/password, token, .creds)."""
+
+    retriable = False
+
+
+def _is_auth(err: BaseException) -> bool:
+    text = str(err).lower()
+    return "authorization" in text or "authentication" in text
+
+
 class ReplyTimeout(StorageIOError):
     """No reply in time: the request may or may not have taken effect."""
 
@@ -171,12 +182,26 @@ class JetStreamClient:
         name: str = "anabranch",
     ) -> JetStreamClient:
         """Connect to any of ``urls``, retrying with backoff for ``connect_timeout_s``;
-        then StorageIOError naming the URLs (never a credential)."""
+        then StorageIOError naming the URLs and the server's last complaint (never a
+        credential). Refused credentials fail at once with NatsAuthError."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + connect_timeout_s
         delay = 0.1
         while True:
             nc = Client()
+            seen: list[Exception] = []
+            refused: asyncio.Future[None] = loop.create_future()
+
+            async def on_error(
+                err: Exception,
+                seen: list[Exception] = seen,
+                refused: asyncio.Future[None] = refused,
+            ) -> None:
+                seen.append(err)
+                if _is_auth(err) and not refused.done():
+                    refused.set_result(None)  # stop nats-py's own retrying at once
+                await _log_error(err)
+
             try:
                 options: dict[str, Any] = {
                     "servers": list(urls),
@@ -187,7 +212,7 @@ class JetStreamClient:
                     "connect_timeout": 2,
                     "ping_interval": 5,
                     "max_outstanding_pings": 3,
-                    "error_cb": _log_error,
+                    "error_cb": on_error,
                 }
                 if user is not None:
                     options["user"] = user
@@ -200,14 +225,28 @@ class JetStreamClient:
                     options["tls"] = tls
                 # nats-py keeps retrying an initial connect that allows reconnects: bound it.
                 remaining = min(max(deadline - loop.time(), 0.1), 5.0)
-                await asyncio.wait_for(nc.connect(**options), remaining)
+                connecting = asyncio.ensure_future(nc.connect(**options))
+                await asyncio.wait(
+                    (connecting, refused), timeout=remaining, return_when=asyncio.FIRST_COMPLETED
+                )
+                if not connecting.done():
+                    connecting.cancel()
+                    await asyncio.gather(connecting, return_exceptions=True)
+                    raise TimeoutError("no connection")
+                connecting.result()
             except (NatsError, OSError, TimeoutError) as err:
                 with contextlib.suppress(NatsError, OSError):
                     await nc.close()
+                complaint = next((e for e in reversed([err, *seen]) if _is_auth(e)), None)
+                if complaint is not None:
+                    raise NatsAuthError(
+                        f"NATS JetStream at {', '.join(urls)} refused our credentials: {complaint}"
+                    ) from err
                 if loop.time() + delay > deadline:
+                    last = seen[-1] if seen and isinstance(err, TimeoutError) else err
                     raise StorageIOError(
-                        f"cannot reach NATS JetStream at {', '.join(urls)}: {type(err).__name__}"
-                        f" {err}"
+                        f"cannot reach NATS JetStream at {', '.join(urls)}: "
+                        f"{type(last).__name__} {last}"
                     ) from err
                 log.warning("NATS at %s unreachable (%r); retrying", ",".join(urls), err)
                 await asyncio.sleep(delay)
@@ -468,6 +507,7 @@ __all__ = [
     "ApiError",
     "JetStreamClient",
     "MessageNotFound",
+    "NatsAuthError",
     "PubAck",
     "ReplyTimeout",
     "StoredMsg",

@@ -78,7 +78,15 @@ def find_nats_binary() -> str:
 class NatsNode:
     """One ``nats-server`` process of a :class:`NatsCluster`."""
 
-    def __init__(self, name: str, directory: Path, binary: str, *, peers: int = 1) -> None:
+    def __init__(
+        self,
+        name: str,
+        directory: Path,
+        binary: str,
+        *,
+        peers: int = 1,
+        auth: tuple[str, str] | None = None,
+    ) -> None:
         self.name = name
         self.dir = directory
         self.binary = binary
@@ -86,6 +94,7 @@ class NatsNode:
         self.cluster_port = free_port()
         self.http_port = free_port()
         self.peers = peers
+        self.auth = auth
         self.config_path = directory / "nats.conf"
         self.log_path = directory / "nats.log"
         self._process: subprocess.Popen[bytes] | None = None
@@ -113,6 +122,11 @@ class NatsNode:
             f"listen: 127.0.0.1:{self.port}",
             f"http: 127.0.0.1:{self.http_port}",
             f"max_payload: {NATS_MAX_PAYLOAD}",
+        ]
+        if self.auth is not None:
+            user, password = self.auth
+            lines.append(f'authorization {{ user: "{user}", password: "{password}" }}')
+        lines += [
             "jetstream {",
             f'  store_dir: "{self.dir / "js"}"',
             "  sync_interval: always",
@@ -223,13 +237,16 @@ class NatsCluster:
         self.nodes = nodes
 
     @classmethod
-    def start(cls, data_dir: Path, *, nodes: int = 3) -> NatsCluster:
-        """Launch ``nodes`` servers under ``data_dir`` and wait for a meta leader."""
+    def start(
+        cls, data_dir: Path, *, nodes: int = 3, auth: tuple[str, str] | None = None
+    ) -> NatsCluster:
+        """Launch ``nodes`` servers under ``data_dir`` and wait for a meta leader; with
+        ``auth`` = (user, password) clients must log in."""
         if nodes < 1:
             raise ValueError("a cluster needs at least one node")
         binary = find_nats_binary()
         made = [
-            NatsNode(f"n{i + 1}", Path(data_dir) / f"n{i + 1}", binary, peers=nodes)
+            NatsNode(f"n{i + 1}", Path(data_dir) / f"n{i + 1}", binary, peers=nodes, auth=auth)
             for i in range(nodes)
         ]
         for node in made:
