@@ -905,7 +905,13 @@ class JetStreamManagedLedger(ManagedLedgerBase):
                 await self._commit(ops[start : start + limits.METADATA_TXN_OPS_MAX])
         self._mark_closed()
         await self._stop_writer()
-        await self._client.delete_stream(self._stream)
+        deadline = self._deadline()
+        while True:  # the record is gone: the stream must go too (an unanswered delete
+            try:  # may have worked: deleting a missing stream succeeds)
+                await self._client.delete_stream(self._stream)
+                return
+            except StorageIOError as err:
+                await self._backoff(deadline, err)
 
     async def close(self) -> None:
         if self._closed:
