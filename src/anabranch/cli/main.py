@@ -19,8 +19,12 @@ import typer
 from rich.console import Console
 
 from anabranch.broker.config import BrokerConfig
-from anabranch.cli import messages
+from anabranch.cli import (
+    admin_permissions,  # noqa: F401  (registers its commands)
+    messages,
+)
 from anabranch.cli.admin import admin_app
+from anabranch.cli.tokens import tokens_app
 
 app = typer.Typer(no_args_is_help=True, help="anabranch: elastic, key-ordered streams.")
 
@@ -137,6 +141,7 @@ async def _run_broker(cfg: BrokerConfig) -> None:
 
 
 app.add_typer(admin_app, name="admin")
+app.add_typer(tokens_app, name="tokens")
 app.command()(messages.produce)
 app.command()(messages.consume)
 

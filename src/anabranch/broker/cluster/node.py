@@ -81,7 +81,11 @@ class ClusterNode:
         ownership = holder[0]
         try:
             http_url = standalone.http_url or f"http://{config.advertised_address}:0"
-            await ownership.start(standalone.service_url, http_url)
+            await ownership.start(
+                standalone.service.advertised_url,
+                http_url,
+                standalone.service_url_tls or "",
+            )
         except BaseException:
             await standalone.stop()
             raise
