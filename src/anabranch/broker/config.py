@@ -59,9 +59,9 @@ class BrokerConfig(BaseSettings):
     """Where ledgers live: local files under ``data_dir`` (standalone's default), or
     replicated NATS JetStream streams (``jetstream_urls``; any broker can take a topic
     over)."""
-    jetstream_urls: list[str] = Field(default_factory=list)
-    """``nats://host:port`` (or ``tls://``) of the NATS servers; required with
-    ``storage = "jetstream"``."""
+    jetstream_urls: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    """``nats://host:port`` (or ``tls://``) of the NATS servers (comma-separated in an env
+    var); required with ``storage = "jetstream"``."""
     jetstream_replicas: int = Field(3, ge=1, le=5)
     """Copies of every stream (each acknowledged after fsync on a quorum when the servers
     run with ``sync_interval: always``)."""
