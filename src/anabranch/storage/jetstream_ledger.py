@@ -144,8 +144,15 @@ def _dumps(obj: Any) -> bytes:
 
 
 def _transient(err: ApiError) -> bool:
-    """An API error a retry can cure: no leader yet, a timeout, peers not yet placed."""
-    return err.code in (408, 500, 503) or err.err_code == ERR_NO_SUITABLE_PEERS
+    """An API error a retry can cure: no leader yet, a timeout, too many requests, peers
+    not yet placed, or an atomic batch the server did not commit whole (say its first
+    messages went to a server we then lost): the writer reads back before republishing,
+    so retrying is safe."""
+    return (
+        err.code in (408, 429, 500, 503)
+        or err.err_code == ERR_NO_SUITABLE_PEERS
+        or ("batch" in err.description.lower() and "size" not in err.description.lower())
+    )
 
 
 class _Batch:
