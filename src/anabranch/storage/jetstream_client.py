@@ -41,6 +41,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
@@ -90,6 +91,20 @@ class NatsAuthError(StorageIOError):
     """The NATS servers refused our credentials (user/password, token, .creds)."""
 
     retriable = False
+
+
+def redact_url(url: str) -> str:
+    """``url`` without the user:password part, for messages and logs.
+
+    >>> redact_url("nats://broker:s3cret@nats-1:4222")
+    'nats://nats-1:4222'
+    """
+    parts = urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url
+    host = parts.hostname or ""
+    netloc = f"{host}:{parts.port}" if parts.port is not None else host
+    return urlunsplit(parts._replace(netloc=netloc))
 
 
 def _is_auth(err: BaseException) -> bool:
@@ -237,18 +252,18 @@ class JetStreamClient:
             except (NatsError, OSError, TimeoutError) as err:
                 with contextlib.suppress(NatsError, OSError):
                     await nc.close()
+                where = ", ".join(redact_url(u) for u in urls)
                 complaint = next((e for e in reversed([err, *seen]) if _is_auth(e)), None)
                 if complaint is not None:
                     raise NatsAuthError(
-                        f"NATS JetStream at {', '.join(urls)} refused our credentials: {complaint}"
+                        f"NATS JetStream at {where} refused our credentials: {complaint}"
                     ) from err
                 if loop.time() + delay > deadline:
                     last = seen[-1] if seen and isinstance(err, TimeoutError) else err
                     raise StorageIOError(
-                        f"cannot reach NATS JetStream at {', '.join(urls)}: "
-                        f"{type(last).__name__} {last}"
+                        f"cannot reach NATS JetStream at {where}: {type(last).__name__} {last}"
                     ) from err
-                log.warning("NATS at %s unreachable (%r); retrying", ",".join(urls), err)
+                log.warning("NATS at %s unreachable (%r); retrying", where, err)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)
                 continue
