@@ -65,7 +65,7 @@ class BrokerConfig(BaseSettings):
     jetstream_replicas: int = Field(3, ge=1, le=5)
     """Copies of every stream (each acknowledged after fsync on a quorum when the servers
     run with ``sync_interval: always``)."""
-    jetstream_stream_prefix: str = Field("ab", pattern=r"^[A-Za-z0-9-]+$")
+    jetstream_stream_prefix: str = Field("ab", pattern=r"^[A-Za-z0-9]{1,32}$")
     """Starts every stream name: clusters sharing one NATS system use distinct prefixes."""
     jetstream_username: str | None = None
     jetstream_password: SecretStr | None = None

@@ -2,6 +2,9 @@
 
 Theory of operation.
 
+* **Durability** is the servers': ``ManagedLedgerConfig.fsync`` does not apply; run them
+  with ``jetstream { sync_interval: always }`` for fsync before every acknowledgement.
+
 * **Layout.** One stream per managed ledger, named by :func:`stream_name` (a prefix, the
   name with every byte outside ``[A-Za-z0-9-]`` escaped as ``_XX``, and, when that is too
   long, an escaped prefix + ``__`` + SHA-256), R3 (configurable), file storage,
@@ -966,8 +969,10 @@ class JetStreamManagedLedgerFactory:
             raise ValueError("JetStream needs at least one server URL")
         if replicas < 1 or replicas > 5:
             raise ValueError("JetStream replicas must be 1..5")
-        if not prefix or any(b not in _SAFE for b in prefix.encode()):
-            raise ValueError(f"stream prefix must be [A-Za-z0-9-]+: {prefix!r}")
+        if not (prefix.isascii() and prefix.isalnum() and len(prefix) <= 32):
+            # No '-': the first '-' of a stream name ends the prefix, so two deployments'
+            # prefixes never make the same stream name out of different ledger names.
+            raise ValueError(f"stream prefix must be 1-32 of [A-Za-z0-9]: {prefix!r}")
         self.urls = list(urls)
         self.store = store
         self.replicas = replicas
