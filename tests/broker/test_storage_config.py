@@ -42,7 +42,12 @@ def test_jetstream_from_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
 
 
 @pytest.mark.parametrize(
-    ("field", "value"), [("jetstream_replicas", 0), ("jetstream_stream_prefix", "a.b")]
+    ("field", "value"),
+    [
+        ("jetstream_replicas", 0),
+        ("jetstream_stream_prefix", "a.b"),
+        ("jetstream_stream_prefix", "a-b"),
+    ],
 )
 def test_bad_jetstream_settings(tmp_path: Path, field: str, value: object) -> None:
     values: dict[str, Any] = {field: value}
