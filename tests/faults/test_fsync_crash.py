@@ -15,11 +15,13 @@ without fdatasync) must lose acknowledged messages, and the checker must say so.
 from __future__ import annotations
 
 import asyncio
+import functools
 from pathlib import Path
 
 import pytest
 
 from anabranch.aio import Client
+from anabranch.client.message_id import MessageId
 from anabranch.errors import AnabranchError
 from anabranch.testing.faults.standalone import FaultyBrokerProcess
 
@@ -36,7 +38,7 @@ async def produce_then_crash(broker: FaultyBrokerProcess) -> tuple[list[bytes], 
     acked: list[bytes] = []
     enough = asyncio.Event()
 
-    def record(value: bytes, fut: asyncio.Future[object]) -> None:
+    def record(value: bytes, fut: asyncio.Future[MessageId]) -> None:
         if not fut.cancelled() and fut.exception() is None:
             acked.append(value)
             if len(acked) >= KILL_AFTER:
@@ -49,7 +51,7 @@ async def produce_then_crash(broker: FaultyBrokerProcess) -> tuple[list[bytes], 
         while not enough.is_set():
             value = f"m-{i}".encode()
             fut = await producer.send_async(value)
-            fut.add_done_callback(lambda f, v=value: record(v, f))
+            fut.add_done_callback(functools.partial(record, value))
             i += 1
             if i % 50 == 0:
                 await asyncio.sleep(0)  # let receipts arrive
@@ -87,7 +89,7 @@ async def crash_and_check(tmp_path: Path, fsync: str) -> tuple[list[bytes], set[
 
 
 async def test_every_acknowledged_message_survives_a_power_cut(tmp_path: Path) -> None:
-    acked, lost, cut = await crash_and_check(tmp_path, "always")
+    acked, lost, _ = await crash_and_check(tmp_path, "always")
     assert len(acked) >= KILL_AFTER
     assert not lost, f"{len(lost)} acknowledged messages lost, e.g. {sorted(lost)[:5]}"
 
