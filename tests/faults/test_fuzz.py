@@ -31,6 +31,7 @@ from typing import Any
 
 import pytest
 
+from anabranch.broker.dispatcher_entries import sticky_key
 from anabranch.errors import MalformedFrame, ProtocolError
 from anabranch.protocol import commands
 from anabranch.protocol._generated import pulsar_api_pb2 as pb
@@ -49,6 +50,8 @@ from anabranch.testing.fuzz import (
     fuzz_frames,
     fuzz_http,
 )
+from tests.broker import test_hostile_counts as hostile
+from tests.broker.test_core_protocol import RawClient
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -192,3 +195,50 @@ async def test_a_live_broker_survives_the_fuzzer(tmp_path: Path) -> None:
     assert http.http_500 == 0 and http.http_leaks == 0, http.examples
     log = broker.log_path.read_text(errors="replace")
     assert "Traceback" not in log, log[-5000:]
+
+
+def test_a_bad_base64_partition_key_does_not_poison_dispatch() -> None:
+    md = pb.MessageMetadata(producer_name="p", sequence_id=1, publish_time=1)
+    md.partition_key = "\u00e9t\u00e9!"  # neither base64 nor ASCII
+    md.partition_key_b64_encoded = True
+    assert sticky_key(md) == "\u00e9t\u00e9!".encode()
+    md.partition_key = "abc"  # bad padding
+    assert sticky_key(md) == b"abc"
+    md.partition_key = "YWJj"
+    assert sticky_key(md) == b"abc"
+
+
+async def test_an_ack_past_what_the_topic_stored_is_refused(tmp_path: Path) -> None:
+    async with InProcessBroker(tmp_path, metadata="memory") as broker:
+        client = await RawClient.open(broker.port)
+        try:
+            await client.handshake()
+            await hostile.produce_batch(client, 1)
+            await client.send(
+                commands.subscribe(
+                    hostile.TOPIC, "sub", pb.CommandSubscribe.Exclusive, 1, 201,
+                    initial_position=hostile.EARLIEST_POS,
+                )
+            )  # fmt: skip
+            await hostile.expect(client, pb.BaseCommand.SUCCESS)
+            await client.send(commands.flow(1, 1000))
+            first = (await hostile.expect(client, pb.BaseCommand.MESSAGE)).command.message
+            ledger, entry = first.message_id.ledgerId, first.message_id.entryId
+            for bogus in (
+                pb.MessageIdData(ledgerId=ledger + 1000, entryId=0),  # a later ledger
+                pb.MessageIdData(ledgerId=ledger, entryId=entry + 1),  # not written yet
+                pb.MessageIdData(ledgerId=ledger, entryId=2**63, ack_set=[1]),  # negative
+                pb.MessageIdData(ledgerId=2**64 - 1, entryId=2**64 - 1),
+            ):
+                await client.send(commands.ack(1, [bogus], cumulative=True, request_id=7))
+                answer = await hostile.expect(client, pb.BaseCommand.ACK_RESPONSE)
+                assert answer.command.ackResponse.HasField("error"), bogus
+            # Nothing was skipped: the next message is delivered.
+            md = pb.MessageMetadata(producer_name="p1", sequence_id=2, publish_time=1)
+            await client.send(commands.send(1, 2), md, b"second")
+            await hostile.expect(client, pb.BaseCommand.SEND_RECEIPT)
+            message = await hostile.expect(client, pb.BaseCommand.MESSAGE)
+            assert message.command.message.message_id.entryId == entry + 1
+            await hostile.assert_responsive(client)
+        finally:
+            await client.close()

@@ -243,6 +243,14 @@ class Subscription:
             )
         if cumulative and self.sub_type in (SubType.Shared, SubType.Key_Shared):
             raise NotAllowed(f"cumulative ack is not allowed on a {TYPE_NAMES[self.sub_type]}")
+        last = self.ledger.last_confirmed
+        for msg_id in cmd.message_id:
+            # Only what the topic stored can be acknowledged: a cumulative ack past the end
+            # would skip messages not yet written, and ids at the integer extremes could
+            # not even be persisted in the cursor.
+            pos = position_of(msg_id)
+            if pos > last or pos[0] < 0 or pos[1] < 0:
+                raise InvalidArgument(f"ack of {pos[0]}:{pos[1]}: no such entry in this topic")
         txn: TxnId | None = None
         if cmd.HasField("txnid_most_bits") or cmd.HasField("txnid_least_bits"):
             txn = TxnId(cmd.txnid_most_bits, cmd.txnid_least_bits)
