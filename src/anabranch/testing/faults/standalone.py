@@ -14,19 +14,20 @@ Example:
     >>> async def demo(tmp_path: Path) -> None:
     ...     broker = FaultyBrokerProcess(tmp_path / "data", fsync="always")
     ...     await broker.start()
-    ...     broker.set_disk_errno("ENOSPC")     # every ledger write fails
-    ...     broker.set_disk_errno(None)
+    ...     await broker.set_disk_errno("ENOSPC")     # every ledger write fails
+    ...     await broker.set_disk_errno(None)
     ...     cut = broker.crash()                 # files that lost unsynced bytes
     ...     await broker.start()                 # recovery sees only what was fsynced
 """
 
 from __future__ import annotations
 
+import asyncio
 import sys
 from pathlib import Path
 
 from anabranch.testing.broker import BrokerProcess
-from anabranch.testing.faults.control import Control, write_control
+from anabranch.testing.faults.control import POLL_INTERVAL_S, Control, write_control
 from anabranch.testing.faults.disk import lose_unfsynced
 
 BROKER_NAME = "b0"
@@ -49,9 +50,12 @@ class FaultyBrokerProcess(BrokerProcess):
         ]  # fmt: skip
         return launcher + args[3:], env
 
-    def set_disk_errno(self, name: str | None) -> None:
-        """Fail every ledger write and fsync with ``name`` ("EIO", "ENOSPC"), or stop."""
+    async def set_disk_errno(self, name: str | None) -> None:
+        """Fail every ledger write and fsync with ``name`` ("EIO", "ENOSPC"), or stop;
+        returns once the broker has seen it (it re-reads the control file within
+        ``POLL_INTERVAL_S``)."""
         write_control(self.control_path, Control(disk_errno=name))
+        await asyncio.sleep(3 * POLL_INTERVAL_S)
 
     def crash(self) -> int:
         """SIGKILL, then lose every write the broker had not fsynced; how many files
