@@ -242,3 +242,42 @@ async def test_an_ack_past_what_the_topic_stored_is_refused(tmp_path: Path) -> N
             await hostile.assert_responsive(client)
         finally:
             await client.close()
+
+
+async def test_a_subscribe_racing_an_unload_is_refused_not_left_dispatching(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fuzzer's "Task was destroyed but it is pending" (Dispatcher._run): a SUBSCRIBE
+    whose cursor opened while the topic was being unloaded added its subscription to the
+    closed topic, and its dispatcher read a closed ledger forever."""
+    topic_name = "persistent://public/default/unload-race"
+    async with InProcessBroker(tmp_path, metadata="memory") as broker:
+        topic = await broker.service.get_topic(topic_name, create=True)
+        gate = asyncio.Event()
+        open_cursor = topic.ledger.open_cursor
+
+        async def slow_open_cursor(*args: Any, **kwargs: Any) -> Any:
+            cursor = await open_cursor(*args, **kwargs)
+            await gate.wait()
+            return cursor
+
+        monkeypatch.setattr(topic.ledger, "open_cursor", slow_open_cursor)
+        client = await RawClient.open(broker.port)
+        try:
+            await client.handshake()
+            await client.send(
+                commands.subscribe(
+                    topic_name, "sub", pb.CommandSubscribe.Exclusive, 1, 7,
+                    initial_position=hostile.EARLIEST_POS,
+                )
+            )  # fmt: skip
+            await asyncio.sleep(0.1)  # the SUBSCRIBE waits in open_cursor
+            assert await broker.service.unload_topic(topic_name)
+            gate.set()
+            answer = await client.recv()
+            assert answer is not None and answer.type == pb.BaseCommand.ERROR
+            assert answer.command.error.error == pb.ServiceNotReady  # retriable
+            assert not topic.subscriptions
+            await hostile.assert_responsive(client)
+        finally:
+            await client.close()

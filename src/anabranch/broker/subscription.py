@@ -33,7 +33,7 @@ from anabranch.broker.dispatcher_entries import (
 from anabranch.clock import Clock
 from anabranch.core.ack_state import AckState
 from anabranch.core.names import TopicName
-from anabranch.errors import ConsumerBusy, InvalidArgument, NotAllowed
+from anabranch.errors import Closed, ConsumerBusy, InvalidArgument, NotAllowed
 from anabranch.protocol._generated import pulsar_api_pb2 as pb
 from anabranch.storage.api import EARLIEST, LATEST, Cursor, ManagedLedger, Position
 from anabranch.transactions.ids import TxnId
@@ -200,8 +200,8 @@ class Subscription:
     async def add_consumer(self, consumer: Consumer) -> None:
         """Attach ``consumer``; ConsumerBusy/ConsumerAssignError per the type's rules. A
         subscription without consumers takes the type of its next consumer (upstream)."""
-        if self._closed:
-            raise NotAllowed(f"subscription {self.name} is closed")
+        if self._closed:  # its topic was unloaded meanwhile: the client retries
+            raise Closed(f"subscription {self.name} is closed")
         if consumer.sub_type != self.sub_type:
             if self.dispatcher.consumers:
                 raise ConsumerBusy(
@@ -209,6 +209,8 @@ class Subscription:
                     f"{TYPE_NAMES.get(consumer.sub_type)}"
                 )
             await self.dispatcher.close()
+            if self._closed:
+                raise Closed(f"subscription {self.name} is closed")
             self.sub_type = consumer.sub_type
             self.dispatcher = make_dispatcher(self, consumer.sub_type)
         self.dispatcher.add_consumer(consumer)
