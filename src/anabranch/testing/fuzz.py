@@ -13,18 +13,22 @@ frames) and the benchmark (``benchmarks/fuzz_frames.py``, a million) use:
 * :class:`Mutator` breaks frames: bit flips, interesting bytes, truncation, inserted and
   duplicated bytes, length-prefix lies, ``cmdSize`` lies, checksum lies, a command type
   that does not match its body (or no type at all), and concatenations of two frames.
-* :func:`fuzz_frames` opens ``connections`` concurrent connections to a live broker; each
-  sends CONNECT (most of the time), a burst of frames, then a PING, reads until the PONG
-  (or the broker's close), and reconnects. Meanwhile a *probe* process
-  (``python -m anabranch.testing.fuzz probe``, its own process so that the fuzzer's own
-  CPU use never shows as a broker stall) keeps a healthy connection and measures each
-  PING→PONG round trip: the largest is the broker's longest stall. The broker's RSS is
-  sampled from ``/proc``.
+* :func:`fuzz_frames` keeps ``connections`` concurrent connections to a live broker.
+  Each sends CONNECT (nine times in ten) and waits for CONNECTED (the broker refuses
+  anything pipelined before the handshake completes), then bursts of frames, each
+  followed by a PING. A burst of well-formed frames must get a PONG for every PING in
+  it, within ``ANSWER_TIMEOUT_S``, else it counts in ``unanswered_pings``; after a
+  burst with mutated frames the connection is dropped (its byte stream may be out of
+  step). Meanwhile a *probe* process (``python -m anabranch.testing.fuzz probe``, its
+  own process so that the fuzzer's CPU use never shows as a broker stall) keeps a
+  healthy connection and measures each PING→PONG round trip: the largest is the
+  broker's longest stall. The broker's RSS is sampled from ``/proc``.
 * :func:`fuzz_http` sends random and mutated JSON bodies and parameter values to every
   route of the broker's OpenAPI document (plus random paths and methods) and records
   any 500 and any body that shows a traceback or a file path.
 
-Everything is seeded: a run is replayed by its seed.
+Each connection's frames follow from the seed (the interleaving of connections does not):
+the report keeps, for every unanswered burst, everything its connection sent, to replay.
 
 Example:
     >>> import random
