@@ -31,8 +31,9 @@ from typing import Any
 
 import pytest
 
+from anabranch.broker.consumer import Consumer
 from anabranch.broker.dispatcher_entries import sticky_key
-from anabranch.errors import MalformedFrame, ProtocolError
+from anabranch.errors import ConsumerBusy, MalformedFrame, ProtocolError
 from anabranch.protocol import commands
 from anabranch.protocol._generated import pulsar_api_pb2 as pb
 from anabranch.protocol.frames import (
@@ -42,7 +43,9 @@ from anabranch.protocol.frames import (
     encode_entry,
     encode_entry_frame,
 )
+from anabranch.storage.memory import MemoryManagedLedgerFactory
 from anabranch.testing.broker import BrokerProcess, InProcessBroker
+from anabranch.testing.clock import ManualClock
 from anabranch.testing.fuzz import (
     ALL_TYPES,
     FrameGenerator,
@@ -51,6 +54,7 @@ from anabranch.testing.fuzz import (
     fuzz_http,
 )
 from tests.broker import test_hostile_counts as hostile
+from tests.broker import test_subscriptions as subs_test
 from tests.broker.test_core_protocol import RawClient
 
 pytestmark = pytest.mark.timeout(300)
@@ -281,3 +285,36 @@ async def test_a_subscribe_racing_an_unload_is_refused_not_left_dispatching(
             await hostile.assert_responsive(client)
         finally:
             await client.close()
+
+
+async def test_concurrent_subscribes_of_two_types_leave_no_orphan_dispatcher() -> None:
+    """The fuzzer's other "Task was destroyed but it is pending" (Dispatcher._run): two
+    consumers of different types attaching at once to a subscription whose last consumer
+    had left both replaced its dispatcher; the first one's consumer was left on a dropped
+    dispatcher that nobody closed (and that never delivered to it)."""
+    factory = MemoryManagedLedgerFactory()
+    ledger = await factory.open("public/default/persistent/race")
+    topic = subs_test.FakeTopic("persistent://public/default/race", ledger, ManualClock())
+    try:
+        sub = await subs_test.subscribe(topic, pb.CommandSubscribe.Shared)
+        session = subs_test.FakeSession()
+        first = await subs_test.add(sub, session, 1)
+        await sub.remove_consumer(first)  # the Shared dispatcher idles, its loop running
+        kinds = (pb.CommandSubscribe.Exclusive, pb.CommandSubscribe.Failover)
+        consumers = [Consumer(session, 2 + i, f"c{i}", kind) for i, kind in enumerate(kinds)]
+        results = await asyncio.gather(
+            *(sub.add_consumer(c) for c in consumers), return_exceptions=True
+        )
+        attached = [c for c, r in zip(consumers, results, strict=True) if r is None]
+        refused = [r for r in results if r is not None]
+        assert len(attached) == 1 and isinstance(refused[0], ConsumerBusy), results
+        assert sub.dispatcher.consumers == attached  # on the live dispatcher
+        await topic.append(b"m")
+        await subs_test.settle()
+        attached[0].add_permits(10)
+        sub.dispatcher.kick()
+        await subs_test.settle()
+        assert session.entries(attached[0].consumer_id) == [0]
+        await sub.close()
+    finally:
+        await factory.close()

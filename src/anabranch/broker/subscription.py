@@ -202,17 +202,21 @@ class Subscription:
         subscription without consumers takes the type of its next consumer (upstream)."""
         if self._closed:  # its topic was unloaded meanwhile: the client retries
             raise Closed(f"subscription {self.name} is closed")
-        if consumer.sub_type != self.sub_type:
+        while consumer.sub_type != self.sub_type:
             if self.dispatcher.consumers:
                 raise ConsumerBusy(
                     f"subscription {self.name} is {TYPE_NAMES.get(self.sub_type)}, not "
                     f"{TYPE_NAMES.get(consumer.sub_type)}"
                 )
-            await self.dispatcher.close()
+            old = self.dispatcher
+            await old.close()
             if self._closed:
                 raise Closed(f"subscription {self.name} is closed")
-            self.sub_type = consumer.sub_type
-            self.dispatcher = make_dispatcher(self, consumer.sub_type)
+            # A concurrent subscribe of another type may have replaced it meanwhile (and
+            # attached its consumer): look again rather than drop that dispatcher.
+            if self.dispatcher is old:
+                self.sub_type = consumer.sub_type
+                self.dispatcher = make_dispatcher(self, consumer.sub_type)
         self.dispatcher.add_consumer(consumer)
         consumer.subscription = self
         self.dispatcher.start()
