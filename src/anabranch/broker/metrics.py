@@ -57,6 +57,10 @@ class BrokerCounters:
     the header size (DESIGN.md §3.2 'count it in a metric')."""
     protocol_errors: int = 0
     """Connections closed for any other protocol error."""
+    authentication_failures: int = 0
+    """Connections closed because CONNECT (or an AUTH_RESPONSE) had bad credentials."""
+    authentication_refreshes: int = 0
+    """Expired credentials a client replaced with valid ones after an AUTH_CHALLENGE."""
 
     @property
     def active_connections(self) -> int:
@@ -195,6 +199,10 @@ class BrokerCollector(Collector):
             ("bad_frames", "Frames rejected before allocation: bad length prefix.",
              c.bad_frames),
             ("protocol_errors", "Connections closed for a protocol error.", c.protocol_errors),
+            ("authentication_failures", "Connections refused for bad credentials.",
+             c.authentication_failures),
+            ("authentication_refreshes", "Expired credentials refreshed after a challenge.",
+             c.authentication_refreshes),
         ):  # fmt: skip
             counter = CounterMetricFamily(f"{prefix}_{name}", text, labels=labels)
             counter.add_metric([self.cluster], value)
