@@ -43,6 +43,7 @@ from anabranch.protocol.frames import (
     encode_entry,
     encode_entry_frame,
 )
+from anabranch.storage.api import EARLIEST, Position
 from anabranch.storage.memory import MemoryManagedLedgerFactory
 from anabranch.testing.broker import BrokerProcess, InProcessBroker
 from anabranch.testing.clock import ManualClock
@@ -315,6 +316,34 @@ async def test_concurrent_subscribes_of_two_types_leave_no_orphan_dispatcher() -
         sub.dispatcher.kick()
         await subs_test.settle()
         assert session.entries(attached[0].consumer_id) == [0]
+        await sub.close()
+    finally:
+        await factory.close()
+
+
+async def test_a_seek_to_an_extreme_or_unwritten_position_is_clamped() -> None:
+    """A SEEK to entry 2^63 (negative once signed) left a mark-delete of -2^63-1, which
+    the cursor could not persist (struct.error on every flush, so no ack was saved again)."""
+    factory = MemoryManagedLedgerFactory()
+    ledger = await factory.open("public/default/persistent/seek")
+    topic = subs_test.FakeTopic("persistent://public/default/seek", ledger, ManualClock())
+    try:
+        first = await topic.append(b"a")
+        sub = await subs_test.subscribe(topic, pb.CommandSubscribe.Exclusive)
+        for bogus, expected in (
+            (Position(first[0], -(2**63)), EARLIEST),
+            (Position(-5, 3), EARLIEST),
+            (Position(first[0] + 1000, 0), first),
+            (Position(first[0], first[1] + 1), first),
+        ):
+            await sub.seek(bogus)
+            assert sub.cursor.mark_delete_position == expected, bogus
+            await sub.cursor.flush()  # persistable (raised struct.error)
+        session = subs_test.FakeSession()
+        await subs_test.add(sub, session, 1, permits=10)
+        await topic.append(b"b")
+        await subs_test.settle()
+        assert session.entries(1) == [first[1] + 1]  # past the end: only what comes next
         await sub.close()
     finally:
         await factory.close()

@@ -361,6 +361,14 @@ class Subscription:
             position = await find_by_publish_time(self.ledger, timestamp_ms)
         if position is None:
             raise InvalidArgument("seek needs a message id or a publish time")
+        if position not in (EARLIEST, LATEST):
+            # A client's id may name anything: before the first entry is the earliest,
+            # past the last one is the latest (ids at the integer extremes included, which
+            # the cursor could not persist).
+            if position[0] < 0 or position[1] < 0:
+                position = EARLIEST
+            elif position > self.ledger.last_confirmed:
+                position = LATEST
         for consumer in self.consumers:
             consumer.disconnect()
             _drop_from_session(consumer)
