@@ -31,9 +31,10 @@ from typing import Any
 
 import pytest
 
+from anabranch.admin.models import decode_json
 from anabranch.broker.consumer import Consumer
 from anabranch.broker.dispatcher_entries import sticky_key
-from anabranch.errors import ConsumerBusy, MalformedFrame, ProtocolError
+from anabranch.errors import ConsumerBusy, InvalidArgument, MalformedFrame, ProtocolError
 from anabranch.protocol import commands
 from anabranch.protocol._generated import pulsar_api_pb2 as pb
 from anabranch.protocol.frames import (
@@ -347,3 +348,11 @@ async def test_a_seek_to_an_extreme_or_unwritten_position_is_clamped() -> None:
         await sub.close()
     finally:
         await factory.close()
+
+
+def test_an_admin_body_with_invalid_utf8_is_a_bad_request() -> None:
+    """The HTTP fuzz's one 500: a JSON string with invalid UTF-8 made msgspec raise
+    UnicodeDecodeError, which reached the error middleware as an internal error."""
+    with pytest.raises(InvalidArgument, match="bad actions body"):
+        decode_json(b'["produce\xd7"]', list[str], "actions")
+    assert decode_json(b'["produce"]', list[str], "actions") == ["produce"]
