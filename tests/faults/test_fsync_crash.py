@@ -9,7 +9,8 @@ wrote to that length (what a power cut leaves). The broker then restarts on the 
 and a reader must find every acknowledged message.
 
 The second test proves the check has teeth: the same run with ``fsync="never"`` (acks
-without fdatasync) must lose acknowledged messages, and the checker must say so.
+without fdatasync), or with the ``ack-before-fsync`` failpoint (the group commit skips its
+fdatasync), must lose acknowledged messages, and the checker must say so.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from anabranch import failpoints
 from anabranch.aio import Client
 from anabranch.client.message_id import MessageId
 from anabranch.errors import AnabranchError
@@ -75,8 +77,10 @@ async def read_all(url: str) -> list[bytes]:
         return values
 
 
-async def crash_and_check(tmp_path: Path, fsync: str) -> tuple[list[bytes], set[bytes], int]:
-    broker = FaultyBrokerProcess(tmp_path / "data", fsync=fsync)
+async def crash_and_check(
+    tmp_path: Path, fsync: str, failpoints: str = ""
+) -> tuple[list[bytes], set[bytes], int]:
+    broker = FaultyBrokerProcess(tmp_path / "data", fsync=fsync, failpoints=failpoints)
     await broker.start()
     try:
         acked, cut = await produce_then_crash(broker)
@@ -94,8 +98,13 @@ async def test_every_acknowledged_message_survives_a_power_cut(tmp_path: Path) -
     assert not lost, f"{len(lost)} acknowledged messages lost, e.g. {sorted(lost)[:5]}"
 
 
-async def test_the_check_notices_acks_sent_before_fsync(tmp_path: Path) -> None:
-    acked, lost, cut = await crash_and_check(tmp_path, "never")
+@pytest.mark.parametrize(
+    ("fsync", "failpoint"), [("never", ""), ("always", failpoints.ACK_BEFORE_FSYNC)]
+)
+async def test_the_check_notices_acks_sent_before_fsync(
+    tmp_path: Path, fsync: str, failpoint: str
+) -> None:
+    acked, lost, cut = await crash_and_check(tmp_path, fsync, failpoint)
     assert len(acked) >= KILL_AFTER
     assert cut >= 1  # the crash did drop unsynced bytes
     assert len(lost) >= KILL_AFTER // 2, f"only {len(lost)} of {len(acked)} lost"

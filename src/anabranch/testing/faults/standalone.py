@@ -36,8 +36,15 @@ BROKER_NAME = "b0"
 class FaultyBrokerProcess(BrokerProcess):
     """``anabranch standalone`` via the fault launcher (see the module docstring)."""
 
-    def __init__(self, data_dir: Path, *, host: str = "127.0.0.1", fsync: str = "always") -> None:
-        super().__init__(data_dir, host=host, fsync=fsync)
+    def __init__(
+        self,
+        data_dir: Path,
+        *,
+        host: str = "127.0.0.1",
+        fsync: str = "always",
+        failpoints: str = "",
+    ) -> None:
+        super().__init__(data_dir, host=host, fsync=fsync, failpoints=failpoints)
         self.control_path = self.data_dir.with_name(self.data_dir.name + ".control.json")
         write_control(self.control_path, Control())
 
