@@ -356,3 +356,28 @@ def test_an_admin_body_with_invalid_utf8_is_a_bad_request() -> None:
     with pytest.raises(InvalidArgument, match="bad actions body"):
         decode_json(b'["produce\xd7"]', list[str], "actions")
     assert decode_json(b'["produce"]', list[str], "actions") == ["produce"]
+
+
+async def test_a_schema_for_a_namespace_that_does_not_exist_writes_nothing(
+    tmp_path: Path,
+) -> None:
+    """The fuzz left /schemas/nope/none/... records: GET_OR_CREATE_SCHEMA stored a schema
+    for any valid name, its namespace missing or not."""
+    async with InProcessBroker(tmp_path, metadata="memory") as broker:
+        client = await RawClient.open(broker.port)
+        try:
+            await client.handshake()
+            schema = pb.Schema(name="s", type=pb.Schema.String, schema_data=b"")
+            for topic, ok in (("persistent://nope/none/t", False), (hostile.TOPIC, True)):
+                body = pb.CommandGetOrCreateSchema(request_id=1, topic=topic, schema=schema)
+                await client.send(
+                    pb.BaseCommand(type=pb.BaseCommand.GET_OR_CREATE_SCHEMA, getOrCreateSchema=body)
+                )
+                frame = await hostile.expect(client, pb.BaseCommand.GET_OR_CREATE_SCHEMA_RESPONSE)
+                answer = frame.command.getOrCreateSchemaResponse
+                assert answer.HasField("error_code") != ok, answer
+        finally:
+            await client.close()
+        page = await broker.service.store.list_prefix("/schemas/nope/")
+        assert not page.records
+        assert (await broker.service.store.list_prefix("/schemas/public/")).records
