@@ -213,14 +213,21 @@ _STRINGY: dict[Any, bool] = {}
 def _stringy(descriptor: Any) -> bool:
     known = _STRINGY.get(descriptor)
     if known is None:
-        _STRINGY[descriptor] = False  # a recursive type: assume not while looking
-        known = any(
-            f.type == FieldDescriptor.TYPE_STRING
-            or (f.type == FieldDescriptor.TYPE_MESSAGE and _stringy(f.message_type))
-            for f in descriptor.fields
-        )
-        _STRINGY[descriptor] = known
+        known = _STRINGY[descriptor] = _reaches_string(descriptor, set())
     return known
+
+
+def _reaches_string(descriptor: Any, seen: set[Any]) -> bool:
+    """Depth-first: a string field in ``descriptor`` or a message type it holds (a type
+    already on the path is skipped: recursive types such as MessageIdData)."""
+    if descriptor in seen:
+        return False
+    seen.add(descriptor)
+    return any(
+        f.type == FieldDescriptor.TYPE_STRING
+        or (f.type == FieldDescriptor.TYPE_MESSAGE and _reaches_string(f.message_type, seen))
+        for f in descriptor.fields
+    )
 
 
 def _invalid_string(message: Message) -> str | None:
