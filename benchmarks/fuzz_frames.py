@@ -57,6 +57,7 @@ async def run(
                 connections=connections,
                 broker_pid=broker.pid,
                 progress=progress,
+                leak_markers=(str(root),),
             )
             http_report = await fuzz_http(
                 f"http://{broker.host}:{broker.http_port}",
@@ -87,6 +88,7 @@ async def run(
         "http_requests": http_report.http_requests,
         "http_500": http_report.http_500,
         "http_leaks": http_report.http_leaks,
+        "frame_leaks": report.frame_leaks,
         "http_statuses": http_report.http_statuses,
         "logged_tracebacks": log.count("Traceback"),
         "examples": (report.examples + http_report.examples)[:5],

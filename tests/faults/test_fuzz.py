@@ -178,7 +178,12 @@ async def test_a_live_broker_survives_the_fuzzer(tmp_path: Path) -> None:
     try:
         assert broker.pid is not None
         report = await fuzz_frames(
-            broker.host, broker.port, frames=FRAMES, seed=11, broker_pid=broker.pid
+            broker.host,
+            broker.port,
+            frames=FRAMES,
+            seed=11,
+            broker_pid=broker.pid,
+            leak_markers=(str(tmp_path),),
         )
         http = await fuzz_http(
             f"http://{broker.host}:{broker.http_port}",
@@ -193,6 +198,7 @@ async def test_a_live_broker_survives_the_fuzzer(tmp_path: Path) -> None:
     assert report.crashes == 0, summary
     assert report.frames >= FRAMES, summary
     assert report.unanswered_pings == 0, report.examples
+    assert report.frame_leaks == 0, report.examples
     assert report.frames_answered > FRAMES // 10, summary  # the fuzz reached the handlers
     assert report.probe_pings > 0 and report.probe_failures == 0, summary
     assert report.max_stall_ms < STALL_BOUND_MS, summary

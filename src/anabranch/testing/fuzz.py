@@ -398,6 +398,9 @@ class FuzzReport:
     http_requests: int = 0
     http_500: int = 0
     http_leaks: int = 0
+    frame_leaks: int = 0
+    """Answers on the binary protocol showing a traceback or one of the given markers."""
+    leak_markers: tuple[bytes, ...] = field(default=(), repr=False)
     http_statuses: dict[str, int] = field(default_factory=dict)
     elapsed_s: float = 0.0
     examples: list[str] = field(default_factory=list)
@@ -410,6 +413,7 @@ class FuzzReport:
         fields = asdict(self)
         fields.pop("stuck")
         fields.pop("slowest_burst")
+        fields.pop("leak_markers")
         return json.dumps(fields, sort_keys=True)
 
 
@@ -437,8 +441,11 @@ def rss_mb(pid: int) -> float:
     return 0.0
 
 
-async def _read_until_pong(reader: asyncio.StreamReader, count: int = 1) -> bool:
-    """Discard what the broker sends until ``count`` PONGs (True) or its close (False)."""
+async def _read_until_pong(
+    reader: asyncio.StreamReader, count: int = 1, report: FuzzReport | None = None
+) -> bool:
+    """Discard what the broker sends until ``count`` PONGs (True) or its close (False);
+    count answers that show one of ``report.leak_markers`` (a traceback, a path)."""
     tail = b""
     while count > 0:
         chunk = await reader.read(65536)
@@ -448,6 +455,10 @@ async def _read_until_pong(reader: asyncio.StreamReader, count: int = 1) -> bool
         joined = tail + chunk
         count -= joined.count(_PONG)
         tail = joined[-(len(_PONG) - 1) :]
+        if report is not None and any(m in chunk for m in report.leak_markers):
+            report.frame_leaks += 1
+            if len(report.examples) < 10:
+                report.examples.append(f"leak in an answer: {chunk[:300]!r}")
     return True
 
 
@@ -547,7 +558,9 @@ async def _burst(conn: _Conn) -> bool:
         # close, and end the connection (its byte stream may be out of step). A burst of
         # only well-formed frames must be answered, every PING of it.
         _, answered = await asyncio.wait_for(
-            asyncio.gather(writer.drain(), _read_until_pong(conn.reader, 1 if mutated else pings)),
+            asyncio.gather(
+                writer.drain(), _read_until_pong(conn.reader, 1 if mutated else pings, report)
+            ),
             MUTATED_ANSWER_TIMEOUT_S if mutated else ANSWER_TIMEOUT_S,
         )
     except TimeoutError:
@@ -652,10 +665,13 @@ async def fuzz_frames(
     connections: int = 6,
     broker_pid: int | None = None,
     progress: Callable[[FuzzReport], None] | None = None,
+    leak_markers: Sequence[str] = (),
 ) -> FuzzReport:
     """Send ``frames`` generated and mutated frames to the broker at ``host:port`` (see
-    the module docstring); watch process ``broker_pid`` (crash, RSS) when given."""
-    report = FuzzReport(target=frames)
+    the module docstring); watch process ``broker_pid`` (crash, RSS) when given; count
+    answers that show a traceback or one of ``leak_markers`` (e.g. the data directory)."""
+    markers = (b"Traceback", *(m.encode() for m in leak_markers))
+    report = FuzzReport(target=frames, leak_markers=markers)
     started = time.perf_counter()
 
     def alive() -> bool:
