@@ -28,6 +28,7 @@ from anabranch.metadata.memory import MemoryMetadataStore
 from anabranch.protocol import commands
 from anabranch.protocol._generated import pulsar_api_pb2 as pb
 from anabranch.protocol.connection import ProtocolConnection, Role
+from anabranch.supervisor import Fatal
 from anabranch.testing.broker import InProcessBroker
 from anabranch.testing.clock import ManualClock
 
@@ -88,6 +89,7 @@ class FakeService:
 
     def __init__(self) -> None:
         self.unloaded: list[str] = []
+        self.fatal = Fatal()
 
     def loaded_topics(self) -> list[Any]:
         return []
