@@ -575,6 +575,11 @@ class JetStreamManagedLedger(ManagedLedgerBase):
             self._room.set()
         return out
 
+    async def roll_over_if_due(self) -> bool:
+        """Never here: this ledger's writer task owns rollovers (a marker in the stream),
+        so an idle ledger past ``ledger_age_ms`` rolls over with its next append instead."""
+        return False
+
     def _aged(self, info: LedgerInfo) -> bool:
         age_ms = (self.clock.monotonic() - self._ledger_created) * 1000
         return info.entries > 0 and age_ms >= self.config.ledger_age_ms
