@@ -54,6 +54,22 @@ STORAGE_APPEND_QUEUE_ENTRIES_MAX = 16_384
 STORAGE_APPEND_QUEUE_BYTES_MAX = 64 * 1024 * 1024
 """Bytes queued for one ledger's writer thread; further appends wait (backpressure)."""
 
+STORAGE_WRITER_THREADS = 4
+"""Writer threads shared by every ledger of a broker (one factory): each takes a ledger
+with queued appends, writes and fdatasyncs all of them (group commit), and hands the
+ledger back to the pool; one ledger is on at most one thread at a time, so its appends
+stay in order. The disk, not the thread count, bounds throughput; 4 lets one slow fsync
+not hold up the other ledgers, where a thread per ledger cost 1,000 threads per 1,000
+topics (8 MiB of stack reservation and a scheduler entry each)."""
+
+STORAGE_WRITER_IDLE_S = 10.0
+"""A writer thread without work for this long exits (started again on demand)."""
+
+STORAGE_OPEN_FILES_MAX = 4096
+"""Ledger files held open at once per broker (the least recently used idle one is closed
+and reopened on its next read or write); also at most half the process's soft
+RLIMIT_NOFILE, so sockets and the metadata store keep the other half."""
+
 STORAGE_GROUP_COMMIT_BYTES_MAX = 4 * 1024 * 1024
 """Bytes written per write+fdatasync; bounds commit latency to a few ms at ~1 GB/s."""
 
@@ -481,6 +497,39 @@ SESSION_HANDLER_TASKS_MAX = 1_000
 """Spawned handlers (PRODUCER, SUBSCRIBE, lookups, schemas, transactions) running at once
 for one connection; the next such command waits for one to end, so its frames queue and
 reading pauses (SESSION_COMMAND_QUEUE_MAX) instead of tasks growing without bound."""
+
+SESSION_PENDING_LOOKUPS_MAX = 500
+"""LOOKUP and PARTITIONED_METADATA requests of one connection being answered at once;
+past it the request is answered at once with TooManyRequests (``ResourceLimitReached``;
+the client retries with backoff). Half of SESSION_HANDLER_TASKS_MAX, so a lookup flood
+cannot take every handler slot from PRODUCER/SUBSCRIBE."""
+
+BROKER_PENDING_LOOKUPS_MAX = 50_000
+"""Lookups being answered at once across the broker (upstream's
+maxConcurrentLookupRequest default); past it TooManyRequests as above."""
+
+BROKER_CONNECTIONS_MAX = 10_000
+"""Client connections one broker holds (``BrokerConfig.max_connections`` may lower it);
+the CONNECT of one more is answered with ERROR TooManyRequests and the connection is
+closed (upstream's brokerMaxConnections, which is unbounded by default). Each costs a file
+descriptor and at least two buffers."""
+
+BROKER_CONNECTIONS_PER_IP_MAX = 10_000
+"""Connections from one client address (``max_connections_per_ip`` may lower it; upstream's
+brokerMaxConnectionsPerIp). Refused like the above."""
+
+BROKER_TOPICS_MAX = 20_000
+"""Topics (partitions and segments count one each) loaded on one broker
+(``max_topics_per_broker`` may lower it); loading one more answers TooManyRequests
+(``ResourceLimitReached``) until one is unloaded or deleted. A loaded idle topic with a
+producer and a consumer costs about 30-50 KB (benchmarks/broker_footprint.py): 20,000
+stay near 1 GB."""
+
+NAMESPACE_TOPICS_MAX = 1_000_000
+"""Topics one namespace may hold (``max_topics_per_namespace`` may lower it; 0 there, the
+default, means only this bound, like upstream's maxTopicsPerNamespace=0). At the bound, a
+topic that would be auto-created is not (TopicNotFound, nothing written) and an admin create
+is refused (ResourceLimitReached)."""
 
 KEY_SHARED_STICKY_RANGES_MAX = 1_000
 """Hash ranges one STICKY Key_Shared consumer may declare in SUBSCRIBE; more is refused
