@@ -357,6 +357,11 @@ a broker carrying hot topics gets new ones only once the others hold that much m
 CLUSTER_LOAD_RATE_HORIZON_S = 60.0
 """Time constant of the long-term message rate a broker reports for placement."""
 
+CLUSTER_IDLE_OWNERSHIP_RELEASE_S = 60.0
+"""An ownership record of a topic this broker owns but has not loaded for this long (a
+lookup claimed it and no producer or consumer came) is deleted, so looking up many names
+leaves no records behind (``BrokerConfig.idle_ownership_release_s`` may lower it)."""
+
 CLUSTER_UNLOAD_CONCURRENCY_MAX = 64
 """Topics closed at once when a broker loses its session or unloads a namespace."""
 
@@ -526,10 +531,9 @@ producer and a consumer costs about 30-50 KB (benchmarks/broker_footprint.py): 2
 stay near 1 GB."""
 
 NAMESPACE_TOPICS_MAX = 1_000_000
-"""Topics one namespace may hold (``max_topics_per_namespace`` may lower it; 0 there, the
-default, means only this bound, like upstream's maxTopicsPerNamespace=0). At the bound, a
-topic that would be auto-created is not (TopicNotFound, nothing written) and an admin create
-is refused (ResourceLimitReached)."""
+"""Largest ``max_topics_per_namespace`` (its default 0 means no cap, like upstream's
+maxTopicsPerNamespace). At that cap a topic that would be auto-created is not: the lookup,
+producer or consumer gets NotAllowed and nothing is written."""
 
 KEY_SHARED_STICKY_RANGES_MAX = 1_000
 """Hash ranges one STICKY Key_Shared consumer may declare in SUBSCRIBE; more is refused

@@ -18,7 +18,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from anabranch import limits
@@ -68,6 +68,41 @@ class BrokerConfig(BaseSettings):
     """Coordinator partitions (TxnID most bits). Persisted by the first broker of a
     metadata store; a broker configured differently refuses to start."""
     use_uvloop: bool = True
+    max_connections: int = Field(limits.BROKER_CONNECTIONS_MAX, gt=0)
+    """Client connections at once; one more is refused (TooManyRequests). At most
+    ``limits.BROKER_CONNECTIONS_MAX`` (as every cap below: configurable downwards only)."""
+    max_connections_per_ip: int = Field(limits.BROKER_CONNECTIONS_PER_IP_MAX, gt=0)
+    """Connections from one client address at once (upstream brokerMaxConnectionsPerIp)."""
+    max_topics_per_broker: int = Field(limits.BROKER_TOPICS_MAX, gt=0)
+    """Topics loaded at once; loading one more is refused (TooManyRequests)."""
+    max_topics_per_namespace: int = Field(0, ge=0)
+    """Topics a namespace may hold before auto-creation stops (lookups of new names then
+    answer NotAllowed and write nothing); 0: no cap (upstream's maxTopicsPerNamespace
+    default). At most ``limits.NAMESPACE_TOPICS_MAX``."""
+
+    @field_validator(
+        "max_connections",
+        "max_connections_per_ip",
+        "max_topics_per_broker",
+        "max_topics_per_namespace",
+    )
+    @classmethod
+    def _only_lower(cls, value: int, info: ValidationInfo) -> int:
+        cap = {
+            "max_connections": limits.BROKER_CONNECTIONS_MAX,
+            "max_connections_per_ip": limits.BROKER_CONNECTIONS_PER_IP_MAX,
+            "max_topics_per_broker": limits.BROKER_TOPICS_MAX,
+            "max_topics_per_namespace": limits.NAMESPACE_TOPICS_MAX,
+        }[str(info.field_name)]
+        if value > cap:
+            raise ValueError(f"{info.field_name} {value} is over its bound {cap} (limits.py)")
+        return value
+
+    idle_ownership_release_s: float = Field(
+        limits.CLUSTER_IDLE_OWNERSHIP_RELEASE_S, gt=0, le=limits.CLUSTER_IDLE_OWNERSHIP_RELEASE_S
+    )
+    """Cluster mode: a topic owned (claimed by a lookup) but not loaded for this long has
+    its ownership record deleted."""
 
     @field_validator("max_message_size")
     @classmethod

@@ -57,6 +57,17 @@ class BrokerCounters:
     the header size (DESIGN.md §3.2 'count it in a metric')."""
     protocol_errors: int = 0
     """Connections closed for any other protocol error."""
+    connections_refused: int = 0
+    """Connections refused over ``max_connections`` or ``max_connections_per_ip``."""
+    lookups_refused: int = 0
+    """Lookups answered TooManyRequests over the pending-lookup bounds."""
+    topics_refused: int = 0
+    pending_lookups: int = 0
+    """Lookups being answered now (a gauge, bounded by BROKER_PENDING_LOOKUPS_MAX)."""
+    """Topic loads refused over ``max_topics_per_broker``."""
+    topics_not_auto_created: int = 0
+    """Lookups and loads of absent topics answered TopicNotFound because auto-creation is
+    off or the namespace is at ``max_topics_per_namespace`` (nothing was written)."""
 
     @property
     def active_connections(self) -> int:
@@ -195,6 +206,14 @@ class BrokerCollector(Collector):
             ("bad_frames", "Frames rejected before allocation: bad length prefix.",
              c.bad_frames),
             ("protocol_errors", "Connections closed for a protocol error.", c.protocol_errors),
+            ("connections_refused", "Connections refused over max_connections(_per_ip).",
+             c.connections_refused),
+            ("lookups_refused", "Lookups refused over the pending-lookup bounds.",
+             c.lookups_refused),
+            ("topics_refused", "Topic loads refused over max_topics_per_broker.",
+             c.topics_refused),
+            ("topics_not_auto_created", "Absent topics not auto-created (disabled or at "
+             "max_topics_per_namespace).", c.topics_not_auto_created),
         ):  # fmt: skip
             counter = CounterMetricFamily(f"{prefix}_{name}", text, labels=labels)
             counter.add_metric([self.cluster], value)

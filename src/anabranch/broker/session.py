@@ -125,6 +125,10 @@ class Session:
         self.creating_producers: set[int] = set()
         self.consumers: dict[int, Any] = {}
         self.pending_appends = 0
+        self.pending_lookups = 0
+        """LOOKUP/PARTITIONED_METADATA being answered (``SESSION_PENDING_LOOKUPS_MAX``)."""
+        self.refusal: AnabranchError | None = None
+        """Set by the server for a connection over its caps: CONNECT answers it and closes."""
         self.closed = False
         self._queue: deque[Frame] = deque()
         self._wakeup = asyncio.Event()
@@ -400,6 +404,13 @@ def _phase(state: State) -> str:
 
 
 def _handle_connect(session: Session, frame: Frame) -> None:
+    refusal = session.refusal
+    if refusal is not None:
+        session.flush()
+        error = commands.error(0, server_error(refusal), client_message(refusal))
+        session.transport.write(encode_command(error))
+        session.close()
+        return
     flags = pb.FeatureFlags(supports_scalable_topics=True)
     version = session.protocol.negotiate_version()
     max_size = session.service.config.max_message_size
