@@ -91,6 +91,23 @@ CURSOR_BATCH_ACKS_PERSIST_MAX = 10_000
 """Partially acked batch entries persisted per cursor; past it, batch-index acks of the
 newest entries are lost on restart (redelivery, never loss)."""
 
+CURSOR_STATE_BYTES_MAX = 512 * 1024
+"""Bytes of one persisted cursor value, at most: the ranges and batch bitsets nearest
+mark-delete that fit are kept, later ones are redelivered after a restart (never loss;
+``AckState.to_bytes``). 10,000 ranges take 240 KB, but 10,000 partial batches of 1,000
+messages would take 1.4 MB: half of METADATA_VALUE_BYTES_MAX keeps every cursor write
+(with its check) well inside etcd's 1.5 MiB request."""
+
+DEDUP_SNAPSHOT_BYTES_MAX = 512 * 1024
+"""Bytes of the producers map of one dedup snapshot (JSON), at most: the most recently
+persisted producers that fit are written, older ones are left out (after a restart a retry
+of theirs is taken as new: the same as upstream once a producer is purged as inactive).
+Producer names are client-chosen, so only bytes bound the record."""
+
+DEDUP_PRODUCERS_MAX = 10_000
+"""Producers one topic's dedup state remembers; a new one past it evicts the least
+recently persisted (upstream's brokerDeduplicationMaxNumberOfProducers default)."""
+
 # --- etcd backend ---------------------------------------------------------------------------
 
 ETCD_REQUEST_TIMEOUT_S = 10.0
