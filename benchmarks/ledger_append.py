@@ -2,7 +2,8 @@
 
 1. raw group commit: write + fdatasync of 1 KiB records in batches of 64 (the ceiling);
 2. ledger append throughput, 1 KiB entries, fsync=always, ``--inflight`` concurrent
-   appenders, with append latency p50/p99 at saturation;
+   appenders (spread over ``--ledgers`` ledgers, which share the factory's writer threads),
+   with append latency p50/p99 at saturation;
 3. append latency at a fixed rate of 50% of the measured maximum.
 
 Each is repeated ``--reps`` times (fresh directory each time); medians are reported. The
@@ -30,7 +31,7 @@ from collections import deque
 from pathlib import Path
 
 from anabranch.metadata.memory import MemoryMetadataStore
-from anabranch.storage.api import ManagedLedgerConfig
+from anabranch.storage.api import ManagedLedger, ManagedLedgerConfig
 from anabranch.storage.ledger import FileManagedLedgerFactory
 
 ENTRY = 1024
@@ -61,15 +62,17 @@ def raw_group_commit(directory: Path, entries: int, batch: int = 64) -> float:
     return (entries // batch) * batch / elapsed
 
 
-async def saturate(directory: Path, entries: int, inflight: int) -> tuple[float, list[float]]:
+async def saturate(
+    directory: Path, entries: int, inflight: int, ledgers: int = 1
+) -> tuple[float, list[float]]:
     store = MemoryMetadataStore()
     factory = FileManagedLedgerFactory(directory, store)
-    ml = await factory.open("bench", CONFIG)
+    mls = [await factory.open(f"bench-{i}", CONFIG) for i in range(ledgers)]
     payload = os.urandom(ENTRY)
     latencies: list[float] = []
     remaining = entries
 
-    async def appender() -> None:
+    async def appender(ml: ManagedLedger) -> None:
         nonlocal remaining
         clock = time.perf_counter
         while remaining > 0:
@@ -79,7 +82,7 @@ async def saturate(directory: Path, entries: int, inflight: int) -> tuple[float,
             latencies.append(clock() - t0)
 
     start = time.perf_counter()
-    await asyncio.gather(*(appender() for _ in range(inflight)))
+    await asyncio.gather(*(appender(mls[i % ledgers]) for i in range(inflight)))
     elapsed = time.perf_counter() - start
     await factory.close()
     await store.close()
@@ -148,6 +151,12 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--entries", type=int, default=100_000)
     parser.add_argument("--inflight", type=int, default=256)
+    parser.add_argument(
+        "--ledgers",
+        type=int,
+        default=1,
+        help="spread the saturation appenders over this many ledgers (the writer pool's case)",
+    )
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--rate-seconds", type=float, default=3.0)
     parser.add_argument("--loop", choices=("uvloop", "asyncio"), default="uvloop")
@@ -165,7 +174,9 @@ def main() -> None:
         base = Path(tempfile.mkdtemp(prefix="ledger-bench-", dir="/tmp"))
         try:
             raws.append(raw_group_commit(base, args.entries))
-            rate, lat = asyncio.run(saturate(base / "sat", args.entries, args.inflight))
+            rate, lat = asyncio.run(
+                saturate(base / "sat", args.entries, args.inflight, args.ledgers)
+            )
             raws.append(raw_group_commit(base, args.entries))
             rates.append(rate)
             sat_p50.append(pct(lat, 0.5) * 1e3)
@@ -188,6 +199,7 @@ def main() -> None:
         "entry_bytes": ENTRY,
         "entries": args.entries,
         "inflight": args.inflight,
+        "ledgers": args.ledgers,
         "loop": args.loop,
         "reps": args.reps,
         "raw_entries_per_s": round(med(raws)),
