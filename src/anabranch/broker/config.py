@@ -75,6 +75,14 @@ class BrokerConfig(BaseSettings):
     """Connections from one client address at once (upstream brokerMaxConnectionsPerIp)."""
     max_topics_per_broker: int = Field(limits.BROKER_TOPICS_MAX, gt=0)
     """Topics loaded at once; loading one more is refused (TooManyRequests)."""
+    storage_writer_threads: int = Field(
+        limits.STORAGE_WRITER_THREADS, gt=0, le=limits.STORAGE_WRITER_THREADS
+    )
+    """Writer threads shared by every ledger (group commit); see the limit's docstring."""
+    storage_open_files_max: int = Field(
+        limits.STORAGE_OPEN_FILES_MAX, gt=0, le=limits.STORAGE_OPEN_FILES_MAX
+    )
+    """Ledger files held open at once; the least recently used idle one is closed past it."""
     max_topics_per_namespace: int = Field(0, ge=0)
     """Topics a namespace may hold before auto-creation stops (lookups of new names then
     answer NotAllowed and write nothing); 0: no cap (upstream's maxTopicsPerNamespace

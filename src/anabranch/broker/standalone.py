@@ -182,7 +182,13 @@ def _ledger_factory(
         return MemoryManagedLedgerFactory(clock=clock)
     from anabranch.storage.ledger import FileManagedLedgerFactory
 
-    return FileManagedLedgerFactory(config.data_dir / "ledgers", store, clock=clock)
+    return FileManagedLedgerFactory(
+        config.data_dir / "ledgers",
+        store,
+        clock=clock,
+        writer_threads=config.storage_writer_threads,
+        open_files_max=config.storage_open_files_max,
+    )
 
 
 def _bound_port(runner: Any) -> int | None:
