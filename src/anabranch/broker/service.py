@@ -213,10 +213,12 @@ class BrokerService:
             raise NotAllowed(f"{parsed} is a scalable topic: produce to its segments")
         key = str(parsed)
         if self.ownership is not None:
-            if not self.topic_in_use(key) and isinstance(parsed, TopicName):
-                # Before the claim: a topic that does not exist (and will not be created)
-                # leaves no ownership record behind.
-                await self.check_exists(parsed, create=create)
+            if not self.topic_in_use(key):
+                # Before the claim: a topic that cannot load here, or does not exist (and
+                # will not be created), leaves no ownership record behind.
+                self._check_topic_cap()
+                if isinstance(parsed, TopicName):
+                    await self.check_exists(parsed, create=create)
             await self.ownership.claim(key)
         topic = self._topics.get(key)
         if topic is not None:
@@ -225,10 +227,7 @@ class BrokerService:
             raise Closed("the broker is shutting down")
         task = self._loading.get(key)
         if task is None:
-            cap = self.config.max_topics_per_broker
-            if len(self._topics) + len(self._loading) >= cap:
-                self.counters.topics_refused += 1
-                raise ResourceLimitReached("topics loaded on this broker", cap)
+            self._check_topic_cap()
             task = asyncio.ensure_future(self._load(parsed, create))
             self._loading[key] = task
             task.add_done_callback(lambda _: self._loading.pop(key, None))
@@ -353,6 +352,12 @@ class BrokerService:
                 f" max_topics_per_namespace ({cap}) topics"
             )
         return False
+
+    def _check_topic_cap(self) -> None:
+        cap = self.config.max_topics_per_broker
+        if len(self._topics) + len(self._loading) >= cap:
+            self.counters.topics_refused += 1
+            raise ResourceLimitReached("topics loaded on this broker", cap)
 
     def topic_in_use(self, name: str) -> bool:
         """Whether ``name`` (canonical) is loaded or being loaded here."""
