@@ -1019,22 +1019,29 @@ class FileManagedLedgerFactory:
         self.handles = FileHandles(open_files_max)
         """Bounds the ledger files held open (least recently used ones are closed)."""
         self._open: list[FileManagedLedger] = []
+        self._prune_at = 64
+        self._id_lock = asyncio.Lock()
         self._closed = False
 
     async def allocate_ledger_id(self) -> int:
-        """The next cluster-wide ledger id (CAS on ``/ledger-id-counter``)."""
-        while True:
-            record = await self.store.get(LEDGER_ID_COUNTER)
-            current = int(record.value) if record else 1
-            try:
-                await self.store.put(
-                    LEDGER_ID_COUNTER,
-                    str(current + 1).encode(),
-                    expected_version=record.stat.version if record else 0,
-                )
-            except BadVersion:
-                continue  # another allocator won this round
-            return current
+        """The next cluster-wide ledger id (CAS on ``/ledger-id-counter``).
+
+        Allocations of this factory take turns (a lock): a CAS only loses to another
+        broker, not to the topics loading here at the same moment (200 concurrent loads
+        otherwise spent ~100 read+CAS rounds each, most of a topic load's cost)."""
+        async with self._id_lock:
+            while True:
+                record = await self.store.get(LEDGER_ID_COUNTER)
+                current = int(record.value) if record else 1
+                try:
+                    await self.store.put(
+                        LEDGER_ID_COUNTER,
+                        str(current + 1).encode(),
+                        expected_version=record.stat.version if record else 0,
+                    )
+                except BadVersion:
+                    continue  # another broker won this round
+                return current
 
     async def open(self, name: str, config: ManagedLedgerConfig | None = None) -> FileManagedLedger:
         if self._closed:
@@ -1045,8 +1052,10 @@ class FileManagedLedgerFactory:
         except BaseException:
             await ml._release_files()
             raise
-        self._open = [m for m in self._open if not m._closed]
         self._open.append(ml)
+        if len(self._open) >= self._prune_at:  # amortised: not a scan per open
+            self._open = [m for m in self._open if not m._closed]
+            self._prune_at = max(64, 2 * len(self._open))
         return ml
 
     async def close(self) -> None:
