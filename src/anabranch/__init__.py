@@ -12,6 +12,11 @@ Example::
 
 __version__ = "0.1.0"
 
+from anabranch.client.auth import (
+    AuthenticationBasic,
+    AuthenticationTLS,
+    AuthenticationToken,
+)
 from anabranch.client.checkpoint import Checkpoint
 from anabranch.client.consumer import InitialPosition, SubscriptionType
 from anabranch.client.errors import ExpiredTransactionError, TransactionOperationFailed
@@ -38,6 +43,9 @@ from anabranch.errors import (
 from anabranch.protocol.compression import CompressionType
 
 __all__ = [
+    "AuthenticationBasic",
+    "AuthenticationTLS",
+    "AuthenticationToken",
     "Checkpoint",
     "CheckpointConsumer",
     "Client",

@@ -8,6 +8,11 @@ Example::
         reader = await client.create_reader("persistent://public/default/t", MessageId.earliest())
 """
 
+from anabranch.client.auth import (
+    AuthenticationBasic,
+    AuthenticationTLS,
+    AuthenticationToken,
+)
 from anabranch.client.checkpoint import Checkpoint
 from anabranch.client.checkpoint_consumer import CheckpointConsumer
 from anabranch.client.client import Client
@@ -37,6 +42,9 @@ from anabranch.errors import (
 from anabranch.protocol.compression import CompressionType
 
 __all__ = [
+    "AuthenticationBasic",
+    "AuthenticationTLS",
+    "AuthenticationToken",
     "Checkpoint",
     "CheckpointConsumer",
     "Client",

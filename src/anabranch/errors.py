@@ -12,8 +12,11 @@
     │   ├── NotEmpty                    delete of a tenant/namespace in use (409)
     │   ├── ResourceLimitReached        over a connection/broker bound (TooManyRequests, 429)
     │   ├── SegmentSealed               split/merge of a sealed segment
+    │   ├── SegmentActive               delete of a segment still active (409)
     │   └── SegmentTooSmall             split of a segment one hash wide
     ├── Closed                          the object was closed by its owner
+    ├── AuthorizationError              the role lacks the permission  (403)
+    ├── AuthenticationError             missing, wrong or expired credentials (401)
     ├── MetadataError
     │   ├── BadVersion                  CAS condition failed           (409)
     │   ├── NotFound                                                   (404)
@@ -521,6 +524,75 @@ class ResourceLimitReached(NotAllowed):
         super().__init__(f"too many {what} (at most {limit})")
         self.what = what
         self.limit = limit
+
+
+WIRE_CODES.update({c: c.wire_code for c in all_error_classes()})
+HTTP_STATUS.update({c: c.http_status for c in all_error_classes()})
+
+
+# --- authorization ----------------------------------------------------------------------------
+
+
+class AuthorizationError(AnabranchError):
+    """The (authenticated) role lacks the permission the request needs; nothing was done.
+
+    The message names only what was asked for (the command or route and the resource the
+    request itself named), never another tenant, a path or the grants held.
+
+    Example:
+        >>> err = AuthorizationError("alice", "produce", "persistent://a/b/c")
+        >>> (err.wire_code, err.http_status, str(err))
+        ('AuthorizationError', 403, 'role alice is not authorized to produce on persistent://a/b/c')
+    """
+
+    wire_code = "AuthorizationError"
+    http_status = 403
+
+    def __init__(self, role: str, action: str, resource: str = "") -> None:
+        on = f" on {resource}" if resource else ""
+        super().__init__(f"role {role} is not authorized to {action}{on}")
+        self.role = role
+        self.action = action
+        self.resource = resource
+
+
+class SegmentActive(NotAllowed):
+    """A destructive operation on a segment the layout still lists as active (only a
+    sealed or pruned segment's data may go).
+
+    Example:
+        >>> SegmentActive("segment://a/b/c/0000-ffff-0").http_status
+        409
+    """
+
+    http_status = 409
+
+    def __init__(self, segment: str) -> None:
+        super().__init__(f"{segment} is active in its topic's layout; seal it first")
+        self.segment = segment
+
+
+# --- security -------------------------------------------------------------------------------
+
+
+class AuthenticationError(AnabranchError):
+    """Missing, wrong or expired credentials (auth on). On the wire an ERROR with
+    ``AuthenticationError`` and the connection is closed; over HTTP a 401. The message
+    says what was wrong in general terms ("token expired", "unknown user or wrong
+    password"), never which part of a secret failed or where it is kept.
+
+    Example:
+        >>> err = AuthenticationError("token expired")
+        >>> (err.wire_code, err.http_status, err.retriable, str(err))
+        ('AuthenticationError', 401, False, 'authentication failed: token expired')
+    """
+
+    wire_code = "AuthenticationError"
+    http_status = 401
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"authentication failed: {reason}")
+        self.reason = reason
 
 
 WIRE_CODES.update({c: c.wire_code for c in all_error_classes()})

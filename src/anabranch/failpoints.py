@@ -41,8 +41,13 @@ TXN_HOLD_OUTCOMES = "txn-hold-outcomes"
 """Participants never apply transaction outcomes (no wake-up, watch or reconcile applies
 them): a crash test kills the broker between a commit's header CAS and the apply."""
 
+BREAK_CONNECTION_TIMER = "break-connection-timer"
+"""The broker's connection timer loop raises on every tick: its supervisor restarts it
+until it gives up and the broker process exits non-zero (the supervision tests)."""
+
 KNOWN: frozenset[str] = frozenset(
     {
+        BREAK_CONNECTION_TIMER,
         TXN_HOLD_OUTCOMES,
         SKIP_PARENT_CURSOR_FLUSH,
         ACK_BEFORE_FSYNC,

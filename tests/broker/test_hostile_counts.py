@@ -12,19 +12,21 @@ from __future__ import annotations
 import asyncio
 import random
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from anabranch import limits
-from anabranch.broker import session as session_module
+from anabranch.broker import command_table
 from anabranch.broker.consumer import Consumer
 from anabranch.broker.dispatcher_key_shared import StickySelector
 from anabranch.broker.session import Session
 from anabranch.errors import ConsumerAssignError
 from anabranch.protocol import commands
 from anabranch.protocol._generated import pulsar_api_pb2 as pb
+from anabranch.protocol.frames import Frame
 from anabranch.testing.broker import InProcessBroker
 from tests.broker.test_core_protocol import RawClient
 
@@ -279,23 +281,24 @@ async def test_consumers_per_connection_are_capped(
 async def test_lookup_flood_runs_bounded_tasks_and_others_are_answered(
     broker: InProcessBroker, client: RawClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real = session_module._BODY_HANDLERS[T.LOOKUP]
+    entry = command_table.TABLE[T.LOOKUP]
+    real = entry.handler
     running = 0
     peak = 0
 
-    async def slow_lookup(session: Session, body: pb.CommandLookupTopic) -> None:
+    async def slow_lookup(session: Session, frame: Frame) -> None:
         nonlocal running, peak
         running += 1
         peak = max(peak, running)
         try:
             await asyncio.sleep(0.01)
-            result = real(session, body)
+            result = real(session, frame)
             if result is not None:
                 await result
         finally:
             running -= 1
 
-    monkeypatch.setitem(session_module._BODY_HANDLERS, T.LOOKUP, slow_lookup)
+    monkeypatch.setitem(command_table.TABLE, T.LOOKUP, replace(entry, handler=slow_lookup))
     count = 20_000
     flood = b"".join(
         client.conn.send(

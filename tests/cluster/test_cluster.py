@@ -12,10 +12,12 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
+from typing import Any, cast
 
 import pulsar
 
 from anabranch.aio import Client
+from anabranch.broker.cluster.placement import broker_load
 from anabranch.client.connection import ConnectionPool
 from anabranch.testing.cluster import ClusterBroker, LocalCluster
 from tests.cluster.local_cluster import (
@@ -95,6 +97,11 @@ async def test_concurrent_lookups_at_every_broker_agree_on_one_owner(
     cluster: LocalCluster,
 ) -> None:
     topics = [fresh_topic("race") for _ in range(12)]
+    status, records = await cluster.http("GET", f"/admin/v2/brokers/{cluster.cluster_name}/load")
+    assert status == 200
+    loads = sorted(
+        broker_load(r["ownedTopics"], r["msgRateLongTerm"]) for r in cast(list[Any], records)
+    )
     pools = [ConnectionPool(b.service_url) for b in cluster.brokers]
     try:
         answers = await asyncio.gather(*(pool.lookup(topic) for topic in topics for pool in pools))
@@ -107,8 +114,12 @@ async def test_concurrent_lookups_at_every_broker_agree_on_one_owner(
         assert len(addresses) == 1, f"{topic} has owners {addresses}"
         [(host, port)] = addresses
         assert (await cluster.owner_of(topic)).broker_id == f"{host}:{port}"
-    spread = {next(iter(a)) for a in owners.values()}
-    assert len(spread) >= 2, "12 new topics all went to one broker"
+    # Placement is load-based: earlier tests of this module may leave one broker so much
+    # lighter that all 12 new topics legitimately go to it. When the two lightest brokers
+    # are within a few topics of each other, rendezvous ties must spread the batch.
+    if len(loads) >= 2 and loads[1] - loads[0] < 4:
+        spread = {next(iter(a)) for a in owners.values()}
+        assert len(spread) >= 2, f"12 new topics all went to one broker (loads {loads})"
 
 
 # --- unload ------------------------------------------------------------------------------------

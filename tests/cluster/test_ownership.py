@@ -29,6 +29,7 @@ from anabranch.metadata.memory import MemoryMetadataStore
 from anabranch.protocol import commands
 from anabranch.protocol._generated import pulsar_api_pb2 as pb
 from anabranch.protocol.connection import ProtocolConnection, Role
+from anabranch.supervisor import Fatal
 from anabranch.testing.broker import InProcessBroker
 from anabranch.testing.clock import ManualClock
 
@@ -92,6 +93,7 @@ class FakeService:
         self.unloaded: list[str] = []
         self.missing: set[str] = set()
         self.loaded: set[str] = set()
+        self.fatal = Fatal()
 
     def loaded_topics(self) -> list[Any]:
         return []

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from anabranch.aio import Client
-from anabranch.failpoints import ENV_VAR, TXN_HOLD_OUTCOMES
+from anabranch.failpoints import TXN_HOLD_OUTCOMES
 from anabranch.protocol._generated import pulsar_api_pb2 as pb
 from anabranch.testing.broker import BrokerProcess
 from tests.scalable.wire import RawClient
@@ -23,18 +23,6 @@ from tests.scalable.wire import RawClient
 QUIET_S = 0.5
 RECEIVE_S = 10.0
 TOPICS = [f"persistent://public/default/restart-{i}" for i in range(3)]
-
-
-class Broker(BrokerProcess):
-    """The standalone broker process, with failpoints for its next start."""
-
-    failpoints = ""
-
-    def _command(self) -> tuple[list[str], dict[str, str]]:
-        args, env = super()._command()
-        if self.failpoints:
-            env[ENV_VAR] = self.failpoints
-        return args, env
 
 
 async def drain(consumer: Any) -> list[bytes]:
@@ -57,7 +45,7 @@ async def take(consumer: Any, count: int) -> list[Any]:
 async def test_restart_keeps_committed_filters_aborted_and_keeps_txn_acks(
     tmp_path: Path, how: str
 ) -> None:
-    broker = Broker(tmp_path / "data")
+    broker = BrokerProcess(tmp_path / "data")
     await broker.start()
     try:
         client = Client(broker.service_url)
@@ -98,7 +86,7 @@ async def test_restart_keeps_committed_filters_aborted_and_keeps_txn_acks(
 
 @pytest.mark.parametrize("outcome", ["commit", "abort"])
 async def test_sigkill_between_the_header_cas_and_the_apply(tmp_path: Path, outcome: str) -> None:
-    broker = Broker(tmp_path / "data")
+    broker = BrokerProcess(tmp_path / "data")
     broker.failpoints = TXN_HOLD_OUTCOMES
     await broker.start()
     try:
@@ -141,7 +129,7 @@ async def test_sigkill_between_the_header_cas_and_the_apply(tmp_path: Path, outc
 async def test_an_open_transaction_survives_a_crash_and_ends_after_it(
     tmp_path: Path, outcome: str
 ) -> None:
-    broker = Broker(tmp_path / "data")
+    broker = BrokerProcess(tmp_path / "data")
     await broker.start()
     try:
         client = Client(broker.service_url)

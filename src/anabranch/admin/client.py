@@ -4,6 +4,10 @@ Every method is one admin v2 request. Topic arguments take full or short names
 (``persistent://t/ns/x``, ``t/ns/x``, ``x``); answers are decoded JSON. A non-2xx answer
 raises :class:`AdminHttpError` carrying the status and Pulsar's ``reason``.
 
+Security: ``auth_token=`` (or ``auth=`` an ``AuthenticationToken``/``AuthenticationBasic``/
+``AuthenticationTLS``) adds the ``Authorization`` header (or the client certificate); an
+``https://`` URL verifies the broker against ``tls_trust_certs_file_path``.
+
 Example:
     >>> async def demo() -> None:
     ...     async with AdminClient("http://127.0.0.1:8080") as admin:
@@ -14,6 +18,7 @@ Example:
 
 from __future__ import annotations
 
+import ssl
 from types import TracebackType
 from typing import Any
 from urllib.parse import quote
@@ -21,6 +26,8 @@ from urllib.parse import quote
 import aiohttp
 import msgspec
 
+from anabranch.client.auth import Authentication, AuthenticationToken
+from anabranch.client.tls import TlsOptions, client_ssl_context
 from anabranch.core.names import NamespaceName, SegmentName, TopicDomain, TopicName
 from anabranch.errors import AnabranchError, InvalidArgument
 
@@ -64,6 +71,21 @@ def _scalable_path(topic: str) -> str:
     if name.domain is not TopicDomain.TOPIC:
         raise InvalidArgument(f"{name} is not a scalable topic:// name")
     return f"/admin/v2/scalable/{_q(name.tenant)}/{_q(name.namespace)}/{_q(name.local_name)}"
+
+
+def _permissions_path(topic: str) -> str:
+    """``.../permissions`` of a persistent (partition: its topic) or scalable topic.
+
+    Example:
+        >>> _permissions_path("topic://a/b/c")
+        '/admin/v2/scalable/a/b/c/permissions'
+        >>> _permissions_path("persistent://a/b/c-partition-1")
+        '/admin/v2/persistent/a/b/c/permissions'
+    """
+    name = TopicName.parse(topic)
+    if name.domain is TopicDomain.TOPIC:
+        return _scalable_path(str(name)) + "/permissions"
+    return _topic_path(str(name.base)) + "/permissions"
 
 
 def _segment_path(segment: str) -> str:
@@ -121,11 +143,33 @@ class AdminClient:
     """Async client of one broker's admin API; close it (or use ``async with``)."""
 
     def __init__(
-        self, url: str = DEFAULT_ADMIN_URL, *, timeout_s: float = ADMIN_REQUEST_TIMEOUT_S
+        self,
+        url: str = DEFAULT_ADMIN_URL,
+        *,
+        timeout_s: float = ADMIN_REQUEST_TIMEOUT_S,
+        auth: Authentication | None = None,
+        auth_token: str | None = None,
+        tls_trust_certs_file_path: str | None = None,
+        tls_allow_insecure_connection: bool = False,
+        tls_validate_hostname: bool = False,
     ) -> None:
         self.url = url.rstrip("/")
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._session: aiohttp.ClientSession | None = None
+        if auth_token is not None:
+            auth = AuthenticationToken(auth_token)
+        self.auth = auth
+        self._ssl: ssl.SSLContext | None = None
+        if self.url.startswith("https://"):
+            cert_chain = auth.tls_cert_chain if auth is not None else None
+            self._ssl = client_ssl_context(
+                TlsOptions(
+                    trust_certs_file_path=tls_trust_certs_file_path,
+                    allow_insecure_connection=tls_allow_insecure_connection,
+                    validate_hostname=tls_validate_hostname,
+                    cert_chain=cert_chain,
+                )
+            )
 
     async def __aenter__(self) -> AdminClient:
         return self
@@ -147,9 +191,13 @@ class AdminClient:
     async def request(self, method: str, path: str, body: Any = None) -> Any:
         """One request; JSON-decoded answer (text for non-JSON, None for 204)."""
         if self._session is None:
-            self._session = aiohttp.ClientSession(timeout=self._timeout)
+            connector = aiohttp.TCPConnector(ssl=self._ssl if self._ssl is not None else True)
+            self._session = aiohttp.ClientSession(timeout=self._timeout, connector=connector)
         data = None if body is None else msgspec.json.encode(body)
         headers = {"Content-Type": "application/json"} if data is not None else {}
+        authorization = self.auth.http_header() if self.auth is not None else None
+        if authorization:
+            headers["Authorization"] = authorization
         async with self._session.request(
             method, self.url + path, data=data, headers=headers
         ) as response:
@@ -455,6 +503,33 @@ class AdminClient:
     async def delete_transaction_key(self, key: str, *, owner: str = "") -> dict[str, Any]:
         """Abort the key's open transaction and delete the key (its holder is fenced)."""
         return dict(await self.request("DELETE", _key_path(key, owner)))
+
+    # --- permissions --------------------------------------------------------------------
+
+    async def namespace_permissions(self, namespace: str) -> dict[str, list[str]]:
+        """Role → actions granted on the namespace."""
+        return dict(await self.request("GET", _ns_path(namespace) + "/permissions"))
+
+    async def grant_namespace_permission(
+        self, namespace: str, role: str, actions: list[str]
+    ) -> None:
+        """Set ``role``'s actions (``produce``, ``consume``) on the namespace."""
+        path = _ns_path(namespace) + f"/permissions/{_q(role)}"
+        await self.request("POST", path, list(actions))
+
+    async def revoke_namespace_permission(self, namespace: str, role: str) -> None:
+        await self.request("DELETE", _ns_path(namespace) + f"/permissions/{_q(role)}")
+
+    async def permissions(self, topic: str) -> dict[str, list[str]]:
+        """Role → actions on a topic (its namespace's grants included)."""
+        return dict(await self.request("GET", _permissions_path(topic)))
+
+    async def grant_permission(self, topic: str, role: str, actions: list[str]) -> None:
+        """Set ``role``'s actions on one topic (``persistent://`` or scalable ``topic://``)."""
+        await self.request("POST", _permissions_path(topic) + f"/{_q(role)}", list(actions))
+
+    async def revoke_permission(self, topic: str, role: str) -> None:
+        await self.request("DELETE", _permissions_path(topic) + f"/{_q(role)}")
 
     # --- misc -----------------------------------------------------------------------------
 

@@ -1,9 +1,12 @@
 """The admin HTTP server: ``aiohttp.web`` on the broker's own event loop.
 
 One route table (``routes_v2`` + ``routes_scalable`` + ``routes_cluster`` +
-``routes_transactions`` + the routes below)
-feeds both the app and ``GET /openapi.json``. Every handler runs under one error
-middleware:
+``routes_transactions`` + ``routes_permissions`` + the routes below)
+feeds both the app and ``GET /openapi.json``. Every handler runs under the
+authentication middleware (:mod:`anabranch.admin.authentication`: sets
+``request["anabranch.role"]``, 401 without valid credentials when auth is on), then the
+authorization middleware (``access.ROUTE_ACCESS`` says what each route needs; 403
+AuthorizationError), inside one error middleware:
 
 * :class:`~anabranch.errors.NotLeader` (a scalable-topic mutation on a non-leader)
   answers 307 with ``Location`` = the same path and query on the leader's HTTP address
@@ -26,6 +29,7 @@ Example:
 from __future__ import annotations
 
 import logging
+import ssl
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
@@ -33,7 +37,15 @@ import msgspec
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from anabranch.admin import routes_cluster, routes_scalable, routes_transactions, routes_v2
+from anabranch.admin import (
+    routes_cluster,
+    routes_permissions,
+    routes_scalable,
+    routes_transactions,
+    routes_v2,
+)
+from anabranch.admin.access import authorization_middleware
+from anabranch.admin.authentication import authentication_middleware
 from anabranch.admin.models import ErrorBody
 from anabranch.admin.openapi import openapi_document
 from anabranch.admin.routes import BODY_LIMIT, Route
@@ -75,6 +87,7 @@ def all_routes() -> list[Route]:
         *routes_scalable.ROUTES,
         *routes_cluster.ROUTES,
         *routes_transactions.ROUTES,
+        *routes_permissions.ROUTES,
         *OWN_ROUTES,
     ]
 
@@ -128,7 +141,15 @@ def _bind(route: Route) -> Callable[[web.Request], Awaitable[web.StreamResponse]
 
 def build_app(admin: AdminService, registry: CollectorRegistry | None = None) -> web.Application:
     """The aiohttp application for ``admin`` (tests may serve it themselves)."""
-    app = web.Application(middlewares=[error_middleware], client_max_size=BODY_LIMIT)
+    broker = admin.broker
+    auth = authentication_middleware(
+        getattr(broker, "authentication", None),
+        authenticate_metrics=broker.config.authenticate_metrics_endpoint,
+    )
+    authorize = authorization_middleware(lambda request: request.app[ADMIN_KEY].broker.authorizer)
+    app = web.Application(
+        middlewares=[error_middleware, auth, authorize], client_max_size=BODY_LIMIT
+    )
     app[ADMIN_KEY] = admin
     app[REGISTRY_KEY] = registry if registry is not None else broker_registry(admin.broker)
     for route in all_routes():
@@ -141,8 +162,17 @@ def build_app(admin: AdminService, registry: CollectorRegistry | None = None) ->
     return app
 
 
-async def start_http(service: BrokerService, host: str, port: int) -> web.AppRunner:
-    """Serve the admin API on ``host:port`` (0 picks a free port) on the running loop.
+async def start_http(
+    service: BrokerService,
+    host: str,
+    port: int,
+    *,
+    ssl_context: ssl.SSLContext | None = None,
+    tls_port: int | None = None,
+    plaintext: bool = True,
+) -> web.AppRunner:
+    """Serve the admin API on ``host:port`` (0 picks a free port) on the running loop, and
+    with ``ssl_context`` HTTPS on ``tls_port`` too (``plaintext`` False: HTTPS only).
 
     The bound URL is ``admin.http_url`` (also what lookups answer); stop with
     ``await runner.cleanup()``.
@@ -151,15 +181,18 @@ async def start_http(service: BrokerService, host: str, port: int) -> web.AppRun
     app = build_app(admin)
     runner = web.AppRunner(app, handle_signals=False, access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, host, port, reuse_address=True)
-    await site.start()
-    bound = port
-    for address in runner.addresses:
-        if isinstance(address, tuple):
-            bound = int(address[1])
-            break
+    if plaintext:
+        await web.TCPSite(runner, host, port, reuse_address=True).start()
+    if ssl_context is not None and tls_port is not None:
+        site = web.TCPSite(runner, host, tls_port, ssl_context=ssl_context, reuse_address=True)
+        await site.start()
+    ports = [int(a[1]) for a in runner.addresses if isinstance(a, tuple)]
+    bound = ports[0] if ports else port
     advertised = getattr(service.config, "advertised_address", host) or host
-    advertised_port = getattr(service.config, "advertised_http_port", None) or bound
-    admin.http_url = f"http://{advertised}:{advertised_port}"
+    scheme = "http" if plaintext else "https"
+    advertised_port = (
+        getattr(service.config, "advertised_http_port", None) if plaintext else None
+    ) or bound
+    admin.http_url = f"{scheme}://{advertised}:{advertised_port}"
     log.info("admin HTTP on %s", admin.http_url)
     return runner

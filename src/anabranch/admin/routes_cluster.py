@@ -13,7 +13,8 @@
   (create, JSON list of subscriptions), ``POST .../terminate`` (answers the dedup
   snapshot), ``POST .../seedDedup`` (JSON list of parent snapshots), ``GET
   .../subscriptions``, ``GET .../backlog/{subscription}``, ``DELETE
-  .../subscriptions/{subscription}``, DELETE. The receiver claims an unowned segment.
+  .../subscriptions/{subscription}``, DELETE (409 while the layout lists the segment as
+  active and its topic is not being deleted). The receiver claims an unowned segment.
   ``GET .../owner`` reads the ownership record without assigning anything.
 * ``GET /admin/v2/brokers/{cluster}``: the live brokers' ``host:port`` ids, as upstream.
 * ``GET /admin/v2/brokers/{cluster}/load``: their registry records (addresses, load).
@@ -42,6 +43,7 @@ from anabranch.broker.cluster.records import OwnerState
 from anabranch.core.names import NamespaceName, TopicName, parse_name
 from anabranch.errors import NotFound, NotOwner, StorageError
 from anabranch.scalable.segment_ops import decode_dedup_snapshot, encode_dedup_snapshot
+from anabranch.security.broker_client import BrokerClientCredentials
 
 if TYPE_CHECKING:
     from anabranch.admin.service import AdminService
@@ -74,8 +76,12 @@ async def cluster_lookup(
             f"{answer.http_url.rstrip('/')}{request.path}?authoritative=true"
         )
         return response
+    tls = answer.pulsar_url_tls or admin.broker.tls_url_for(answer.pulsar_url) or ""
     return LookupData(
-        broker_url=answer.pulsar_url, native_url=answer.pulsar_url, http_url=answer.http_url
+        broker_url=answer.pulsar_url,
+        native_url=answer.pulsar_url,
+        http_url=answer.http_url,
+        broker_url_tls=tls,
     )
 
 
@@ -112,18 +118,23 @@ async def unload_namespace(admin: AdminService, request: web.Request) -> object:
             except (NotOwner, StorageError):
                 pass  # it moved meanwhile: nothing left to unload here
         else:
-            forwards.append(_forward_unload(owner.http_url, topic))
+            forwards.append(_forward_unload(owner.http_url, topic, admin.broker.broker_client))
     await asyncio.gather(*forwards)
     return None
 
 
-async def _forward_unload(http_url: str, topic: str) -> None:
+async def _forward_unload(http_url: str, topic: str, credentials: BrokerClientCredentials) -> None:
     name = TopicName.parse(topic) if not topic.startswith("segment://") else None
     if name is None:
         return  # segments are unloaded by their owner's namespace unload
     url = f"{http_url.rstrip('/')}{V2}/persistent/{name.short_name}/unload"
     timeout = aiohttp.ClientTimeout(total=FORWARD_TIMEOUT_S)
-    async with aiohttp.ClientSession(timeout=timeout) as http, http.put(url) as response:
+    tls = credentials.ssl_for(url)
+    headers = credentials.http_headers()
+    async with (
+        aiohttp.ClientSession(timeout=timeout) as http,
+        http.put(url, headers=headers, ssl=tls if tls is not None else True) as response,
+    ):
         if response.status >= 400 and response.status not in (307, 404):
             raise NotFound(f"unload of {topic} at {http_url} failed: HTTP {response.status}")
 
@@ -198,6 +209,8 @@ async def owner_remove_subscription(admin: AdminService, request: web.Request) -
 
 
 async def owner_delete_segment(admin: AdminService, request: web.Request) -> object:
+    # 409 while the layout says ACTIVE: checked before this broker claims the segment.
+    await admin.check_segment_deletable(segment_param(request))
     ops, segment = await _local_segment_ops(admin, request)
     await ops.delete_segment(segment)
     return None

@@ -104,7 +104,9 @@ async def get_scalable_topic(admin: AdminService, request: web.Request) -> objec
 
 
 async def delete_scalable_topic(admin: AdminService, request: web.Request) -> object:
-    await (await admin.scalable()).delete(scalable_topic(request))
+    name = scalable_topic(request)
+    await (await admin.scalable()).delete(name)
+    await admin.policies.forget_topic_permissions(name)
     return None
 
 

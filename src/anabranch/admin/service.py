@@ -19,17 +19,19 @@ from typing import TYPE_CHECKING, Any
 
 from anabranch.admin.models import LookupData, MessageIdBody
 from anabranch.core.names import NamespaceName, SegmentName, TopicDomain, TopicName, parse_name
-from anabranch.core.segment_layout import SegmentLayout, segment_name
+from anabranch.core.segment_layout import SegmentLayout, segment_is_active, segment_name
 from anabranch.errors import (
     AlreadyExists,
     InvalidArgument,
     NotEmpty,
     NotFound,
     NotOwner,
+    SegmentActive,
     TransactionCoordinatorNotFound,
     TransactionNotFound,
 )
 from anabranch.protocol._generated import pulsar_api_pb2 as pb
+from anabranch.scalable.paths import TopicPaths
 from anabranch.scalable.segment_ops import SegmentOps, decode_dedup_snapshot
 from anabranch.scalable.service import ScalableTopicService, scalable_topic_name
 from anabranch.storage.api import EARLIEST, LATEST, Position
@@ -159,6 +161,9 @@ class AdminService:
                     f"{len(topic.producers)} producers and {consumers} consumers are connected",
                 )
         await self.broker.delete_topic(topic.name)
+        deleted = parse_name(topic.name)
+        if isinstance(deleted, TopicName) and deleted.partition is None:
+            await self.policies.forget_topic_permissions(deleted)
 
     async def create_partitioned_topic(self, text: str, partitions: int) -> None:
         """Record the partition count and register every partition."""
@@ -195,6 +200,7 @@ class AdminService:
                     pass
             await self.policies.unregister_topic(partition)
         await self.policies.delete_partitioned_topic(name)
+        await self.policies.forget_topic_permissions(name)
 
     async def stats(self, text: str) -> dict[str, Any]:
         """Pulsar ``TopicStats`` JSON of a (loaded or loadable) topic."""
@@ -407,8 +413,21 @@ class AdminService:
         return decode_dedup_snapshot(await (await self.segment_ops()).terminate_segment(segment))
 
     async def delete_segment(self, segment: SegmentName) -> None:
-        """Delete a segment topic, its data and cursors."""
+        """Delete a segment topic, its data and cursors (SegmentActive, 409, while its
+        topic's layout lists it as active)."""
+        await self.check_segment_deletable(segment)
         await (await self.segment_ops()).delete_segment(segment)
+
+    async def check_segment_deletable(self, segment: SegmentName) -> None:
+        """Refuse (SegmentActive) to delete a segment its topic's layout lists as ACTIVE,
+        unless the topic is being deleted; a sealed segment, one the layout no longer has
+        (pruned) and one of a topic that no longer exists may go."""
+        paths = TopicPaths(segment.topic)
+        record = await self.broker.store.get(paths.layout)
+        if record is None or await self.broker.store.get(paths.deleting) is not None:
+            return
+        if segment_is_active(SegmentLayout.from_json(record.value), segment):
+            raise SegmentActive(str(segment))
 
     # --- transactions (PIP-473) -----------------------------------------------------------
 
@@ -558,7 +577,13 @@ class AdminService:
         """This broker serves every topic and segment: answer its own URLs."""
         parse_name(topic)  # InvalidArgument
         url = self.broker.advertised_url
-        return LookupData(broker_url=url, native_url=url, http_url=self.http_url)
+        return LookupData(
+            broker_url=url,
+            native_url=url,
+            http_url=self.http_url,
+            broker_url_tls=getattr(self.broker, "advertised_url_tls", None) or "",
+            http_url_tls=getattr(self.broker, "http_url_tls", None) or "",
+        )
 
 
 def _consumer_count(subscription: Any) -> int:

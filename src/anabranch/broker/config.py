@@ -16,13 +16,14 @@ from __future__ import annotations
 import os
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, ValidationInfo, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from anabranch import limits
 from anabranch.errors import InvalidArgument
+from anabranch.metadata.etcd_channel import EtcdOptions
 
 
 class BrokerConfig(BaseSettings):
@@ -35,6 +36,13 @@ class BrokerConfig(BaseSettings):
     metadata_url: str = ""
     """``sqlite:///abs/path``, ``memory://`` or ``etcd://host:port[,host:port]``;
     default: SQLite under ``data_dir``."""
+    etcd_username: str | None = None
+    etcd_password: SecretStr | None = None
+    etcd_tls_trust_certs_file: Path | None = None
+    """CA bundle for etcd's server certificates; setting it connects to etcd over TLS."""
+    etcd_tls_cert_file: Path | None = None
+    """Client certificate (and ``etcd_tls_key_file``) when etcd requires one."""
+    etcd_tls_key_file: Path | None = None
     bind_address: str = "127.0.0.1"
     port: int = Field(6650, ge=0, le=65535)
     http_port: int = Field(8080, ge=0, le=65535)
@@ -112,6 +120,83 @@ class BrokerConfig(BaseSettings):
     """Cluster mode: a topic owned (claimed by a lookup) but not loaded for this long has
     its ownership record deleted."""
 
+    # --- authentication (Pulsar's settings in snake case; docs/security.md) -------------------
+    authentication_enabled: bool = False
+    """Check every connection's and HTTP request's credentials (Pulsar's
+    ``authenticationEnabled``). Off: every client is anonymous (``role`` None) as before."""
+    authentication_providers: Annotated[list[Literal["token", "basic", "tls"]], NoDecode] = Field(
+        default_factory=list
+    )
+    """Auth methods accepted, by Pulsar's method names (``AuthenticationProviderToken`` ->
+    ``token``, ``AuthenticationProviderBasic`` -> ``basic``, ``AuthenticationProviderTls``
+    -> ``tls``)."""
+    anonymous_user_role: str | None = None
+    """Role of a client that sends no credentials (Pulsar's ``anonymousUserRole``); None:
+    such clients are refused."""
+    superuser_roles: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    """Roles allowed everything, including the cluster routes brokers and the controller
+    call (Pulsar's ``superUserRoles``; the cluster's own role belongs here)."""
+    authorization_enabled: bool = False
+    """With authentication on, check every request against the roles' permissions
+    (Pulsar's ``authorizationEnabled``, off by default as there): superusers, tenant
+    admins, namespace/topic grants (``core/authz.py``). Off, any authenticated role may do
+    everything but the cluster calls brokers and the controller make (superusers only)."""
+    authenticate_metrics_endpoint: bool = True
+    """Whether ``GET /metrics`` needs credentials (Pulsar's ``authenticateMetricsEndpoint``)."""
+    token_secret_key: str = ""
+    """HS256 key of the token provider: ``file:///path`` (raw bytes, as ``pulsar tokens
+    create-secret-key`` writes them) or ``data:;base64,<key>``."""
+    token_public_key: str = ""
+    """RS256/ES256 public key (DER or PEM) of the token provider, same forms."""
+    token_auth_claim: str = "sub"
+    """The JWT claim that names the role (Pulsar's ``tokenAuthClaim``)."""
+    token_audience: str | None = None
+    """When set, tokens must carry this ``aud`` (Pulsar's ``tokenAudience``)."""
+    basic_auth_conf: str = ""
+    """htpasswd file of the basic provider (bcrypt ``$2y$``, ``$apr1$`` or ``{SHA}``):
+    a path, ``file:///path`` or ``data:;base64,<file>`` (Pulsar's ``basicAuthConf``)."""
+    auth_refresh_check_s: float = Field(60.0, gt=0)
+    """How often a connection's credentials are checked for expiry; an expired token gets
+    an AUTH_CHALLENGE, and no valid answer closes the connection (Pulsar's
+    ``authenticationRefreshCheckSeconds``)."""
+
+    # --- TLS listeners ------------------------------------------------------------------------
+    tls_enabled: bool = False
+    """Also serve ``pulsar+ssl://`` on ``broker_service_port_tls`` and HTTPS on
+    ``web_service_port_tls``."""
+    broker_service_port_tls: int = Field(6651, ge=0, le=65535)
+    web_service_port_tls: int = Field(8443, ge=0, le=65535)
+    plaintext_enabled: bool = True
+    """Serve the plain ``port``/``http_port``; off leaves only the TLS listeners."""
+    tls_certificate_file_path: str = ""
+    tls_key_file_path: str = ""
+    tls_trust_certs_file_path: str = ""
+    """CA bundle that client certificates must chain to (TLS authentication)."""
+    tls_require_trusted_client_cert_on_connect: bool = False
+    """Refuse TLS connections without a trusted client certificate (Pulsar's
+    ``tlsRequireTrustedClientCertOnConnect``); off, a certificate is optional but, when
+    sent, must be trusted."""
+    advertised_port_tls: int | None = Field(None, ge=1, le=65535)
+    """TLS binary port clients are told; default: the bound TLS port."""
+
+    # --- credentials this broker presents to other brokers (cluster role) ----------------
+    broker_client_auth_token: str = ""
+    """Token (or ``file:///path`` holding one) sent to other brokers on wire and HTTP
+    calls (Pulsar's ``brokerClientAuthenticationParameters`` with the token plugin)."""
+    broker_client_tls_cert_file_path: str = ""
+    broker_client_tls_key_file_path: str = ""
+    broker_client_trust_certs_file_path: str = ""
+    """CA bundle to verify other brokers' TLS certificates with (default: this broker's
+    ``tls_trust_certs_file_path``)."""
+
+    @field_validator("authentication_providers", "superuser_roles", mode="before")
+    @classmethod
+    def _comma_separated(cls, value: Any) -> Any:
+        # Env vars and CLI flags give lists as Pulsar's config does: "token,tls".
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
     @field_validator("max_message_size")
     @classmethod
     def _cap_message_size(cls, value: int) -> int:
@@ -130,7 +215,25 @@ class BrokerConfig(BaseSettings):
             self.metadata_url = f"sqlite:///{self.data_dir.resolve() / 'metadata.db'}"
         if not self.advertised_address:
             self.advertised_address = self.bind_address
+        if self.authentication_enabled and not self.authentication_providers:
+            raise ValueError("authentication_enabled needs at least one authentication_provider")
+        if self.tls_enabled and not (self.tls_certificate_file_path and self.tls_key_file_path):
+            raise ValueError("tls_enabled needs tls_certificate_file_path and tls_key_file_path")
+        if not self.plaintext_enabled and not self.tls_enabled:
+            raise ValueError("plaintext_enabled=false needs tls_enabled=true")
         return self
+
+    def etcd_options(self) -> EtcdOptions:
+        """TLS and credentials for an ``etcd://`` metadata URL."""
+        options = EtcdOptions(
+            username=self.etcd_username,
+            password=None if self.etcd_password is None else self.etcd_password.get_secret_value(),
+            tls_trust_certs_file=self.etcd_tls_trust_certs_file,
+            tls_cert_file=self.etcd_tls_cert_file,
+            tls_key_file=self.etcd_tls_key_file,
+        )
+        options.check()
+        return options
 
     @classmethod
     def load(cls, path: Path | None = None, **overrides: Any) -> BrokerConfig:

@@ -4,6 +4,8 @@ GET_TOPICS_OF_NAMESPACE, GET_SCHEMA and GET_OR_CREATE_SCHEMA.
 Each answers with its own response type, failures included (the official clients expect
 ``response=Failed`` / ``error_code`` in these responses rather than a bare ERROR). A
 standalone broker owns every topic, so LOOKUP answers Connect to itself, authoritatively.
+Answers carry the broker's ``pulsar+ssl://`` URL too (``brokerServiceUrlTls``) when it has
+a TLS listener, so ``pulsar+ssl://`` clients follow them.
 In cluster mode (``service.ownership`` is a ``ClusterOwnership``) LOOKUP answers Connect
 to the topic's owner, or Redirect (authoritative) to the broker chosen for an unowned
 topic; that broker claims it when asked authoritatively. PARTITIONED_METADATA is answered
@@ -101,9 +103,17 @@ async def handle_lookup(session: Session, cmd: pb.CommandLookupTopic) -> None:
             ownership = session.service.ownership
             if isinstance(ownership, ClusterOwnership):
                 answer = await ownership.lookup(name, authoritative=cmd.authoritative)
-                session.write(_lookup_answer(cmd.request_id, answer))
+                tls = session.service.tls_url_for(answer.pulsar_url)
+                session.write(_lookup_answer(cmd.request_id, answer, tls))
                 return
-            session.write(commands.lookup_response(cmd.request_id, session.service.advertised_url))
+            service = session.service
+            session.write(
+                commands.lookup_response(
+                    cmd.request_id,
+                    service.advertised_url,
+                    broker_service_url_tls=service.advertised_url_tls,
+                )
+            )
     except Exception as err:
         _log_unexpected(err, "LOOKUP")
         body = pb.CommandLookupTopicResponse(
@@ -115,7 +125,7 @@ async def handle_lookup(session: Session, cmd: pb.CommandLookupTopic) -> None:
         session.write(pb.BaseCommand(type=T.LOOKUP_RESPONSE, lookupTopicResponse=body))
 
 
-def _lookup_answer(request_id: int, answer: LookupAnswer) -> pb.BaseCommand:
+def _lookup_answer(request_id: int, answer: LookupAnswer, tls_url: str | None) -> pb.BaseCommand:
     kind = pb.CommandLookupTopicResponse
     body = kind(
         request_id=request_id,
@@ -123,6 +133,8 @@ def _lookup_answer(request_id: int, answer: LookupAnswer) -> pb.BaseCommand:
         response=kind.Redirect if answer.redirect else kind.Connect,
         authoritative=True,
     )
+    if tls_url:
+        body.brokerServiceUrlTls = tls_url
     return pb.BaseCommand(type=T.LOOKUP_RESPONSE, lookupTopicResponse=body)
 
 

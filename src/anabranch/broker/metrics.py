@@ -62,12 +62,16 @@ class BrokerCounters:
     lookups_refused: int = 0
     """Lookups answered TooManyRequests over the pending-lookup bounds."""
     topics_refused: int = 0
+    """Topic loads refused over ``max_topics_per_broker``."""
     pending_lookups: int = 0
     """Lookups being answered now (a gauge, bounded by BROKER_PENDING_LOOKUPS_MAX)."""
-    """Topic loads refused over ``max_topics_per_broker``."""
     topics_not_auto_created: int = 0
     """Lookups and loads of absent topics answered TopicNotFound because auto-creation is
     off or the namespace is at ``max_topics_per_namespace`` (nothing was written)."""
+    authentication_failures: int = 0
+    """Connections closed because CONNECT (or an AUTH_RESPONSE) had bad credentials."""
+    authentication_refreshes: int = 0
+    """Expired credentials a client replaced with valid ones after an AUTH_CHALLENGE."""
 
     @property
     def active_connections(self) -> int:
@@ -214,6 +218,10 @@ class BrokerCollector(Collector):
              c.topics_refused),
             ("topics_not_auto_created", "Absent topics not auto-created (disabled or at "
              "max_topics_per_namespace).", c.topics_not_auto_created),
+            ("authentication_failures", "Connections refused for bad credentials.",
+             c.authentication_failures),
+            ("authentication_refreshes", "Expired credentials refreshed after a challenge.",
+             c.authentication_refreshes),
         ):  # fmt: skip
             counter = CounterMetricFamily(f"{prefix}_{name}", text, labels=labels)
             counter.add_metric([self.cluster], value)

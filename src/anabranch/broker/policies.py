@@ -45,6 +45,7 @@ from typing import TypeVar
 import msgspec
 
 from anabranch import limits
+from anabranch.core.authz import validate_role
 from anabranch.core.names import NamespaceName, TopicDomain, TopicName, validate_component
 from anabranch.errors import (
     AlreadyExists,
@@ -75,6 +76,8 @@ class ClusterData(msgspec.Struct, rename="camel", kw_only=True):
 
     service_url: str = ""
     broker_service_url: str = ""
+    service_url_tls: str = ""
+    broker_service_url_tls: str = ""
 
 
 class TenantInfo(msgspec.Struct, rename="camel", kw_only=True):
@@ -97,6 +100,16 @@ class AutoTopicCreationOverride(msgspec.Struct, rename="camel", kw_only=True):
     allow_auto_topic_creation: bool = True
     topic_type: str = "non-partitioned"
     default_num_partitions: int | None = None
+
+
+class AuthPolicies(msgspec.Struct, kw_only=True):
+    """Who may produce/consume in a namespace and on its topics (Pulsar's ``AuthPolicies``;
+    the JSON keys are upstream's). ``destination_auth`` is keyed by the full topic name
+    (a partitioned topic's base name, a scalable topic's ``topic://`` name)."""
+
+    namespace_auth: dict[str, list[str]] = msgspec.field(default_factory=dict)
+    destination_auth: dict[str, dict[str, list[str]]] = msgspec.field(default_factory=dict)
+    subscription_auth_roles: dict[str, list[str]] = msgspec.field(default_factory=dict)
 
 
 class NamespacePolicies(msgspec.Struct, kw_only=True):
@@ -122,6 +135,7 @@ class NamespacePolicies(msgspec.Struct, kw_only=True):
     max_consumers_per_topic: int | None = None
     max_consumers_per_subscription: int | None = None
     properties: dict[str, str] = msgspec.field(default_factory=dict)
+    auth_policies: AuthPolicies = msgspec.field(default_factory=AuthPolicies)
     deleted: bool = False
     """Set while a namespace delete is in progress (Pulsar's flag); topics cannot register."""
 
@@ -444,6 +458,105 @@ class Policies:
             raise NotFound(namespace_path(ns))
         return version
 
+    # --- permissions (grants of AuthPolicies) ----------------------------------------------
+
+    async def grant_namespace_permission(
+        self, namespace: str | NamespaceName, role: str, actions: list[str]
+    ) -> None:
+        """Set ``role``'s actions on the namespace (replacing what it had), as Pulsar does."""
+        validate_role(role)
+
+        def change(old: NamespacePolicies) -> NamespacePolicies:
+            auth = old.auth_policies
+            granted = {**auth.namespace_auth, role: list(actions)}
+            return msgspec.structs.replace(
+                old, auth_policies=msgspec.structs.replace(auth, namespace_auth=granted)
+            )
+
+        await self.update_namespace_policies(namespace, change)
+
+    async def revoke_namespace_permission(self, namespace: str | NamespaceName, role: str) -> None:
+        """Remove ``role``'s namespace grant (nothing to remove is not an error)."""
+
+        def change(old: NamespacePolicies) -> NamespacePolicies:
+            auth = old.auth_policies
+            granted = {r: a for r, a in auth.namespace_auth.items() if r != role}
+            return msgspec.structs.replace(
+                old, auth_policies=msgspec.structs.replace(auth, namespace_auth=granted)
+            )
+
+        await self.update_namespace_policies(namespace, change)
+
+    async def grant_topic_permission(
+        self, topic: str | TopicName, role: str, actions: list[str]
+    ) -> None:
+        """Set ``role``'s actions on one topic (stored in its namespace's policies)."""
+        validate_role(role)
+        name = _topic(topic).base
+        key = str(name)
+
+        def change(old: NamespacePolicies) -> NamespacePolicies:
+            auth = old.auth_policies
+            topic_auth = {**auth.destination_auth.get(key, {}), role: list(actions)}
+            destinations = {**auth.destination_auth, key: topic_auth}
+            return msgspec.structs.replace(
+                old, auth_policies=msgspec.structs.replace(auth, destination_auth=destinations)
+            )
+
+        await self.update_namespace_policies(name.namespace_name, change)
+
+    async def revoke_topic_permission(self, topic: str | TopicName, role: str) -> None:
+        """Remove ``role``'s grant on one topic (nothing to remove is not an error)."""
+        name = _topic(topic).base
+        key = str(name)
+
+        def change(old: NamespacePolicies) -> NamespacePolicies:
+            auth = old.auth_policies
+            destinations = dict(auth.destination_auth)
+            topic_auth = {r: a for r, a in destinations.pop(key, {}).items() if r != role}
+            if topic_auth:
+                destinations[key] = topic_auth
+            return msgspec.structs.replace(
+                old, auth_policies=msgspec.structs.replace(auth, destination_auth=destinations)
+            )
+
+        await self.update_namespace_policies(name.namespace_name, change)
+
+    async def forget_topic_permissions(self, topic: str | TopicName) -> None:
+        """Drop every grant on a deleted topic, so a topic created later under the same
+        name starts with none (no write when there is nothing to drop)."""
+        name = _topic(topic).base
+        key = str(name)
+        try:
+            auth = (await self.namespace_policies(name.namespace_name)).auth_policies
+        except NotFound:
+            return
+        if key not in auth.destination_auth:
+            return
+
+        def change(old: NamespacePolicies) -> NamespacePolicies:
+            a = old.auth_policies
+            left = {t: roles for t, roles in a.destination_auth.items() if t != key}
+            return msgspec.structs.replace(
+                old, auth_policies=msgspec.structs.replace(a, destination_auth=left)
+            )
+
+        await self.update_namespace_policies(name.namespace_name, change)
+
+    async def namespace_permissions(self, namespace: str | NamespaceName) -> dict[str, list[str]]:
+        """Role → actions granted on the namespace."""
+        return dict((await self.namespace_policies(namespace)).auth_policies.namespace_auth)
+
+    async def topic_permissions(self, topic: str | TopicName) -> dict[str, list[str]]:
+        """Role → actions on one topic: its namespace's grants merged with its own (what
+        Pulsar's ``GET .../permissions`` answers)."""
+        name = _topic(topic).base
+        auth = (await self.namespace_policies(name.namespace_name)).auth_policies
+        merged = {role: sorted(set(a)) for role, a in auth.namespace_auth.items()}
+        for role, actions in auth.destination_auth.get(str(name), {}).items():
+            merged[role] = sorted(set(merged.get(role, [])) | set(actions))
+        return merged
+
     # --- partitioned topics -------------------------------------------------------------------
 
     async def create_partitioned_topic(
@@ -600,10 +713,17 @@ class Policies:
         *,
         service_url: str = "http://127.0.0.1:8080",
         broker_service_url: str = "pulsar://127.0.0.1:6650",
+        service_url_tls: str = "",
+        broker_service_url_tls: str = "",
     ) -> None:
         """Create cluster ``cluster``, tenant ``public`` and namespace ``public/default``
         when absent; existing records are left as they are (idempotent, race-safe)."""
-        data = ClusterData(service_url=service_url, broker_service_url=broker_service_url)
+        data = ClusterData(
+            service_url=service_url,
+            broker_service_url=broker_service_url,
+            service_url_tls=service_url_tls,
+            broker_service_url_tls=broker_service_url_tls,
+        )
         try:
             await self.create_cluster(cluster, data)
         except AlreadyExists:

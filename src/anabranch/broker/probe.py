@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 
 from anabranch import limits
 from anabranch.protocol import commands
@@ -21,13 +22,24 @@ from anabranch.protocol._generated import pulsar_api_pb2 as pb
 from anabranch.protocol.connection import ProtocolConnection, Role
 
 
-async def handshake(host: str, port: int) -> None:
+async def handshake(
+    host: str,
+    port: int,
+    *,
+    ssl_context: ssl.SSLContext | None = None,
+    auth_method: str | None = None,
+    auth_data: bytes | None = None,
+) -> None:
     """CONNECT to ``host:port`` and wait for CONNECTED; OSError or ConnectionError if the
-    broker refuses or hangs up (the caller bounds the time)."""
-    reader, writer = await asyncio.open_connection(host, port)
+    broker refuses or hangs up (the caller bounds the time). ``ssl_context`` for a TLS
+    port; ``auth_method``/``auth_data`` for a broker with authentication on."""
+    reader, writer = await asyncio.open_connection(
+        host, port, ssl=ssl_context, server_hostname=host if ssl_context is not None else None
+    )
     try:
         conn = ProtocolConnection(Role.CLIENT)
-        writer.write(conn.send(commands.connect("anabranch-probe", pb.v21)))
+        connect = commands.connect("anabranch-probe", pb.v21, None, auth_method, auth_data)
+        writer.write(conn.send(connect))
         await writer.drain()
         while True:
             data = await reader.read(limits.BROKER_PROBE_READ_BYTES)

@@ -101,6 +101,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -178,9 +179,13 @@ def not_leader_message(topic: TopicName, leader_pulsar_url: str | None) -> str:
 
 
 def dag_proto(
-    layout: SegmentLayout, segment_brokers: dict[int, str], controller_url: str | None
+    layout: SegmentLayout,
+    segment_brokers: dict[int, str],
+    controller_url: str | None,
+    tls_url_for: Callable[[str], str | None] | None = None,
 ) -> pb.ScalableTopicDAG:
-    """The wire DAG of ``layout`` (segments by id).
+    """The wire DAG of ``layout`` (segments by id). ``tls_url_for`` maps a broker's
+    ``pulsar://`` URL to its ``pulsar+ssl://`` one for the ``*_url_tls`` fields.
 
     Example:
         >>> dag = dag_proto(SegmentLayout.initial(2, 0), {0: "pulsar://b:1"}, "pulsar://b:1")
@@ -203,9 +208,15 @@ def dag_proto(
             info.sealed_at_epoch = segment.sealed_at_epoch
             info.sealed_at_ms = max(segment.sealed_at_ms, 0)
     for segment_id, url in sorted(segment_brokers.items()):
-        dag.segment_brokers.add(segment_id=segment_id, broker_url=url)
+        broker = dag.segment_brokers.add(segment_id=segment_id, broker_url=url)
+        tls = tls_url_for(url) if tls_url_for is not None else None
+        if tls:
+            broker.broker_url_tls = tls
     if controller_url:
         dag.controller_broker_url = controller_url
+        tls = tls_url_for(controller_url) if tls_url_for is not None else None
+        if tls:
+            dag.controller_broker_url_tls = tls
     return dag
 
 
@@ -386,7 +397,7 @@ class ScalableEndpoint:
             if not isinstance(err, AnabranchError):
                 log.error("%s: scalable lookup failed", session.remote_address, exc_info=err)
             message = (
-                not_leader_message(watch.topic, await self._leader_pulsar_url(watch.topic))
+                not_leader_message(watch.topic, await self._leader_url_for(session, watch.topic))
                 if isinstance(err, NotLeader)
                 else client_message(err)
             )
@@ -462,7 +473,16 @@ class ScalableEndpoint:
         segments = list(layout)
         urls = await asyncio.gather(*(owner(s) for s in segments))
         brokers = {s.segment_id: url for s, url in zip(segments, urls, strict=True) if url}
-        return dag_proto(layout, brokers, await self._leader_pulsar_url(topic))
+        leader = await self._leader_pulsar_url(topic)
+        return dag_proto(layout, brokers, leader, self.service.tls_url_for)
+
+    async def _leader_url_for(self, session: Session, topic: TopicName) -> str | None:
+        """The leader's URL as ``session``'s client can reach it: the ``pulsar+ssl://``
+        one on a TLS connection (when known)."""
+        url = await self._leader_pulsar_url(topic)
+        if url is not None and session.is_tls:
+            return self.service.tls_url_for(url) or url
+        return url
 
     async def _leader_pulsar_url(self, topic: TopicName) -> str | None:
         address = await self.service.scalable.leader_address(topic)
@@ -646,7 +666,7 @@ class ScalableEndpoint:
             if not isinstance(err, AnabranchError):
                 log.error("%s: scalable subscribe failed", session.remote_address, exc_info=err)
             message = (
-                not_leader_message(topic, await self._leader_pulsar_url(topic))
+                not_leader_message(topic, await self._leader_url_for(session, topic))
                 if isinstance(err, NotLeader)
                 else client_message(err)
             )

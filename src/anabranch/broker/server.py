@@ -1,5 +1,9 @@
 """The broker's asyncio TCP server: one :class:`Session` per connection.
 
+It listens on the plain port and, with an SSL context, on the TLS port too
+(``pulsar+ssl://``); both feed the same sessions and timer. ``plaintext=False`` leaves only
+the TLS listener.
+
 Each connection is an ``asyncio.Protocol`` with TCP_NODELAY (receipts are small and
 latency-bound). The transport's write-buffer water marks feed the session's flow
 control: above ``SESSION_OUTPUT_BYTES_MAX`` unsent bytes the session stops reading that
@@ -21,12 +25,14 @@ import asyncio
 import contextlib
 import logging
 import socket
+import ssl
 from collections.abc import Callable
 from typing import TYPE_CHECKING, cast
 
-from anabranch import limits
+from anabranch import failpoints, limits
 from anabranch.broker.session import Session
 from anabranch.errors import ResourceLimitReached
+from anabranch.supervisor import Supervised
 
 if TYPE_CHECKING:
     from anabranch.broker.service import BrokerService
@@ -105,10 +111,17 @@ class BrokerServer:
         *,
         keepalive_interval_s: float = limits.KEEPALIVE_INTERVAL_S,
         handshake_timeout_s: float = limits.HANDSHAKE_TIMEOUT_S,
+        ssl_context: ssl.SSLContext | None = None,
+        tls_port: int | None = None,
+        plaintext: bool = True,
     ) -> None:
         self.service = service
         self.host = host
         self.port = port
+        self.ssl_context = ssl_context
+        self.tls_port = tls_port if ssl_context is not None else None
+        self.plaintext = plaintext
+        self._tls_server: asyncio.Server | None = None
         self.keepalive_interval_s = keepalive_interval_s
         self.handshake_timeout_s = handshake_timeout_s
         self.sessions: set[Session] = set()
@@ -117,31 +130,53 @@ class BrokerServer:
         self._refused: set[Session] = set()
         """Connections over a cap, waiting for their CONNECT to be refused."""
         self._server: asyncio.Server | None = None
-        self._timer: asyncio.Task[None] | None = None
+        self._timer: Supervised | None = None
 
     async def start(self, *, serving: bool = True) -> int:
         """Bind (and with ``serving``, start accepting); returns the bound port (useful
         with port 0). A broker binds first to learn its address, then :meth:`serve` once
         everything behind the port is up, so a client never meets a half-started broker."""
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(
-            lambda: _Connection(self),
-            self.host,
-            self.port,
-            reuse_address=True,
-            start_serving=serving,
-        )
-        self.port = int(self._server.sockets[0].getsockname()[1])
-        self._timer = asyncio.ensure_future(self._run_timer())
+        if self.plaintext:
+            self._server = await loop.create_server(
+                lambda: _Connection(self),
+                self.host,
+                self.port,
+                reuse_address=True,
+                start_serving=serving,
+            )
+            self.port = int(self._server.sockets[0].getsockname()[1])
+        if self.ssl_context is not None and self.tls_port is not None:
+            self._tls_server = await loop.create_server(
+                lambda: _Connection(self),
+                self.host,
+                self.tls_port,
+                ssl=self.ssl_context,
+                ssl_handshake_timeout=self.handshake_timeout_s,
+                reuse_address=True,
+                start_serving=serving,
+            )
+            self.tls_port = int(self._tls_server.sockets[0].getsockname()[1])
+        self._timer = Supervised(
+            "connection-timer", self._run_timer, on_give_up=self.service.fatal.fail
+        ).start()
         if serving:
-            log.info("broker listening on %s:%d", self.host, self.port)
+            self._log_listening()
         return self.port
+
+    def _log_listening(self) -> None:
+        if self._server is not None:
+            log.info("broker listening on %s:%d", self.host, self.port)
+        if self._tls_server is not None:
+            log.info("broker listening on %s:%s (TLS)", self.host, self.tls_port)
 
     async def serve(self) -> None:
         """Start accepting connections (after ``start(serving=False)``)."""
-        assert self._server is not None, "start() first"
-        await self._server.start_serving()
-        log.info("broker listening on %s:%d", self.host, self.port)
+        assert self._server is not None or self._tls_server is not None, "start() first"
+        for server in (self._server, self._tls_server):
+            if server is not None:
+                await server.start_serving()
+        self._log_listening()
 
     def _open_session(self, transport: asyncio.Transport) -> Session:
         session = Session(
@@ -195,6 +230,8 @@ class BrokerServer:
         )
         while True:
             await clock.sleep(interval)
+            if failpoints.enabled(failpoints.BREAK_CONNECTION_TIMER):
+                raise RuntimeError("failpoint: the connection timer is broken")
             now = clock.monotonic()
             for session in list(self.sessions):
                 try:
@@ -204,8 +241,9 @@ class BrokerServer:
 
     def stop_accepting(self) -> None:
         """Close the listening sockets; open connections keep going."""
-        if self._server is not None:
-            self._server.close()
+        for server in (self._server, self._tls_server):
+            if server is not None:
+                server.close()
 
     def pause_all(self) -> None:
         """Stop reading from every connection (shutdown: no new work is accepted)."""
@@ -217,9 +255,7 @@ class BrokerServer:
         """Stop listening, close every connection and the timer."""
         self.stop_accepting()
         if self._timer is not None:
-            self._timer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._timer
+            await self._timer.stop()
         for session in list(self._refused):
             session.close()
         sessions = list(self.sessions)
@@ -227,5 +263,6 @@ class BrokerServer:
             session.close()
         for session in sessions:
             await session.wait_closed()
-        if self._server is not None:
-            await self._server.wait_closed()
+        for server in (self._server, self._tls_server):
+            if server is not None:
+                await server.wait_closed()

@@ -36,6 +36,7 @@ from collections.abc import Awaitable, Callable
 from typing import Protocol
 from urllib.parse import quote
 
+from anabranch.broker.authorization import Authorizer
 from anabranch.broker.config import BrokerConfig
 from anabranch.broker.metrics import BrokerCounters
 from anabranch.broker.policies import NamespacePolicies, Policies
@@ -53,7 +54,10 @@ from anabranch.scalable.dag_watch import DagWatcher
 from anabranch.scalable.paths import TopicPaths
 from anabranch.scalable.segment_ops import decode_dedup_snapshot
 from anabranch.scalable.service import ScalableTopicService
+from anabranch.security.authentication import AuthenticationService
+from anabranch.security.broker_client import BrokerClientCredentials
 from anabranch.storage.api import ManagedLedgerConfig, ManagedLedgerFactory
+from anabranch.supervisor import Fatal
 from anabranch.transactions.coordinator import TransactionCoordinator
 from anabranch.transactions.keys import TransactionKeys
 from anabranch.transactions.metadata_buffer import MetadataTransactionBuffer
@@ -120,8 +124,23 @@ class BrokerService:
         self.clock: Clock = clock or SystemClock()
         self.policies = policies or Policies(store)
         self.schemas = SchemaRegistry(store)
+        self.authorizer = Authorizer(
+            self.policies, config.superuser_roles, enforced=config.authorization_enabled
+        )
+        self.authentication = AuthenticationService.from_config(config)
+        """Checks CONNECT and HTTP credentials; None while authentication is disabled."""
+        self.broker_client = BrokerClientCredentials.from_config(config)
+        """What this broker presents to other brokers (cluster calls and probes)."""
+        self.fatal = Fatal()
+        """Set when an essential background loop keeps dying: the process exits non-zero."""
         self.advertised_url = f"pulsar://{config.advertised_address}:{config.port}"
         self.http_url = f"http://{config.advertised_address}:{config.http_port}"
+        self.advertised_url_tls: str | None = None
+        """``pulsar+ssl://`` URL of the TLS listener (None without one)."""
+        self.http_url_tls: str | None = None
+        """``https://`` URL of the admin API's TLS listener (None without one)."""
+        self.peer_tls_urls: dict[str, str] = {}
+        """Other brokers' ``pulsar://`` -> ``pulsar+ssl://`` URLs (cluster registry)."""
         self.scalable_endpoint = ScalableEndpoint(self)
         self.scalable = ScalableTopicService(
             store,
@@ -134,6 +153,7 @@ class BrokerService:
             session_ttl_s=config.session_ttl_s,
             grace_period_ms=round(config.consumer_grace_period_s * 1000),
             on_assignment=self.scalable_endpoint.deliver_assignment,
+            on_give_up=self.fatal.fail,
         )
         self.dag_watcher = DagWatcher(store, self.clock)
         self.segment_broker_url: SegmentBrokerResolver = self._local_segment_broker
@@ -152,7 +172,7 @@ class BrokerService:
         self.txn_coordinator: TransactionCoordinator | None = None
         self.txn_keys: TransactionKeys | None = None
         if config.transactions_enabled:
-            self.txn_outcomes = TxnOutcomes(store, self.clock)
+            self.txn_outcomes = TxnOutcomes(store, self.clock, on_give_up=self.fatal.fail)
             # The coordinator wakes this broker's participants right after its CAS (the
             # fast path); other brokers' participants learn it from their header watch.
             self.txn_coordinator = TransactionCoordinator(
@@ -161,6 +181,7 @@ class BrokerService:
                 partitions=config.transaction_partitions,
                 owner_id=self.http_url,
                 on_final=self.txn_outcomes.wake,
+                on_give_up=self.fatal.fail,
             )
             # Transaction keys (the key-fencing PIP): epochs per owner&key, fenced here
             # and, through its watch, on every other broker.
@@ -182,9 +203,21 @@ class BrokerService:
             if self.txn_keys is not None:
                 await self.txn_keys.start()
 
-    def set_addresses(self, *, pulsar_url: str | None = None, http_url: str | None = None) -> None:
+    def set_addresses(
+        self,
+        *,
+        pulsar_url: str | None = None,
+        http_url: str | None = None,
+        pulsar_url_tls: str | None = None,
+        http_url_tls: str | None = None,
+    ) -> None:
         """The bound addresses (known once the servers listen); controllers created later
-        advertise them as the leader's address."""
+        advertise them as the leader's address. ``pulsar_url_tls`` is the ``pulsar+ssl://``
+        URL lookups also answer with (``brokerServiceUrlTls``)."""
+        if pulsar_url_tls is not None:
+            self.advertised_url_tls = pulsar_url_tls
+        if http_url_tls is not None:
+            self.http_url_tls = http_url_tls
         if pulsar_url is not None:
             self.advertised_url = pulsar_url
             self.scalable.pulsar_url = pulsar_url
@@ -194,6 +227,15 @@ class BrokerService:
 
     async def _local_segment_broker(self, segment: SegmentName) -> str:
         return self.advertised_url
+
+    def tls_url_for(self, pulsar_url: str) -> str | None:
+        """The ``pulsar+ssl://`` URL of the broker advertised as ``pulsar_url``: ours for
+        our own URL, else what the cluster registry says (None: no TLS listener known)."""
+        if pulsar_url == self.advertised_url:
+            return self.advertised_url_tls
+        if pulsar_url.startswith("pulsar+ssl://"):
+            return pulsar_url
+        return self.peer_tls_urls.get(pulsar_url)
 
     def new_producer_name(self) -> str:
         """``<cluster>-<broker index>-<n>``, unique across restarts.

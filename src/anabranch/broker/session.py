@@ -14,16 +14,27 @@ is closed. Frames are then handled in arrival order by one worker task per conne
   storage, so they run as tasks and never hold up the connection; at most
   ``limits.SESSION_HANDLER_TASKS_MAX`` at once, past which the worker waits for one to end.
 
+Authentication (``service.authentication``, None while disabled): CONNECT's
+``auth_method_name``/``auth_data`` (and a TLS connection's verified client certificate) go
+to the providers; success sets :attr:`Session.role`, the role authorization checks
+(None while authentication is disabled). Bad credentials are refused with
+AuthenticationError: our client gets ERROR and the close at once; other clients (the
+official C++ core retries a refused handshake until its operation timeout) get CONNECTED
+and then that error as the answer to their first request, and the close. Either way
+nothing is served. A token that expires on a live connection gets an AUTH_CHALLENGE; the
+connection closes unless the AUTH_RESPONSE carries valid credentials for the same role.
+
 Handlers raise ``anabranch.errors`` exceptions for per-request failures; the session maps
 them to ERROR with ``error_codes.server_error`` and keeps the connection. Any other
 exception is logged and answered with UnknownError: client input never kills the broker.
 
-The dispatch table holds the core's handlers. Other command types are looked up lazily
-by name, ``handle_<type name in lower case>(session, body)`` (e.g. ``handle_subscribe``,
-``handle_redeliver_unacknowledged_messages``), in the modules of ``LAZY_HANDLER_MODULES``
-(consumer commands, transactions, scalable topics), so those modules plug in without
-touching this file. A client command that nobody handles gets ERROR and a close.
-When the connection closes, each such module's ``on_session_closed(session)`` runs.
+Dispatch is one static table, ``command_table.TABLE``: command type → handler, inline or
+spawned, and the permission it needs. With authentication on (``role`` set at CONNECT),
+a spawned command's permission is checked before its handler runs; a refusal is answered
+in the command's own response shape and runs nothing. Inline commands (the hot SEND, ACK,
+FLOW) act on producers and consumers whose creation was checked, so they pay no check. A
+client command absent from the table gets ERROR and a close. When the connection closes,
+``command_table.CLOSE_HOOKS`` run.
 
 Reading from the socket pauses while too many appends are pending, too many commands
 are queued, or the socket's output buffer is over its high-water mark
@@ -38,28 +49,22 @@ Example:
 from __future__ import annotations
 
 import asyncio
-import importlib
 import logging
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from anabranch import limits
+from anabranch.broker import command_table
+from anabranch.broker.authorization import NONE_RESOURCE
+from anabranch.broker.command_table import AUTH_REFRESH, SERVER_VERSION, TABLE, Command
 from anabranch.broker.error_codes import client_message, server_error
-from anabranch.broker.lookup import (
-    handle_get_or_create_schema,
-    handle_get_schema,
-    handle_get_topics_of_namespace,
-    handle_lookup,
-    handle_partitioned_metadata,
-)
-from anabranch.broker.producer import Producer, handle_producer
+from anabranch.broker.producer import Producer
 from anabranch.errors import (
     AnabranchError,
+    AuthenticationError,
     BadFrameLength,
     FrameTooLarge,
-    NotAllowed,
-    NotOwner,
     ProtocolError,
 )
 from anabranch.protocol import commands
@@ -73,28 +78,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 T = pb.BaseCommand
 
-SERVER_VERSION = "anabranch-0.1"
-
-LAZY_HANDLER_MODULES = (
-    "anabranch.broker.consumer_commands",
-    "anabranch.broker.txn_commands",
-    "anabranch.broker.scalable_commands",
-)
-"""Modules searched for ``handle_<command>`` functions the table below does not hold."""
-
-SPAWNED = frozenset(
-    {
-        T.PRODUCER, T.SUBSCRIBE, T.PARTITIONED_METADATA, T.LOOKUP, T.GET_TOPICS_OF_NAMESPACE,
-        T.GET_SCHEMA, T.GET_OR_CREATE_SCHEMA, T.CLOSE_PRODUCER,
-        T.SCALABLE_TOPIC_LOOKUP, T.SCALABLE_TOPIC_SUBSCRIBE, T.SCALABLE_TOPIC_UNSUBSCRIBE,
-        T.WATCH_SCALABLE_TOPICS,
-        T.TC_CLIENT_CONNECT_REQUEST, T.NEW_TXN, T.ADD_PARTITION_TO_TXN,
-        T.ADD_SUBSCRIPTION_TO_TXN, T.END_TXN,
-    }
-)  # fmt: skip
-"""Command types whose handlers may wait on metadata/storage: run as tasks."""
-
-BodyHandler = Callable[["Session", Any], Awaitable[None] | None]
+__all__ = ["SERVER_VERSION", "NotSupported", "Session"]
 
 
 class Session:
@@ -121,6 +105,17 @@ class Session:
             keepalive_interval_s=keepalive_interval_s,
             handshake_timeout_s=handshake_timeout_s,
         )
+        self.role: str | None = None
+        """The authenticated role (set by CONNECT); None while authentication is disabled."""
+        self.auth_method = ""
+        self.auth_expires_at: float | None = None
+        """Unix time the connection's credentials expire (a token's ``exp``), if ever."""
+        self.auth_challenged_at: float | None = None
+        """Monotonic time an AUTH_CHALLENGE went out and is unanswered."""
+        self.auth_checked_at = service.clock.monotonic()
+        self.auth_failure: AuthenticationError | None = None
+        """A failed CONNECT answered CONNECTED for a client that retries a refused handshake
+        until it times out: its first request gets this error, then the close."""
         self.producers: dict[int, Producer] = {}
         self.creating_producers: set[int] = set()
         self.consumers: dict[int, Any] = {}
@@ -148,6 +143,59 @@ class Session:
     def remote_address(self) -> str:
         """``host:port`` of the client."""
         return self._remote
+
+    @property
+    def is_tls(self) -> bool:
+        """Whether the client connected to the TLS listener."""
+        return self.transport.get_extra_info("sslcontext") is not None
+
+    @property
+    def peer_certificate(self) -> dict[str, object] | None:
+        """The verified client certificate of a TLS connection (None: plain TCP or none)."""
+        cert = self.transport.get_extra_info("peercert")
+        return cert if isinstance(cert, dict) and cert else None
+
+    def _refuse_request(self, frame: Frame, err: AuthenticationError) -> None:
+        """Answer a request of an unauthenticated session with ``err`` in the form its
+        client waits for (lookups have their own failure responses), then close."""
+        code, message = server_error(err), client_message(err)
+        body = frame.body
+        request_id = getattr(body, "request_id", None)
+        if frame.type == T.PARTITIONED_METADATA:
+            failed = pb.CommandPartitionedTopicMetadataResponse(
+                request_id=request_id,
+                response=pb.CommandPartitionedTopicMetadataResponse.Failed,
+                error=code,  # type: ignore[arg-type]
+                message=message,
+            )
+            self.write(
+                pb.BaseCommand(
+                    type=T.PARTITIONED_METADATA_RESPONSE, partitionMetadataResponse=failed
+                )
+            )
+        elif frame.type == T.LOOKUP:
+            lookup = pb.CommandLookupTopicResponse(
+                request_id=request_id,
+                response=pb.CommandLookupTopicResponse.Failed,
+                error=code,  # type: ignore[arg-type]
+                message=message,
+            )
+            self.write(pb.BaseCommand(type=T.LOOKUP_RESPONSE, lookupTopicResponse=lookup))
+        elif request_id is not None:
+            self.reply_error(int(request_id), code, message)
+        log.info("%s: refused %s: %s", self._remote, frame.type_name, err)
+        self.close()
+
+    def refuse_authentication(self, err: AuthenticationError) -> None:
+        """ERROR(AuthenticationError) and close (a failed CONNECT or AUTH_RESPONSE)."""
+        log.info("%s: %s", self._remote, err)
+        self.service.counters.authentication_failures += 1
+        if not self.closed:
+            self.flush()
+            self.transport.write(
+                encode_command(commands.error(0, server_error(err), client_message(err)))
+            )
+        self.close()
 
     # --- output ---------------------------------------------------------------------------
 
@@ -251,41 +299,37 @@ class Session:
 
     async def _dispatch(self, frame: Frame) -> None:
         kind = frame.type
-        handler = self._handler(kind)
-        if handler is None:
+        if self.auth_failure is not None and kind not in (T.PING, T.PONG):
+            self._refuse_request(frame, self.auth_failure)
+            return
+        entry = TABLE.get(kind)
+        if entry is None:
             self._protocol_failure(NotSupported(frame.type_name))
             return
-        if kind in SPAWNED:
+        if entry.spawned:
             # At SESSION_HANDLER_TASKS_MAX running handlers the worker waits for one to
             # end: later frames queue and reading pauses (bounded tasks, backpressure).
             await self._task_slots.acquire()
             if self.closed:
                 self._task_slots.release()
                 return
-            task = asyncio.ensure_future(self._guard(handler, frame))
+            task = asyncio.ensure_future(self._guard(entry, frame))
             self._tasks.add(task)
             task.add_done_callback(self._task_done)
         else:
-            await self._guard(handler, frame)
+            await self._guard(entry, frame)
 
     def _task_done(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
         self._task_slots.release()
 
-    def _handler(self, kind: int) -> Callable[[Session, Frame], Awaitable[None] | None] | None:
-        handler = _FRAME_HANDLERS.get(kind)
-        if handler is not None:
-            return handler
-        body_handler = _BODY_HANDLERS.get(kind) or _lazy_handler(kind)
-        if body_handler is None:
-            return None
-        return lambda session, frame: body_handler(session, frame.body)
-
-    async def _guard(
-        self, handler: Callable[[Session, Frame], Awaitable[None] | None], frame: Frame
-    ) -> None:
+    async def _guard(self, entry: Command, frame: Frame) -> None:
         try:
-            result = handler(self, frame)
+            # Inline rows (SEND, ACK, FLOW, ...) are never checked: their objects were.
+            checked = entry.spawned and entry.checked and self.role is not None
+            if checked and not await self._authorized(entry, frame):
+                return
+            result = entry.handler(self, frame)
             if result is not None:
                 await result
         except ProtocolError as err:
@@ -294,6 +338,21 @@ class Session:
             raise
         except Exception as err:
             self._request_failed(frame, err)
+
+    async def _authorized(self, entry: Command, frame: Frame) -> bool:
+        """Check the row's permission; a refusal (or a resource name that cannot be
+        parsed) is answered in the command's own shape."""
+        try:
+            resource = entry.resource(frame.body) if entry.resource else NONE_RESOURCE
+            what = frame.type_name.lower()
+            await self.service.authorizer.check(self.role, entry.need, resource, what)
+        except AnabranchError as err:
+            if entry.reject is None:
+                self._request_failed(frame, err)
+            else:
+                entry.reject(self, frame.body, err)
+            return False
+        return True
 
     def _request_failed(self, frame: Frame, err: Exception) -> None:
         if not isinstance(err, AnabranchError):
@@ -347,8 +406,35 @@ class Session:
         if self.protocol.idle_timed_out(now):
             log.info("%s: %s timed out, closing", self._remote, _phase(self.protocol.state))
             self.close()
-        elif self.protocol.ping_due(now):
+            return
+        if self.protocol.ping_due(now):
             self.write_bytes(self.protocol.ping(now))
+        if self.auth_expires_at is not None:
+            self._check_credentials(now)
+
+    def _check_credentials(self, now: float) -> None:
+        """Every ``auth_refresh_check_s``: challenge expired credentials (Pulsar's
+        AUTH_CHALLENGE with ``PulsarAuthRefresh``); close when the client cannot answer
+        or left a challenge unanswered for a whole check interval."""
+        interval = self.service.config.auth_refresh_check_s
+        if now - self.auth_checked_at < interval:
+            return
+        self.auth_checked_at = now
+        expires_at = self.auth_expires_at
+        if expires_at is None or self.service.clock.wall_ms() / 1000 < expires_at:
+            return
+        can_refresh = self.protocol.peer_feature_flags.supports_auth_refresh
+        if self.auth_challenged_at is not None or not can_refresh:
+            self.refuse_authentication(AuthenticationError("credentials expired"))
+        else:
+            self.auth_challenged_at = now
+            challenge = pb.AuthData(auth_method_name=self.auth_method, auth_data=AUTH_REFRESH)
+            body = pb.CommandAuthChallenge(
+                server_version=SERVER_VERSION,
+                challenge=challenge,
+                protocol_version=self.protocol.protocol_version,
+            )
+            self.write(pb.BaseCommand(type=T.AUTH_CHALLENGE, authChallenge=body))
 
     def close(self) -> None:
         """Close the connection: producers and consumers detach, tasks are cancelled."""
@@ -360,16 +446,13 @@ class Session:
         self._queue.clear()
         for producer in list(self.producers.values()):
             producer.close()
-        for name in LAZY_HANDLER_MODULES:
-            module = _module(name)
-            hook = getattr(module, "on_session_closed", None) if module else None
-            if hook is not None:
-                try:
-                    result = hook(self)
-                    if asyncio.iscoroutine(result):
-                        self._closing.add(asyncio.ensure_future(result))
-                except Exception:
-                    log.exception("%s: %s.on_session_closed failed", self._remote, name)
+        for hook in command_table.CLOSE_HOOKS:
+            try:
+                result = hook(self)
+                if asyncio.iscoroutine(result):
+                    self._closing.add(asyncio.ensure_future(result))
+            except Exception:
+                log.exception("%s: %s failed", self._remote, hook.__qualname__)
         self._worker.cancel()
         for task in list(self._tasks):
             task.cancel()
@@ -398,102 +481,3 @@ class NotSupported(ProtocolError):
 
 def _phase(state: State) -> str:
     return "keepalive" if state is State.CONNECTED else "handshake"
-
-
-# --- the core's handlers -------------------------------------------------------------------
-
-
-def _handle_connect(session: Session, frame: Frame) -> None:
-    refusal = session.refusal
-    if refusal is not None:
-        session.flush()
-        error = commands.error(0, server_error(refusal), client_message(refusal))
-        session.transport.write(encode_command(error))
-        session.close()
-        return
-    flags = pb.FeatureFlags(supports_scalable_topics=True)
-    version = session.protocol.negotiate_version()
-    max_size = session.service.config.max_message_size
-    session.write(commands.connected(SERVER_VERSION, version, max_size, flags))
-
-
-def _handle_ping(session: Session, frame: Frame) -> None:
-    session.write(commands.pong())
-
-
-def _handle_pong(session: Session, frame: Frame) -> None:
-    return None  # the protocol object clears the outstanding PING
-
-
-def _handle_send(session: Session, frame: Frame) -> None:
-    cmd = frame.command.send
-    producer = session.producers.get(cmd.producer_id)
-    if producer is None:
-        err = NotAllowed(f"producer {cmd.producer_id} is not open on this connection")
-        session.write(
-            commands.send_error(
-                cmd.producer_id, cmd.sequence_id, server_error(err), client_message(err)
-            )
-        )
-        return
-    ownership = session.service.ownership
-    if ownership is not None and not ownership.serving(producer.topic.name):
-        # Cluster mode: the topic moved (or our session ran out): the client reconnects.
-        moved = NotOwner(producer.topic.name, None)
-        session.write(
-            commands.send_error(cmd.producer_id, cmd.sequence_id, server_error(moved), str(moved))
-        )
-        return
-    producer.send(frame)
-
-
-async def _handle_close_producer(session: Session, frame: Frame) -> None:
-    cmd = frame.command.close_producer
-    producer = session.producers.get(cmd.producer_id)
-    if producer is not None:
-        producer.close()
-        # Receipts of sends still being written go out before the SUCCESS.
-        pending = [f for _, _, f in producer.pending if not f.done()]
-        if pending:
-            await asyncio.wait(pending)
-    session.reply_success(cmd.request_id)
-
-
-_FRAME_HANDLERS: dict[int, Callable[[Session, Frame], Awaitable[None] | None]] = {
-    T.CONNECT: _handle_connect,
-    T.PING: _handle_ping,
-    T.PONG: _handle_pong,
-    T.SEND: _handle_send,
-    T.CLOSE_PRODUCER: _handle_close_producer,
-}
-
-_BODY_HANDLERS: dict[int, BodyHandler] = {
-    T.PRODUCER: handle_producer,
-    T.PARTITIONED_METADATA: handle_partitioned_metadata,
-    T.LOOKUP: handle_lookup,
-    T.GET_TOPICS_OF_NAMESPACE: handle_get_topics_of_namespace,
-    T.GET_SCHEMA: handle_get_schema,
-    T.GET_OR_CREATE_SCHEMA: handle_get_or_create_schema,
-}
-
-
-def _module(name: str) -> Any:
-    try:
-        return importlib.import_module(name)
-    except ModuleNotFoundError as err:
-        if err.name != name:
-            raise  # the module exists but is broken: say so loudly
-        return None
-
-
-def _lazy_handler(kind: int) -> BodyHandler | None:
-    try:
-        name = "handle_" + T.Type.Name(kind).lower()
-    except ValueError:
-        return None
-    for module_name in LAZY_HANDLER_MODULES:
-        module = _module(module_name)
-        handler = getattr(module, name, None) if module is not None else None
-        if handler is not None:
-            return handler  # type: ignore[no-any-return]
-    return None

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -29,28 +30,22 @@ from anabranch.broker.server import BrokerServer
 from anabranch.broker.service import BrokerService
 from anabranch.clock import Clock, SystemClock
 from anabranch.metadata.api import MetadataStore
+from anabranch.metadata.etcd_channel import EtcdOptions
+from anabranch.metadata.factory import open_metadata_store
+from anabranch.security.tls import server_ssl_context
 from anabranch.storage.api import ManagedLedgerFactory
 
 log = logging.getLogger(__name__)
 
 
-async def open_store(url: str, clock: Clock | None = None) -> MetadataStore:
-    """The metadata store named by ``url`` (``memory://`` works without the factory)."""
-    try:
-        factory = importlib.import_module("anabranch.metadata.factory")
-    except ModuleNotFoundError:
-        # Until the metadata factory lands, only the in-memory store can be opened.
-        if url.startswith("memory:"):
-            from anabranch.metadata.memory import MemoryMetadataStore
-
-            return MemoryMetadataStore(clock)
-        if url.startswith("sqlite://"):
-            from anabranch.metadata.sqlite import SqliteMetadataStore
-
-            return await SqliteMetadataStore.open(url[len("sqlite://") :], clock=clock)
-        raise
-    store: MetadataStore = await factory.open_metadata_store(url)
-    return store
+async def open_store(
+    url: str, clock: Clock | None = None, etcd: EtcdOptions | None = None
+) -> MetadataStore:
+    """The metadata store named by ``url``; ``etcd`` carries TLS and credentials for an
+    ``etcd://`` URL. The stores keep real time: ``clock`` (the broker's, possibly a test's
+    manual one) is not theirs to follow, or sessions would never expire."""
+    del clock
+    return await open_metadata_store(url, etcd=etcd)
 
 
 @dataclass
@@ -64,6 +59,8 @@ class Standalone:
     server: BrokerServer
     http_runner: Any = None
     http_port: int | None = None
+    http_port_tls: int | None = None
+    ssl_context: ssl.SSLContext | None = None
 
     @classmethod
     async def start(
@@ -82,7 +79,7 @@ class Standalone:
         installs its ownership gate there)."""
         clock = clock or SystemClock()
         config.data_dir.mkdir(parents=True, exist_ok=True)
-        store = await open_store(config.metadata_url, clock)
+        store = await open_store(config.metadata_url, clock, config.etcd_options())
         try:
             ledgers = _ledger_factory(ledger_backend, config, store, clock)
             policies = Policies(store)
@@ -92,29 +89,36 @@ class Standalone:
                 f"{config.advertised_http_port or config.http_port}",
                 broker_service_url=f"pulsar://{config.advertised_address}:"
                 f"{config.advertised_port or config.port}",
+                **_tls_cluster_urls(config),
             )
             service = BrokerService(config, store, ledgers, clock, policies)
             if prepare is not None:
                 prepare(service)
             await service.start()
+            ssl_context = server_ssl_context(config)
             server = BrokerServer(
                 service,
                 config.bind_address,
                 config.port,
                 keepalive_interval_s=keepalive_interval_s,
                 handshake_timeout_s=handshake_timeout_s,
+                ssl_context=ssl_context,
+                tls_port=config.broker_service_port_tls,
+                plaintext=config.plaintext_enabled,
             )
-            port = await server.start(serving=False)
+            await server.start(serving=False)
         except BaseException:
             await store.close()
             raise
-        advertised_port = config.advertised_port or port
-        service.set_addresses(pulsar_url=f"pulsar://{config.advertised_address}:{advertised_port}")
-        node = cls(config, store, ledgers, service, server)
+        node = cls(config, store, ledgers, service, server, ssl_context=ssl_context)
+        service.set_addresses(
+            pulsar_url=node.service_url_tls if not config.plaintext_enabled else node.service_url,
+            pulsar_url_tls=node.service_url_tls,
+        )
         try:
             await node._start_http()
             if node.http_url is not None:
-                service.set_addresses(http_url=node.http_url)
+                service.set_addresses(http_url=node.http_url, http_url_tls=node.https_url)
             await service.scalable.start()
             await server.serve()  # ready: clients connect only now
         except BaseException:
@@ -129,8 +133,20 @@ class Standalone:
             log.info("admin HTTP not available yet (anabranch.admin.http missing): skipped")
             return
         host = self.config.bind_address
-        self.http_runner = await start_http(self.service, host, self.config.http_port)
-        self.http_port = _bound_port(self.http_runner) or self.config.http_port
+        cfg = self.config
+        self.http_runner = await start_http(
+            self.service,
+            host,
+            cfg.http_port,
+            ssl_context=self.ssl_context,
+            tls_port=cfg.web_service_port_tls,
+            plaintext=cfg.plaintext_enabled,
+        )
+        ports = _bound_ports(self.http_runner)
+        if cfg.plaintext_enabled:
+            self.http_port = ports.pop(0) if ports else cfg.http_port
+        if self.ssl_context is not None:
+            self.http_port_tls = ports.pop(0) if ports else cfg.web_service_port_tls
 
     @property
     def port(self) -> int:
@@ -144,20 +160,42 @@ class Standalone:
         return f"pulsar://{self.config.advertised_address}:{port}"
 
     @property
-    def http_url(self) -> str | None:
-        """The advertised admin URL (None without admin HTTP)."""
-        if self.http_port is None:
+    def service_url_tls(self) -> str | None:
+        """The advertised ``pulsar+ssl://`` URL (None without TLS)."""
+        port = self.server.tls_port
+        if port is None:
             return None
+        port = self.config.advertised_port_tls or port
+        return f"pulsar+ssl://{self.config.advertised_address}:{port}"
+
+    @property
+    def http_url(self) -> str | None:
+        """The advertised admin URL (None without admin HTTP); the HTTPS one when the
+        plain port is off."""
+        if self.http_port is None:
+            return self.https_url
         port = self.config.advertised_http_port or self.http_port
         return f"http://{self.config.advertised_address}:{port}"
+
+    @property
+    def https_url(self) -> str | None:
+        """The HTTPS admin URL (None without TLS)."""
+        if self.http_port_tls is None:
+            return None
+        return f"https://{self.config.advertised_address}:{self.http_port_tls}"
 
     def describe(self) -> str:
         """One line for the operator."""
         http = self.http_url or "admin HTTP not built"
+        tls = f"{self.service_url_tls}, {self.https_url}, " if self.service_url_tls else ""
         return (
-            f"broker {self.service_url}, {http}, metadata {self.config.metadata_url}, "
+            f"broker {self.service_url}, {http}, {tls}metadata {self.config.metadata_url}, "
             f"data {self.config.data_dir}"
         )
+
+    async def failed(self) -> str:
+        """Wait until an essential background loop gave up; the reason."""
+        return await self.service.fatal.wait()
 
     async def stop(self) -> None:
         """Clean shutdown (see the module docstring)."""
@@ -171,6 +209,19 @@ class Standalone:
             await self.ledgers.close()
         finally:
             await self.store.close()
+
+
+def _tls_cluster_urls(config: BrokerConfig) -> dict[str, str]:
+    """The cluster record's ``serviceUrlTls``/``brokerServiceUrlTls`` (from the configured
+    ports: the record is written before the listeners bind)."""
+    if not config.tls_enabled:
+        return {}
+    host = config.advertised_address
+    port = config.advertised_port_tls or config.broker_service_port_tls
+    return {
+        "service_url_tls": f"https://{host}:{config.web_service_port_tls}",
+        "broker_service_url_tls": f"pulsar+ssl://{host}:{port}",
+    }
 
 
 def _ledger_factory(
@@ -191,9 +242,10 @@ def _ledger_factory(
     )
 
 
-def _bound_port(runner: Any) -> int | None:
-    # aiohttp's AppRunner lists (host, port) of its sites; other runners may not.
-    for address in getattr(runner, "addresses", None) or []:
-        if isinstance(address, tuple) and len(address) >= 2:
-            return int(address[1])
-    return None
+def _bound_ports(runner: Any) -> list[int]:
+    # aiohttp's AppRunner lists (host, port) of its sites in start order (plain, then TLS).
+    return [
+        int(address[1])
+        for address in getattr(runner, "addresses", None) or []
+        if isinstance(address, tuple) and len(address) >= 2
+    ]

@@ -12,6 +12,8 @@ Example:
     $ anabranch admin transactions slow-transactions --timeout-ms 60000 --output json
     $ anabranch admin transactions list-transaction-keys
     $ anabranch admin transactions delete-transaction-key etl-7 --output json
+    $ anabranch admin --admin-url https://broker:8443 --tls-trust-certs ca.pem \
+        --auth-token-file admin.jwt tenants list
 """
 
 from __future__ import annotations
@@ -29,6 +31,12 @@ from rich.table import Table
 from rich.tree import Tree
 
 from anabranch.admin.client import DEFAULT_ADMIN_URL, AdminClient, AdminHttpError
+from anabranch.client.auth import (
+    Authentication,
+    AuthenticationBasic,
+    AuthenticationTLS,
+    AuthenticationToken,
+)
 from anabranch.core.segment_layout import Segment, SegmentLayout
 from anabranch.errors import InvalidArgument
 
@@ -66,6 +74,18 @@ ForceOpt = Annotated[bool, typer.Option("--force", help="Even while clients are 
 class _Settings:
     url: str = DEFAULT_ADMIN_URL
     output: Output = Output.table
+    auth: Authentication | None = None
+    tls_trust_certs: str | None = None
+    tls_allow_insecure: bool = False
+
+    def client(self) -> AdminClient:
+        """An admin client with the URL, credentials and TLS options given."""
+        return AdminClient(
+            self.url,
+            auth=self.auth,
+            tls_trust_certs_file_path=self.tls_trust_certs,
+            tls_allow_insecure_connection=self.tls_allow_insecure,
+        )
 
 
 _settings = _Settings()
@@ -73,16 +93,95 @@ _settings = _Settings()
 
 @admin_app.callback()
 def _admin(
+    *,
     admin_url: Annotated[
         str, typer.Option("--admin-url", envvar="ANABRANCH_ADMIN_URL", help="Admin HTTP URL.")
     ] = DEFAULT_ADMIN_URL,
     output: Annotated[Output, typer.Option("--output", "-o", help="table or json.")] = (
         Output.table
     ),
+    auth_token: Annotated[
+        str | None,
+        typer.Option(envvar="ANABRANCH_AUTH_TOKEN", help="JWT sent as Authorization: Bearer."),
+    ] = None,
+    auth_token_file: Annotated[
+        str | None,
+        typer.Option(envvar="ANABRANCH_AUTH_TOKEN_FILE", help="File holding the JWT."),
+    ] = None,
+    auth_user: Annotated[
+        str | None, typer.Option(envvar="ANABRANCH_AUTH_USER", help="Basic-auth user.")
+    ] = None,
+    auth_password: Annotated[
+        str | None,
+        typer.Option(envvar="ANABRANCH_AUTH_PASSWORD", help="Basic-auth password."),
+    ] = None,
+    tls_cert_file: Annotated[
+        str | None,
+        typer.Option(envvar="ANABRANCH_TLS_CERT_FILE", help="Client certificate (TLS auth)."),
+    ] = None,
+    tls_key_file: Annotated[
+        str | None,
+        typer.Option(envvar="ANABRANCH_TLS_KEY_FILE", help="Client certificate's key."),
+    ] = None,
+    tls_trust_certs: Annotated[
+        str | None,
+        typer.Option(
+            envvar="ANABRANCH_TLS_TRUST_CERTS",
+            help="CA bundle the https:// broker is checked with.",
+        ),
+    ] = None,
+    tls_allow_insecure: Annotated[
+        bool, typer.Option(help="Accept any broker certificate (testing only).")
+    ] = False,
 ) -> None:
     """Administer a broker over its admin API."""
     _settings.url = admin_url
     _settings.output = output
+    _settings.tls_trust_certs = tls_trust_certs
+    _settings.tls_allow_insecure = tls_allow_insecure
+    _settings.auth = cli_authentication(
+        token=auth_token,
+        token_file=auth_token_file,
+        user=auth_user,
+        password=auth_password,
+        cert_file=tls_cert_file,
+        key_file=tls_key_file,
+    )
+
+
+def cli_authentication(
+    *,
+    token: str | None,
+    token_file: str | None,
+    user: str | None,
+    password: str | None,
+    cert_file: str | None,
+    key_file: str | None,
+) -> Authentication | None:
+    """The one authentication the options name (token, token file, basic or TLS).
+
+    Example:
+        >>> none = dict(token=None, token_file=None, user=None, password=None,
+        ...             cert_file=None, key_file=None)
+        >>> cli_authentication(**{**none, "token": "t"}).method
+        'token'
+        >>> cli_authentication(**none) is None
+        True
+    """
+    given: list[Authentication] = []
+    if token:
+        given.append(AuthenticationToken(token))
+    if token_file:
+        given.append(AuthenticationToken.from_file(token_file.removeprefix("file://")))
+    if user is not None or password is not None:
+        given.append(AuthenticationBasic(user or "", password or ""))
+    if cert_file or key_file:
+        if not (cert_file and key_file):
+            raise typer.BadParameter("--tls-cert-file and --tls-key-file go together")
+        given.append(AuthenticationTLS(cert_file, key_file))
+    if len(given) > 1:
+        raise typer.BadParameter("give one of: a token, a token file, basic, a certificate")
+    return given[0] if given else None
 
 
 # --- running and printing ---------------------------------------------------------------------
@@ -98,7 +197,7 @@ def _call(call: Callable[[AdminClient], Awaitable[Any]]) -> Any:
     broker is unreachable)."""
 
     async def go() -> Any:
-        async with AdminClient(_settings.url) as client:
+        async with _settings.client() as client:
             return await call(client)
 
     try:

@@ -19,8 +19,12 @@ import typer
 from rich.console import Console
 
 from anabranch.broker.config import BrokerConfig
-from anabranch.cli import messages
+from anabranch.cli import (
+    admin_permissions,  # noqa: F401  (registers its commands)
+    messages,
+)
 from anabranch.cli.admin import admin_app
+from anabranch.cli.tokens import tokens_app
 
 app = typer.Typer(no_args_is_help=True, help="anabranch: elastic, key-ordered streams.")
 
@@ -56,11 +60,13 @@ async def _run_standalone(cfg: BrokerConfig) -> None:
 
 class _Node(Protocol):
     def describe(self) -> str: ...
+    async def failed(self) -> str: ...
     async def stop(self) -> None: ...
 
 
 async def _serve(label: str, starting: Awaitable[_Node]) -> None:
-    """Run a started node until SIGINT/SIGTERM, then stop it cleanly."""
+    """Run a started node until SIGINT/SIGTERM, then stop it cleanly; when an essential
+    background loop of the node keeps dying, stop it and exit with status 70 (EX_SOFTWARE)."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -70,11 +76,21 @@ async def _serve(label: str, starting: Awaitable[_Node]) -> None:
     # full collection (a pause every client sees as latency) scans only the working set.
     gc.freeze()
     console.print(f"[green]anabranch {label}[/] ready: {node.describe()}")
+    signalled = asyncio.ensure_future(stop.wait())
+    failed = asyncio.ensure_future(node.failed())
+    reason: str | None = None
     try:
-        await stop.wait()
+        await asyncio.wait((signalled, failed), return_when=asyncio.FIRST_COMPLETED)
+        if failed.done() and not failed.cancelled():
+            reason = failed.result()
     finally:
+        signalled.cancel()
+        failed.cancel()
         console.print("shutting down ...")
         await node.stop()
+    if reason is not None:
+        console.print(f"[red]anabranch {label} stopped: {reason}[/]")
+        raise SystemExit(70)
 
 
 @app.command()
@@ -125,6 +141,7 @@ async def _run_broker(cfg: BrokerConfig) -> None:
 
 
 app.add_typer(admin_app, name="admin")
+app.add_typer(tokens_app, name="tokens")
 app.command()(messages.produce)
 app.command()(messages.consume)
 

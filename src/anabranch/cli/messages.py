@@ -26,19 +26,29 @@ console = Console(stderr=True)
 
 def produce(
     topic: Annotated[str, typer.Argument(help="Topic, e.g. public/default/orders.")],
+    *,
     message: Annotated[
         list[str] | None, typer.Option("--message", "-m", help="Message text (repeatable).")
     ] = None,
     key: Annotated[str | None, typer.Option(help="Message key.")] = None,
     repeat: Annotated[int, typer.Option(min=1, help="Send each message this many times.")] = 1,
     service_url: Annotated[str, typer.Option(help="Broker URL.")] = SERVICE_URL,
+    auth_token: Annotated[
+        str | None, typer.Option(envvar="ANABRANCH_AUTH_TOKEN", help="JWT for token auth.")
+    ] = None,
+    tls_trust_certs: Annotated[
+        str | None,
+        typer.Option(envvar="ANABRANCH_TLS_TRUST_CERTS", help="CA bundle (pulsar+ssl://)."),
+    ] = None,
 ) -> None:
     """Send messages given with -m, or one per line of standard input."""
     from anabranch import Client
 
     bodies = message if message else [line.rstrip("\n") for line in sys.stdin]
     try:
-        with Client(service_url) as client:
+        with Client(
+            service_url, auth_token=auth_token, tls_trust_certs_file_path=tls_trust_certs
+        ) as client:
             producer = client.create_producer(topic)
             for _ in range(repeat):
                 for body in bodies:
@@ -66,11 +76,20 @@ def consume(  # noqa: PLR0917 (typer passes options by keyword)
     timeout: Annotated[float, typer.Option(help="Give up after this many idle seconds.")] = 0,
     output: Annotated[str, typer.Option(help="text|json")] = "text",
     service_url: Annotated[str, typer.Option(help="Broker URL.")] = SERVICE_URL,
+    auth_token: Annotated[
+        str | None, typer.Option(envvar="ANABRANCH_AUTH_TOKEN", help="JWT for token auth.")
+    ] = None,
+    tls_trust_certs: Annotated[
+        str | None,
+        typer.Option(envvar="ANABRANCH_TLS_TRUST_CERTS", help="CA bundle (pulsar+ssl://)."),
+    ] = None,
 ) -> None:
     """Receive and acknowledge messages, printing each one."""
     received = 0
     try:
-        with Client(service_url) as client:
+        with Client(
+            service_url, auth_token=auth_token, tls_trust_certs_file_path=tls_trust_certs
+        ) as client:
             consumer = _subscribe(client, topic, subscription, subscription_type, initial_position)
             while count == 0 or received < count:
                 msg = consumer.receive(timeout=timeout or None)

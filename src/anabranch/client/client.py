@@ -20,6 +20,7 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
+from anabranch.client.auth import Authentication, AuthenticationToken
 from anabranch.client.checkpoint import Checkpoint
 from anabranch.client.checkpoint_consumer import CheckpointConsumer
 from anabranch.client.connection import ConnectionPool
@@ -36,6 +37,7 @@ from anabranch.client.queue_consumer import LayoutSource, QueueConsumer, QueueCo
 from anabranch.client.reader import Reader, start_position
 from anabranch.client.scalable_producer import ScalableProducer
 from anabranch.client.stream_consumer import StreamConsumer, StreamConsumerOptions
+from anabranch.client.tls import TlsOptions
 from anabranch.client.transaction import (
     DEFAULT_TIMEOUT_S,
     Transaction,
@@ -79,6 +81,12 @@ class Client:
     one open transaction, so a new one aborts the key's previous open one; a key with
     ``&``, empty, or over ``limits.TXN_KEY_BYTES_MAX`` is InvalidArgument here).
 
+    Security, named as the official client names it: ``auth`` (an
+    :class:`~anabranch.client.auth.AuthenticationToken`, ``AuthenticationBasic`` or
+    ``AuthenticationTLS``) or ``auth_token`` (a token string or a callable returning one);
+    with a ``pulsar+ssl://`` URL, ``tls_trust_certs_file_path`` (CA bundle),
+    ``tls_allow_insecure_connection`` and ``tls_validate_hostname``.
+
     Example (a broker across a slow WAN link: probe later, wait longer for the PONG)::
 
         client = Client("pulsar://broker:6650", operation_stuck_s=5.0, probe_timeout_s=3.0)
@@ -94,8 +102,22 @@ class Client:
         probe_timeout_s: float = CLIENT_PROBE_TIMEOUT_S,
         random: Callable[[], float] = _random.random,
         transaction_key: str | None = None,
+        auth: Authentication | None = None,
+        auth_token: str | Callable[[], str] | None = None,
+        tls_trust_certs_file_path: str | None = None,
+        tls_allow_insecure_connection: bool = False,
+        tls_validate_hostname: bool = False,
     ) -> None:
         self.service_url = service_url
+        if auth_token is not None:
+            if auth is not None:
+                raise InvalidArgument("give auth or auth_token, not both")
+            auth = AuthenticationToken(auth_token)
+        tls = TlsOptions(
+            trust_certs_file_path=tls_trust_certs_file_path,
+            allow_insecure_connection=tls_allow_insecure_connection,
+            validate_hostname=tls_validate_hostname,
+        )
         # Refused here, before any connection: a key with '&' could never be claimed.
         self.transaction_key = None if transaction_key is None else validate_key(transaction_key)
         self._pool = ConnectionPool(
@@ -105,6 +127,8 @@ class Client:
             operation_stuck_s=operation_stuck_s,
             probe_timeout_s=probe_timeout_s,
             random=random,
+            auth=auth,
+            tls=tls,
         )
         self._handlers: list[
             Producer

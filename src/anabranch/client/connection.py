@@ -38,19 +38,25 @@ import contextlib
 import itertools
 import logging
 import random as _random
+import ssl
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Protocol, cast
 from urllib.parse import urlsplit
 
 from anabranch import __version__
+from anabranch.client.auth import Authentication
 from anabranch.client.errors import (
+    AuthenticationFailed,
     BrokerUnresponsive,
     ConnectionClosed,
     LookupFailed,
     OperationTimeout,
+    TlsHandshakeFailed,
     from_server_error,
 )
+from anabranch.client.tls import TlsOptions, client_ssl_context
 from anabranch.core.names import SegmentName, parse_name
 from anabranch.errors import AnabranchError, Closed, InvalidArgument
 from anabranch.limits import (
@@ -69,6 +75,7 @@ log = logging.getLogger(__name__)
 T = pb.BaseCommand
 CLIENT_VERSION = f"anabranch-python-{__version__}"
 DEFAULT_PORT = 6650
+DEFAULT_TLS_PORT = 6651
 
 Address = tuple[str, int]
 
@@ -127,17 +134,33 @@ def parse_service_url(url: str) -> Address:
     return addresses[0]
 
 
+def is_tls_url(url: str) -> bool:
+    """Whether ``url`` is a ``pulsar+ssl://`` service URL.
+
+    Example:
+        >>> is_tls_url("pulsar+ssl://h:6651"), is_tls_url("pulsar://h")
+        (True, False)
+    """
+    return url.startswith("pulsar+ssl://")
+
+
 def parse_service_urls(url: str) -> tuple[Address, ...]:
     """A service URL naming one or several brokers, as upstream clients accept it:
-    ``pulsar://h1:6650,h2:6651,h3`` (port 6650 by default, IPv6 hosts in brackets).
+    ``pulsar://h1:6650,h2:6651,h3`` (port 6650 by default, IPv6 hosts in brackets);
+    ``pulsar+ssl://`` (TLS, port 6651 by default).
 
     Example:
         >>> parse_service_urls("pulsar://a:6651,b,[::1]:7000")
         (('a', 6651), ('b', 6650), ('::1', 7000))
+        >>> parse_service_urls("pulsar+ssl://a")
+        (('a', 6651),)
     """
     scheme, sep, hosts = url.partition("://")
-    if scheme != "pulsar" or not sep:
-        raise InvalidArgument(f"service URL {url!r} is not pulsar://host[:port][,host[:port]...]")
+    if scheme not in ("pulsar", "pulsar+ssl") or not sep:
+        raise InvalidArgument(
+            f"service URL {url!r} is not pulsar[+ssl]://host[:port][,host[:port]...]"
+        )
+    default_port = DEFAULT_TLS_PORT if scheme == "pulsar+ssl" else DEFAULT_PORT
     hosts = hosts.rstrip("/")
     addresses: list[Address] = []
     for host in hosts.split(","):
@@ -148,7 +171,7 @@ def parse_service_urls(url: str) -> tuple[Address, ...]:
             raise InvalidArgument(f"service URL {url!r}: bad host {host!r}: {err}") from err
         if not parts.hostname or parts.path or parts.query or parts.fragment:
             raise InvalidArgument(f"service URL {url!r}: bad host {host!r}")
-        addresses.append((parts.hostname, port or DEFAULT_PORT))
+        addresses.append((parts.hostname, port or default_port))
     return tuple(addresses)
 
 
@@ -217,8 +240,12 @@ class ClientConnection:
         handshake_timeout_s: float | None = None,
         on_unresponsive: Callable[[Address], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        auth: Authentication | None = None,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self.address = address
+        self.auth = auth
+        self.ssl_context = ssl_context
         self.operation_timeout_s = operation_timeout_s
         self.operation_stuck_s = operation_stuck_s
         self.probe_timeout_s = probe_timeout_s
@@ -266,8 +293,18 @@ class ClientConnection:
         loop = asyncio.get_running_loop()
         try:
             _transport, self._wire = await asyncio.wait_for(
-                loop.create_connection(lambda: _Wire(self), host, port), self.handshake_timeout_s
+                loop.create_connection(
+                    lambda: _Wire(self),
+                    host,
+                    port,
+                    ssl=self.ssl_context,
+                    server_hostname=host if self.ssl_context is not None else None,
+                ),
+                self.handshake_timeout_s,
             )
+        except ssl.SSLError as err:
+            self._closed.set()
+            raise TlsHandshakeFailed(f"TLS handshake with {host}:{port} failed: {err}") from err
         except (OSError, TimeoutError) as err:
             self._closed.set()
             raise ConnectionClosed(f"cannot connect to {host}:{port}: {err}") from err
@@ -277,7 +314,9 @@ class ClientConnection:
             supports_broker_entry_metadata=True,
             supports_scalable_topics=True,
         )
-        self._write(self._proto.send(commands.connect(CLIENT_VERSION, PROTOCOL_VERSION_MAX, flags)))
+        method, data = self._credentials()
+        connect = commands.connect(CLIENT_VERSION, PROTOCOL_VERSION_MAX, flags, method, data)
+        self._write(self._proto.send(connect))
         try:
             await asyncio.wait_for(asyncio.shield(self._connected), self.handshake_timeout_s)
         except TimeoutError as err:
@@ -291,6 +330,31 @@ class ClientConnection:
         except BaseException:
             await self.close()
             raise
+
+    def _credentials(self) -> tuple[str | None, bytes | None]:
+        auth = self.auth
+        if auth is None or not auth.method:
+            return None, None
+        try:
+            return auth.method, auth.auth_data()
+        except Exception as err:  # a token supplier that failed (file gone, ...)
+            raise AuthenticationFailed(f"cannot get {auth.method} credentials: {err}") from err
+
+    def _answer_challenge(self) -> None:
+        """AUTH_RESPONSE to the broker's AUTH_CHALLENGE (it found our token expired): the
+        authentication's current credentials (a token callable is asked again)."""
+        try:
+            method, data = self._credentials()
+        except AuthenticationFailed as err:
+            log.warning("%s: %s", self._peer(), err)
+            method, data = None, None
+        response = pb.AuthData(auth_method_name=method or "", auth_data=data or b"")
+        body = pb.CommandAuthResponse(
+            client_version=CLIENT_VERSION,
+            response=response,
+            protocol_version=PROTOCOL_VERSION_MAX,
+        )
+        self.send_command(pb.BaseCommand(type=T.AUTH_RESPONSE, authResponse=body))
 
     async def wait_closed(self) -> None:
         """Return once the connection has closed (for whatever reason)."""
@@ -499,7 +563,18 @@ class ClientConnection:
             self._shutdown(ConnectionClosed(f"connection to {self._peer()} failed"))
 
     def _on_lost(self, exc: Exception | None) -> None:
-        if exc is None:
+        refused_tls = exc is None and self.ssl_context is not None
+        if not self._connected.done() and (isinstance(exc, ssl.SSLError) or refused_tls):
+            # TLS 1.3: the broker checks our certificate after our side of the handshake
+            # and hangs up before answering CONNECT when it does not trust it (or requires
+            # one we did not send). Reconnects of live producers/consumers still retry.
+            self._shutdown(
+                TlsHandshakeFailed(
+                    f"{self._peer()} closed the TLS session before CONNECTED "
+                    "(client certificate missing or not trusted?)"
+                )
+            )
+        elif exc is None:
             self._shutdown(ConnectionClosed(f"{self._peer()} closed the connection"))
         else:
             self._shutdown(ConnectionClosed(f"connection to {self._peer()} failed: {exc}"))
@@ -514,6 +589,9 @@ class ClientConnection:
             self.send_command(commands.pong())
             return
         if kind == T.PONG:
+            return
+        if kind == T.AUTH_CHALLENGE:
+            self._answer_challenge()
             return
         if kind == T.ERROR and self._proto.state is not State.CONNECTED:
             body = frame.command.error
@@ -582,7 +660,17 @@ class ConnectionPool:
         probe_timeout_s: float = CLIENT_PROBE_TIMEOUT_S,
         lookup_redirects_max: int = CLIENT_LOOKUP_REDIRECTS_MAX,
         random: Callable[[], float] = _random.random,
+        auth: Authentication | None = None,
+        tls: TlsOptions | None = None,
     ) -> None:
+        self.auth = auth
+        self.use_tls = is_tls_url(service_url)
+        self.ssl_context: ssl.SSLContext | None = None
+        if self.use_tls:
+            tls = tls or TlsOptions()
+            if auth is not None and auth.tls_cert_chain is not None:
+                tls = replace(tls, cert_chain=auth.tls_cert_chain)
+            self.ssl_context = client_ssl_context(tls)
         if operation_stuck_s <= 0 or probe_timeout_s <= 0:
             raise InvalidArgument("operation_stuck_s and probe_timeout_s must be > 0")
         self.random = random
@@ -669,6 +757,8 @@ class ConnectionPool:
             if suspect
             else None,
             on_unresponsive=self._mark_unresponsive,
+            auth=self.auth,
+            ssl_context=self.ssl_context,
         )
         try:
             await conn.open()
@@ -698,12 +788,23 @@ class ConnectionPool:
             if resp.proxy_through_service_url:
                 address = self.service_address
             else:
-                address = parse_service_url(resp.brokerServiceUrl)
+                address = parse_service_url(self.broker_url_of(resp))
             if resp.response == pb.CommandLookupTopicResponse.Connect:
                 return address
             authoritative = bool(resp.authoritative)
             conn = await self.get(address)
         raise LookupFailed(f"lookup of {topic} exceeded {self.lookup_redirects_max} redirects")
+
+    def broker_url_of(self, resp: pb.CommandLookupTopicResponse) -> str:
+        """The broker URL of a lookup answer this client connects to: the TLS one on a
+        ``pulsar+ssl://`` client (LookupFailed if the broker has no TLS listener)."""
+        if not self.use_tls:
+            return resp.brokerServiceUrl
+        if resp.brokerServiceUrlTls:
+            return resp.brokerServiceUrlTls
+        if is_tls_url(resp.brokerServiceUrl):
+            return resp.brokerServiceUrl
+        raise LookupFailed("the topic's broker has no TLS listener (brokerServiceUrlTls)")
 
     async def partitioned_metadata(self, topic: str) -> int:
         """The number of partitions of ``topic`` (0: not partitioned, or a partition)."""

@@ -255,6 +255,9 @@ class ControllerRegistration:
                 address,
                 keepalive_interval_s=keepalive,
                 operation_timeout_s=self._pool.operation_timeout_s,
+                # The registration's own connection presents the client's credentials too.
+                auth=self._pool.auth,
+                ssl_context=self._pool.ssl_context,
             )
             try:
                 # A paused broker accepts TCP connections but never answers CONNECT.

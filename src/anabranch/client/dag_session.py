@@ -290,8 +290,15 @@ class DagSession:
         if self._layout is not None and layout.epoch < self._layout.epoch:
             return  # older than what is held (a reconnect raced a push)
         self._layout = layout
-        self.controller_url = dag.controller_broker_url or None
-        self.segment_brokers = {int(b.segment_id): b.broker_url for b in dag.segment_brokers}
+        # A pulsar+ssl:// client goes to the brokers' TLS listeners (the *_url_tls fields).
+        tls = self._pool.use_tls
+        self.controller_url = (
+            (tls and dag.controller_broker_url_tls) or dag.controller_broker_url or None
+        )
+        self.segment_brokers = {
+            int(b.segment_id): (tls and b.broker_url_tls) or b.broker_url
+            for b in dag.segment_brokers
+        }
         self.updates += 1
         self._notify()
 

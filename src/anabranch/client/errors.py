@@ -15,6 +15,7 @@ one table from wire code to class; ``from_server_error`` builds the exception.
     │   ├── ConsumerBusy                  exclusive subscription already has a consumer
     │   ├── SubscriptionNotFound
     │   ├── AuthenticationFailed / AuthorizationFailed
+    │   │   (TlsHandshakeFailed: an AuthenticationFailed of the TLS layer)
     │   └── BrokerError                   any other code (``code`` attribute)
     ├── MessageTooBig (ValueTooLarge)     per-send: over the broker's max message size
     ├── ProducerQueueFull (NotAllowed)    block_if_queue_full=False and the queue is full
@@ -121,6 +122,11 @@ class AuthenticationFailed(ClientError):
     """The broker rejected our credentials."""
 
     wire_code = "AuthenticationError"
+
+
+class TlsHandshakeFailed(AuthenticationFailed):
+    """The TLS handshake failed: the broker's certificate is not trusted (or does not
+    name the host), or the broker refused ours. Not retried: it fails the same way again."""
 
 
 class AuthorizationFailed(ClientError):

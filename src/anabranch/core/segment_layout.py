@@ -540,6 +540,20 @@ def segment_name(topic: TopicName, segment: Segment) -> SegmentName:
     return SegmentName(topic, segment.hash_range, segment.segment_id)
 
 
+def segment_is_active(layout: SegmentLayout, segment: SegmentName) -> bool:
+    """Whether ``segment`` is one of the layout's ACTIVE segments (same id and range); a
+    destructive operation on such a segment would lose data clients were promised.
+
+    Example:
+        >>> layout = SegmentLayout.initial(1, 0)
+        >>> s = SegmentName.parse("segment://public/default/orders/0000-ffff-0")
+        >>> segment_is_active(layout, s), segment_is_active(layout.split(0, 1), s)
+        (True, False)
+    """
+    active = {(s.segment_id, s.hash_range) for s in layout.active_segments()}
+    return (segment.segment_id, segment.hash_range) in active
+
+
 def _check(condition: bool, message: str) -> None:
     if not condition:
         raise InvalidArgument(f"invalid segment layout: {message}")

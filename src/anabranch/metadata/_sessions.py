@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 from anabranch import limits
 from anabranch.clock import Clock
 from anabranch.errors import Closed, SessionExpired
+from anabranch.supervisor import report_death
 
 ExpireHook = Callable[[list[int]], Awaitable[None]]
 """Deletes the ephemeral keys of the given (already marked gone) sessions."""
@@ -83,9 +84,11 @@ class SessionTable:
         self._handles[session_id] = handle
         self.adopt(session_id, ttl_s)
         if auto_keepalive:
-            self._keepalive_tasks[session_id] = asyncio.get_running_loop().create_task(
-                self._keep_alive(session_id, ttl_s)
+            task = asyncio.get_running_loop().create_task(
+                self._keep_alive(session_id, ttl_s), name=f"session-keepalive-{session_id}"
             )
+            task.add_done_callback(report_death)  # the session then expires by its deadline
+            self._keepalive_tasks[session_id] = task
         return handle
 
     def adopt(self, session_id: int, ttl_s: float) -> None:
@@ -93,7 +96,11 @@ class SessionTable:
         self._ttl_s[session_id] = ttl_s
         self._deadline_s[session_id] = self._clock.monotonic() + ttl_s
         if self._sweeper is None or self._sweeper.done():
-            self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
+            self._sweeper = asyncio.get_running_loop().create_task(
+                self._sweep(), name="session-sweeper"
+            )
+            # A dead sweeper is replaced by the next adopt; until then, log why it died.
+            self._sweeper.add_done_callback(report_death)
 
     def close(self) -> None:
         """Forget every session without running the expire hook (the store is closing)."""

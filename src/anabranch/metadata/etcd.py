@@ -82,6 +82,8 @@ from anabranch.metadata.api import (
     validate_ttl,
     validate_value,
 )
+from anabranch.metadata.etcd_channel import EtcdChannel, EtcdOptions
+from anabranch.supervisor import report_death
 
 _SEQUENCE_MARK = b"\x00seq"
 """Counter keys live at ``namespace + _SEQUENCE_MARK + prefix``: "\\x00" sorts below "/",
@@ -101,6 +103,10 @@ _RPC_ERRORS = (grpc.RpcError, grpc.aio.BaseError, aetcd.ClientError)
 """What grpc and aetcd raise; always translated by ``_translate`` before leaving us."""
 
 
+_AUTH_CODES = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED)
+_AUTH_MESSAGES = ("user name is empty", "authentication failed", "invalid auth token")
+
+
 class EtcdMetadataStore:
     """:class:`~anabranch.metadata.api.MetadataStore` over a real etcd (3.4+).
 
@@ -112,11 +118,11 @@ class EtcdMetadataStore:
         ...     await store.close()
     """
 
-    def __init__(self, client: Any, endpoint: str, namespace: str) -> None:
+    def __init__(self, client: EtcdChannel, endpoint: str, namespace: str) -> None:
         self._client = client
         self._endpoint = endpoint
         self._ns = namespace.encode("utf-8")
-        self._watch_stub = rpc.WatchStub(client.channel)
+        self._watch_stub = client.watchstub
         self._closed = False
         self._revision_seen = 0
         self._sessions: dict[int, EtcdSession] = {}
@@ -124,22 +130,24 @@ class EtcdMetadataStore:
         self._watches: weakref.WeakSet[EtcdWatch] = weakref.WeakSet()
 
     @classmethod
-    async def open(cls, endpoints: str, *, namespace: str = "") -> EtcdMetadataStore:
-        """Connect to ``host:port`` (an ``http://`` prefix is accepted) and check that etcd
-        answers; MetadataUnavailable when it does not.
+    async def open(
+        cls, endpoints: str, *, namespace: str = "", options: EtcdOptions | None = None
+    ) -> EtcdMetadataStore:
+        """Connect to comma-separated ``host:port`` endpoints (``http://`` prefixes are
+        accepted) and check that etcd answers; MetadataUnavailable when it does not.
 
-        Only the first of comma-separated endpoints is used (a single-member cluster or a
-        load-balanced address).
+        ``options`` add TLS and user/password (:class:`EtcdOptions`); with several
+        endpoints a call fails over to the next member when one goes away.
         """
         if namespace:
             validate_path(namespace)
+        options = options or EtcdOptions()
         endpoint = endpoints.split(",", maxsplit=1)[0].strip().removeprefix("http://")
-        host, sep, port = endpoint.rpartition(":")
-        if not sep or not host or not port.isdigit():
-            raise InvalidArgument(f"etcd endpoint must be host:port, not {endpoints!r}")
-        client = aetcd.Client(host=host, port=int(port), options=_CHANNEL_OPTIONS)
         try:
-            await client.connect()
+            client = await EtcdChannel.open(endpoints, options, _CHANNEL_OPTIONS)
+        except _RPC_ERRORS as err:
+            raise MetadataUnavailable(f"etcd at {endpoint}: {err}") from err
+        try:
             store = cls(client, endpoint, namespace)
             await store.current_revision()
         except BaseException as err:
@@ -172,6 +180,12 @@ class EtcdMetadataStore:
         details = (err.details() if isinstance(err, grpc.aio.AioRpcError) else None) or str(err)
         if "lease not found" in details and lease_ids:
             return SessionExpired(lease_ids[0])
+        if code in _AUTH_CODES or any(m in details for m in _AUTH_MESSAGES):
+            # etcd reports some credential problems as INVALID_ARGUMENT: not the caller's
+            # request, but the broker's settings.
+            return MetadataUnavailable(
+                f"etcd at {self._endpoint} refused our credentials: {details}"
+            )
         if code == grpc.StatusCode.INVALID_ARGUMENT:
             return InvalidArgument(f"etcd rejected the request: {details}")
         return MetadataUnavailable(f"etcd at {self._endpoint}: {details}")
@@ -183,9 +197,21 @@ class EtcdMetadataStore:
         self._check_open()
         call = getattr(getattr(self._client, stub), method)
         try:
-            response = await call(
-                request, timeout=limits.ETCD_REQUEST_TIMEOUT_S, metadata=self._client.metadata
-            )
+            try:
+                response = await call(
+                    request, timeout=limits.ETCD_REQUEST_TIMEOUT_S, metadata=self._client.metadata
+                )
+            except grpc.aio.AioRpcError as err:
+                # etcd's simple auth tokens expire when idle: log in again, retry once.
+                if (
+                    err.code() != grpc.StatusCode.UNAUTHENTICATED
+                    or not self._client.options.username
+                ):
+                    raise
+                await self._client.reauthenticate()
+                response = await call(
+                    request, timeout=limits.ETCD_REQUEST_TIMEOUT_S, metadata=self._client.metadata
+                )
         except _RPC_ERRORS as err:
             raise self._translate(err, lease_ids) from err
         if hasattr(response, "header"):
@@ -567,7 +593,9 @@ class EtcdSession:
         self._deadline = self._loop.time() + granted_ttl_s
         self._gone = asyncio.Event()
         self._auto = auto_keepalive
-        self._task = self._loop.create_task(self._monitor())
+        self._task = self._loop.create_task(self._monitor(), name=f"etcd-lease-{lease_id}")
+        # A dead monitor refreshes nothing: the session then expires by its deadline.
+        self._task.add_done_callback(report_death)
 
     @property
     def id(self) -> int:

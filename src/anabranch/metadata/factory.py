@@ -18,12 +18,16 @@ from urllib.parse import parse_qs, urlsplit
 from anabranch.clock import Clock
 from anabranch.errors import InvalidArgument
 from anabranch.metadata.api import MetadataStore
+from anabranch.metadata.etcd_channel import EtcdOptions
 
 
-async def open_metadata_store(url: str, *, clock: Clock | None = None) -> MetadataStore:
+async def open_metadata_store(
+    url: str, *, clock: Clock | None = None, etcd: EtcdOptions | None = None
+) -> MetadataStore:
     """The store ``url`` names; InvalidArgument for a malformed or unknown URL.
 
     ``clock`` drives session TTLs of the embedded stores; etcd keeps time itself.
+    ``etcd`` carries TLS and credentials for an ``etcd://`` URL.
     """
     if not isinstance(url, str):
         raise InvalidArgument(f"metadata URL must be a string: {url!r}")
@@ -42,7 +46,7 @@ async def open_metadata_store(url: str, *, clock: Clock | None = None) -> Metada
         from anabranch.metadata.etcd import EtcdMetadataStore
 
         namespace = parts.path.rstrip("/")
-        return await EtcdMetadataStore.open(parts.netloc, namespace=namespace)
+        return await EtcdMetadataStore.open(parts.netloc, namespace=namespace, options=etcd)
     raise InvalidArgument(f"unknown metadata URL scheme (memory, sqlite, etcd): {url!r}")
 
 

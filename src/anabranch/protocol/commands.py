@@ -349,15 +349,21 @@ def partitioned_metadata_response(request_id: int, partitions: int) -> pb.BaseCo
 
 
 def lookup_response(
-    request_id: int, broker_service_url: str, authoritative: bool = True
+    request_id: int,
+    broker_service_url: str,
+    authoritative: bool = True,
+    broker_service_url_tls: str | None = None,
 ) -> pb.BaseCommand:
-    """LOOKUP_RESPONSE telling the client to connect to ``broker_service_url``."""
+    """LOOKUP_RESPONSE telling the client to connect to ``broker_service_url`` (or, a
+    ``pulsar+ssl://`` client, to ``broker_service_url_tls``)."""
     body = pb.CommandLookupTopicResponse(
         request_id=request_id,
         brokerServiceUrl=broker_service_url,
         response=pb.CommandLookupTopicResponse.Connect,
         authoritative=authoritative,
     )
+    if broker_service_url_tls:
+        body.brokerServiceUrlTls = broker_service_url_tls
     return pb.BaseCommand(type=T.LOOKUP_RESPONSE, lookupTopicResponse=body)
 
 

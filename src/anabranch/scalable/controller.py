@@ -734,6 +734,9 @@ class ScalableTopicController:
             self._require_leader()
             layout, version = await self._read_layout()
             await self._stop_coordinators()
+            # Marks the topic as going away: only now may a segment owner delete the data
+            # of segments the layout still lists as active (its guard reads this key).
+            await self._commit([Put(self.paths.deleting, b"")])
             for segment in layout:
                 await self.ops.delete_segment(segment_name(self.topic, segment))
             page = await self.store.list_prefix(self.paths.layout + "/")

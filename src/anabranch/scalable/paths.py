@@ -3,6 +3,7 @@
     /topics/{t}/{ns}/{topic}                                  the layout (ScalableTopicMetadata)
     /topics/{t}/{ns}/{topic}/controller                       ephemeral: the leader's URLs (JSON)
     /topics/{t}/{ns}/{topic}/pending-op                       a split/merge in progress
+    /topics/{t}/{ns}/{topic}/deleting                         the topic is being deleted
     /topics/{t}/{ns}/{topic}/sealed/{segmentId}               a sealed segment's dedup snapshot
     /topics/{t}/{ns}/{topic}/subscriptions/{sub}              a subscription
     /topics/{t}/{ns}/{topic}/subscriptions/{sub}/consumers/{name}   a durable consumer session
@@ -55,6 +56,12 @@ class TopicPaths:
     @property
     def pending_op(self) -> str:
         return f"{self.layout}/pending-op"
+
+    @property
+    def deleting(self) -> str:
+        """Written before a topic delete removes its segments: from then on its active
+        segments may be deleted too (``check_segment_deletable``)."""
+        return f"{self.layout}/deleting"
 
     @property
     def subscriptions(self) -> str:

@@ -24,7 +24,6 @@ Example:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
 from collections.abc import Callable
@@ -40,6 +39,7 @@ from anabranch.metadata.api import MetadataStore, Session
 from anabranch.scalable.controller import ScalableCounters, ScalableTopicController
 from anabranch.scalable.paths import LeaderAddress, TopicPaths, namespace_path
 from anabranch.scalable.segment_ops import SegmentOps
+from anabranch.supervisor import GiveUp, Supervised
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +76,9 @@ class ScalableTopicService:
         grace_period_ms: int = limits.SCALABLE_CONSUMER_GRACE_PERIOD_MS,
         drain_poll_interval_s: float = limits.SCALABLE_DRAIN_POLL_INTERVAL_S,
         on_assignment: TopicAssignmentListener | None = None,
+        on_give_up: GiveUp | None = None,
     ) -> None:
+        self._on_give_up = on_give_up
         self.store = store
         self.ops = ops
         self.clock = clock
@@ -91,7 +93,7 @@ class ScalableTopicService:
         self._session = session
         self._own_session = session is None
         self._session_ttl_s = session_ttl_s
-        self._guard: asyncio.Task[None] | None = None
+        self._guard: Supervised | None = None
         self._controllers: dict[TopicName, ScalableTopicController] = {}
         self._lock = asyncio.Lock()
         self._closed = False
@@ -101,7 +103,9 @@ class ScalableTopicService:
         if self._session is None:
             self._session = await self.store.open_session(self._session_ttl_s)
         if self._guard is None:
-            self._guard = asyncio.create_task(self._guard_session())
+            self._guard = Supervised(
+                "scalable-session-guard", self._guard_session, on_give_up=self._on_give_up
+            ).start()
 
     @property
     def session(self) -> Session | None:
@@ -293,9 +297,7 @@ class ScalableTopicService:
         """Close every controller (stepping down) and our own session. Idempotent."""
         self._closed = True
         if self._guard is not None:
-            self._guard.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._guard
+            await self._guard.stop()
         async with self._lock:
             controllers, self._controllers = list(self._controllers.values()), {}
         for controller in controllers:

@@ -32,13 +32,17 @@ from anabranch.broker.probe import handshake
 from anabranch.broker.service import BrokerService
 from anabranch.broker.standalone import Standalone
 from anabranch.clock import Clock
+from anabranch.failpoints import ENV_VAR as FAILPOINTS_ENV
+from anabranch.testing.security import BrokerSecurity
 
 
 class InProcessBroker:
     """A standalone broker on ``127.0.0.1:0`` in this event loop.
 
     ``metadata`` is ``"memory"`` or ``"sqlite"`` (under ``data_dir``); ``ledgers`` is
-    ``"file"`` (default) or ``"memory"``; other keyword arguments are BrokerConfig fields.
+    ``"file"`` (default) or ``"memory"``; ``security`` (e.g.
+    :class:`~anabranch.testing.security.TokenAuth`) adds authentication/TLS settings; other
+    keyword arguments are BrokerConfig fields.
     """
 
     def __init__(
@@ -50,6 +54,7 @@ class InProcessBroker:
         clock: Clock | None = None,
         keepalive_interval_s: float = limits.KEEPALIVE_INTERVAL_S,
         handshake_timeout_s: float = limits.HANDSHAKE_TIMEOUT_S,
+        security: BrokerSecurity | None = None,
         **config: Any,
     ) -> None:
         data_dir = Path(data_dir)
@@ -61,8 +66,11 @@ class InProcessBroker:
             "metadata_url": url,
             "use_uvloop": False,
         }
+        if security is not None:
+            fields.update(security.broker_config())
         fields.update(config)
         self.config = BrokerConfig(**fields)
+        self.security = security
         self._ledgers = ledgers
         self._clock = clock
         self._keepalive = keepalive_interval_s
@@ -152,6 +160,8 @@ class BrokerSubprocess:
         self.log_path = log_path
         self.label = label
         self.process: subprocess.Popen[bytes] | None = None
+        self.probe_auth: tuple[str | None, bytes | None] = (None, None)
+        """CONNECT credentials of the readiness probe (a broker with authentication on)."""
 
     @property
     def service_url(self) -> str:
@@ -193,7 +203,8 @@ class BrokerSubprocess:
                 code = None if self.process is None else self.process.returncode
                 raise RuntimeError(f"{self.label} exited ({code}); see {self.log_path}")
             try:
-                await handshake(self.host, self.port)
+                method, data = self.probe_auth
+                await handshake(self.host, self.port, auth_method=method, auth_data=data)
                 return
             except (OSError, asyncio.IncompleteReadError, ConnectionError):
                 if loop.time() > end:
@@ -246,20 +257,61 @@ class BrokerProcess(BrokerSubprocess):
     Output goes to ``<data_dir>.log``.
     """
 
-    def __init__(self, data_dir: Path, *, host: str = "127.0.0.1", fsync: str = "always") -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        *,
+        host: str = "127.0.0.1",
+        fsync: str = "always",
+        security: BrokerSecurity | None = None,
+        failpoints: str = "",
+    ) -> None:
+        self.failpoints = failpoints
+        """Comma-separated failpoints (:mod:`anabranch.failpoints`) for the next start."""
         self.data_dir = Path(data_dir)
         super().__init__(host, free_port(host), self.data_dir.with_suffix(".log"), "broker")
         self.http_port = free_port(host)
         self.fsync = fsync
+        self.security_env: dict[str, str] = {}
+        if security is not None:
+            settings = security.broker_config()
+            self.security_env = _settings_env(settings)
+            token = settings.get("broker_client_auth_token")
+            if token:
+                self.probe_auth = ("token", str(token).encode())
 
     def _command(self) -> tuple[list[str], dict[str, str]]:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         env = {k: v for k, v in os.environ.items() if not k.startswith("ANABRANCH_")}
         env["ANABRANCH_FSYNC"] = self.fsync
         env["ANABRANCH_BIND_ADDRESS"] = self.host
+        if self.failpoints:
+            env[FAILPOINTS_ENV] = self.failpoints
+        env.update(self.security_env)
         args = [
             sys.executable, "-m", "anabranch.cli.main", "standalone",
             "--data-dir", str(self.data_dir),
             "--port", str(self.port), "--http-port", str(self.http_port),
         ]  # fmt: skip
         return args, env
+
+
+def _settings_env(settings: dict[str, Any]) -> dict[str, str]:
+    """BrokerConfig fields as ``ANABRANCH_*`` variables (lists comma-separated).
+
+    Example:
+        >>> _settings_env({"authentication_enabled": True, "superuser_roles": ["a", "b"]})
+        {'ANABRANCH_AUTHENTICATION_ENABLED': 'true', 'ANABRANCH_SUPERUSER_ROLES': 'a,b'}
+    """
+    env: dict[str, str] = {}
+    for key, value in settings.items():
+        if value is None:
+            continue
+        if isinstance(value, bool):
+            text = "true" if value else "false"
+        elif isinstance(value, list):
+            text = ",".join(str(v) for v in value)
+        else:
+            text = str(value)
+        env[f"ANABRANCH_{key.upper()}"] = text
+    return env

@@ -35,6 +35,7 @@ import aiohttp
 
 from anabranch.testing.broker import BrokerSubprocess, free_port
 from anabranch.testing.etcd import EtcdServer
+from anabranch.testing.security import BrokerSecurity
 
 READY_TIMEOUT_S = 60.0
 """How long a broker may take to serve and register (a loaded 2-core CI box: ~2 s)."""
@@ -62,6 +63,15 @@ class ClusterBroker(BrokerSubprocess):
         self.advertised_http_port = int(settings.get("advertised_http_port") or self.http_port)
         self.config_path = root / f"broker-{index}.toml"
         self.config_path.write_text(_toml(settings))
+        token = settings.get("broker_client_auth_token")
+        if token:
+            self.probe_auth = ("token", str(token).encode())
+        self.tls_port: int | None = (
+            int(settings["broker_service_port_tls"]) if settings.get("tls_enabled") else None
+        )
+        self.https_port: int | None = (
+            int(settings["web_service_port_tls"]) if settings.get("tls_enabled") else None
+        )
 
     @property
     def broker_id(self) -> str:
@@ -75,6 +85,11 @@ class ClusterBroker(BrokerSubprocess):
     @property
     def http_url(self) -> str:
         return f"http://{self.host}:{self.advertised_http_port}"
+
+    @property
+    def service_url_tls(self) -> str | None:
+        """``pulsar+ssl://host:port`` when the broker has a TLS listener."""
+        return None if self.tls_port is None else f"pulsar+ssl://{self.host}:{self.tls_port}"
 
     def _command(self) -> tuple[list[str], dict[str, str]]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("ANABRANCH_")}
@@ -94,6 +109,10 @@ class LocalCluster:
     """etcd + ``brokers`` cluster brokers under ``root`` (see the module docstring).
 
     ``broker_settings`` are extra BrokerConfig fields written into every broker's TOML.
+    ``security`` (a :class:`~anabranch.testing.security.TokenAuth`, a
+    :class:`~anabranch.testing.certificates.TlsSetup`, ...) adds authentication/TLS
+    settings: TLS ports are then allocated per broker, the brokers present the set-up's
+    broker token to each other, and :meth:`http` sends its superuser token.
     """
 
     def __init__(
@@ -107,9 +126,16 @@ class LocalCluster:
         fsync: str = "always",
         host: str = "127.0.0.1",
         env: dict[str, str] | None = None,
+        security: BrokerSecurity | None = None,
         **broker_settings: Any,
     ) -> None:
         self.root = Path(root)
+        self.security = security
+        self.http_headers: dict[str, str] = {}
+        token = getattr(security, "superuser_token", None)
+        if isinstance(token, str):
+            self.http_headers["Authorization"] = f"Bearer {token}"
+        security_settings = security.broker_config() if security is not None else {}
         self.root.mkdir(parents=True, exist_ok=True)
         self.cluster_name = cluster_name
         self.session_ttl_s = session_ttl_s
@@ -126,6 +152,7 @@ class LocalCluster:
             "fsync": fsync,
             "session_ttl_s": session_ttl_s,
             "load_report_interval_s": load_report_interval_s,
+            **security_settings,
             **broker_settings,
         }
         self.brokers: list[ClusterBroker] = []
@@ -141,6 +168,9 @@ class LocalCluster:
                     "port": free_port(self.host),
                     "http_port": free_port(self.host),
                 }
+                if settings.get("tls_enabled"):
+                    settings["broker_service_port_tls"] = free_port(self.host)
+                    settings["web_service_port_tls"] = free_port(self.host)
                 settings.update(await self._fronts_for(index, settings))
                 self.brokers.append(self._make_broker(index, settings))
             await asyncio.gather(*(broker.start() for broker in self.brokers))
@@ -191,6 +221,13 @@ class LocalCluster:
         """``pulsar://h:p1,h:p2,...``: every broker (a client picks one to bootstrap)."""
         return "pulsar://" + ",".join(b.broker_id for b in self.brokers)
 
+    @property
+    def service_url_tls(self) -> str:
+        """``pulsar+ssl://h:p1,h:p2,...`` (brokers with TLS listeners)."""
+        return "pulsar+ssl://" + ",".join(
+            f"{b.host}:{b.tls_port}" for b in self.brokers if b.tls_port is not None
+        )
+
     def live(self) -> list[ClusterBroker]:
         """Brokers whose process is running (paused ones included)."""
         return [b for b in self.brokers if b.running]
@@ -218,6 +255,8 @@ class LocalCluster:
         followed. Returns (status, JSON body or text or None)."""
         broker = via or self.live()[0]
         timeout = aiohttp.ClientTimeout(total=30.0)
+        if self.http_headers:
+            kwargs["headers"] = {**self.http_headers, **kwargs.get("headers", {})}
         async with (
             aiohttp.ClientSession(timeout=timeout) as session,
             session.request(
@@ -294,14 +333,22 @@ class LocalCluster:
             await asyncio.sleep(0.1)
 
 
+def _toml_string(value: object) -> str:
+    escaped = str(value).replace("\\", "\\\\").replace('"', '\\"')
+    return f'"{escaped}"'
+
+
 def _toml(settings: dict[str, Any]) -> str:
     lines = []
     for key, value in settings.items():
-        if isinstance(value, bool):
+        if value is None:
+            continue
+        if isinstance(value, list):
+            lines.append(f"{key} = [{', '.join(_toml_string(v) for v in value)}]")
+        elif isinstance(value, bool):
             lines.append(f"{key} = {'true' if value else 'false'}")
         elif isinstance(value, int | float):
             lines.append(f"{key} = {value}")
         else:
-            escaped = str(value).replace("\\", "\\\\").replace('"', '\\"')
-            lines.append(f'{key} = "{escaped}"')
+            lines.append(f"{key} = {_toml_string(value)}")
     return "\n".join(lines) + "\n"

@@ -31,10 +31,12 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import time
 import urllib.error
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
@@ -84,10 +86,47 @@ def free_port() -> int:
         return port
 
 
+@dataclass(frozen=True)
+class EtcdTls:
+    """Certificates of a TLS etcd: its server certificate and key, the CA that signed
+    them; with ``client_cert`` and ``client_key`` (signed by the same CA) clients must
+    present a certificate (``--client-cert-auth``)."""
+
+    ca_file: Path
+    cert_file: Path
+    key_file: Path
+    client_cert: Path | None = None
+    client_key: Path | None = None
+
+    def flags(self) -> list[str]:
+        flags = [
+            f"--cert-file={self.cert_file}",
+            f"--key-file={self.key_file}",
+            f"--trusted-ca-file={self.ca_file}",
+        ]
+        if self.client_cert is not None:
+            flags.append("--client-cert-auth")
+        return flags
+
+    def client_context(self) -> ssl.SSLContext:
+        context = ssl.create_default_context(cafile=str(self.ca_file))
+        if self.client_cert is not None and self.client_key is not None:
+            context.load_cert_chain(str(self.client_cert), str(self.client_key))
+        return context
+
+
 class EtcdServer:
     """One running etcd process; see the module docstring."""
 
-    def __init__(self, data_dir: Path, binary: str, client_port: int, peer_port: int) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        binary: str,
+        client_port: int,
+        peer_port: int,
+        tls: EtcdTls | None = None,
+    ) -> None:
+        self.tls = tls
         self.data_dir = data_dir
         self.binary = binary
         self.client_port = client_port
@@ -98,9 +137,10 @@ class EtcdServer:
         self._paused = False
 
     @classmethod
-    def start(cls, data_dir: Path) -> EtcdServer:
-        """Launch etcd in ``data_dir`` on free loopback ports and wait until it answers."""
-        server = cls(Path(data_dir), find_etcd_binary(), free_port(), free_port())
+    def start(cls, data_dir: Path, *, tls: EtcdTls | None = None) -> EtcdServer:
+        """Launch etcd in ``data_dir`` on free loopback ports and wait until it answers;
+        with ``tls`` its client URL is HTTPS."""
+        server = cls(Path(data_dir), find_etcd_binary(), free_port(), free_port(), tls)
         server._launch()
         return server
 
@@ -122,10 +162,13 @@ class EtcdServer:
 
     def command(self) -> list[str]:
         """The full command line (the same on every restart)."""
-        client_url = f"http://127.0.0.1:{self.client_port}"
+        scheme = "http" if self.tls is None else "https"
+        client_url = f"{scheme}://127.0.0.1:{self.client_port}"
         peer_url = f"http://127.0.0.1:{self.peer_port}"
+        tls_flags = [] if self.tls is None else self.tls.flags()
         return [
             self.binary,
+            *tls_flags,
             "--name=anabranch-test",
             f"--data-dir={self.data_dir / 'data'}",
             f"--listen-client-urls={client_url}",
@@ -162,14 +205,16 @@ class EtcdServer:
 
     def _wait_healthy(self) -> None:
         deadline = time.monotonic() + ETCD_START_TIMEOUT_S
-        url = f"http://127.0.0.1:{self.client_port}/health"
+        scheme = "http" if self.tls is None else "https"
+        url = f"{scheme}://127.0.0.1:{self.client_port}/health"
+        context = None if self.tls is None else self.tls.client_context()
         while True:
             assert self._process is not None
             if self._process.poll() is not None:
                 raise EtcdStartError(
                     f"etcd exited with {self._process.returncode}:\n{self.log_tail()}"
                 )
-            if _healthy(url):
+            if _healthy(url, context):
                 return
             if time.monotonic() > deadline:
                 raise EtcdStartError(
@@ -239,9 +284,9 @@ class EtcdServer:
         self.stop()
 
 
-def _healthy(url: str) -> bool:
+def _healthy(url: str, context: ssl.SSLContext | None = None) -> bool:
     try:
-        with urllib.request.urlopen(url, timeout=1.0) as response:
+        with urllib.request.urlopen(url, timeout=1.0, context=context) as response:
             body = json.loads(response.read())
     except (OSError, urllib.error.URLError, ValueError):
         return False

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import asyncio
 import bisect
-import contextlib
 import dataclasses
 import heapq
 import json
@@ -71,6 +70,7 @@ from anabranch.errors import (
 )
 from anabranch.metadata.api import MUST_NOT_EXIST, Delete, MetadataStore, Op, Put, Record
 from anabranch.metadata.coordination import LeaderElection, Leadership
+from anabranch.supervisor import GiveUp, Supervised
 from anabranch.transactions import records
 from anabranch.transactions.ids import TxnId
 from anabranch.transactions.records import OpKind, TxnHeader, TxnState
@@ -184,6 +184,7 @@ class TransactionCoordinator:
         gc_interval_s: float = limits.TXN_GC_INTERVAL_S,
         gc_retention_s: float = limits.TXN_GC_RETENTION_S,
         on_final: FinalCallback | None = None,
+        on_give_up: GiveUp | None = None,
     ) -> None:
         if partitions < 1:
             raise InvalidArgument(f"transaction coordinator partitions must be >= 1: {partitions}")
@@ -205,7 +206,8 @@ class TransactionCoordinator:
         self._open: dict[TxnId, int] = {}
         self._open_deadlines: list[tuple[int, TxnId]] = []
         self._gc_cursor: dict[TxnState, str | None] = {}
-        self._loop_task: asyncio.Task[None] | None = None
+        self._loop: Supervised | None = None
+        self._on_give_up = on_give_up
         self._started = False
 
     @property
@@ -222,15 +224,15 @@ class TransactionCoordinator:
         await self._check_parallelism()
         self._started = True
         if self._sweep_interval_s > 0:
-            self._loop_task = asyncio.create_task(self._sweep_leader_loop(), name="txn-sweeps")
+            self._loop = Supervised(
+                "txn-sweeps", self._sweep_leader_loop, on_give_up=self._on_give_up
+            ).start()
 
     async def close(self) -> None:
         """Stop the sweep loop (resigning the leadership). Idempotent."""
-        task, self._loop_task = self._loop_task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        loop, self._loop = self._loop, None
+        if loop is not None:
+            await loop.stop()
         self._started = False
 
     async def _check_parallelism(self) -> None:

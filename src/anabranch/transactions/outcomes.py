@@ -39,7 +39,6 @@ Example:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable, Coroutine
 from typing import Any, Protocol
@@ -48,6 +47,7 @@ from anabranch import failpoints, limits
 from anabranch.clock import Clock
 from anabranch.errors import Closed, Compacted, InvalidArgument
 from anabranch.metadata.api import EventKind, MetadataStore
+from anabranch.supervisor import GiveUp, Supervised
 from anabranch.transactions import records
 from anabranch.transactions.ids import TxnId
 from anabranch.transactions.records import TxnState
@@ -82,12 +82,14 @@ class TxnOutcomes:
         clock: Clock,
         *,
         reconcile_interval_s: float = limits.TXN_RECONCILE_INTERVAL_S,
+        on_give_up: GiveUp | None = None,
     ) -> None:
+        self._on_give_up = on_give_up
         self._store = store
         self._clock = clock
         self._interval = reconcile_interval_s
         self._listeners: dict[TxnId, list[OutcomeListener]] = {}
-        self._tasks: list[asyncio.Task[None]] = []
+        self._loops: list[Supervised] = []
         self._closed = False
         self.watch_events = 0
         """Final headers seen by the watch (metrics)."""
@@ -109,21 +111,11 @@ class TxnOutcomes:
         self._supervise("txn-outcomes-reconcile", self._reconcile_loop)
 
     def _supervise(self, name: str, make: Loop, *, again: Loop | None = None) -> None:
-        """Run ``make()`` as a kept task; one that dies of an exception is logged and
-        restarted with ``again`` (default ``make``): the watch restarts by re-listing, so
-        nothing is missed meanwhile."""
-        task = asyncio.create_task(make(), name=name)
-        self._tasks.append(task)
-
-        def died(done: asyncio.Task[None]) -> None:
-            if done in self._tasks:
-                self._tasks.remove(done)
-            if self._closed or done.cancelled() or done.exception() is None:
-                return
-            log.error("%s died; restarting it", name, exc_info=done.exception())
-            self._supervise(name, again or make, again=again)
-
-        task.add_done_callback(died)
+        """Run ``make()`` kept alive: one that dies of an exception is logged and restarted
+        with ``again`` (default ``make``): the watch restarts by re-listing, so nothing is
+        missed meanwhile."""
+        loop = Supervised(name, make, again=again, on_give_up=self._on_give_up)
+        self._loops.append(loop.start())
 
     async def _rewatch(self) -> None:
         await self._watch_loop(await self._relist() + 1)
@@ -156,12 +148,8 @@ class TxnOutcomes:
     async def close(self) -> None:
         """Stop watching; nothing more is delivered. Idempotent."""
         self._closed = True
-        tasks, self._tasks = self._tasks, []
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        loops, self._loops = self._loops, []
+        await asyncio.gather(*(loop.stop() for loop in loops))
         self._listeners.clear()
 
     # --- delivery -------------------------------------------------------------------------

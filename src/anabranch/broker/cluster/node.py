@@ -82,7 +82,11 @@ class ClusterNode:
         ownership = holder[0]
         try:
             http_url = standalone.http_url or f"http://{config.advertised_address}:0"
-            await ownership.start(standalone.service_url, http_url)
+            await ownership.start(
+                standalone.service.advertised_url,
+                http_url,
+                standalone.service_url_tls or "",
+            )
         except BaseException:
             await standalone.stop()
             raise
@@ -106,6 +110,10 @@ class ClusterNode:
             f"cluster {self.ownership.cluster} broker {self.ownership.broker_id}: "
             + self.standalone.describe()
         )
+
+    async def failed(self) -> str:
+        """Wait until an essential background loop gave up; the reason."""
+        return await self.standalone.failed()
 
     async def stop(self) -> None:
         """Hand owned topics back, leave the cluster, then the standalone shutdown."""

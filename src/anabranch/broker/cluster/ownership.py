@@ -85,6 +85,8 @@ from anabranch.errors import (
     SessionExpired,
 )
 from anabranch.metadata.api import MUST_NOT_EXIST, MetadataStore, Record, Session
+from anabranch.security.broker_client import BrokerClientCredentials
+from anabranch.supervisor import Supervised
 
 if TYPE_CHECKING:
     from anabranch.broker.service import BrokerService
@@ -103,6 +105,11 @@ class LookupAnswer:
     pulsar_url: str
     http_url: str
     redirect: bool = False
+    pulsar_url_tls: str = ""
+    """The broker's ``pulsar+ssl://`` URL, for ``brokerServiceUrlTls`` ("" if none)."""
+
+
+_NO_CREDENTIALS = BrokerClientCredentials()
 
 
 class ClusterOwnership:
@@ -130,7 +137,7 @@ class ClusterOwnership:
         """Topic → version of its ownership record as we last wrote it."""
         self._ready = asyncio.Event()
         self._stopping = False
-        self._tasks: list[asyncio.Task[None]] = []
+        self._loops: list[Supervised] = []
         self._recent: deque[tuple[float, str]] = deque(maxlen=limits.CLUSTER_RECENT_ASSIGNMENTS_MAX)
         self._rates: tuple[float, int, int] = (time.monotonic(), 0, 0)
         self._reachable_until: dict[str, float] = {}
@@ -147,29 +154,30 @@ class ClusterOwnership:
 
     # --- lifecycle --------------------------------------------------------------------------
 
-    async def start(self, pulsar_url: str, http_url: str) -> None:
+    async def start(self, pulsar_url: str, http_url: str, pulsar_url_tls: str = "") -> None:
         """Open the session, register this broker and start the guard and load reports."""
         broker_id = pulsar_url.split("://", 1)[-1]
         self.me = BrokerRecord(
-            broker_id=broker_id, pulsar_url=pulsar_url, http_url=http_url, cluster=self.cluster
+            broker_id=broker_id,
+            pulsar_url=pulsar_url,
+            http_url=http_url,
+            cluster=self.cluster,
+            pulsar_url_tls=pulsar_url_tls,
         )
         self._session = await self._store.open_session(self.session_ttl_s)
         await self._register()
         self._ready.set()
-        self._tasks = [
-            asyncio.ensure_future(self._guard_session()),
-            asyncio.ensure_future(self._report_load()),
+        fatal = self._service.fatal.fail
+        self._loops = [
+            Supervised("cluster-session-guard", self._guard_session, on_give_up=fatal).start(),
+            Supervised("cluster-load-report", self._report_load, on_give_up=fatal).start(),
         ]
         log.info("broker %s joined cluster %s", broker_id, self.cluster)
 
     async def stop(self) -> None:
         """Hand every owned topic back (closing it), deregister and close the session."""
         self._stopping = True
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(BaseException):
-                await task
+        await asyncio.gather(*(loop.stop() for loop in self._loops))
         owned = list(self._owned)
         self._owned.clear()
         await self._unload_all(owned)
@@ -177,6 +185,13 @@ class ClusterOwnership:
         if session is not None:
             with contextlib.suppress(AnabranchError):
                 await session.close()  # deletes the registry and ownership records
+
+    @property
+    def credentials(self) -> BrokerClientCredentials:
+        """What this broker presents to other brokers (HTTP calls, probes)."""
+        # A service without one (test doubles) presents nothing.
+        credentials = getattr(self._service, "broker_client", None)
+        return credentials if credentials is not None else _NO_CREDENTIALS
 
     @property
     def broker_id(self) -> str:
@@ -215,7 +230,11 @@ class ClusterOwnership:
                     raise _not_owner(topic, owner)
                 expected = record.stat.version
             mine = OwnerRecord(
-                self.me.broker_id, self.me.pulsar_url, self.me.http_url, session=session.id
+                self.me.broker_id,
+                self.me.pulsar_url,
+                self.me.http_url,
+                session=session.id,
+                pulsar_url_tls=self.me.pulsar_url_tls,
             )
             try:
                 stat = await self._store.put(path, encode(mine), expected, session=session)
@@ -232,6 +251,22 @@ class ClusterOwnership:
 
     async def lookup(self, topic: str, *, authoritative: bool = False) -> LookupAnswer:
         """Where ``topic`` is served; assigns an unowned topic (module docstring)."""
+        answer = await self._lookup(topic, authoritative)
+        if answer.pulsar_url_tls:
+            self._learn_tls_url(answer.pulsar_url, answer.pulsar_url_tls)
+        return answer
+
+    def _learn_tls_url(self, pulsar_url: str, pulsar_url_tls: str) -> None:
+        """Remember a broker's TLS URL for the answers that name only its ``pulsar://``
+        URL (the DAG's controller address); bounded like the other per-broker caches."""
+        urls = getattr(self._service, "peer_tls_urls", None)
+        if urls is None:
+            return
+        if len(urls) > limits.CLUSTER_RECENT_ASSIGNMENTS_MAX:
+            urls.clear()
+        urls[pulsar_url] = pulsar_url_tls
+
+    async def _lookup(self, topic: str, authoritative: bool) -> LookupAnswer:
         path = ownership_path(topic)
         for _ in range(limits.CLUSTER_CLAIM_ATTEMPTS_MAX):
             session = await self._live_session(topic)
@@ -239,14 +274,16 @@ class ClusterOwnership:
             owner = None if record is None else decode_owner(record.value)
             if owner is not None and owner.state is OwnerState.OWNED:
                 if self._is_mine(owner, session):
-                    return LookupAnswer(self.me.pulsar_url, self.me.http_url)
+                    return self._my_answer()
                 assert record is not None
                 if owner.broker_id == self.me.broker_id or not await self._reachable(owner):
                     # Our previous session's record, or a dead owner's: it expires with
                     # that session, so wait for it here rather than send the client away.
                     await self._wait_changed(path, record)
                     continue
-                return LookupAnswer(owner.pulsar_url, owner.http_url)
+                return LookupAnswer(
+                    owner.pulsar_url, owner.http_url, pulsar_url_tls=owner.pulsar_url_tls
+                )
             if owner is not None and owner.state is OwnerState.RELEASING:
                 raise NotOwner(topic, None)
             parsed = parse_name(topic)
@@ -256,15 +293,24 @@ class ClusterOwnership:
                 await self._service.check_exists(parsed, create=True)
             target = await self._target_for(topic, owner, authoritative)
             if target is not None:
-                return LookupAnswer(target.pulsar_url, target.http_url, redirect=True)
+                return LookupAnswer(
+                    target.pulsar_url,
+                    target.http_url,
+                    redirect=True,
+                    pulsar_url_tls=target.pulsar_url_tls,
+                )
             try:
                 await self.claim(topic)
             except NotOwner as err:
                 if err.owner_url and err.leader_url:
                     return LookupAnswer(err.owner_url, err.leader_url)
                 raise
-            return LookupAnswer(self.me.pulsar_url, self.me.http_url)
+            return self._my_answer()
         raise NotOwner(topic, None)
+
+    def _my_answer(self) -> LookupAnswer:
+        me = self.me
+        return LookupAnswer(me.pulsar_url, me.http_url, pulsar_url_tls=me.pulsar_url_tls)
 
     async def _reachable(self, owner: OwnerRecord) -> bool:
         """Whether the owner answers a CONNECT handshake (cached for a moment).
@@ -277,8 +323,16 @@ class ClusterOwnership:
         if self._reachable_until.get(owner.broker_id, 0.0) > now:
             return True
         host, _, port = owner.pulsar_url.split("://", 1)[-1].rpartition(":")
+        credentials = self.credentials
+        method, data = credentials.connect_auth()
         try:
-            probe = handshake(host, int(port))
+            probe = handshake(
+                host.strip("[]"),
+                int(port),
+                ssl_context=credentials.ssl_for(owner.pulsar_url),
+                auth_method=method,
+                auth_data=data,
+            )
             await asyncio.wait_for(probe, limits.CLUSTER_OWNER_PROBE_TIMEOUT_S)
         except (OSError, TimeoutError, ValueError, ConnectionError, AnabranchError):
             log.info("owner %s does not answer: waiting for its records to expire", owner.broker_id)
@@ -344,6 +398,8 @@ class ClusterOwnership:
                 continue
             if broker.cluster == self.cluster:
                 brokers.append(broker)
+                if broker.pulsar_url_tls:
+                    self._learn_tls_url(broker.pulsar_url, broker.pulsar_url_tls)
         return sorted(brokers, key=lambda b: b.broker_id)
 
     async def ownerships(self, prefix: str = "") -> dict[str, OwnerRecord]:
@@ -393,6 +449,7 @@ class ClusterOwnership:
             OwnerState.RELEASING,
             destination,
             session.id,
+            self.me.pulsar_url_tls,
         )
         try:
             stat = await self._store.put(path, encode(releasing), version, session=session)
@@ -407,6 +464,7 @@ class ClusterOwnership:
                     OwnerState.RELEASED,
                     destination,
                     session.id,
+                    self.me.pulsar_url_tls,
                 )
                 await self._store.put(path, encode(released), stat.version, session=session)
         except (BadVersion, SessionExpired) as err:
@@ -471,6 +529,7 @@ class ClusterOwnership:
             pulsar_url=self.me.pulsar_url,
             http_url=self.me.http_url,
             cluster=self.cluster,
+            pulsar_url_tls=self.me.pulsar_url_tls,
             owned_topics=len(self._owned),
             loaded_topics=len(topics),
             connections=self._connections(),

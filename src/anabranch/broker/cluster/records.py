@@ -44,6 +44,8 @@ class BrokerRecord(msgspec.Struct, rename="camel", kw_only=True):
     pulsar_url: str
     http_url: str
     cluster: str
+    pulsar_url_tls: str = ""
+    """The broker's ``pulsar+ssl://`` URL ("" without a TLS listener)."""
     owned_topics: int = 0
     loaded_topics: int = 0
     connections: int = 0
@@ -66,6 +68,8 @@ class OwnerRecord(msgspec.Struct, rename="camel"):
     target: str | None = None
     """The broker meant to take the topic over after an unload (None: any)."""
     session: int = 0
+    pulsar_url_tls: str = ""
+    """The owner's ``pulsar+ssl://`` URL ("" without a TLS listener)."""
 
 
 def broker_path(broker_id: str) -> str:

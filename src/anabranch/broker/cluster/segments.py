@@ -90,6 +90,11 @@ class ClusterSegmentOps:
             self._http = aiohttp.ClientSession(timeout=timeout)
         url = base.rstrip("/") + path
         kwargs: dict[str, Any] = {} if body is None else {"json": body}
+        credentials = self.ownership.credentials
+        kwargs["headers"] = credentials.http_headers()
+        tls = credentials.ssl_for(url)
+        if tls is not None:
+            kwargs["ssl"] = tls
         try:
             async with self._http.request(method, url, **kwargs) as response:
                 text = await response.text()
