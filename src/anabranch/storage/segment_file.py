@@ -62,7 +62,8 @@ class FileHandles:
     Thread-safe: segments are used from the writer pool and executor threads. Eviction
     closes the least recently used file whose segment is not in use (a non-blocking
     try of its lock, so it never waits and never deadlocks); when every open file is in
-    use, the bound is exceeded for the moment rather than blocking.
+    use, the bound is exceeded for the moment rather than blocking, and the next use that
+    ends closes the excess.
 
     Example:
         >>> import tempfile, pathlib
@@ -211,6 +212,9 @@ class SegmentFile:
     def _using(self) -> Iterator[StorageFile]:
         with self._lock:
             yield self.file
+        handles = self._handles
+        if handles is not None and handles.open_count > handles.max_open:
+            handles._evict(keep=self)  # files that were busy when the bound was passed
 
     def _close_file(self) -> None:
         file, self._file = self._file, None
