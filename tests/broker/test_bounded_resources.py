@@ -253,3 +253,17 @@ async def test_auto_creation_stops_at_max_topics_per_namespace(tmp_path: Path) -
         # An existing topic still loads (after an unload) although the namespace is full.
         await service.unload_topic("persistent://public/default/ns-0")
         await service.get_topic("persistent://public/default/ns-0", create=True)
+
+
+def test_a_broker_process_does_not_load_what_it_does_not_use() -> None:
+    """Idle RSS (issue 15: <= 80 MB): grpc (etcd) and jwt/cryptography (token auth) cost
+    ~20 MB and are imported only by a broker that uses them."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, anabranch.cli.main, anabranch.broker.standalone;"
+        "print(sorted(m for m in ('grpc', 'aetcd', 'jwt', 'cryptography') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
