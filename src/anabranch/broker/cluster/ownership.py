@@ -556,12 +556,15 @@ class ClusterOwnership:
         """Delete the ownership records of topics owned but not loaded here for
         ``idle_release_s``: a lookup claims a topic before any client creates it, and a
         name looked up and never used must not keep a record (20,000 random lookups would
-        leave 20,000). A later lookup claims it again. Returns how many were released.
+        leave 20,000). A later lookup claims it again. Segments of scalable topics (their
+        controller creates them) are left alone. Returns how many were released.
         """
         now = time.monotonic()
         idle = self._idle_since
         due: list[tuple[str, int]] = []
         for topic, version in self._owned.items():
+            if topic.startswith("segment://"):
+                continue  # created by a controller, not by a name a client made up
             if self._service.topic_in_use(topic):
                 idle.pop(topic, None)
             elif now - idle.setdefault(topic, now) >= self.idle_release_s:
