@@ -6,6 +6,13 @@
    with append latency p50/p99 at saturation;
 3. append latency at a fixed rate of 50% of the measured maximum.
 
+``--jetstream`` adds the same two measurements on the JetStream backend: a 3-node NATS
+cluster (``sync_interval: always``, fsync before every ack) started by the benchmark on
+loopback in a temp dir, streams with ``--replicas`` copies (R3 by default); the file
+backend's figures of the same repetition are its baseline (``jetstream_vs_file``). Each
+repetition then SIGKILLs the stream leader under load and reports the write pause (the
+longest gap between two acknowledgements) and failed appends (expected: 0).
+
 Each is repeated ``--reps`` times (fresh directory each time); medians are reported. The
 raw figure is measured right before and right after each ledger run (the disk is shared,
 so its speed drifts; both measurements count, and the median is over all of them). The
@@ -14,13 +21,15 @@ last printed line is one JSON object (``ratio_vs_raw`` = ledger / raw entries pe
 The ledger runs on uvloop by default, the loop the broker runs on (``use_uvloop``);
 ``--loop asyncio`` measures the stdlib loop.
 
-Usage: ``python benchmarks/ledger_append.py [--entries 100000] [--reps 3] [--loop asyncio]``
+Usage: ``python benchmarks/ledger_append.py [--entries 100000] [--reps 3] [--loop asyncio]
+[--jetstream [--js-entries 30000] [--replicas 3]]``
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import shutil
@@ -31,8 +40,10 @@ from collections import deque
 from pathlib import Path
 
 from anabranch.metadata.memory import MemoryMetadataStore
-from anabranch.storage.api import ManagedLedger, ManagedLedgerConfig
+from anabranch.storage.api import ManagedLedger, ManagedLedgerConfig, ManagedLedgerFactory
+from anabranch.storage.jetstream_ledger import JetStreamManagedLedgerFactory
 from anabranch.storage.ledger import FileManagedLedgerFactory
+from anabranch.testing.nats import NatsCluster
 
 ENTRY = 1024
 TICK_S = 0.001
@@ -62,11 +73,31 @@ def raw_group_commit(directory: Path, entries: int, batch: int = 64) -> float:
     return (entries // batch) * batch / elapsed
 
 
+class Target:
+    """Which backend a run measures: files under a directory, or JetStream streams."""
+
+    def __init__(self, urls: list[str] | None = None, replicas: int = 3) -> None:
+        self.urls = urls
+        self.replicas = replicas
+        self.runs = 0
+
+    def factory(self, directory: Path, store: MemoryMetadataStore) -> ManagedLedgerFactory:
+        if self.urls is None:
+            return FileManagedLedgerFactory(directory, store)
+        self.runs += 1  # a fresh stream per run
+        return JetStreamManagedLedgerFactory(
+            self.urls, store, replicas=self.replicas, prefix=f"bench{self.runs}"
+        )
+
+
+FILES = Target()
+
+
 async def saturate(
-    directory: Path, entries: int, inflight: int, ledgers: int = 1
+    directory: Path, entries: int, inflight: int, target: Target = FILES, ledgers: int = 1
 ) -> tuple[float, list[float]]:
     store = MemoryMetadataStore()
-    factory = FileManagedLedgerFactory(directory, store)
+    factory = target.factory(directory, store)
     mls = [await factory.open(f"bench-{i}", CONFIG) for i in range(ledgers)]
     payload = os.urandom(ENTRY)
     latencies: list[float] = []
@@ -90,10 +121,10 @@ async def saturate(
 
 
 async def fixed_rate(
-    directory: Path, rate: float, seconds: float, workers: int = 256
+    directory: Path, rate: float, seconds: float, workers: int = 256, target: Target = FILES
 ) -> tuple[float, list[float]]:
     store = MemoryMetadataStore()
-    factory = FileManagedLedgerFactory(directory, store)
+    factory = target.factory(directory, store)
     ml = await factory.open("bench", CONFIG)
     payload = os.urandom(ENTRY)
     latencies: list[float] = []
@@ -161,6 +192,9 @@ def main() -> None:
     parser.add_argument("--rate-seconds", type=float, default=3.0)
     parser.add_argument("--loop", choices=("uvloop", "asyncio"), default="uvloop")
     parser.add_argument("--uvloop", action="store_true", help="same as --loop uvloop")
+    parser.add_argument("--jetstream", action="store_true", help="also the JetStream backend")
+    parser.add_argument("--js-entries", type=int, default=30_000)
+    parser.add_argument("--replicas", type=int, default=3)
     args = parser.parse_args()
     if args.uvloop:
         args.loop = "uvloop"
@@ -170,12 +204,17 @@ def main() -> None:
         uvloop.install()
 
     raws, rates, sat_p50, sat_p99, half_p50, half_p99, half_rate = [], [], [], [], [], [], []
+    js: dict[str, list[float]] = {
+        k: [] for k in ("rate", "p50", "p99", "hrate", "hp50", "hp99", "pause", "failed")
+    }
     for rep in range(args.reps):
         base = Path(tempfile.mkdtemp(prefix="ledger-bench-", dir="/tmp"))
         try:
+            if args.jetstream:
+                run_jetstream(base, args, js)
             raws.append(raw_group_commit(base, args.entries))
             rate, lat = asyncio.run(
-                saturate(base / "sat", args.entries, args.inflight, args.ledgers)
+                saturate(base / "sat", args.entries, args.inflight, ledgers=args.ledgers)
             )
             raws.append(raw_group_commit(base, args.entries))
             rates.append(rate)
@@ -211,7 +250,91 @@ def main() -> None:
         "half_load_p50_ms": round(med(half_p50), 3),
         "half_load_p99_ms": round(med(half_p99), 3),
     }
+    if args.jetstream:
+        result.update(
+            {
+                "jetstream_replicas": args.replicas,
+                "jetstream_entries": args.js_entries,
+                "jetstream_entries_per_s": round(med(js["rate"])),
+                "jetstream_mb_per_s": round(med(js["rate"]) * ENTRY / 1e6, 2),
+                "jetstream_vs_file": round(med(js["rate"]) / med(rates), 3),
+                "jetstream_saturation_p50_ms": round(med(js["p50"]), 3),
+                "jetstream_saturation_p99_ms": round(med(js["p99"]), 3),
+                "jetstream_half_load_rate_per_s": round(med(js["hrate"])),
+                "jetstream_half_load_p50_ms": round(med(js["hp50"]), 3),
+                "jetstream_half_load_p99_ms": round(med(js["hp99"]), 3),
+                "jetstream_leader_kill_pause_s": round(med(js["pause"]), 3),
+                "jetstream_leader_kill_pause_max_s": round(max(js["pause"]), 3),
+                "jetstream_leader_kill_failed_appends": round(sum(js["failed"])),
+            }
+        )
     print(json.dumps(result))
+
+
+def run_jetstream(base: Path, args: argparse.Namespace, out: dict[str, list[float]]) -> None:
+    """One repetition on a fresh 3-node cluster (killed by PID afterwards)."""
+    cluster = NatsCluster.start(base / "nats", nodes=3)
+    try:
+        target = Target(cluster.urls, args.replicas)
+        rate, lat = asyncio.run(saturate(base, args.js_entries, args.inflight, target))
+        out["rate"].append(rate)
+        out["p50"].append(pct(lat, 0.5) * 1e3)
+        out["p99"].append(pct(lat, 0.99) * 1e3)
+        achieved, lat = asyncio.run(fixed_rate(base, rate / 2, args.rate_seconds, target=target))
+        out["hrate"].append(achieved)
+        out["hp50"].append(pct(lat, 0.5) * 1e3)
+        out["hp99"].append(pct(lat, 0.99) * 1e3)
+        pause, failed = asyncio.run(leader_kill_pause(cluster, target))
+        out["pause"].append(pause)
+        out["failed"].append(failed)
+    finally:
+        cluster.stop()
+    print(
+        f"jetstream R{args.replicas}: {rate:,.0f}/s sat p50/p99 {out['p50'][-1]:.2f}/"
+        f"{out['p99'][-1]:.2f} ms; 50% load {achieved:,.0f}/s p50/p99 "
+        f"{out['hp50'][-1]:.2f}/{out['hp99'][-1]:.2f} ms; stream leader SIGKILL: "
+        f"longest gap between acks {pause:.2f} s, {failed:.0f} appends failed",
+        flush=True,
+    )
+
+
+async def leader_kill_pause(
+    cluster: NatsCluster, target: Target, seconds: float = 8.0, inflight: int = 32
+) -> tuple[float, float]:
+    """Appends from ``inflight`` tasks for ``seconds``; the stream leader is SIGKILLed a
+    quarter of the way in. Returns the longest gap between two acknowledgements (the
+    write pause) and how many appends failed."""
+    store = MemoryMetadataStore()
+    factory = target.factory(Path("/nonexistent"), store)
+    assert isinstance(factory, JetStreamManagedLedgerFactory)
+    ml = await factory.open("bench", CONFIG)
+    payload = os.urandom(ENTRY)
+    acks: list[float] = []
+    failed = 0
+    clock = time.perf_counter
+    end = clock() + seconds
+
+    async def appender() -> None:
+        nonlocal failed
+        while clock() < end:
+            try:
+                await ml.append(payload)
+            except Exception:
+                failed += 1
+                return
+            acks.append(clock())
+
+    tasks = [asyncio.ensure_future(appender()) for _ in range(inflight)]
+    await asyncio.sleep(seconds / 4)
+    leader = await asyncio.to_thread(cluster.stream_leader, ml.stream)
+    await asyncio.to_thread(leader.kill)
+    await asyncio.gather(*tasks)
+    await factory.close()
+    await store.close()
+    cluster.start_node(leader.name)
+    await asyncio.to_thread(cluster.wait_ready)
+    gaps = [b - a for a, b in itertools.pairwise(acks)]
+    return max(gaps, default=seconds), float(failed)
 
 
 if __name__ == "__main__":

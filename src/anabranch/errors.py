@@ -29,6 +29,7 @@
     │   ├── LedgerFenced                another writer took the ledger over
     │   ├── CorruptRecord               a record failed its checksum/length check
     │   └── StorageIOError              the disk failed (EIO, ENOSPC, fsync)
+    │       └── StorageFull             no space left (ENOSPC, EDQUOT)  (507)
     └── ProtocolError                   malformed frame or command: close the connection
         ├── FrameTooLarge               length prefix over the max frame size
         ├── BadFrameLength              negative or under the header size
@@ -200,6 +201,14 @@ class StorageIOError(StorageError):
     """The disk failed under us (EIO, ENOSPC, failed fsync)."""
 
     retriable = True
+
+
+class StorageFull(StorageIOError):
+    """The disk (or the quota) is full: appends fail until space returns; nothing
+    acknowledged is lost. Clients see PersistenceError, on which upstream's clients
+    reconnect and resend."""
+
+    http_status = 507
 
 
 # --- protocol -----------------------------------------------------------------------------

@@ -2,7 +2,9 @@
 
 Every test in ``test_metadata_store.py`` runs once per backend. The etcd backend uses a
 real ``etcd`` process started once per module on free loopback ports (see
-``anabranch.testing.etcd``); it is never skipped: a missing binary is a failure.
+``anabranch.testing.etcd``); it is never skipped: a missing binary is a failure. The
+JetStream ledger backend likewise gets a real 3-node NATS cluster per module
+(``anabranch.testing.nats``).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import pytest
 
 from anabranch.metadata.api import MetadataStore
 from anabranch.testing.etcd import EtcdServer
+from anabranch.testing.nats import NatsCluster
 
 
 @pytest.fixture(scope="module")
@@ -48,3 +51,13 @@ async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator
         yield backend
     finally:
         await backend.close()
+
+
+@pytest.fixture(scope="module")
+def nats_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsCluster]:
+    """A real 3-node JetStream cluster (fsync before ack) shared by a module's tests."""
+    cluster = NatsCluster.start(tmp_path_factory.mktemp("nats"), nodes=3)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()

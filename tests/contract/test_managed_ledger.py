@@ -1,8 +1,11 @@
-"""One contract suite for every ManagedLedgerFactory: memory (reference) and files."""
+"""One contract suite for every ManagedLedgerFactory: memory (reference), files, and
+JetStream (a real 3-node NATS cluster, R3, fsync before ack, no tail cache so every read
+goes to the stream)."""
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,8 +22,14 @@ from anabranch.storage.api import (
     ManagedLedgerFactory,
     Position,
 )
+from anabranch.storage.jetstream_client import StreamNotFound
+from anabranch.storage.jetstream_ledger import (
+    JetStreamManagedLedger,
+    JetStreamManagedLedgerFactory,
+)
 from anabranch.storage.ledger import FileManagedLedgerFactory
 from anabranch.storage.memory import MemoryManagedLedgerFactory
+from anabranch.testing.nats import NatsCluster
 
 SMALL = ManagedLedgerConfig(ledger_entries_max=3, cursor_persist_interval_ms=10_000)
 
@@ -31,6 +40,8 @@ class Backend:
     tmp: Path
     store: MemoryMetadataStore = field(default_factory=MemoryMetadataStore)
     factories: list[ManagedLedgerFactory] = field(default_factory=list)
+    nats: NatsCluster | None = None
+    prefix: str = "ab"
 
     def factory(self) -> ManagedLedgerFactory:
         """A factory over the same durable state (a restarted broker for files)."""
@@ -38,7 +49,14 @@ class Backend:
             if not self.factories:
                 self.factories.append(MemoryManagedLedgerFactory())
             return self.factories[0]
-        made = FileManagedLedgerFactory(self.tmp / "data", self.store)
+        made: ManagedLedgerFactory
+        if self.kind == "jetstream":
+            assert self.nats is not None
+            made = JetStreamManagedLedgerFactory(
+                self.nats.urls, self.store, prefix=self.prefix, tail_cache_bytes=0
+            )
+        else:
+            made = FileManagedLedgerFactory(self.tmp / "data", self.store)
         self.factories.append(made)
         return made
 
@@ -46,9 +64,15 @@ class Backend:
         return await self.factory().open(name, config)
 
 
-@pytest.fixture(params=["memory", "files"])
+_tests = itertools.count()
+
+
+@pytest.fixture(params=["memory", "files", "jetstream"])
 async def backend(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Backend]:
     b = Backend(request.param, tmp_path)
+    if request.param == "jetstream":
+        b.nats = request.getfixturevalue("nats_cluster")
+        b.prefix = f"t{next(_tests)}"  # each test its own streams on the shared cluster
     try:
         yield b
     finally:
@@ -305,6 +329,14 @@ async def test_delete(backend: Backend) -> None:
         assert not (backend.tmp / "data" / "doomed").exists()
         assert (await backend.store.list_prefix("/managed-ledgers/")).records == []
         assert (await backend.store.list_prefix("/ledgers/")).records == []
+    if backend.kind == "jetstream":
+        assert isinstance(fresh, JetStreamManagedLedger)
+        stream = fresh.stream
+        await fresh.delete()
+        client = await backend.factories[-1].client()  # type: ignore[attr-defined]
+        with pytest.raises(StreamNotFound):
+            await client.stream_info(stream)
+        assert (await backend.store.list_prefix("/js-managed-ledgers/")).records == []
 
 
 async def test_concurrent_appends_get_distinct_ordered_positions(backend: Backend) -> None:

@@ -80,5 +80,6 @@ def decode_json(body: bytes, kind: type[Any], what: str) -> Any:
     """Parse a request body into ``kind``; InvalidArgument (400) when it does not fit."""
     try:
         return msgspec.json.decode(body, type=kind)
-    except (msgspec.DecodeError, msgspec.ValidationError) as err:
+    except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError) as err:
+        # (msgspec raises UnicodeDecodeError for invalid UTF-8 inside a JSON string)
         raise InvalidArgument(f"bad {what} body: {err}") from err

@@ -55,6 +55,27 @@ class BrokerConfig(BaseSettings):
     """HTTP port other brokers and redirected admin clients are told; default: the bound
     ``http_port``."""
     fsync: Literal["always", "never"] = "always"
+    storage: Literal["file", "jetstream"] = "file"
+    """Where ledgers live: local files under ``data_dir`` (standalone's default), or
+    replicated NATS JetStream streams (``jetstream_urls``; any broker can take a topic
+    over)."""
+    jetstream_urls: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    """``nats://host:port`` (or ``tls://``) of the NATS servers (comma-separated in an env
+    var); required with ``storage = "jetstream"``."""
+    jetstream_replicas: int = Field(3, ge=1, le=5)
+    """Copies of every stream (each acknowledged after fsync on a quorum when the servers
+    run with ``sync_interval: always``)."""
+    jetstream_stream_prefix: str = Field("ab", pattern=r"^[A-Za-z0-9]{1,32}$")
+    """Starts every stream name: clusters sharing one NATS system use distinct prefixes."""
+    jetstream_username: str | None = None
+    jetstream_password: SecretStr | None = None
+    jetstream_token: SecretStr | None = None
+    jetstream_credentials_file: Path | None = None
+    """A NATS ``.creds`` file (JWT + nkey seed)."""
+    jetstream_tls_trust_certs_file: Path | None = None
+    """CA bundle for the NATS servers' certificates; setting it connects over TLS."""
+    jetstream_tls_cert_file: Path | None = None
+    jetstream_tls_key_file: Path | None = None
     max_message_size: int = Field(limits.MESSAGE_SIZE_MAX_BYTES, gt=0)
     """At most ``limits.MESSAGE_SIZE_CAP_BYTES`` (what one storage record holds, less the
     frame padding); a larger value is refused at start."""
@@ -189,7 +210,7 @@ class BrokerConfig(BaseSettings):
     """CA bundle to verify other brokers' TLS certificates with (default: this broker's
     ``tls_trust_certs_file_path``)."""
 
-    @field_validator("authentication_providers", "superuser_roles", mode="before")
+    @field_validator("authentication_providers", "superuser_roles", "jetstream_urls", mode="before")
     @classmethod
     def _comma_separated(cls, value: Any) -> Any:
         # Env vars and CLI flags give lists as Pulsar's config does: "token,tls".
@@ -215,6 +236,8 @@ class BrokerConfig(BaseSettings):
             self.metadata_url = f"sqlite:///{self.data_dir.resolve() / 'metadata.db'}"
         if not self.advertised_address:
             self.advertised_address = self.bind_address
+        if self.storage == "jetstream" and not self.jetstream_urls:
+            raise ValueError('storage = "jetstream" needs jetstream_urls')
         if self.authentication_enabled and not self.authentication_providers:
             raise ValueError("authentication_enabled needs at least one authentication_provider")
         if self.tls_enabled and not (self.tls_certificate_file_path and self.tls_key_file_path):

@@ -96,7 +96,10 @@ def sticky_key(md: pb.MessageMetadata) -> bytes:
         if md.partition_key_b64_encoded:
             import base64
 
-            return base64.b64decode(md.partition_key)
+            try:
+                return base64.b64decode(md.partition_key)
+            except ValueError:  # a producer's bad base64 (binascii.Error, non-ASCII)
+                pass  # must not poison dispatch: the key as sent is the key
         return str(md.partition_key).encode("utf-8")
     return NONE_KEY
 

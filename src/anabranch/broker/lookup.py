@@ -26,7 +26,7 @@ from anabranch import limits
 from anabranch.broker.cluster.ownership import ClusterOwnership, LookupAnswer
 from anabranch.broker.error_codes import client_message, server_error
 from anabranch.broker.service import canonical_topic
-from anabranch.core.names import NamespaceName, TopicName
+from anabranch.core.names import NamespaceName, SegmentName, TopicName
 from anabranch.errors import AnabranchError, InvalidArgument, ResourceLimitReached
 from anabranch.protocol import commands
 from anabranch.protocol._generated import pulsar_api_pb2 as pb
@@ -171,8 +171,11 @@ async def handle_get_schema(session: Session, cmd: pb.CommandGetSchema) -> None:
 async def handle_get_or_create_schema(session: Session, cmd: pb.CommandGetOrCreateSchema) -> None:
     body = pb.CommandGetOrCreateSchemaResponse(request_id=cmd.request_id)
     try:
-        name = str(canonical_topic(cmd.topic))
-        body.schema_version = await session.service.schemas.get_or_create(name, cmd.schema)
+        parsed = canonical_topic(cmd.topic)
+        topic = parsed.topic if isinstance(parsed, SegmentName) else parsed
+        # Nothing is written for a namespace that does not exist (NotFound).
+        await session.service.policies.namespace_policies(f"{topic.tenant}/{topic.namespace}")
+        body.schema_version = await session.service.schemas.get_or_create(str(parsed), cmd.schema)
     except Exception as err:
         _log_unexpected(err, "GET_OR_CREATE_SCHEMA")
         body.error_code = server_error(err)  # type: ignore[assignment]

@@ -272,7 +272,15 @@ class BrokerService:
             self._check_topic_cap()
             task = asyncio.ensure_future(self._load(parsed, create))
             self._loading[key] = task
-            task.add_done_callback(lambda _: self._loading.pop(key, None))
+
+            def loaded(done: asyncio.Future[PersistentTopic]) -> None:
+                self._loading.pop(key, None)
+                # Retrieved here: every caller may have been cancelled (their connection
+                # closed), and a failed load must not be logged as a lost exception.
+                if not done.cancelled():
+                    done.exception()
+
+            task.add_done_callback(loaded)
         return await asyncio.shield(task)
 
     async def _load(self, name: TopicName | SegmentName, create: bool) -> PersistentTopic:

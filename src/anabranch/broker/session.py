@@ -80,6 +80,11 @@ T = pb.BaseCommand
 
 __all__ = ["SERVER_VERSION", "NotSupported", "Session"]
 
+FRAMES_PER_STEP = 32
+"""Inline handlers run back to back without yielding; after this many frames the worker
+lets the loop run others (a client pipelining hundreds of cheap commands held every other
+connection, a PING included, for the whole batch)."""
+
 
 class Session:
     """One connection's broker-side state (see the module docstring)."""
@@ -290,11 +295,15 @@ class Session:
         while not self.closed:
             await self._wakeup.wait()
             self._wakeup.clear()
+            handled = 0
             while self._queue and not self.closed:
                 if self.pending_appends >= limits.SESSION_PENDING_APPENDS_MAX:
                     break  # the rest waits for receipts; update_reading wakes us
                 frame = self._queue.popleft()
                 await self._dispatch(frame)
+                handled += 1
+                if handled % FRAMES_PER_STEP == 0:
+                    await asyncio.sleep(0)  # let other connections run (fuzz: stalls)
             self.update_reading()
 
     async def _dispatch(self, frame: Frame) -> None:

@@ -29,6 +29,7 @@ from anabranch.broker.policies import Policies
 from anabranch.broker.server import BrokerServer
 from anabranch.broker.service import BrokerService
 from anabranch.clock import Clock, SystemClock
+from anabranch.errors import InvalidArgument
 from anabranch.metadata.api import MetadataStore
 from anabranch.metadata.etcd_channel import EtcdOptions
 from anabranch.metadata.factory import open_metadata_store
@@ -231,6 +232,16 @@ def _ledger_factory(
         from anabranch.storage.memory import MemoryManagedLedgerFactory
 
         return MemoryManagedLedgerFactory(clock=clock)
+    if config.storage == "jetstream":
+        try:
+            from anabranch.storage.jetstream_ledger import jetstream_factory
+        except ModuleNotFoundError as err:
+            if err.name is None or not err.name.startswith("nats"):
+                raise
+            raise InvalidArgument(
+                "storage = 'jetstream' needs nats-py: pip install 'anabranch[jetstream]'"
+            ) from err
+        return jetstream_factory(config, store, clock)
     from anabranch.storage.ledger import FileManagedLedgerFactory
 
     return FileManagedLedgerFactory(

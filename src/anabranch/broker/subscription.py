@@ -33,7 +33,7 @@ from anabranch.broker.dispatcher_entries import (
 from anabranch.clock import Clock
 from anabranch.core.ack_state import AckState
 from anabranch.core.names import TopicName
-from anabranch.errors import ConsumerBusy, InvalidArgument, NotAllowed
+from anabranch.errors import Closed, ConsumerBusy, InvalidArgument, NotAllowed
 from anabranch.protocol._generated import pulsar_api_pb2 as pb
 from anabranch.storage.api import EARLIEST, LATEST, Cursor, ManagedLedger, Position
 from anabranch.transactions.ids import TxnId
@@ -200,17 +200,23 @@ class Subscription:
     async def add_consumer(self, consumer: Consumer) -> None:
         """Attach ``consumer``; ConsumerBusy/ConsumerAssignError per the type's rules. A
         subscription without consumers takes the type of its next consumer (upstream)."""
-        if self._closed:
-            raise NotAllowed(f"subscription {self.name} is closed")
-        if consumer.sub_type != self.sub_type:
+        if self._closed:  # its topic was unloaded meanwhile: the client retries
+            raise Closed(f"subscription {self.name} is closed")
+        while consumer.sub_type != self.sub_type:
             if self.dispatcher.consumers:
                 raise ConsumerBusy(
                     f"subscription {self.name} is {TYPE_NAMES.get(self.sub_type)}, not "
                     f"{TYPE_NAMES.get(consumer.sub_type)}"
                 )
-            await self.dispatcher.close()
-            self.sub_type = consumer.sub_type
-            self.dispatcher = make_dispatcher(self, consumer.sub_type)
+            old = self.dispatcher
+            await old.close()
+            if self._closed:
+                raise Closed(f"subscription {self.name} is closed")
+            # A concurrent subscribe of another type may have replaced it meanwhile (and
+            # attached its consumer): look again rather than drop that dispatcher.
+            if self.dispatcher is old:
+                self.sub_type = consumer.sub_type
+                self.dispatcher = make_dispatcher(self, consumer.sub_type)
         self.dispatcher.add_consumer(consumer)
         consumer.subscription = self
         self.dispatcher.start()
@@ -243,6 +249,14 @@ class Subscription:
             )
         if cumulative and self.sub_type in (SubType.Shared, SubType.Key_Shared):
             raise NotAllowed(f"cumulative ack is not allowed on a {TYPE_NAMES[self.sub_type]}")
+        last = self.ledger.last_confirmed
+        for msg_id in cmd.message_id:
+            # Only what the topic stored can be acknowledged: a cumulative ack past the end
+            # would skip messages not yet written, and ids at the integer extremes could
+            # not even be persisted in the cursor.
+            pos = position_of(msg_id)
+            if pos > last or pos[0] < 0 or pos[1] < 0:
+                raise InvalidArgument(f"ack of {pos[0]}:{pos[1]}: no such entry in this topic")
         txn: TxnId | None = None
         if cmd.HasField("txnid_most_bits") or cmd.HasField("txnid_least_bits"):
             txn = TxnId(cmd.txnid_most_bits, cmd.txnid_least_bits)
@@ -347,6 +361,14 @@ class Subscription:
             position = await find_by_publish_time(self.ledger, timestamp_ms)
         if position is None:
             raise InvalidArgument("seek needs a message id or a publish time")
+        if position not in (EARLIEST, LATEST):
+            # A client's id may name anything: before the first entry is the earliest,
+            # past the last one is the latest (ids at the integer extremes included, which
+            # the cursor could not persist).
+            if position[0] < 0 or position[1] < 0:
+                position = EARLIEST
+            elif position > self.ledger.last_confirmed:
+                position = LATEST
         for consumer in self.consumers:
             consumer.disconnect()
             _drop_from_session(consumer)

@@ -487,8 +487,12 @@ class PersistentTopic:
             sub = Subscription(self, name, sub_type, cursor, clock=self.clock)
             await sub.recover()
             existing = self.subscriptions.get(name)
-            if existing is not None:  # won meanwhile after all
+            if existing is not None or self._closing:  # won meanwhile, or unloaded
                 await sub.pending_acks.close()
+                if existing is None:
+                    # close() has closed the subscriptions it saw: one added now would
+                    # dispatch from a closed ledger forever. The client retries.
+                    raise Closed(f"{self.name} is closing")
                 return existing
             self.subscriptions[name] = sub
         return sub

@@ -26,8 +26,9 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
+from google.protobuf.descriptor import FieldDescriptor  # type: ignore[import-untyped]
 from google.protobuf.message import DecodeError, Message  # type: ignore[import-untyped]
 
 from anabranch.errors import BadFrameLength, FrameTooLarge, MalformedFrame
@@ -200,6 +201,56 @@ def _parse(message: Message, data: bytes, what: str) -> None:
     if not message.IsInitialized():
         missing = ", ".join(message.FindInitializationErrors())
         raise MalformedFrame(f"{what} lacks required fields: {missing}")
+    bad = _invalid_string(message)
+    if bad is not None:
+        raise MalformedFrame(f"{what} field {bad} is not valid UTF-8")
+
+
+_STRINGY: dict[Any, bool] = {}
+"""Per message descriptor: whether it holds a string field at any depth."""
+
+
+def _stringy(descriptor: Any) -> bool:
+    known = _STRINGY.get(descriptor)
+    if known is None:
+        known = _STRINGY[descriptor] = _reaches_string(descriptor, set())
+    return known
+
+
+def _reaches_string(descriptor: Any, seen: set[Any]) -> bool:
+    """Depth-first: a string field in ``descriptor`` or a message type it holds (a type
+    already on the path is skipped: recursive types such as MessageIdData)."""
+    if descriptor in seen:
+        return False
+    seen.add(descriptor)
+    return any(
+        f.type == FieldDescriptor.TYPE_STRING
+        or (f.type == FieldDescriptor.TYPE_MESSAGE and _reaches_string(f.message_type, seen))
+        for f in descriptor.fields
+    )
+
+
+def _invalid_string(message: Message) -> str | None:
+    """The name of a ``string`` field holding invalid UTF-8, if any.
+
+    proto2 parsing does not check UTF-8: the Python runtime then hands such a field out as
+    ``bytes``, which no handler expects (a bit flip in a topic name made one raise
+    TypeError). Checked once here, for every parsed message, so handlers can trust the
+    declared types. Messages without string fields are skipped (SEND bodies, ids).
+    """
+    if not _stringy(message.DESCRIPTOR):
+        return None
+    for fd, value in message.ListFields():
+        if fd.type == FieldDescriptor.TYPE_STRING:
+            values = value if fd.is_repeated else (value,)
+            if any(type(v) is bytes for v in values):
+                return str(fd.name)
+        elif fd.type == FieldDescriptor.TYPE_MESSAGE and _stringy(fd.message_type):
+            for item in value if fd.is_repeated else (value,):
+                bad = _invalid_string(item)
+                if bad is not None:
+                    return f"{fd.name}.{bad}"
+    return None
 
 
 def _check_body(command: pb.BaseCommand) -> None:

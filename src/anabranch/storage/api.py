@@ -6,8 +6,9 @@ order as tuples. Ledger ids are allocated through the metadata store, so they ar
 cluster-wide and grow over time; a managed ledger opens a new ledger each time it is
 opened (that is how a previous writer is fenced) and when the current one rolls over.
 
-Two backends pass ``tests/contract/test_managed_ledger.py``: ``memory`` (the reference)
-and ``ledger`` (local files + metadata store, group commit on a writer thread).
+Three backends pass ``tests/contract/test_managed_ledger.py``: ``memory`` (the reference),
+``ledger`` (local files + metadata store, group commit on a writer thread) and
+``jetstream_ledger`` (NATS JetStream streams, R3, atomic batches; metadata store).
 
 Example:
     >>> async def demo(factory: ManagedLedgerFactory) -> None:

@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import errno
 import hashlib
 import json
 import logging
@@ -79,6 +80,7 @@ from anabranch.errors import (
     LedgerSealed,
     NotFound,
     StorageError,
+    StorageFull,
     StorageIOError,
     ValueTooLarge,
 )
@@ -150,7 +152,8 @@ def io_error(err: BaseException, what: str, path: object = None) -> StorageError
     log.warning("%s%s: %r", what, f" ({path})" if path is not None else "", err)
     if isinstance(err, OSError):
         reason = err.strerror or type(err).__name__
-        return StorageIOError(f"{what}: {reason} (errno {err.errno})")
+        cls = StorageFull if err.errno in (errno.ENOSPC, errno.EDQUOT) else StorageIOError
+        return cls(f"{what}: {reason} (errno {err.errno})")
     return StorageIOError(f"{what}: {type(err).__name__}")
 
 
