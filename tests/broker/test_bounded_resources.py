@@ -256,14 +256,15 @@ async def test_auto_creation_stops_at_max_topics_per_namespace(tmp_path: Path) -
 
 
 def test_a_broker_process_does_not_load_what_it_does_not_use() -> None:
-    """Idle RSS (issue 15: <= 80 MB): grpc (etcd) and jwt/cryptography (token auth) cost
-    ~20 MB and are imported only by a broker that uses them."""
+    """Idle RSS (issue 15: <= 80 MB): grpc (etcd), jwt/cryptography (token auth) and nats
+    (JetStream storage) cost ~20 MB and are imported only by a broker that uses them."""
     import subprocess
     import sys
 
+    heavy = ("grpc", "aetcd", "jwt", "cryptography", "nats")
     code = (
         "import sys, anabranch.cli.main, anabranch.broker.standalone;"
-        "print(sorted(m for m in ('grpc', 'aetcd', 'jwt', 'cryptography') if m in sys.modules))"
+        f"print(sorted(m for m in {heavy!r} if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
