@@ -413,6 +413,14 @@ TXN_TIMEOUT_DEFAULT_MS = 60_000
 TXN_TIMEOUT_MAX_MS = 3_600_000
 """Longer timeouts are clamped: an open transaction pins every reader of its topics."""
 
+TXN_OPEN_PER_BROKER_MAX = 100_000
+"""OPEN transactions a broker's coordinator created and has not seen end or expire; one
+more NEW_TXN gets TooManyRequests (each costs a header record until it ends or times out,
+and a client may ask for an hour's timeout)."""
+
+TXN_OPEN_PER_CONNECTION_MAX = 1_000
+"""OPEN transactions one connection created; one more NEW_TXN gets TooManyRequests."""
+
 TXN_OP_RECORDS_MAX = 1_000
 """Op records (participant registrations plus ack records) one transaction may write;
 past it the write or ack fails with TransactionTooLarge."""
