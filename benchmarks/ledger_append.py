@@ -2,7 +2,8 @@
 
 1. raw group commit: write + fdatasync of 1 KiB records in batches of 64 (the ceiling);
 2. ledger append throughput, 1 KiB entries, fsync=always, ``--inflight`` concurrent
-   appenders, with append latency p50/p99 at saturation;
+   appenders (spread over ``--ledgers`` ledgers, which share the factory's writer threads),
+   with append latency p50/p99 at saturation;
 3. append latency at a fixed rate of 50% of the measured maximum.
 
 ``--jetstream`` adds the same two measurements on the JetStream backend: a 3-node NATS
@@ -39,7 +40,7 @@ from collections import deque
 from pathlib import Path
 
 from anabranch.metadata.memory import MemoryMetadataStore
-from anabranch.storage.api import ManagedLedgerConfig, ManagedLedgerFactory
+from anabranch.storage.api import ManagedLedger, ManagedLedgerConfig, ManagedLedgerFactory
 from anabranch.storage.jetstream_ledger import JetStreamManagedLedgerFactory
 from anabranch.storage.ledger import FileManagedLedgerFactory
 from anabranch.testing.nats import NatsCluster
@@ -93,16 +94,16 @@ FILES = Target()
 
 
 async def saturate(
-    directory: Path, entries: int, inflight: int, target: Target = FILES
+    directory: Path, entries: int, inflight: int, target: Target = FILES, ledgers: int = 1
 ) -> tuple[float, list[float]]:
     store = MemoryMetadataStore()
     factory = target.factory(directory, store)
-    ml = await factory.open("bench", CONFIG)
+    mls = [await factory.open(f"bench-{i}", CONFIG) for i in range(ledgers)]
     payload = os.urandom(ENTRY)
     latencies: list[float] = []
     remaining = entries
 
-    async def appender() -> None:
+    async def appender(ml: ManagedLedger) -> None:
         nonlocal remaining
         clock = time.perf_counter
         while remaining > 0:
@@ -112,7 +113,7 @@ async def saturate(
             latencies.append(clock() - t0)
 
     start = time.perf_counter()
-    await asyncio.gather(*(appender() for _ in range(inflight)))
+    await asyncio.gather(*(appender(mls[i % ledgers]) for i in range(inflight)))
     elapsed = time.perf_counter() - start
     await factory.close()
     await store.close()
@@ -181,6 +182,12 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--entries", type=int, default=100_000)
     parser.add_argument("--inflight", type=int, default=256)
+    parser.add_argument(
+        "--ledgers",
+        type=int,
+        default=1,
+        help="spread the saturation appenders over this many ledgers (the writer pool's case)",
+    )
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--rate-seconds", type=float, default=3.0)
     parser.add_argument("--loop", choices=("uvloop", "asyncio"), default="uvloop")
@@ -206,7 +213,9 @@ def main() -> None:
             if args.jetstream:
                 run_jetstream(base, args, js)
             raws.append(raw_group_commit(base, args.entries))
-            rate, lat = asyncio.run(saturate(base / "sat", args.entries, args.inflight))
+            rate, lat = asyncio.run(
+                saturate(base / "sat", args.entries, args.inflight, ledgers=args.ledgers)
+            )
             raws.append(raw_group_commit(base, args.entries))
             rates.append(rate)
             sat_p50.append(pct(lat, 0.5) * 1e3)
@@ -229,6 +238,7 @@ def main() -> None:
         "entry_bytes": ENTRY,
         "entries": args.entries,
         "inflight": args.inflight,
+        "ledgers": args.ledgers,
         "loop": args.loop,
         "reps": args.reps,
         "raw_entries_per_s": round(med(raws)),

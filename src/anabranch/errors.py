@@ -10,7 +10,7 @@
     ├── NotAllowed                      valid request, wrong state     (405)
     │   ├── TransactionError            the transaction errors (TransactionKeyFenced: 409)
     │   ├── NotEmpty                    delete of a tenant/namespace in use (409)
-    │   ├── ResourceLimitReached        over a per-connection bound (TooManyRequests, 429)
+    │   ├── ResourceLimitReached        over a connection/broker bound (TooManyRequests, 429)
     │   ├── SegmentSealed               split/merge of a sealed segment
     │   ├── SegmentActive               delete of a segment still active (409)
     │   └── SegmentTooSmall             split of a segment one hash wide
@@ -545,8 +545,9 @@ HTTP_STATUS.update({c: c.http_status for c in all_error_classes()})
 
 
 class ResourceLimitReached(NotAllowed):
-    """A request over a per-connection bound of ``limits.py`` (producers, consumers, ...).
-    Nothing was created; it may succeed once something else closes.
+    """A request over a per-connection or per-broker bound of ``limits.py`` (producers,
+    consumers, pending lookups, connections, loaded topics, ...). Nothing was created; it
+    may succeed once something else closes.
 
     Example:
         >>> err = ResourceLimitReached("producers on this connection", 10)

@@ -54,6 +54,24 @@ STORAGE_APPEND_QUEUE_ENTRIES_MAX = 16_384
 STORAGE_APPEND_QUEUE_BYTES_MAX = 64 * 1024 * 1024
 """Bytes queued for one ledger's writer thread; further appends wait (backpressure)."""
 
+STORAGE_WRITER_THREADS = 16
+"""Writer threads shared by every ledger of a broker (one factory), started on demand: each
+takes a ledger with queued appends, writes and fdatasyncs all of them (group commit), and
+hands the ledger back; one ledger is on at most one thread at a time, so its appends stay
+in order. One ledger needs one thread; many need concurrent fdatasyncs, which the
+filesystem merges into shared journal commits: 1 KiB appends spread over 100 ledgers ran
+at about 27k/s with 4 threads, 32k/s with 8 and 36k/s with 16, as fast as a thread per
+ledger (benchmarks/ledger_append.py --ledgers 100), which cost 1,000 threads per 1,000
+topics."""
+
+STORAGE_WRITER_IDLE_S = 10.0
+"""A writer thread without work for this long exits (started again on demand)."""
+
+STORAGE_OPEN_FILES_MAX = 4096
+"""Ledger files held open at once per broker (the least recently used idle one is closed
+and reopened on its next read or write); also at most half the process's soft
+RLIMIT_NOFILE, so sockets and the metadata store keep the other half."""
+
 STORAGE_GROUP_COMMIT_BYTES_MAX = 4 * 1024 * 1024
 """Bytes written per write+fdatasync; bounds commit latency to a few ms at ~1 GB/s."""
 
@@ -74,6 +92,23 @@ managedLedgerMaxUnackedRangesToPersist); ranges past it are redelivered after a 
 CURSOR_BATCH_ACKS_PERSIST_MAX = 10_000
 """Partially acked batch entries persisted per cursor; past it, batch-index acks of the
 newest entries are lost on restart (redelivery, never loss)."""
+
+CURSOR_STATE_BYTES_MAX = 512 * 1024
+"""Bytes of one persisted cursor value, at most: the ranges and batch bitsets nearest
+mark-delete that fit are kept, later ones are redelivered after a restart (never loss;
+``AckState.to_bytes``). 10,000 ranges take 240 KB, but 10,000 partial batches of 1,000
+messages would take 1.4 MB: half of METADATA_VALUE_BYTES_MAX keeps every cursor write
+(with its check) well inside etcd's 1.5 MiB request."""
+
+DEDUP_SNAPSHOT_BYTES_MAX = 512 * 1024
+"""Bytes of the producers map of one dedup snapshot (JSON), at most: the most recently
+persisted producers that fit are written, older ones are left out (after a restart a retry
+of theirs is taken as new: the same as upstream once a producer is purged as inactive).
+Producer names are client-chosen, so only bytes bound the record."""
+
+DEDUP_PRODUCERS_MAX = 10_000
+"""Producers one topic's dedup state remembers; a new one past it evicts the least
+recently persisted (upstream's brokerDeduplicationMaxNumberOfProducers default)."""
 
 # --- etcd backend ---------------------------------------------------------------------------
 
@@ -341,6 +376,11 @@ a broker carrying hot topics gets new ones only once the others hold that much m
 CLUSTER_LOAD_RATE_HORIZON_S = 60.0
 """Time constant of the long-term message rate a broker reports for placement."""
 
+CLUSTER_IDLE_OWNERSHIP_RELEASE_S = 60.0
+"""An ownership record of a topic this broker owns but has not loaded for this long (a
+lookup claimed it and no producer or consumer came) is deleted, so looking up many names
+leaves no records behind (``BrokerConfig.idle_ownership_release_s`` may lower it)."""
+
 CLUSTER_UNLOAD_CONCURRENCY_MAX = 64
 """Topics closed at once when a broker loses its session or unloads a namespace."""
 
@@ -372,6 +412,14 @@ TXN_TIMEOUT_DEFAULT_MS = 60_000
 
 TXN_TIMEOUT_MAX_MS = 3_600_000
 """Longer timeouts are clamped: an open transaction pins every reader of its topics."""
+
+TXN_OPEN_PER_BROKER_MAX = 100_000
+"""OPEN transactions a broker's coordinator created and has not seen end or expire; one
+more NEW_TXN gets TooManyRequests (each costs a header record until it ends or times out,
+and a client may ask for an hour's timeout)."""
+
+TXN_OPEN_PER_CONNECTION_MAX = 1_000
+"""OPEN transactions one connection created; one more NEW_TXN gets TooManyRequests."""
 
 TXN_OP_RECORDS_MAX = 1_000
 """Op records (participant registrations plus ack records) one transaction may write;
@@ -481,6 +529,38 @@ SESSION_HANDLER_TASKS_MAX = 1_000
 """Spawned handlers (PRODUCER, SUBSCRIBE, lookups, schemas, transactions) running at once
 for one connection; the next such command waits for one to end, so its frames queue and
 reading pauses (SESSION_COMMAND_QUEUE_MAX) instead of tasks growing without bound."""
+
+SESSION_PENDING_LOOKUPS_MAX = 500
+"""LOOKUP and PARTITIONED_METADATA requests of one connection being answered at once;
+past it the request is answered at once with TooManyRequests (``ResourceLimitReached``;
+the client retries with backoff). Half of SESSION_HANDLER_TASKS_MAX, so a lookup flood
+cannot take every handler slot from PRODUCER/SUBSCRIBE."""
+
+BROKER_PENDING_LOOKUPS_MAX = 50_000
+"""Lookups being answered at once across the broker (upstream's
+maxConcurrentLookupRequest default); past it TooManyRequests as above."""
+
+BROKER_CONNECTIONS_MAX = 10_000
+"""Client connections one broker holds (``BrokerConfig.max_connections`` may lower it);
+the CONNECT of one more is answered with ERROR TooManyRequests and the connection is
+closed (upstream's brokerMaxConnections, which is unbounded by default). Each costs a file
+descriptor and at least two buffers."""
+
+BROKER_CONNECTIONS_PER_IP_MAX = 10_000
+"""Connections from one client address (``max_connections_per_ip`` may lower it; upstream's
+brokerMaxConnectionsPerIp). Refused like the above."""
+
+BROKER_TOPICS_MAX = 20_000
+"""Topics (partitions and segments count one each) loaded on one broker
+(``max_topics_per_broker`` may lower it); loading one more answers TooManyRequests
+(``ResourceLimitReached``) until one is unloaded or deleted. A loaded idle topic with a
+producer and a consumer costs about 30-50 KB (benchmarks/broker_footprint.py): 20,000
+stay near 1 GB."""
+
+NAMESPACE_TOPICS_MAX = 1_000_000
+"""Largest ``max_topics_per_namespace`` (its default 0 means no cap, like upstream's
+maxTopicsPerNamespace). At that cap a topic that would be auto-created is not: the lookup,
+producer or consumer gets NotAllowed and nothing is written."""
 
 KEY_SHARED_STICKY_RANGES_MAX = 1_000
 """Hash ranges one STICKY Key_Shared consumer may declare in SUBSCRIBE; more is refused

@@ -23,7 +23,8 @@ from anabranch.broker.cluster.records import (
     topic_of_ownership_path,
 )
 from anabranch.broker.service import BrokerService
-from anabranch.errors import InvalidArgument, NotOwner
+from anabranch.core.names import TopicName
+from anabranch.errors import InvalidArgument, NotFound, NotOwner
 from anabranch.metadata.memory import MemoryMetadataStore
 from anabranch.protocol import commands
 from anabranch.protocol._generated import pulsar_api_pb2 as pb
@@ -85,14 +86,25 @@ def test_bad_records_are_invalid_arguments() -> None:
 
 
 class FakeService:
-    """What ClusterOwnership needs of a BrokerService: loaded topics and unloading."""
+    """What ClusterOwnership needs of a BrokerService: loaded topics, unloading, and
+    whether a topic exists (names in ``missing`` do not and would not be created)."""
 
     def __init__(self) -> None:
         self.unloaded: list[str] = []
+        self.missing: set[str] = set()
+        self.loaded: set[str] = set()
         self.fatal = Fatal()
 
     def loaded_topics(self) -> list[Any]:
         return []
+
+    def topic_in_use(self, name: str) -> bool:
+        return name in self.loaded
+
+    async def check_exists(self, name: TopicName, *, create: bool) -> bool:
+        if str(name) in self.missing:
+            raise NotFound(f"topic {name}")
+        return False
 
     async def unload_topic(self, name: str) -> bool:
         self.unloaded.append(name)
@@ -102,7 +114,7 @@ class FakeService:
 class Broker:
     """A ClusterOwnership with a listening socket at its address (lookups probe owners)."""
 
-    def __init__(self, store: MemoryMetadataStore) -> None:
+    def __init__(self, store: MemoryMetadataStore, idle_release_s: float = 3600.0) -> None:
         self.service = FakeService()
         self.ownership = ClusterOwnership(
             store,
@@ -110,6 +122,7 @@ class Broker:
             cluster="c",
             session_ttl_s=TTL_S,
             load_report_interval_s=3600.0,
+            idle_release_s=idle_release_s,
         )
         self.server: asyncio.Server | None = None
         self.url = self.http = ""
@@ -283,4 +296,55 @@ async def test_an_owner_that_accepts_tcp_but_never_answers_is_not_reachable(
                 assert await ownership._reachable(owner) is reachable, url
     finally:
         server.close()
+        await store.close()
+
+
+# --- lookups of names that do not exist (issue 15) -------------------------------------------
+
+
+async def store_keys(store: MemoryMetadataStore) -> list[str]:
+    page = await store.list_prefix("/")
+    assert not page.more
+    return [r.path for r in page.records]
+
+
+async def test_lookups_of_missing_topics_write_nothing(brokers: list[Broker]) -> None:
+    store = brokers[0].ownership._store
+    assert isinstance(store, MemoryMetadataStore)
+    before = await store_keys(store)
+    names = [f"persistent://public/default/missing-{i}" for i in range(30)]
+    for broker in brokers:
+        broker.service.missing.update(names)
+    for i, name in enumerate(names):
+        with pytest.raises(NotFound):
+            await brokers[i % 3].ownership.lookup(name, authoritative=i % 2 == 0)
+    assert await store_keys(store) == before
+
+
+async def test_ownerships_of_looked_up_but_unused_topics_are_released(
+    clock: ManualClock,
+) -> None:
+    store = MemoryMetadataStore(clock)
+    broker = Broker(store, idle_release_s=0.05)
+    await broker.start()
+    try:
+        before = await store_keys(store)
+        names = [f"persistent://public/default/random-{i}" for i in range(40)]
+        for name in names:
+            answer = await broker.ownership.lookup(name)
+            assert answer.pulsar_url == broker.url
+        used = names[0]
+        broker.service.loaded.add(used)  # a producer came for this one
+        assert len(await store_keys(store)) == len(before) + 40
+        await asyncio.sleep(0.1)
+        await broker.ownership.release_idle()
+        await broker.ownership.release_idle()
+        assert await store_keys(store) == sorted([*before, ownership_path(used)])
+        assert broker.ownership.serving(used)
+        assert not broker.ownership.serving(names[1])
+        # Looked up again, a released name is claimed again.
+        assert (await broker.ownership.lookup(names[1])).pulsar_url == broker.url
+        assert broker.ownership.serving(names[1])
+    finally:
+        await broker.stop()
         await store.close()

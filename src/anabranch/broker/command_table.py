@@ -55,7 +55,7 @@ from anabranch.core.authz import Need
 from anabranch.errors import AuthenticationError, NotAllowed, NotOwner
 from anabranch.protocol import commands
 from anabranch.protocol._generated import pulsar_api_pb2 as pb
-from anabranch.protocol.frames import Frame
+from anabranch.protocol.frames import Frame, encode_command
 from anabranch.security.authentication import Credentials
 
 if TYPE_CHECKING:
@@ -98,6 +98,13 @@ class Command:
 
 
 async def _handle_connect(session: Session, frame: Frame) -> None:
+    refusal = session.refusal
+    if refusal is not None:  # over max_connections(_per_ip): ERROR TooManyRequests, close
+        session.flush()
+        error = commands.error(0, server_error(refusal), client_message(refusal))
+        session.transport.write(encode_command(error))
+        session.close()
+        return
     auth = session.service.authentication
     if auth is not None:
         body = frame.command.connect

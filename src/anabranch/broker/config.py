@@ -18,7 +18,7 @@ import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from anabranch import limits
@@ -134,6 +134,49 @@ class BrokerConfig(BaseSettings):
     managed_ledger_max_size_per_ledger_bytes: int = Field(256 * 1024 * 1024, gt=0)
     """A topic's ledger rolls over after this many bytes (Pulsar's
     ``managedLedgerMaxSizePerLedgerMbytes``, in bytes here)."""
+    max_connections: int = Field(limits.BROKER_CONNECTIONS_MAX, gt=0)
+    """Client connections at once; one more is refused (TooManyRequests). At most
+    ``limits.BROKER_CONNECTIONS_MAX`` (as every cap below: configurable downwards only)."""
+    max_connections_per_ip: int = Field(limits.BROKER_CONNECTIONS_PER_IP_MAX, gt=0)
+    """Connections from one client address at once (upstream brokerMaxConnectionsPerIp)."""
+    max_topics_per_broker: int = Field(limits.BROKER_TOPICS_MAX, gt=0)
+    """Topics loaded at once; loading one more is refused (TooManyRequests)."""
+    storage_writer_threads: int = Field(
+        limits.STORAGE_WRITER_THREADS, gt=0, le=limits.STORAGE_WRITER_THREADS
+    )
+    """Writer threads shared by every ledger (group commit); see the limit's docstring."""
+    storage_open_files_max: int = Field(
+        limits.STORAGE_OPEN_FILES_MAX, gt=0, le=limits.STORAGE_OPEN_FILES_MAX
+    )
+    """Ledger files held open at once; the least recently used idle one is closed past it."""
+    max_topics_per_namespace: int = Field(0, ge=0)
+    """Topics a namespace may hold before auto-creation stops (lookups of new names then
+    answer NotAllowed and write nothing); 0: no cap (upstream's maxTopicsPerNamespace
+    default). At most ``limits.NAMESPACE_TOPICS_MAX``."""
+
+    @field_validator(
+        "max_connections",
+        "max_connections_per_ip",
+        "max_topics_per_broker",
+        "max_topics_per_namespace",
+    )
+    @classmethod
+    def _only_lower(cls, value: int, info: ValidationInfo) -> int:
+        cap = {
+            "max_connections": limits.BROKER_CONNECTIONS_MAX,
+            "max_connections_per_ip": limits.BROKER_CONNECTIONS_PER_IP_MAX,
+            "max_topics_per_broker": limits.BROKER_TOPICS_MAX,
+            "max_topics_per_namespace": limits.NAMESPACE_TOPICS_MAX,
+        }[str(info.field_name)]
+        if value > cap:
+            raise ValueError(f"{info.field_name} {value} is over its bound {cap} (limits.py)")
+        return value
+
+    idle_ownership_release_s: float = Field(
+        limits.CLUSTER_IDLE_OWNERSHIP_RELEASE_S, gt=0, le=limits.CLUSTER_IDLE_OWNERSHIP_RELEASE_S
+    )
+    """Cluster mode: a topic owned (claimed by a lookup) but not loaded for this long has
+    its ownership record deleted."""
 
     # --- authentication (Pulsar's settings in snake case; docs/security.md) -------------------
     authentication_enabled: bool = False

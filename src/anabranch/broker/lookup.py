@@ -17,14 +17,17 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
+from anabranch import limits
 from anabranch.broker.cluster.ownership import ClusterOwnership, LookupAnswer
 from anabranch.broker.error_codes import client_message, server_error
 from anabranch.broker.service import canonical_topic
 from anabranch.core.names import NamespaceName, SegmentName, TopicName
-from anabranch.errors import AnabranchError, InvalidArgument
+from anabranch.errors import AnabranchError, InvalidArgument, ResourceLimitReached
 from anabranch.protocol import commands
 from anabranch.protocol._generated import pulsar_api_pb2 as pb
 
@@ -40,15 +43,38 @@ def _log_unexpected(err: BaseException, what: str) -> None:
         log.error("%s failed unexpectedly", what, exc_info=err)
 
 
+@contextlib.contextmanager
+def lookup_slot(session: Session) -> Iterator[None]:
+    """Count one pending lookup of ``session`` (and of its broker) for its duration;
+    ResourceLimitReached (TooManyRequests) over ``SESSION_PENDING_LOOKUPS_MAX`` or
+    ``BROKER_PENDING_LOOKUPS_MAX``, counted in ``counters.lookups_refused``."""
+    service = session.service
+    counters = service.counters
+    if session.pending_lookups >= limits.SESSION_PENDING_LOOKUPS_MAX:
+        counters.lookups_refused += 1
+        raise ResourceLimitReached(
+            "pending lookups on this connection", limits.SESSION_PENDING_LOOKUPS_MAX
+        )
+    if counters.pending_lookups >= limits.BROKER_PENDING_LOOKUPS_MAX:
+        counters.lookups_refused += 1
+        raise ResourceLimitReached(
+            "pending lookups on this broker", limits.BROKER_PENDING_LOOKUPS_MAX
+        )
+    session.pending_lookups += 1
+    counters.pending_lookups += 1
+    try:
+        yield
+    finally:
+        session.pending_lookups -= 1
+        counters.pending_lookups -= 1
+
+
 async def handle_partitioned_metadata(
     session: Session, cmd: pb.CommandPartitionedTopicMetadata
 ) -> None:
     try:
-        name = canonical_topic(cmd.topic)
-        if not isinstance(name, TopicName):
-            raise InvalidArgument(f"{cmd.topic} cannot be partitioned")
-        partitions = await session.service.policies.get_partitions(str(name.base))
-        session.write(commands.partitioned_metadata_response(cmd.request_id, partitions))
+        with lookup_slot(session):
+            await _partitioned_metadata(session, cmd)
     except Exception as err:
         _log_unexpected(err, "PARTITIONED_METADATA")
         body = pb.CommandPartitionedTopicMetadataResponse(
@@ -62,23 +88,32 @@ async def handle_partitioned_metadata(
         )
 
 
+async def _partitioned_metadata(session: Session, cmd: pb.CommandPartitionedTopicMetadata) -> None:
+    name = canonical_topic(cmd.topic)
+    if not isinstance(name, TopicName):
+        raise InvalidArgument(f"{cmd.topic} cannot be partitioned")
+    partitions = await session.service.policies.get_partitions(str(name.base))
+    session.write(commands.partitioned_metadata_response(cmd.request_id, partitions))
+
+
 async def handle_lookup(session: Session, cmd: pb.CommandLookupTopic) -> None:
     try:
-        name = str(canonical_topic(cmd.topic))
-        ownership = session.service.ownership
-        if isinstance(ownership, ClusterOwnership):
-            answer = await ownership.lookup(name, authoritative=cmd.authoritative)
-            tls = session.service.tls_url_for(answer.pulsar_url)
-            session.write(_lookup_answer(cmd.request_id, answer, tls))
-            return
-        service = session.service
-        session.write(
-            commands.lookup_response(
-                cmd.request_id,
-                service.advertised_url,
-                broker_service_url_tls=service.advertised_url_tls,
+        with lookup_slot(session):
+            name = str(canonical_topic(cmd.topic))
+            ownership = session.service.ownership
+            if isinstance(ownership, ClusterOwnership):
+                answer = await ownership.lookup(name, authoritative=cmd.authoritative)
+                tls = session.service.tls_url_for(answer.pulsar_url)
+                session.write(_lookup_answer(cmd.request_id, answer, tls))
+                return
+            service = session.service
+            session.write(
+                commands.lookup_response(
+                    cmd.request_id,
+                    service.advertised_url,
+                    broker_service_url_tls=service.advertised_url_tls,
+                )
             )
-        )
     except Exception as err:
         _log_unexpected(err, "LOOKUP")
         body = pb.CommandLookupTopicResponse(

@@ -65,6 +65,17 @@ class BrokerCounters:
     """Cursors moved forward by a consumer_backlog_eviction quota."""
     cleanup_failures: int = 0
     """Retention/TTL/quota sweeps (or one topic's step) that raised and were logged."""
+    connections_refused: int = 0
+    """Connections refused over ``max_connections`` or ``max_connections_per_ip``."""
+    lookups_refused: int = 0
+    """Lookups answered TooManyRequests over the pending-lookup bounds."""
+    topics_refused: int = 0
+    """Topic loads refused over ``max_topics_per_broker``."""
+    pending_lookups: int = 0
+    """Lookups being answered now (a gauge, bounded by BROKER_PENDING_LOOKUPS_MAX)."""
+    topics_not_auto_created: int = 0
+    """Lookups and loads of absent topics answered TopicNotFound because auto-creation is
+    off or the namespace is at ``max_topics_per_namespace`` (nothing was written)."""
     authentication_failures: int = 0
     """Connections closed because CONNECT (or an AUTH_RESPONSE) had bad credentials."""
     authentication_refreshes: int = 0
@@ -214,6 +225,14 @@ class BrokerCollector(Collector):
              c.backlog_evictions),
             ("cleanup_failures", "Retention/TTL/quota sweep steps that failed (logged).",
              c.cleanup_failures),
+            ("connections_refused", "Connections refused over max_connections(_per_ip).",
+             c.connections_refused),
+            ("lookups_refused", "Lookups refused over the pending-lookup bounds.",
+             c.lookups_refused),
+            ("topics_refused", "Topic loads refused over max_topics_per_broker.",
+             c.topics_refused),
+            ("topics_not_auto_created", "Absent topics not auto-created (disabled or at "
+             "max_topics_per_namespace).", c.topics_not_auto_created),
             ("authentication_failures", "Connections refused for bad credentials.",
              c.authentication_failures),
             ("authentication_refreshes", "Expired credentials refreshed after a challenge.",

@@ -7,8 +7,10 @@ the TLS listener.
 Each connection is an ``asyncio.Protocol`` with TCP_NODELAY (receipts are small and
 latency-bound). The transport's write-buffer water marks feed the session's flow
 control: above ``SESSION_OUTPUT_BYTES_MAX`` unsent bytes the session stops reading that
-client until the buffer drains below a quarter of it. One timer task, on the injected
-clock, drives every session's handshake timeout and keepalive.
+client until the buffer drains below a quarter of it. A connection over
+``max_connections`` or ``max_connections_per_ip`` is refused: its CONNECT is answered with
+ERROR TooManyRequests and the connection closed (``counters.connections_refused``). One
+timer task, on the injected clock, drives every session's handshake timeout and keepalive.
 
 Example:
     >>> async def demo(service: BrokerService) -> None:
@@ -29,6 +31,7 @@ from typing import TYPE_CHECKING, cast
 
 from anabranch import failpoints, limits
 from anabranch.broker.session import Session
+from anabranch.errors import ResourceLimitReached
 from anabranch.supervisor import Supervised
 
 if TYPE_CHECKING:
@@ -92,6 +95,11 @@ class _Connection(asyncio.Protocol):
             self.session.close()
 
 
+def _peer_ip(transport: asyncio.BaseTransport) -> str:
+    peer = transport.get_extra_info("peername")
+    return str(peer[0]) if isinstance(peer, tuple) and peer else str(peer)
+
+
 class BrokerServer:
     """Listens on ``host:port`` and runs a Session per connection."""
 
@@ -117,6 +125,10 @@ class BrokerServer:
         self.keepalive_interval_s = keepalive_interval_s
         self.handshake_timeout_s = handshake_timeout_s
         self.sessions: set[Session] = set()
+        self._per_ip: dict[str, int] = {}
+        """Open connections per client address (for ``max_connections_per_ip``)."""
+        self._refused: set[Session] = set()
+        """Connections over a cap, waiting for their CONNECT to be refused."""
         self._server: asyncio.Server | None = None
         self._timer: Supervised | None = None
 
@@ -173,13 +185,40 @@ class BrokerServer:
             keepalive_interval_s=self.keepalive_interval_s,
             handshake_timeout_s=self.handshake_timeout_s,
         )
+        ip = _peer_ip(transport)
+        config = self.service.config
+        if len(self.sessions) >= config.max_connections:
+            session.refusal = ResourceLimitReached(
+                "connections to this broker", config.max_connections
+            )
+        elif self._per_ip.get(ip, 0) >= config.max_connections_per_ip:
+            session.refusal = ResourceLimitReached(
+                "connections from this address", config.max_connections_per_ip
+            )
+        if session.refusal is not None:
+            # Answered at its CONNECT (ERROR TooManyRequests, then closed): closing now
+            # could reset the socket before the client reads why.
+            self.service.counters.connections_refused += 1
+            log.warning("refusing a connection from %s: %s", ip, session.refusal)
+            self._refused.add(session)
+            session.add_close_callback(self._refused.discard)
+            # Not ticked by the timer: a client that never sends CONNECT is dropped here.
+            timer = asyncio.get_running_loop().call_later(self.handshake_timeout_s, session.close)
+            session.add_close_callback(lambda _: timer.cancel())
+            return session
         self.sessions.add(session)
+        self._per_ip[ip] = self._per_ip.get(ip, 0) + 1
         self.service.counters.connections_opened += 1
-        session.add_close_callback(self._session_closed)
+        session.add_close_callback(lambda s: self._session_closed(s, ip))
         return session
 
-    def _session_closed(self, session: Session) -> None:
+    def _session_closed(self, session: Session, ip: str) -> None:
         self.sessions.discard(session)
+        left = self._per_ip.get(ip, 1) - 1
+        if left > 0:
+            self._per_ip[ip] = left
+        else:
+            self._per_ip.pop(ip, None)
         self.service.counters.connections_closed += 1
 
     async def _run_timer(self) -> None:
@@ -217,6 +256,8 @@ class BrokerServer:
         self.stop_accepting()
         if self._timer is not None:
             await self._timer.stop()
+        for session in list(self._refused):
+            session.close()
         sessions = list(self.sessions)
         for session in sessions:
             session.close()

@@ -1,11 +1,14 @@
 """BrokerService: the broker's topics, their loading, and the shared services handlers use.
 
 A topic is loaded once (concurrent ``get_topic`` calls share one load) and stays loaded
-until deleted or the service closes. Loading checks the namespace exists, registers the
-topic when auto-creation is allowed (``config.allow_auto_topic_creation`` and the
-namespace's policy), opens its managed ledger (which fences any previous owner) and
-restores the dedup state and subscriptions. A partitioned topic is N independent topics
-``<name>-partition-<i>``; clients route between them.
+until deleted or the service closes; at most ``config.max_topics_per_broker`` are loaded
+(one more is refused with ResourceLimitReached). Loading checks the namespace exists,
+registers the topic when auto-creation is allowed (``config.allow_auto_topic_creation``,
+the namespace's policy, and ``config.max_topics_per_namespace`` not reached: see
+:meth:`BrokerService.check_exists`, which writes nothing), opens its managed ledger
+(which fences any previous owner) and restores the dedup state and subscriptions. A
+partitioned topic is N independent topics ``<name>-partition-<i>``; clients route
+between them.
 
 Scalable topics: the service owns this broker's one
 :class:`~anabranch.scalable.service.ScalableTopicService` (``scalable``; the admin app and
@@ -36,7 +39,7 @@ from urllib.parse import quote
 from anabranch.broker.authorization import Authorizer
 from anabranch.broker.config import BrokerConfig
 from anabranch.broker.metrics import BrokerCounters
-from anabranch.broker.policies import Policies
+from anabranch.broker.policies import NamespacePolicies, Policies
 from anabranch.broker.retention import RetentionSweeps, retention_of
 from anabranch.broker.scalable_commands import ScalableEndpoint
 from anabranch.broker.schema import SchemaRegistry
@@ -47,7 +50,7 @@ from anabranch.broker.topic_policies import TopicPolicyStore
 from anabranch.clock import Clock, SystemClock
 from anabranch.core.names import SegmentName, TopicDomain, TopicName, parse_name
 from anabranch.core.segment_layout import SegmentLayout
-from anabranch.errors import Closed, NotAllowed, NotFound
+from anabranch.errors import Closed, NotAllowed, NotFound, ResourceLimitReached
 from anabranch.metadata.api import MetadataStore
 from anabranch.scalable.dag_watch import DagWatcher
 from anabranch.scalable.paths import TopicPaths
@@ -257,6 +260,12 @@ class BrokerService:
             raise NotAllowed(f"{parsed} is a scalable topic: produce to its segments")
         key = str(parsed)
         if self.ownership is not None:
+            if not self.topic_in_use(key):
+                # Before the claim: a topic that cannot load here, or does not exist (and
+                # will not be created), leaves no ownership record behind.
+                self._check_topic_cap()
+                if isinstance(parsed, TopicName):
+                    await self.check_exists(parsed, create=create)
             await self.ownership.claim(key)
         topic = self._topics.get(key)
         if topic is not None:
@@ -265,6 +274,7 @@ class BrokerService:
             raise Closed("the broker is shutting down")
         task = self._loading.get(key)
         if task is None:
+            self._check_topic_cap()
             task = asyncio.ensure_future(self._load(parsed, create))
             self._loading[key] = task
 
@@ -285,17 +295,9 @@ class BrokerService:
             if isinstance(name, SegmentName)
             else f"{name.tenant}/{name.namespace}"
         )
-        try:
-            ns_policies = await self.policies.namespace_policies(ns_text)
-        except NotFound:
-            raise NotFound(f"namespace {ns_text} of topic {key}") from None
+        ns_policies = await self._namespace_policies(ns_text, key)
         if not isinstance(name, SegmentName) and not await self.policies.topic_exists(key):
-            if not await self._implicitly_exists(name):
-                auto = (
-                    self.config.allow_auto_topic_creation and ns_policies.allow_auto_topic_creation
-                )
-                if not (create and auto):
-                    raise NotFound(f"topic {key}")
+            await self.check_exists(name, create=create)
             await self.policies.register_topic(key)
         retention = retention_of(self.config, ns_policies)
         ml_config = ManagedLedgerConfig(
@@ -380,6 +382,50 @@ class BrokerService:
             if sealed is not None:
                 marks.append(decode_dedup_snapshot(sealed.value))
         return marks
+
+    async def _namespace_policies(self, ns_text: str, key: str) -> NamespacePolicies:
+        try:
+            return await self.policies.namespace_policies(ns_text)
+        except NotFound:
+            raise NotFound(f"namespace {ns_text} of topic {key}") from None
+
+    async def check_exists(self, name: TopicName, *, create: bool) -> bool:
+        """Whether ``name`` exists (True) or would be auto-created by a load with
+        ``create`` (False); otherwise NotFound (auto-creation off) or NotAllowed (its
+        namespace is at ``max_topics_per_namespace``). Reads only: a lookup of a name
+        that does not exist writes nothing to the metadata store.
+
+        Example:
+            >>> async def demo(service: BrokerService) -> None:
+            ...     name = TopicName.parse("persistent://public/default/new")
+            ...     assert await service.check_exists(name, create=True) is False
+        """
+        key = str(name)
+        ns_policies = await self._namespace_policies(f"{name.tenant}/{name.namespace}", key)
+        if await self.policies.topic_exists(key) or await self._implicitly_exists(name):
+            return True
+        auto = self.config.allow_auto_topic_creation and ns_policies.allow_auto_topic_creation
+        if not (create and auto):
+            self.counters.topics_not_auto_created += 1
+            raise NotFound(f"topic {key}")
+        cap = self.config.max_topics_per_namespace
+        if cap and len(await self.policies.list_topics(name.namespace_name, name.domain)) >= cap:
+            self.counters.topics_not_auto_created += 1
+            raise NotAllowed(
+                f"topic {key} not created: namespace {name.namespace_name} holds"
+                f" max_topics_per_namespace ({cap}) topics"
+            )
+        return False
+
+    def _check_topic_cap(self) -> None:
+        cap = self.config.max_topics_per_broker
+        if len(self._topics) + len(self._loading) >= cap:
+            self.counters.topics_refused += 1
+            raise ResourceLimitReached("topics loaded on this broker", cap)
+
+    def topic_in_use(self, name: str) -> bool:
+        """Whether ``name`` (canonical) is loaded or being loaded here."""
+        return name in self._topics or name in self._loading
 
     async def _implicitly_exists(self, name: TopicName) -> bool:
         # A partition of a partitioned topic exists with its parent; a partitioned topic's

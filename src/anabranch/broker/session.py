@@ -125,6 +125,10 @@ class Session:
         self.creating_producers: set[int] = set()
         self.consumers: dict[int, Any] = {}
         self.pending_appends = 0
+        self.pending_lookups = 0
+        """LOOKUP/PARTITIONED_METADATA being answered (``SESSION_PENDING_LOOKUPS_MAX``)."""
+        self.refusal: AnabranchError | None = None
+        """Set by the server for a connection over its caps: CONNECT answers it and closes."""
         self.closed = False
         self._queue: deque[Frame] = deque()
         self._wakeup = asyncio.Event()

@@ -244,7 +244,13 @@ def _ledger_factory(
         return jetstream_factory(config, store, clock)
     from anabranch.storage.ledger import FileManagedLedgerFactory
 
-    return FileManagedLedgerFactory(config.data_dir / "ledgers", store, clock=clock)
+    return FileManagedLedgerFactory(
+        config.data_dir / "ledgers",
+        store,
+        clock=clock,
+        writer_threads=config.storage_writer_threads,
+        open_files_max=config.storage_open_files_max,
+    )
 
 
 def _bound_ports(runner: Any) -> list[int]:

@@ -21,13 +21,20 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
 from anabranch import limits
 from anabranch.broker.error_codes import client_message, server_error
 from anabranch.core.txn_keys import NEW_CLIENT_EPOCH
-from anabranch.errors import AnabranchError, InvalidArgument, TransactionCoordinatorNotFound
+from anabranch.core.txn_state import clamp_timeout
+from anabranch.errors import (
+    AnabranchError,
+    InvalidArgument,
+    ResourceLimitReached,
+    TransactionCoordinatorNotFound,
+)
 from anabranch.protocol._generated import pulsar_api_pb2 as pb
 from anabranch.transactions.ids import TxnId
 from anabranch.transactions.keys import BINDING_ATTR, TransactionKeys
@@ -105,12 +112,59 @@ async def handle_tc_client_connect_request(
     session.write(T(type=T.TC_CLIENT_CONNECT_RESPONSE, tcClientConnectResponse=body))
 
 
+class OpenTxns:
+    """The OPEN transactions one connection created (its NEW_TXN cap): forgotten when the
+    connection ends them or their deadline passes (the sweep aborts them then).
+
+    Example:
+        >>> tally = OpenTxns(cap=1)
+        >>> tally.admit(now_ms=0)
+        >>> tally.add(TxnId(0, 1), deadline_ms=100)
+        >>> try:
+        ...     tally.admit(now_ms=50)
+        ... except ResourceLimitReached as err:
+        ...     print(err)
+        too many open transactions on this connection (at most 1)
+        >>> tally.admit(now_ms=101)  # past its deadline: no longer counted
+    """
+
+    def __init__(self, cap: int | None = None) -> None:
+        self._cap = limits.TXN_OPEN_PER_CONNECTION_MAX if cap is None else cap
+        self._deadlines: dict[TxnId, int] = {}
+
+    def admit(self, now_ms: int) -> None:
+        """ResourceLimitReached when the connection already holds ``cap`` open ones."""
+        if len(self._deadlines) >= self._cap:
+            self._deadlines = {t: d for t, d in self._deadlines.items() if d >= now_ms}
+        if len(self._deadlines) >= self._cap:
+            raise ResourceLimitReached("open transactions on this connection", self._cap)
+
+    def add(self, txn: TxnId, deadline_ms: int) -> None:
+        self._deadlines[txn] = deadline_ms
+
+    def discard(self, txn: TxnId) -> None:
+        self._deadlines.pop(txn, None)
+
+
+_OPEN_TXNS: weakref.WeakKeyDictionary[Session, OpenTxns] = weakref.WeakKeyDictionary()
+
+
+def _open_txns(session: Session) -> OpenTxns:
+    tally = _OPEN_TXNS.get(session)
+    if tally is None:
+        tally = _OPEN_TXNS[session] = OpenTxns()
+    return tally
+
+
 async def handle_new_txn(session: Session, cmd: pb.CommandNewTxn) -> None:
     """NEW_TXN → NEW_TXN_RESPONSE with the new TxnID (``txn_ttl_millis`` is the timeout)."""
     body = pb.CommandNewTxnResponse(request_id=cmd.request_id)
     with _keyed(session) as (keys, binding):
         try:
             coordinator = _coordinator(session)
+            tally = _open_txns(session)
+            now_ms = session.service.clock.wall_ms()
+            tally.admit(now_ms)
             timeout = cmd.txn_ttl_millis or limits.TXN_TIMEOUT_DEFAULT_MS
             tc_id = cmd.tc_id if cmd.HasField("tc_id") else None
             owner = getattr(session, "role", None)
@@ -118,6 +172,7 @@ async def handle_new_txn(session: Session, cmd: pb.CommandNewTxn) -> None:
                 txn = await keys.new_txn(binding, timeout, tc_id=tc_id, owner=owner)
             else:
                 txn = await coordinator.new_txn(timeout, tc_id=tc_id, owner=owner)
+            tally.add(txn, now_ms + clamp_timeout(timeout))
             body.txnid_most_bits = txn.most_bits
             body.txnid_least_bits = txn.least_bits
         except Exception as err:
@@ -175,6 +230,7 @@ async def handle_end_txn(session: Session, cmd: pb.CommandEndTxn) -> None:
                 await keys.end_txn(binding, txn, wanted)
             else:
                 await coordinator.end_txn(txn, wanted)
+            _open_txns(session).discard(txn)
         except Exception as err:
             _fail(body, err)
         session.write(T(type=T.END_TXN_RESPONSE, endTxnResponse=body))

@@ -175,13 +175,48 @@ class AckState:
         for pos in self.batch_acks:
             assert not self.is_acked(pos), f"batch ack kept for acked {pos}"
 
-    def to_bytes(self, ranges_max: int | None = None, batch_max: int | None = None) -> bytes:
-        """Serialise; only the first ``ranges_max`` ranges / ``batch_max`` batch entries
-        (nearest mark-delete) are kept, so a bounded value loses only later acks."""
+    def to_bytes(
+        self,
+        ranges_max: int | None = None,
+        batch_max: int | None = None,
+        bytes_max: int | None = None,
+    ) -> bytes:
+        """Serialise within bounds, so the value always fits a metadata record.
+
+        The rule (what is kept when something must go): mark-delete always; then the
+        individually acked ranges nearest mark-delete, at most ``ranges_max`` of them and
+        as many as fit in ``bytes_max``; then the partially acked batch entries nearest
+        mark-delete, at most ``batch_max``, while they fit. What is left out was
+        acknowledged but is not remembered after a restart: those messages are
+        redelivered (never the reverse: nothing unacknowledged is ever marked acked).
+        ``bytes_max`` below the fixed header (25 bytes) still yields the header.
+
+        Example:
+            >>> state = AckState((1, -1))
+            >>> for e in range(1, 20, 2):
+            ...     _ = state.acknowledge((1, e))
+            >>> len(state.to_bytes()), len(state.to_bytes(bytes_max=100))
+            (265, 97)
+            >>> AckState.from_bytes(state.to_bytes(bytes_max=100)).ranges
+            [((1, 1), (1, 1)), ((1, 3), (1, 3)), ((1, 5), (1, 5))]
+        """
         n = len(self._starts) if ranges_max is None else min(ranges_max, len(self._starts))
+        budget = None if bytes_max is None else bytes_max - _HEAD.size
+        if budget is not None:
+            n = max(0, min(n, budget // _RANGE.size))
+            budget -= n * _RANGE.size
         batch = sorted(self.batch_acks.items())
         if batch_max is not None:
             batch = batch[:batch_max]
+        if budget is not None:
+            fitting = []
+            for pos, bits in batch:
+                size = _BATCH.size + len(bits)
+                if size > budget:
+                    break
+                fitting.append((pos, bits))
+                budget -= size
+            batch = fitting
         parts = [_HEAD.pack(_VERSION, *self.mark_delete, n, len(batch))]
         parts += [
             _RANGE.pack(s[0], s[1], e[1])

@@ -25,6 +25,11 @@ restart); ``on_failed`` drops the pushed mark back to persisted, since a failed 
 fails every write queued behind it. Only *persisted* marks are durable:
 :meth:`DedupState.snapshot` returns them, :meth:`DedupState.restore` rebuilds a state.
 
+Bounds: at most ``limits.DEDUP_PRODUCERS_MAX`` producers are remembered and a snapshot is at
+most ``limits.DEDUP_SNAPSHOT_BYTES_MAX`` bytes of JSON; past either, the least recently
+persisted producers go first (a retry of theirs after that counts as new, as upstream after
+it purges an inactive producer).
+
 Across a split or merge, a child segment is seeded with the sealed parents' snapshots
 (:meth:`DedupState.seeded_from`, the maximum per producer): a producer that re-routes a
 retry to the child after the parent was sealed gets DUPLICATE for an id the parent
@@ -43,11 +48,13 @@ Example:
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
 from enum import StrEnum
 
 import msgspec
 
+from anabranch import limits
 from anabranch.errors import InvalidArgument
 
 SEQUENCE_ID_MAX = 2**63 - 1
@@ -76,11 +83,13 @@ class DedupState:
         (<DedupVerdict.IN_FLIGHT: 'IN_FLIGHT'>, <DedupVerdict.NEW: 'NEW'>)
     """
 
-    __slots__ = ("_persisted", "_pushed")
+    __slots__ = ("_persisted", "_pushed", "producers_max")
 
-    def __init__(self) -> None:
+    def __init__(self, producers_max: int = limits.DEDUP_PRODUCERS_MAX) -> None:
         self._pushed: dict[str, int] = {}
         self._persisted: dict[str, int] = {}
+        self.producers_max = producers_max
+        """Producers remembered; past it the least recently persisted is forgotten."""
 
     # --- construction -----------------------------------------------------------------
 
@@ -128,16 +137,29 @@ class DedupState:
         verdict = self.check(producer, sequence_id, last_sequence_id)
         if verdict is DedupVerdict.NEW:
             self._pushed[producer] = _check_range(sequence_id, last_sequence_id)
-            self._persisted.setdefault(producer, _NONE)
+            if producer not in self._persisted:
+                self._persisted[producer] = _NONE
+                if len(self._persisted) > self.producers_max:
+                    self._evict_oldest()
         return verdict
 
     def on_persisted(self, producer: str, sequence_id: int) -> None:
-        """The write ending at ``sequence_id`` is durable (or was replayed from the ledger)."""
+        """The write ending at ``sequence_id`` is durable (or was replayed from the ledger).
+
+        The producer becomes the most recently persisted (``_persisted`` is kept in that
+        order: eviction and bounded snapshots drop the oldest first)."""
         _check_producer(producer)
         _check_sequence_id(sequence_id)
-        persisted = max(self._persisted.get(producer, _NONE), sequence_id)
+        persisted = max(self._persisted.pop(producer, _NONE), sequence_id)
         self._persisted[producer] = persisted
         self._pushed[producer] = max(self._pushed.get(producer, _NONE), persisted)
+        if len(self._persisted) > self.producers_max:
+            self._evict_oldest()
+
+    def _evict_oldest(self) -> None:
+        while len(self._persisted) > self.producers_max:
+            oldest = next(iter(self._persisted))
+            self.forget(oldest)
 
     def on_failed(self, producer: str | None = None) -> None:
         """A write failed: forget what was pushed but not persisted (one producer or all)."""
@@ -162,9 +184,33 @@ class DedupState:
         """The producer's highest accepted id, -1 if none."""
         return self._pushed.get(producer, _NONE)
 
-    def snapshot(self) -> dict[str, int]:
-        """The durable part: persisted marks by producer, sorted by name."""
-        return {p: s for p, s in sorted(self._persisted.items()) if s != _NONE}
+    def snapshot(self, max_bytes: int | None = limits.DEDUP_SNAPSHOT_BYTES_MAX) -> dict[str, int]:
+        """The durable part: persisted marks by producer, sorted by name.
+
+        Bounded in bytes: ``json.dumps`` of the result (ASCII-escaped, default separators,
+        the largest of the encodings used) is at most ``max_bytes``; the most recently
+        persisted producers that fit are kept, the oldest left out (None: every one).
+
+        Example:
+            >>> d = DedupState()
+            >>> for i in range(5):
+            ...     d.on_persisted(f"p{i}", 7)
+            >>> kept = d.snapshot(max_bytes=30)
+            >>> kept, len(json.dumps(kept))
+            ({'p2': 7, 'p3': 7, 'p4': 7}, 27)
+        """
+        marks = [(p, s) for p, s in self._persisted.items() if s != _NONE]
+        if max_bytes is not None:
+            used = 2  # {}
+            kept: list[tuple[str, int]] = []
+            for producer, sequence_id in reversed(marks):
+                size = len(json.dumps(producer)) + len(str(sequence_id)) + 2 + (2 if kept else 0)
+                if used + size > max_bytes:
+                    break
+                used += size
+                kept.append((producer, sequence_id))
+            marks = kept
+        return dict(sorted(marks))
 
     def to_json(self) -> bytes:
         """:meth:`snapshot` as JSON bytes (for a cursor property or a metadata value)."""

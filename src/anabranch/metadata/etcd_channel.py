@@ -30,13 +30,13 @@ import ipaddress
 import socket
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import grpc
-from aetcd import rpc
+from typing import TYPE_CHECKING, Any
 
 from anabranch import limits
 from anabranch.errors import InvalidArgument
+
+if TYPE_CHECKING:  # imported when a channel opens: grpc costs a standalone broker ~11 MB
+    import grpc
 
 
 @dataclass(frozen=True)
@@ -112,6 +112,8 @@ class EtcdChannel:
     """An open channel to etcd with the stubs the store uses and the call metadata."""
 
     def __init__(self, channel: grpc.aio.Channel, options: EtcdOptions) -> None:
+        from aetcd import rpc
+
         self.channel = channel
         self.options = options
         self.kvstub = rpc.KVStub(channel)
@@ -125,6 +127,8 @@ class EtcdChannel:
         cls, endpoints: str, options: EtcdOptions, channel_options: dict[str, Any]
     ) -> EtcdChannel:
         """A channel to ``endpoints``, authenticated when ``options`` carry a user."""
+        import grpc
+
         options.check()
         parsed = EtcdOptions.parse_endpoints(endpoints)
         target = await _target(parsed)
@@ -151,6 +155,8 @@ class EtcdChannel:
 
     async def reauthenticate(self) -> None:
         """Fetch a fresh auth token (etcd's simple tokens expire when idle)."""
+        from aetcd import rpc
+
         request = rpc.AuthenticateRequest(
             name=self.options.username, password=self.options.password
         )

@@ -134,8 +134,12 @@ class ManagedCursor:
             self._persist_task = None
 
     def serialize(self) -> bytes:
+        """The persisted value: bounded in count and in bytes (``CURSOR_STATE_BYTES_MAX``,
+        under a metadata value's limit); see ``AckState.to_bytes`` for what is dropped."""
         return self._state.to_bytes(
-            limits.CURSOR_ACK_RANGES_PERSIST_MAX, limits.CURSOR_BATCH_ACKS_PERSIST_MAX
+            limits.CURSOR_ACK_RANGES_PERSIST_MAX,
+            limits.CURSOR_BATCH_ACKS_PERSIST_MAX,
+            limits.CURSOR_STATE_BYTES_MAX,
         )
 
     async def flush(self) -> None:

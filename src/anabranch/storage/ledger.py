@@ -16,13 +16,18 @@ Theory of operation.
   - ``/managed-ledgers/<quoted name>/cursors/<quoted cursor>`` → AckState bytes.
 
 * **Appends** are numbered on the event loop and collected in a batch (all appends of
-  one loop iteration) that goes to the ledger's writer thread, which takes everything
-  queued (up to ``STORAGE_GROUP_COMMIT_BYTES_MAX``), frames it, writes it with one
-  ``write``, one ``fdatasync`` (fsync policy ``always``) and hands it back with one
-  ``call_soon_threadsafe``. Every append of a batch awaits the batch's one future, which
-  resolves only after the batch is durable. The per-append cost on the loop is what
-  bounds throughput (Python holds one lock for both threads), so the append fast path
-  is a few attribute checks, two list/counter updates and one await.
+  one loop iteration) that goes to the ledger's queue on the factory's shared
+  :class:`WriterPool` (``limits.STORAGE_WRITER_THREADS`` threads for every ledger, not
+  one per ledger). A pool thread takes everything queued for the ledger (up to
+  ``STORAGE_GROUP_COMMIT_BYTES_MAX``), frames it, writes it with one ``write``, one
+  ``fdatasync`` (fsync policy ``always``) and hands it back with one
+  ``call_soon_threadsafe``; a ledger is on one thread at a time, so its order holds.
+  Ledger files are opened through the factory's ``FileHandles``, which closes the least
+  recently used idle ones past ``limits.STORAGE_OPEN_FILES_MAX``. Every append of a
+  batch awaits the batch's one future, which resolves only after the batch is durable.
+  The per-append cost on the loop is what bounds throughput (Python holds one lock for
+  every thread), so the append fast path is a few attribute checks, two list/counter
+  updates and one await.
 
 * **Failures.** A write or fsync error fails the batch and every later append with
   StorageIOError until the ledger is reopened: after a failed fsync the page cache may
@@ -83,7 +88,7 @@ from anabranch.metadata.api import Check, Delete, MetadataStore, Put, Stat
 from anabranch.storage.api import ManagedLedgerConfig, Position
 from anabranch.storage.base import LedgerInfo, ManagedLedgerBase
 from anabranch.storage.files import FileOpener, open_os_file
-from anabranch.storage.segment_file import SegmentFile, delete_ledger_files
+from anabranch.storage.segment_file import FileHandles, SegmentFile, delete_ledger_files
 
 LEDGER_ID_COUNTER = "/ledger-id-counter"
 LEDGERS_PREFIX = "/ledgers/"
@@ -203,73 +208,180 @@ class _Batch:
         self.fallback: asyncio.Future[None] | None = None
 
 
-class _Writer(threading.Thread):
-    """The dedicated writer thread of one managed ledger (group commit).
+_WriterItem = tuple[SegmentFile, _Batch] | asyncio.Future[None]
+"""A batch to write to a segment, or a stop marker (a future the pool resolves)."""
 
-    Each round takes every batch queued for the same file (up to
-    ``STORAGE_GROUP_COMMIT_BYTES_MAX``), frames them into one ``write``, one
-    ``fdatasync``, and hands them back with one ``call_soon_threadsafe``. Framing here
-    costs the loop nothing: while the disk syncs, the loop is free, and the loop only
-    hands over between its iterations.
+
+class _Channel:
+    """One ledger's queue on the :class:`WriterPool` (group commit, in order).
+
+    Appends queue here; the first one into an empty channel schedules the channel on the
+    pool. A pool thread takes every batch queued for the same file (up to
+    ``STORAGE_GROUP_COMMIT_BYTES_MAX``), frames them into one ``write`` and one
+    ``fdatasync``, and hands them back with one ``call_soon_threadsafe``; then it puts the
+    channel back at the end of the pool's queue if more arrived meanwhile (they form the
+    next group), so one busy ledger cannot starve the others. A channel is on at most
+    one thread at a time: its batches are written in the order they were submitted.
     """
 
-    def __init__(self, ml: FileManagedLedger, sync: bool) -> None:
-        super().__init__(name=f"ledger-writer:{ml.name}", daemon=True)
+    __slots__ = ("_broken", "_items", "_lock", "_loop", "_ml", "_pool", "_scheduled", "_sync")
+
+    def __init__(self, pool: WriterPool, ml: FileManagedLedger, sync: bool) -> None:
+        self._pool = pool
         self._ml = ml
         self._loop = asyncio.get_running_loop()
         # The ack-before-fsync seeded bug (test-only failpoint): acks without fdatasync.
         self._sync = sync and not failpoints.enabled(failpoints.ACK_BEFORE_FSYNC)
-        self._queue: queue.SimpleQueue[tuple[SegmentFile, _Batch] | None] = queue.SimpleQueue()
+        self._items: deque[_WriterItem] = deque()
+        self._lock = threading.Lock()
+        self._scheduled = False
         self._broken: BaseException | None = None
 
     def submit(self, segment: SegmentFile, batch: _Batch) -> None:
-        self._queue.put((segment, batch))
+        self._put((segment, batch))
 
-    def stop(self) -> None:
-        """Finish what is queued, then exit."""
-        self._queue.put(None)
+    def stop(self) -> asyncio.Future[None]:
+        """A future resolved once everything queued before it is written."""
+        done: asyncio.Future[None] = self._loop.create_future()
+        self._put(done)
+        return done
 
-    def run(self) -> None:
-        get = self._queue.get
-        limit = limits.STORAGE_GROUP_COMMIT_BYTES_MAX
-        held: list[tuple[SegmentFile, _Batch] | None] = []  # taken, for the next round
-        while True:
-            item = held.pop() if held else get()
-            if item is None:
+    def _put(self, item: _WriterItem) -> None:
+        with self._lock:
+            self._items.append(item)
+            if self._scheduled:
                 return
-            segment, first = item
-            batches = [first]
-            size = first.size
-            # Every batch queued behind it for the same file joins this write + fdatasync.
-            while not self._queue.empty():
-                item = get()
-                if item is None or item[0] is not segment or size + item[1].size > limit:
-                    held.append(item)
-                    break
-                batches.append(item[1])
-                size += item[1].size
-            error: BaseException | None = self._broken
-            if error is None:
-                try:
-                    if len(batches) == 1:
-                        segment.append_batch(first.payloads, sync=self._sync)
-                    else:
-                        payloads: list[bytes] = []
-                        for batch in batches:
-                            payloads += batch.payloads
-                        segment.append_batch(payloads, sync=self._sync)
-                except LedgerFenced as err:
-                    error = self._broken = err
-                except OSError as err:
-                    error = self._broken = io_error(
-                        err, f"{segment.where} write (the ledger must be reopened)", segment.path
-                    )
-                except BaseException as err:  # never leave futures hanging
-                    error = self._broken = io_error(err, f"{segment.where} write", segment.path)
-            try:
+            self._scheduled = True
+        self._pool._schedule(self)
+
+    def run_once(self) -> None:
+        """On a pool thread: write one group (or resolve one stop marker)."""
+        limit = limits.STORAGE_GROUP_COMMIT_BYTES_MAX
+        items = self._items
+        with self._lock:
+            item = items.popleft()
+            if isinstance(item, asyncio.Future):
+                stop: asyncio.Future[None] | None = item
+                batches: list[_Batch] = []
+            else:
+                stop = None
+                segment, first = item
+                batches = [first]
+                size = first.size
+                # Every batch queued behind it for the same file joins this group.
+                while items:
+                    nxt = items[0]
+                    if isinstance(nxt, asyncio.Future) or nxt[0] is not segment:
+                        break
+                    if size + nxt[1].size > limit:
+                        break
+                    items.popleft()
+                    batches.append(nxt[1])
+                    size += nxt[1].size
+        try:
+            if stop is not None:
+                self._loop.call_soon_threadsafe(_resolve, stop)
+            else:
+                error = self._write(segment, batches)
                 self._loop.call_soon_threadsafe(self._ml._batches_done, segment, batches, error)
-            except RuntimeError:
-                return  # the loop is closed: nobody is waiting any more
+        except RuntimeError:
+            pass  # the loop is closed: nobody is waiting any more
+        finally:
+            with self._lock:
+                again = bool(items)
+                self._scheduled = again
+            if again:
+                self._pool._schedule(self)
+
+    def _write(self, segment: SegmentFile, batches: list[_Batch]) -> BaseException | None:
+        error: BaseException | None = self._broken
+        if error is not None:
+            return error
+        try:
+            if len(batches) == 1:
+                segment.append_batch(batches[0].payloads, sync=self._sync)
+            else:
+                payloads: list[bytes] = []
+                for batch in batches:
+                    payloads += batch.payloads
+                segment.append_batch(payloads, sync=self._sync)
+        except LedgerFenced as err:
+            error = self._broken = err
+        except OSError as err:
+            error = self._broken = io_error(
+                err, f"{segment.where} write (the ledger must be reopened)", segment.path
+            )
+        except BaseException as err:  # never leave futures hanging
+            error = self._broken = io_error(err, f"{segment.where} write", segment.path)
+        return error
+
+
+def _resolve(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+class WriterPool:
+    """At most ``size`` writer threads shared by every ledger of one factory.
+
+    Threads start on demand (when a ledger is scheduled and no thread is free) and exit
+    after ``limits.STORAGE_WRITER_IDLE_S`` without work, so an idle broker and a closed
+    factory hold none. See :class:`_Channel` for what a thread does with a ledger.
+
+    Example:
+        >>> pool = WriterPool(4)
+        >>> pool.threads
+        0
+    """
+
+    def __init__(self, size: int = limits.STORAGE_WRITER_THREADS) -> None:
+        self.size = max(1, min(size, limits.STORAGE_WRITER_THREADS))
+        self._ready: queue.SimpleQueue[_Channel] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._threads = 0
+        self._idle = 0
+        self._pending = 0
+        self._started = 0
+
+    @property
+    def threads(self) -> int:
+        """Writer threads alive now."""
+        return self._threads
+
+    def channel(self, ml: FileManagedLedger, sync: bool) -> _Channel:
+        """A new queue for ``ml`` (call on the ledger's event loop)."""
+        return _Channel(self, ml, sync)
+
+    def _schedule(self, channel: _Channel) -> None:
+        self._ready.put(channel)
+        with self._lock:
+            self._pending += 1
+            if self._pending <= self._idle or self._threads >= self.size:
+                return
+            self._threads += 1
+            self._started += 1
+            name = f"ledger-writer-{self._started}"
+        threading.Thread(target=self._run, name=name, daemon=True).start()
+
+    def _run(self) -> None:
+        get = self._ready.get
+        idle_s = limits.STORAGE_WRITER_IDLE_S
+        while True:
+            with self._lock:
+                self._idle += 1
+            try:
+                channel = get(timeout=idle_s)
+            except queue.Empty:
+                with self._lock:
+                    self._idle -= 1
+                    if self._pending == 0:
+                        self._threads -= 1
+                        return
+                continue
+            with self._lock:
+                self._idle -= 1
+                self._pending -= 1
+            channel.run_once()
 
 
 class FileManagedLedger(ManagedLedgerBase):
@@ -292,7 +404,7 @@ class FileManagedLedger(ManagedLedgerBase):
         self._segment: SegmentFile | None = None
         self._ledger_created = self.clock.monotonic()
         self._segments: dict[int, SegmentFile] = {}
-        self._writer: _Writer | None = None
+        self._writer: _Channel | None = None
         self._batch: _Batch | None = None
         self._next_entry = 0
         self._inflight = 0
@@ -341,8 +453,7 @@ class FileManagedLedger(ManagedLedgerBase):
         self._set_ledgers(ledgers)
         await self._load_cursors()
         if self._terminated_at is None:
-            self._writer = _Writer(self, self.config.fsync == "always")
-            self._writer.start()
+            self._writer = self._factory.writers.channel(self, self.config.fsync == "always")
 
     async def _recover_open_ledger(self, last: LedgerInfo) -> None:
         """Fence, scan and close the previous owner's last ledger (CAS on its key)."""
@@ -356,6 +467,7 @@ class FileManagedLedger(ManagedLedgerBase):
                 self._dir,
                 last.ledger_id,
                 self._factory.opener,
+                self._factory.handles,
                 what=self.name,
             )
             try:
@@ -387,7 +499,12 @@ class FileManagedLedger(ManagedLedgerBase):
         """Allocate an id, create its file durably, add its key to ``ops``."""
         ledger_id = await self._factory.allocate_ledger_id()
         segment = await _in_thread(
-            SegmentFile.create, self._dir, ledger_id, self._factory.opener, what=self.name
+            SegmentFile.create,
+            self._dir,
+            ledger_id,
+            self._factory.opener,
+            self._factory.handles,
+            what=self.name,
         )
         self._segment = segment
         self._segments[ledger_id] = segment
@@ -504,13 +621,18 @@ class FileManagedLedger(ManagedLedgerBase):
         return batch, entry_id
 
     def _submit(self) -> None:
+        if self._batch is not None:
+            assert self._writer is not None
+            self._submit_to(self._writer)
+
+    def _submit_to(self, writer: _Channel) -> None:
         batch, self._batch = self._batch, None
         if batch is not None:
             # Counted here, once per batch, not per append.
             batch.count = len(batch.payloads)
             batch.size = sum(map(len, batch.payloads))
-            assert self._writer is not None and self._segment is not None
-            self._writer.submit(self._segment, batch)
+            assert self._segment is not None
+            writer.submit(self._segment, batch)
 
     async def append(self, data: bytes) -> Position:
         n = len(data)
@@ -749,6 +871,7 @@ class FileManagedLedger(ManagedLedgerBase):
                 self._dir,
                 info.ledger_id,
                 self._factory.opener,
+                self._factory.handles,
                 what=self.name,
             )
             try:
@@ -842,9 +965,8 @@ class FileManagedLedger(ManagedLedgerBase):
     async def _stop_writer(self) -> None:
         writer, self._writer = self._writer, None
         if writer is not None:
-            self._submit()
-            writer.stop()
-            await asyncio.to_thread(writer.join)
+            self._submit_to(writer)
+            await writer.stop()
 
     async def delete(self) -> None:
         self.check_readable()
@@ -890,7 +1012,10 @@ class FileManagedLedger(ManagedLedgerBase):
 class FileManagedLedgerFactory:
     """Opens :class:`FileManagedLedger` instances under ``data_dir``.
 
-    ``opener`` lets tests inject disk faults (``anabranch.testing.faulty_file``).
+    ``opener`` lets tests inject disk faults (``anabranch.testing.faulty_file``). Every
+    ledger of a factory shares its :class:`WriterPool` (``writer_threads`` threads at most)
+    and its :class:`~anabranch.storage.segment_file.FileHandles` (``open_files_max`` open
+    files at most); both can only be lowered below their ``limits``.
     """
 
     def __init__(
@@ -900,28 +1025,41 @@ class FileManagedLedgerFactory:
         *,
         clock: Clock | None = None,
         opener: FileOpener = open_os_file,
+        writer_threads: int = limits.STORAGE_WRITER_THREADS,
+        open_files_max: int = limits.STORAGE_OPEN_FILES_MAX,
     ) -> None:
         self.data_dir = Path(data_dir)
         self.store = store
         self.clock: Clock = clock or SystemClock()
         self.opener = opener
+        self.writers = WriterPool(writer_threads)
+        """The writer threads every ledger of this factory shares."""
+        self.handles = FileHandles(open_files_max)
+        """Bounds the ledger files held open (least recently used ones are closed)."""
         self._open: list[FileManagedLedger] = []
+        self._prune_at = 64
+        self._id_lock = asyncio.Lock()
         self._closed = False
 
     async def allocate_ledger_id(self) -> int:
-        """The next cluster-wide ledger id (CAS on ``/ledger-id-counter``)."""
-        while True:
-            record = await self.store.get(LEDGER_ID_COUNTER)
-            current = int(record.value) if record else 1
-            try:
-                await self.store.put(
-                    LEDGER_ID_COUNTER,
-                    str(current + 1).encode(),
-                    expected_version=record.stat.version if record else 0,
-                )
-            except BadVersion:
-                continue  # another allocator won this round
-            return current
+        """The next cluster-wide ledger id (CAS on ``/ledger-id-counter``).
+
+        Allocations of this factory take turns (a lock): a CAS only loses to another
+        broker, not to the topics loading here at the same moment (200 concurrent loads
+        otherwise spent ~100 read+CAS rounds each, most of a topic load's cost)."""
+        async with self._id_lock:
+            while True:
+                record = await self.store.get(LEDGER_ID_COUNTER)
+                current = int(record.value) if record else 1
+                try:
+                    await self.store.put(
+                        LEDGER_ID_COUNTER,
+                        str(current + 1).encode(),
+                        expected_version=record.stat.version if record else 0,
+                    )
+                except BadVersion:
+                    continue  # another broker won this round
+                return current
 
     async def open(self, name: str, config: ManagedLedgerConfig | None = None) -> FileManagedLedger:
         if self._closed:
@@ -932,8 +1070,10 @@ class FileManagedLedgerFactory:
         except BaseException:
             await ml._release_files()
             raise
-        self._open = [m for m in self._open if not m._closed]
         self._open.append(ml)
+        if len(self._open) >= self._prune_at:  # amortised: not a scan per open
+            self._open = [m for m in self._open if not m._closed]
+            self._prune_at = max(64, 2 * len(self._open))
         return ml
 
     async def close(self) -> None:

@@ -6,6 +6,12 @@ A ledger file holds the ledger's entries in order as framed records
 scan when a closed ledger is first read after a restart. All methods block: call them on
 the writer thread or an executor.
 
+Open files are bounded: a :class:`FileHandles` shared by a factory keeps at most
+``limits.STORAGE_OPEN_FILES_MAX`` ledger files open; the least recently used idle one is
+closed past that and reopened (``O_APPEND``) by its next read or write, so 10,000 idle
+ledgers do not hold 10,000 descriptors. A file is only closed between operations (each
+holds the segment's lock), and a synced write stays durable whichever descriptor wrote it.
+
 Fencing: a new owner that recovers a ledger first creates ``<ledger>.fenced`` next to the
 file, then scans it. The old owner's writer checks for that marker after each
 write+fdatasync and before acknowledging; so an entry it acknowledges was on disk before
@@ -22,10 +28,16 @@ Example:
 from __future__ import annotations
 
 import os
+import resource
+import threading
 from array import array
+from collections import OrderedDict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from itertools import accumulate
 from pathlib import Path
 
+from anabranch import limits
 from anabranch.errors import CorruptRecord, LedgerFenced
 from anabranch.storage import record_format
 from anabranch.storage.files import FileOpener, StorageFile, open_os_file, sync_dir
@@ -44,13 +56,96 @@ def fence_marker(directory: Path, ledger_id: int) -> Path:
     return directory / f"{ledger_id:020d}.fenced"
 
 
+class FileHandles:
+    """At most ``max_open`` ledger files open at once across the segments sharing this.
+
+    Thread-safe: segments are used from the writer pool and executor threads. Eviction
+    closes the least recently used file whose segment is not in use (a non-blocking
+    try of its lock, so it never waits and never deadlocks); when every open file is in
+    use, the bound is exceeded for the moment rather than blocking, and the next use that
+    ends closes the excess.
+
+    Example:
+        >>> import tempfile, pathlib
+        >>> handles = FileHandles(max_open=1)
+        >>> d = pathlib.Path(tempfile.mkdtemp())
+        >>> a = SegmentFile.create(d, 1, handles=handles)
+        >>> b = SegmentFile.create(d, 2, handles=handles)
+        >>> handles.open_count, a.is_open, b.is_open
+        (1, False, True)
+        >>> a.append_batch([b"x"], sync=True); a.read_entries(0, 1), handles.open_count
+        ([b'x'], 1)
+    """
+
+    def __init__(self, max_open: int = limits.STORAGE_OPEN_FILES_MAX) -> None:
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        cap = limits.STORAGE_OPEN_FILES_MAX
+        if soft != resource.RLIM_INFINITY:
+            cap = min(cap, max(16, soft // 2))
+        self.max_open = max(1, min(max_open, cap))
+        self._lock = threading.Lock()
+        self._lru: OrderedDict[SegmentFile, None] = OrderedDict()
+        self.reopened = 0
+        """Files opened again after an eviction (a metric of how hot the bound runs)."""
+
+    @property
+    def open_count(self) -> int:
+        return len(self._lru)
+
+    def opened(self, segment: SegmentFile) -> None:
+        with self._lock:
+            self._lru[segment] = None
+            self._lru.move_to_end(segment)
+        self._evict(keep=segment)
+
+    def touch(self, segment: SegmentFile) -> None:
+        with self._lock:
+            if segment in self._lru:
+                self._lru.move_to_end(segment)
+
+    def forget(self, segment: SegmentFile) -> None:
+        with self._lock:
+            self._lru.pop(segment, None)
+
+    def _evict(self, keep: SegmentFile) -> None:
+        with self._lock:
+            excess = len(self._lru) - self.max_open
+            if excess <= 0:
+                return
+            victims: list[SegmentFile] = []
+            for segment in self._lru:
+                if len(victims) == excess:
+                    break
+                if segment is not keep and segment._lock.acquire(blocking=False):
+                    victims.append(segment)
+            for segment in victims:
+                del self._lru[segment]
+        for segment in victims:
+            try:
+                segment._close_file()
+            finally:
+                segment._lock.release()
+
+
 class SegmentFile:
     """A ledger file plus the start offset of each confirmed record."""
 
-    def __init__(self, directory: Path, ledger_id: int, file: StorageFile) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        ledger_id: int,
+        file: StorageFile,
+        *,
+        opener: FileOpener = open_os_file,
+        handles: FileHandles | None = None,
+    ) -> None:
         self.directory = directory
         self.ledger_id = ledger_id
-        self.file = file
+        self._file: StorageFile | None = file
+        self._opener = opener
+        self._handles = handles
+        self._lock = threading.RLock()
+        """Held while the file is in use; eviction closes it only when free."""
         self.path = file.path
         self.where = f"ledger {ledger_id}"
         """Names the ledger in errors (never the file path: errors reach clients)."""
@@ -61,7 +156,11 @@ class SegmentFile:
 
     @classmethod
     def create(
-        cls, directory: Path, ledger_id: int, opener: FileOpener = open_os_file
+        cls,
+        directory: Path,
+        ledger_id: int,
+        opener: FileOpener = open_os_file,
+        handles: FileHandles | None = None,
     ) -> SegmentFile:
         """A new, empty, durable (file and directory entry synced) ledger file."""
         directory.mkdir(parents=True, exist_ok=True)
@@ -69,16 +168,58 @@ class SegmentFile:
         file.truncate(0)
         file.sync()
         sync_dir(directory)
-        return cls(directory, ledger_id, file)
+        segment = cls(directory, ledger_id, file, opener=opener, handles=handles)
+        if handles is not None:
+            handles.opened(segment)
+        return segment
 
     @classmethod
     def open_existing(
-        cls, directory: Path, ledger_id: int, opener: FileOpener = open_os_file
+        cls,
+        directory: Path,
+        ledger_id: int,
+        opener: FileOpener = open_os_file,
+        handles: FileHandles | None = None,
     ) -> SegmentFile:
         path = directory / ledger_file_name(ledger_id)
         if not path.exists():
             raise CorruptRecord(f"ledger {ledger_id}", 0, "ledger file missing")
-        return cls(directory, ledger_id, opener(path))
+        segment = cls(directory, ledger_id, opener(path), opener=opener, handles=handles)
+        if handles is not None:
+            handles.opened(segment)
+        return segment
+
+    # --- the (evictable) file handle ------------------------------------------------------
+
+    @property
+    def is_open(self) -> bool:
+        return self._file is not None
+
+    @property
+    def file(self) -> StorageFile:
+        """The open file (reopened if it was evicted); use inside :meth:`_using`."""
+        file = self._file
+        if file is None:
+            file = self._file = self._opener(self.path)
+            if self._handles is not None:
+                self._handles.reopened += 1
+                self._handles.opened(self)
+        elif self._handles is not None:
+            self._handles.touch(self)
+        return file
+
+    @contextmanager
+    def _using(self) -> Iterator[StorageFile]:
+        with self._lock:
+            yield self.file
+        handles = self._handles
+        if handles is not None and handles.open_count > handles.max_open:
+            handles._evict(keep=self)  # files that were busy when the bound was passed
+
+    def _close_file(self) -> None:
+        file, self._file = self._file, None
+        if file is not None:
+            file.close()
 
     # --- writer side ------------------------------------------------------------------------
 
@@ -95,9 +236,10 @@ class SegmentFile:
             if seed is None:
                 seed = _length_crc(n)
             parts += (pack(n, extend(seed, payload)), payload)
-        self.file.write(b"".join(parts))
-        if sync:
-            self.file.sync()
+        with self._using() as file:
+            file.write(b"".join(parts))
+            if sync:
+                file.sync()
         if os.path.exists(self._fence):
             raise LedgerFenced(f"ledger {self.ledger_id} was fenced by a new owner")
         starts = list(accumulate(map(len, parts), initial=self.end))[::2]
@@ -111,11 +253,12 @@ class SegmentFile:
 
         CorruptRecord if damage is found before the tail.
         """
-        size = self.file.size()
-        result = record_format.scan(self.file.read(0, size), where=self.where, recovery=True)
-        if result.valid_end != size:
-            self.file.truncate(result.valid_end)
-            self.file.sync()
+        with self._using() as file:
+            size = file.size()
+            result = record_format.scan(file.read(0, size), where=self.where, recovery=True)
+            if result.valid_end != size:
+                file.truncate(result.valid_end)
+                file.sync()
         self.offsets = array("q", [offset for offset, _ in result.records])
         self.end = result.valid_end
         return len(result.records), sum(len(p) for _, p in result.records)
@@ -126,10 +269,10 @@ class SegmentFile:
         Bytes after them are ignored: a fenced writer may have appended records it never
         acknowledged. Fewer records than ``entries`` is corruption (acknowledged data gone).
         """
-        size = self.file.size()
-        result = record_format.scan(
-            self.file.read(0, size), where=self.where, recovery=True, max_records=entries
-        )
+        with self._using() as file:
+            size = file.size()
+            data = file.read(0, size)
+        result = record_format.scan(data, where=self.where, recovery=True, max_records=entries)
         if len(result.records) < entries:
             raise CorruptRecord(
                 self.where,
@@ -158,7 +301,8 @@ class SegmentFile:
             raise IndexError(f"entries {first}..{last} not in ledger {self.ledger_id}")
         start = offsets[first]
         stop = offsets[last + 1] if last + 1 < len(offsets) else self.end
-        buf = self.file.read(start, stop - start)
+        with self._using() as file:
+            buf = file.read(start, stop - start)
         result = record_format.scan(buf, where=self.where, base_offset=start)
         if len(result.records) != count:
             raise CorruptRecord(self.where, start, "record count does not match the index")
@@ -170,11 +314,14 @@ class SegmentFile:
         return stop - self.offsets[k] - record_format.HEADER_BYTES
 
     def close(self) -> None:
-        self.file.close()
+        with self._lock:
+            if self._handles is not None:
+                self._handles.forget(self)
+            self._close_file()
 
     def delete(self) -> None:
         """Close and remove the file and its fence marker (trim/delete)."""
-        self.file.close()
+        self.close()
         delete_ledger_files(self.directory, self.ledger_id)
 
 

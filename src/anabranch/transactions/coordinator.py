@@ -63,6 +63,7 @@ from anabranch.errors import (
     BadVersion,
     InvalidArgument,
     InvalidTxnStatus,
+    ResourceLimitReached,
     SessionExpired,
     TransactionConflict,
     TransactionCoordinatorNotFound,
@@ -185,7 +186,9 @@ class TransactionCoordinator:
         gc_retention_s: float = limits.TXN_GC_RETENTION_S,
         on_final: FinalCallback | None = None,
         on_give_up: GiveUp | None = None,
+        max_open: int = limits.TXN_OPEN_PER_BROKER_MAX,
     ) -> None:
+        self._max_open = max_open
         if partitions < 1:
             raise InvalidArgument(f"transaction coordinator partitions must be >= 1: {partitions}")
         self._store = store
@@ -264,6 +267,10 @@ class TransactionCoordinator:
         The header and its deadline index key are written in one commit, so the timeout
         sweep sees every OPEN transaction.
         """
+        now = self._clock.wall_ms()
+        self._prune_open(now)
+        if len(self._open) >= self._max_open:
+            raise ResourceLimitReached("open transactions on this broker", self._max_open)
         partition = self._pick_partition(tc_id)
         least = await self._next_least_bits(partition)
         txn = TxnId(partition, least)

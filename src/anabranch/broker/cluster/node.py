@@ -63,6 +63,7 @@ class ClusterNode:
                 session_ttl_s=config.session_ttl_s,
                 load_report_interval_s=config.load_report_interval_s,
                 connections=lambda: len(started[0].server.sessions) if started else 0,
+                idle_release_s=config.idle_ownership_release_s,
             )
             service.ownership = ownership
             _install_segment_resolver(service, ownership)

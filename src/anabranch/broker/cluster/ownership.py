@@ -20,6 +20,11 @@ taken over only by compare-and-set, so however lookups race, one broker wins eac
   An owner that refuses TCP connections (crashed) is not handed to clients: the lookup
   waits for its record to expire with its session and then assigns the topic, so clients
   do not spend the TTL backing off against a dead address.
+* **Nothing for names that do not exist.** Before assigning an unowned topic, a lookup
+  checks it exists or would be auto-created (``BrokerService.check_exists``, reads only);
+  otherwise it fails with TopicNotFound and writes nothing. A topic claimed by a lookup but
+  never loaded (a name looked up and never used) has its record deleted after
+  ``idle_release_s`` (:meth:`ClusterOwnership.release_idle`, run with the load reports).
 * **Session loss.** A broker stops serving the moment its session's local deadline
   passes (``serving`` is checked on every SEND and every topic load), then closes what it
   owned and opens a new session. The local deadline is counted from *before* the last
@@ -67,6 +72,7 @@ from anabranch.broker.cluster.records import (
     topic_of_ownership_path,
 )
 from anabranch.broker.probe import handshake
+from anabranch.core.names import TopicName, parse_name
 from anabranch.errors import (
     AnabranchError,
     BadVersion,
@@ -74,6 +80,7 @@ from anabranch.errors import (
     Compacted,
     InvalidArgument,
     MetadataError,
+    NotFound,
     NotOwner,
     SessionExpired,
 )
@@ -117,6 +124,7 @@ class ClusterOwnership:
         session_ttl_s: float,
         load_report_interval_s: float = 5.0,
         connections: Callable[[], int] = lambda: 0,
+        idle_release_s: float = limits.CLUSTER_IDLE_OWNERSHIP_RELEASE_S,
     ) -> None:
         self._store = store
         self._service = service
@@ -137,6 +145,12 @@ class ClusterOwnership:
         self.sessions_lost = 0
         """How many times this broker lost its metadata session (each unloads everything)."""
         self.sends_refused = 0
+        self.idle_release_s = idle_release_s
+        self._idle_since: dict[str, float] = {}
+        """Owned topics not loaded here, since when (see :meth:`release_idle`)."""
+        self._releasing: dict[str, asyncio.Event] = {}
+        self.idle_released = 0
+        """Ownership records deleted because their topic was never loaded (or no longer is)."""
 
     # --- lifecycle --------------------------------------------------------------------------
 
@@ -200,6 +214,8 @@ class ClusterOwnership:
         """Own ``topic`` or raise NotOwner (see the module docstring)."""
         if topic in self._owned and self._alive():
             return
+        while (releasing := self._releasing.get(topic)) is not None:
+            await releasing.wait()  # an idle release of it is deleting the record
         path = ownership_path(topic)
         for _ in range(limits.CLUSTER_CLAIM_ATTEMPTS_MAX):
             session = await self._live_session(topic)
@@ -270,6 +286,11 @@ class ClusterOwnership:
                 )
             if owner is not None and owner.state is OwnerState.RELEASING:
                 raise NotOwner(topic, None)
+            parsed = parse_name(topic)
+            if isinstance(parsed, TopicName) and not self._service.topic_in_use(topic):
+                # NotFound (nothing written) when it does not exist and would not be
+                # auto-created; a claim for one that would is released if never used.
+                await self._service.check_exists(parsed, create=True)
             target = await self._target_for(topic, owner, authoritative)
             if target is not None:
                 return LookupAnswer(
@@ -521,13 +542,62 @@ class ClusterOwnership:
 
     async def _report_load(self) -> None:
         while True:
-            await asyncio.sleep(self.load_report_interval_s)
+            await asyncio.sleep(min(self.load_report_interval_s, self.idle_release_s / 2))
             if not self._ready.is_set():
                 continue
             try:
-                await self._register()
+                await self.release_idle()
+                if time.monotonic() - self._rates[0] >= self.load_report_interval_s * 0.99:
+                    await self._register()
             except (MetadataError, Closed) as err:
                 log.warning("load report failed: %s", err)
+
+    async def release_idle(self) -> int:
+        """Delete the ownership records of topics owned but not loaded here for
+        ``idle_release_s``: a lookup claims a topic before any client creates it, and a
+        name looked up and never used must not keep a record (20,000 random lookups would
+        leave 20,000). A later lookup claims it again. Segments of scalable topics (their
+        controller creates them) are left alone. Returns how many were released.
+        """
+        now = time.monotonic()
+        idle = self._idle_since
+        due: list[tuple[str, int]] = []
+        for topic, version in self._owned.items():
+            if topic.startswith("segment://"):
+                continue  # created by a controller, not by a name a client made up
+            if self._service.topic_in_use(topic):
+                idle.pop(topic, None)
+            elif now - idle.setdefault(topic, now) >= self.idle_release_s:
+                due.append((topic, version))
+        for topic in [t for t in idle if t not in self._owned]:
+            del idle[topic]
+        session = self._session
+        if not due or session is None:
+            return 0
+        for topic, _ in due:  # no await since the check: nothing loaded them meanwhile
+            del self._owned[topic]
+            del idle[topic]
+            self._releasing[topic] = asyncio.Event()
+        released = 0
+        try:
+            for topic, version in due:
+                try:
+                    await self._store.delete(ownership_path(topic), version)
+                    released += 1
+                except (BadVersion, NotFound):
+                    pass  # already changed hands: nothing of ours to delete
+                except (MetadataError, Closed) as err:  # it dies with our session anyway
+                    log.warning("%s: releasing the idle ownership failed: %s", topic, err)
+                finally:
+                    self._releasing.pop(topic).set()
+        finally:
+            for topic, _ in due:
+                event = self._releasing.pop(topic, None)
+                if event is not None:
+                    event.set()
+        self.idle_released += released
+        log.info("released %d idle topic ownerships", released)
+        return released
 
     async def _guard_session(self) -> None:
         """Stop serving at the session's deadline, then rejoin with a new session."""
