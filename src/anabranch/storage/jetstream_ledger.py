@@ -61,11 +61,9 @@ Example:
 from __future__ import annotations
 
 import asyncio
-import bisect
 import hashlib
 import json
 import logging
-import operator
 import ssl
 import uuid
 from collections import deque
@@ -99,6 +97,7 @@ from anabranch.storage.jetstream_client import (
     WrongLastSequence,
 )
 from anabranch.storage.ledger import LEDGER_ID_COUNTER, disk_name
+from anabranch.storage.tail_cache import TailCache
 
 if TYPE_CHECKING:
     from anabranch.broker.config import BrokerConfig
@@ -114,7 +113,6 @@ _HEADER_ALLOWANCE = 256
 """Bytes of batch headers per message, kept free under the server's max_payload."""
 
 SEALED_MARKER = "sealed"
-_CACHE_KEY = operator.itemgetter(0, 1)
 
 
 def stream_name(prefix: str, name: str) -> str:
@@ -215,8 +213,7 @@ class JetStreamManagedLedger(ManagedLedgerBase):
         self._writer: asyncio.Task[None] | None = None
         self._terminating = False
         self._ledger_created = self.clock.monotonic()
-        self._tail: deque[tuple[int, int, list[bytes], int]] = deque()
-        self._tail_bytes = 0
+        self._tail = TailCache(self._factory.tail_cache_bytes)
         self._payload_max = min(
             limits.STORAGE_RECORD_BYTES_MAX, client.max_payload - _HEADER_ALLOWANCE
         )
@@ -537,7 +534,7 @@ class JetStreamManagedLedger(ManagedLedgerBase):
         first = current.entries
         self._last_seq = batch.expected + len(batch.payloads)
         self._entries_confirmed(current, len(batch.payloads), batch.size)
-        self._cache(current.ledger_id, first, batch.payloads, batch.size)
+        self._tail.add(current.ledger_id, first, batch.payloads, batch.size)
         lid = current.ledger_id
         for k, pending in enumerate(batch.pendings):
             if not pending.fut.done():
@@ -740,39 +737,10 @@ class JetStreamManagedLedger(ManagedLedgerBase):
 
     # --- reads ----------------------------------------------------------------------------------
 
-    def _cache(self, ledger_id: int, first: int, payloads: list[bytes], size: int) -> None:
-        limit = self._factory.tail_cache_bytes
-        if limit <= 0:
-            return
-        self._tail.append((ledger_id, first, payloads, size))
-        self._tail_bytes += size
-        while self._tail_bytes > limit and len(self._tail) > 1:
-            self._tail_bytes -= self._tail.popleft()[3]
-
-    def _from_cache(self, ledger_id: int, first: int, count: int) -> list[bytes] | None:
-        tail = self._tail
-        at = max(bisect.bisect_right(tail, (ledger_id, first), key=_CACHE_KEY) - 1, 0)
-        out: list[bytes] = []
-        want = first
-        for i in range(at, len(tail)):
-            lid, start, payloads, _ = tail[i]
-            if lid != ledger_id or start + len(payloads) <= want:
-                if out:
-                    break
-                continue
-            if start > want:
-                break
-            take = payloads[want - start : want - start + count - len(out)]
-            out += take
-            want += len(take)
-            if len(out) == count:
-                break
-        return out or None
-
     async def _read_ledger(
         self, info: LedgerInfo, first: int, count: int, max_bytes: int, at_least_one: bool
     ) -> list[bytes]:
-        datas = self._from_cache(info.ledger_id, first, count)
+        datas = self._tail.get(info.ledger_id, first, count)
         if datas is None:
             seq = self._first_seq[info.ledger_id] + 1 + first
             datas = await self._read_seqs(seq, count, max_bytes, at_least_one, info.ledger_id)

@@ -54,12 +54,10 @@ Example:
 from __future__ import annotations
 
 import asyncio
-import bisect
 import errno
 import hashlib
 import json
 import logging
-import operator
 import queue
 import shutil
 import threading
@@ -89,6 +87,7 @@ from anabranch.storage.api import ManagedLedgerConfig, Position
 from anabranch.storage.base import LedgerInfo, ManagedLedgerBase
 from anabranch.storage.files import FileOpener, open_os_file
 from anabranch.storage.segment_file import FileHandles, SegmentFile, delete_ledger_files
+from anabranch.storage.tail_cache import TailCache
 
 LEDGER_ID_COUNTER = "/ledger-id-counter"
 LEDGERS_PREFIX = "/ledgers/"
@@ -165,7 +164,6 @@ async def _in_thread(fn: Callable[..., _T], *args: Any, what: str) -> _T:
         raise io_error(err, what) from err
 
 
-_CACHE_KEY = operator.itemgetter(0, 1)
 """(ledger id, first entry) of a tail-cache batch."""
 
 
@@ -416,8 +414,7 @@ class FileManagedLedger(ManagedLedgerBase):
         self._reserved_bytes = 0
         self._rolling = False
         self._terminating = False
-        self._tail: deque[tuple[int, int, list[bytes], int]] = deque()
-        self._tail_bytes = 0
+        self._tail = TailCache(limits.STORAGE_TAIL_CACHE_BYTES_MAX)
         self._rollover_task: asyncio.Task[None] | None = None
 
     # --- open / recovery ----------------------------------------------------------------------
@@ -736,7 +733,7 @@ class FileManagedLedger(ManagedLedgerBase):
                 assert info.ledger_id == segment.ledger_id == batch.ledger_id
                 assert info.entries == batch.first_entry
                 self._entries_confirmed(info, batch.count, batch.size)
-                self._cache(info.ledger_id, batch.first_entry, batch.payloads, batch.size)
+                self._tail.add(info.ledger_id, batch.first_entry, batch.payloads, batch.size)
                 if not done.done():
                     done.set_result(None)
             if batch.fallback is not None and not batch.fallback.done():
@@ -809,38 +806,10 @@ class FileManagedLedger(ManagedLedgerBase):
 
     # --- reads ----------------------------------------------------------------------------------
 
-    def _cache(self, ledger_id: int, first: int, payloads: list[bytes], size: int) -> None:
-        self._tail.append((ledger_id, first, payloads, size))
-        self._tail_bytes += size
-        while self._tail_bytes > limits.STORAGE_TAIL_CACHE_BYTES_MAX and len(self._tail) > 1:
-            self._tail_bytes -= self._tail.popleft()[3]
-
-    def _from_cache(self, ledger_id: int, first: int, count: int) -> list[bytes] | None:
-        tail = self._tail
-        # The cache is in (ledger id, first entry) order: bisect to the batch holding
-        # ``first`` instead of walking from the oldest (a tailing reader reads the end).
-        at = max(bisect.bisect_right(tail, (ledger_id, first), key=_CACHE_KEY) - 1, 0)
-        out: list[bytes] = []
-        want = first
-        for i in range(at, len(tail)):
-            lid, start, payloads, _ = tail[i]
-            if lid != ledger_id or start + len(payloads) <= want:
-                if out:
-                    break
-                continue
-            if start > want:
-                break
-            take = payloads[want - start : want - start + count - len(out)]
-            out += take
-            want += len(take)
-            if len(out) == count:
-                break
-        return out or None
-
     async def _read_ledger(
         self, info: LedgerInfo, first: int, count: int, max_bytes: int, at_least_one: bool
     ) -> list[bytes]:
-        cached = self._from_cache(info.ledger_id, first, count)
+        cached = self._tail.get(info.ledger_id, first, count)
         if cached is None:
             segment = await self._segment_for(info)
             count = self._fit(segment, first, count, max_bytes, at_least_one)

@@ -681,25 +681,23 @@ async def fuzz_frames(
         report.rss_start_mb = report.rss_peak_mb = rss_mb(broker_pid)
     probe = Probe(host, port)
     await asyncio.to_thread(probe.start)
-    workers = [
-        asyncio.create_task(_worker(host, port, seed * 1000 + i, report, alive))
-        for i in range(connections)
-    ]
     try:
-        while not all(w.done() for w in workers):
-            await asyncio.wait(workers, timeout=0.5)
-            if broker_pid is not None:
-                now = rss_mb(broker_pid)
-                if now == 0.0:
-                    report.crashes = 1
-                report.rss_peak_mb = max(report.rss_peak_mb, now)
-            if progress is not None:
-                progress(report)
-        for w in workers:
-            w.result()
+        # A worker that fails cancels the others and its error leaves the group.
+        async with asyncio.TaskGroup() as group:
+            workers = [
+                group.create_task(_worker(host, port, seed * 1000 + i, report, alive))
+                for i in range(connections)
+            ]
+            while not all(w.done() for w in workers):
+                await asyncio.wait(workers, timeout=0.5)
+                if broker_pid is not None:
+                    now = rss_mb(broker_pid)
+                    if now == 0.0:
+                        report.crashes = 1
+                    report.rss_peak_mb = max(report.rss_peak_mb, now)
+                if progress is not None:
+                    progress(report)
     finally:
-        for w in workers:
-            w.cancel()
         figures = await asyncio.to_thread(probe.stop)
     report.max_stall_ms = round(figures.get("max_ms", 0.0), 1)
     report.p99_stall_ms = round(figures.get("p99_ms", 0.0), 1)
