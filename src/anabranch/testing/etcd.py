@@ -29,16 +29,15 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import socket
 import ssl
-import subprocess
 import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+
+from anabranch.testing.process import ServerProcess
 
 ETCD_START_TIMEOUT_S = 30.0
 """How long ``start``/``restart`` wait for ``/health``; a slow CI box elects in about 1 s."""
@@ -115,7 +114,7 @@ class EtcdTls:
         return context
 
 
-class EtcdServer:
+class EtcdServer(ServerProcess):
     """One running etcd process; see the module docstring."""
 
     def __init__(
@@ -131,10 +130,7 @@ class EtcdServer:
         self.binary = binary
         self.client_port = client_port
         self.peer_port = peer_port
-        self.log_path = data_dir / "etcd.log"
-        self._process: subprocess.Popen[bytes] | None = None
-        self._log: IO[bytes] | None = None
-        self._paused = False
+        super().__init__("etcd", data_dir / "etcd.log", ETCD_STOP_TIMEOUT_S)
 
     @classmethod
     def start(cls, data_dir: Path, *, tls: EtcdTls | None = None) -> EtcdServer:
@@ -148,17 +144,6 @@ class EtcdServer:
     def endpoint(self) -> str:
         """``host:port`` of the client URL, what ``EtcdMetadataStore.open`` takes."""
         return f"127.0.0.1:{self.client_port}"
-
-    @property
-    def pid(self) -> int:
-        """PID of the running process; RuntimeError when stopped."""
-        if self._process is None:
-            raise RuntimeError("etcd is not running")
-        return self._process.pid
-
-    @property
-    def running(self) -> bool:
-        return self._process is not None and self._process.poll() is None
 
     def command(self) -> list[str]:
         """The full command line (the same on every restart)."""
@@ -186,17 +171,7 @@ class EtcdServer:
 
     def _launch(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        # Appending keeps the log of every incarnation for post-mortems.
-        self._log = self.log_path.open("ab")
-        self._process = subprocess.Popen(
-            self.command(),
-            stdin=subprocess.DEVNULL,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            # Its own process group: a Ctrl-C aimed at pytest must not kill etcd mid-test.
-            start_new_session=True,
-        )
-        self._paused = False
+        self.spawn(self.command())
         try:
             self._wait_healthy()
         except BaseException:
@@ -221,56 +196,6 @@ class EtcdServer:
                     f"etcd did not answer {url} within {ETCD_START_TIMEOUT_S}s:\n{self.log_tail()}"
                 )
             time.sleep(_HEALTH_POLL_S)
-
-    def log_tail(self, lines: int = 30) -> str:
-        """The last ``lines`` lines of the etcd log (for error messages)."""
-        try:
-            text = self.log_path.read_text(errors="replace")
-        except OSError:
-            return "(no log)"
-        return "\n".join(text.splitlines()[-lines:])
-
-    def _signal(self, sig: signal.Signals) -> None:
-        if self._process is not None and self._process.poll() is None:
-            os.kill(self._process.pid, sig)
-
-    def _reap(self) -> None:
-        if self._process is not None:
-            self._process.wait()
-            self._process = None
-        if self._log is not None:
-            self._log.close()
-            self._log = None
-        self._paused = False
-
-    def stop(self) -> None:
-        """SIGTERM, wait, then SIGKILL if it lingers. Idempotent."""
-        if self._process is None:
-            return
-        if self._paused:
-            # A stopped process never handles SIGTERM; let it run so it can exit cleanly.
-            self._signal(signal.SIGCONT)
-        self._signal(signal.SIGTERM)
-        try:
-            self._process.wait(timeout=ETCD_STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            self._signal(signal.SIGKILL)
-        self._reap()
-
-    def kill(self) -> None:
-        """SIGKILL (a crash: no clean shutdown). Idempotent."""
-        self._signal(signal.SIGKILL)
-        self._reap()
-
-    def pause(self) -> None:
-        """SIGSTOP: the process holds its sockets but answers nothing (a hung server)."""
-        self._signal(signal.SIGSTOP)
-        self._paused = True
-
-    def resume(self) -> None:
-        """SIGCONT after :meth:`pause`."""
-        self._signal(signal.SIGCONT)
-        self._paused = False
 
     def restart(self) -> None:
         """Stop, then start again on the same ports and data dir; waits until healthy."""

