@@ -160,6 +160,15 @@ async def test_namespace_unload_moves_every_topic_from_every_owner(
     async with Client(cluster.brokers[0].service_url) as client:
         for topic in topics:
             await (await client.create_producer(topic)).send(b"x")
+    # Placement is load-based and may put all six on one broker: move one elsewhere so
+    # the namespace unload has several owners to forward to.
+    first = await cluster.owner_of(topics[0])
+    other = next(b for b in cluster.live() if b is not first)
+    short = topics[0].split("://", 1)[1]
+    status, body = await cluster.http(
+        "PUT", f"/admin/v2/persistent/{short}/unload?destinationBroker={other.broker_id}", via=first
+    )
+    assert status == 204, body
     before = {topic: await cluster.owner_of(topic) for topic in topics}
     assert len(set(before.values())) >= 2  # several owners: the unload must forward
     status, body = await cluster.http("PUT", f"/admin/v2/namespaces/{namespace}/unload")
