@@ -77,6 +77,18 @@ def _policy_path(target: str) -> str:
     return _topic_path(target)
 
 
+def _schema_path(topic: str) -> tuple[str, str]:
+    """The schema routes' path of a topic, and the query naming its domain.
+
+    Example:
+        >>> _schema_path("topic://public/default/t")
+        ('/admin/v2/schemas/public/default/t', '?domain=topic')
+    """
+    name = TopicName.parse(topic)
+    path = f"/admin/v2/schemas/{_q(name.tenant)}/{_q(name.namespace)}/{_q(name.local_name)}"
+    return path, "" if name.domain.value == "persistent" else f"?domain={name.domain.value}"
+
+
 def _scalable_path(topic: str) -> str:
     """``/admin/v2/scalable/t/ns/x`` of a scalable topic (``topic://t/ns/x``, ``t/ns/x``, ``x``)."""
     name = TopicName.parse(topic, TopicDomain.TOPIC)
@@ -326,6 +338,56 @@ class AdminClient:
 
     async def remove_message_ttl(self, target: str) -> None:
         await self.request("DELETE", _policy_path(target) + "/messageTTL")
+
+    # --- schemas --------------------------------------------------------------------------
+
+    async def get_schema(self, topic: str, version: int | None = None) -> dict[str, Any]:
+        """The latest (or one) version: ``{"version", "type", "timestamp", "data",
+        "properties"}``."""
+        path, query = _schema_path(topic)
+        suffix = "/schema" if version is None else f"/schema/{int(version)}"
+        return dict(await self.request("GET", path + suffix + query))
+
+    async def get_all_schemas(self, topic: str) -> list[dict[str, Any]]:
+        """Every live version, oldest first."""
+        path, query = _schema_path(topic)
+        answer = await self.request("GET", path + "/schemas" + query)
+        return list(answer["getSchemaResponseList"])
+
+    async def upload_schema(
+        self, topic: str, schema_type: str, definition: str = "",
+        properties: dict[str, str] | None = None,
+    ) -> int:  # fmt: skip
+        """Register a schema (checked for compatibility); its version."""
+        path, query = _schema_path(topic)
+        body = {"type": schema_type, "schema": definition, "properties": properties or {}}
+        return int((await self.request("POST", path + "/schema" + query, body))["version"])
+
+    async def delete_schema(self, topic: str, *, force: bool = False) -> int:
+        """Delete a topic's schema (``force``: its whole history); the marker's version."""
+        path, query = _schema_path(topic)
+        query = (query + "&" if query else "?") + f"force={str(force).lower()}"
+        return int((await self.request("DELETE", path + "/schema" + query))["version"])
+
+    async def test_schema_compatibility(
+        self, topic: str, schema_type: str, definition: str = "",
+        properties: dict[str, str] | None = None,
+    ) -> dict[str, Any]:  # fmt: skip
+        """``{"isCompatibility": bool, "schemaCompatibilityStrategy": str}``."""
+        path, query = _schema_path(topic)
+        body = {"type": schema_type, "schema": definition, "properties": properties or {}}
+        return dict(await self.request("POST", path + "/compatibility" + query, body))
+
+    async def get_schema_compatibility_strategy(self, target: str) -> str | None:
+        """A namespace's strategy (UNDEFINED: the broker's) or a topic's override."""
+        answer = await self.request("GET", _policy_path(target) + "/schemaCompatibilityStrategy")
+        return None if answer is None else str(answer)
+
+    async def set_schema_compatibility_strategy(self, target: str, strategy: str) -> None:
+        await self.request("PUT", _policy_path(target) + "/schemaCompatibilityStrategy", strategy)
+
+    async def remove_schema_compatibility_strategy(self, target: str) -> None:
+        await self.request("DELETE", _policy_path(target) + "/schemaCompatibilityStrategy")
 
     async def get_backlog_quotas(self, target: str) -> dict[str, Any]:
         """``{type: {"limitSize", "limitTime", "policy"}}``."""

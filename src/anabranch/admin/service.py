@@ -202,6 +202,7 @@ class AdminService:
             await self.policies.unregister_topic(partition)
         await self.policies.delete_partitioned_topic(name)
         await TopicPolicyStore(self.broker.store).delete(name)
+        await self.broker.schemas.delete(name, force=True)
         await self.policies.forget_topic_permissions(name)
 
     async def stats(self, text: str) -> dict[str, Any]:
