@@ -108,7 +108,7 @@ def test_strategies_form_a_lattice(history: list[Any], new: Any) -> None:
             return False
         return True
 
-    outcome = {s: passes(s) for s in Strategy if s is not Strategy.UNDEFINED}
+    outcome: dict[Strategy, bool] = {s: passes(s) for s in Strategy if s is not Strategy.UNDEFINED}
     assert outcome[Strategy.ALWAYS_COMPATIBLE]
     assert not outcome[Strategy.ALWAYS_INCOMPATIBLE]
     assert outcome[Strategy.FULL] == (outcome[Strategy.BACKWARD] and outcome[Strategy.FORWARD])
