@@ -124,6 +124,12 @@ ROUTE_ACCESS: dict[tuple[str, str], Need] = {
             ("DELETE", "backlogQuota"),
         )
     },
+    # Stored messages (admin/routes_messages.py): what a consumer may read or acknowledge.
+    ("GET", f"{SUB}/position/{{messagePosition}}"): N.CONSUME,
+    ("GET", f"{TOPIC}/examinemessage"): N.CONSUME,
+    ("GET", f"{TOPIC}/ledger/{{ledgerId}}/entry/{{entryId}}"): N.CONSUME,
+    ("POST", f"{SUB}/expireMessages/{{expireTimeInSeconds}}"): N.CONSUME,
+    ("POST", f"{TOPIC}/all_subscription/expireMessages/{{expireTimeInSeconds}}"): N.CONSUME,
     # Schemas (admin/routes_schemas.py): reading needs what a lookup needs, registering
     # what a producer needs; deleting and strategies are the tenant's admins'.
     ("GET", f"{SCHEMAS}/schema"): N.LOOKUP,

@@ -26,6 +26,7 @@ from urllib.parse import quote
 import aiohttp
 import msgspec
 
+from anabranch.admin.messages import decode_peeked
 from anabranch.client.auth import Authentication, AuthenticationToken
 from anabranch.client.tls import TlsOptions, client_ssl_context
 from anabranch.core.names import NamespaceName, SegmentName, TopicDomain, TopicName
@@ -212,31 +213,50 @@ class AdminClient:
             await self._session.close()
             self._session = None
 
-    async def request(self, method: str, path: str, body: Any = None) -> Any:
-        """One request; JSON-decoded answer (text for non-JSON, None for 204)."""
+    def _open(self) -> aiohttp.ClientSession:
         if self._session is None:
             connector = aiohttp.TCPConnector(ssl=self._ssl if self._ssl is not None else True)
             self._session = aiohttp.ClientSession(timeout=self._timeout, connector=connector)
-        data = None if body is None else msgspec.json.encode(body)
-        headers = {"Content-Type": "application/json"} if data is not None else {}
+        return self._session
+
+    def _headers(self) -> dict[str, str]:
         authorization = self.auth.http_header() if self.auth is not None else None
-        if authorization:
-            headers["Authorization"] = authorization
-        async with self._session.request(
+        return {"Authorization": authorization} if authorization else {}
+
+    @staticmethod
+    def _check(method: str, path: str, status: int, raw: bytes) -> None:
+        if status >= 400:
+            try:
+                reason = str(msgspec.json.decode(raw).get("reason", ""))
+            except (msgspec.DecodeError, AttributeError):
+                reason = raw.decode("utf-8", "replace")
+            raise AdminHttpError(method, path, status, reason)
+
+    async def request(self, method: str, path: str, body: Any = None) -> Any:
+        """One request; JSON-decoded answer (text for non-JSON, None for 204)."""
+        data = None if body is None else msgspec.json.encode(body)
+        headers = self._headers()
+        if data is not None:
+            headers["Content-Type"] = "application/json"
+        async with self._open().request(
             method, self.url + path, data=data, headers=headers
         ) as response:
             raw = await response.read()
-            if response.status >= 400:
-                try:
-                    reason = str(msgspec.json.decode(raw).get("reason", ""))
-                except (msgspec.DecodeError, AttributeError):
-                    reason = raw.decode("utf-8", "replace")
-                raise AdminHttpError(method, path, response.status, reason)
+            self._check(method, path, response.status, raw)
             if response.status == 204 or not raw:
                 return None
             if response.content_type == "application/json":
                 return msgspec.json.decode(raw)
             return raw.decode("utf-8", "replace")
+
+    async def request_raw(self, method: str, path: str) -> tuple[dict[str, str], bytes]:
+        """One request answered with bytes: ``(headers, body)``."""
+        async with self._open().request(
+            method, self.url + path, headers=self._headers()
+        ) as response:
+            raw = await response.read()
+            self._check(method, path, response.status, raw)
+            return dict(response.headers), raw
 
     # --- clusters -------------------------------------------------------------------------
 
@@ -338,6 +358,51 @@ class AdminClient:
 
     async def remove_message_ttl(self, target: str) -> None:
         await self.request("DELETE", _policy_path(target) + "/messageTTL")
+
+    # --- stored messages ------------------------------------------------------------------
+
+    async def peek_messages(
+        self, topic: str, subscription: str, count: int = 1
+    ) -> list[dict[str, Any]]:
+        """The first ``count`` entries of a subscription's backlog, batches split (see
+        :func:`anabranch.admin.messages.decode_peeked`)."""
+        out: list[dict[str, Any]] = []
+        base = f"{_topic_path(topic)}/subscription/{_q(subscription)}/position"
+        for n in range(1, count + 1):
+            try:
+                headers, body = await self.request_raw("GET", f"{base}/{n}")
+            except AdminHttpError as err:
+                if err.status == 404 and out:
+                    break  # fewer messages than asked for
+                raise
+            out.extend(decode_peeked(headers, body))
+        return out
+
+    async def examine_message(
+        self, topic: str, initial_position: str = "latest", message_position: int = 1
+    ) -> list[dict[str, Any]]:
+        """The N-th entry from the earliest or the latest one."""
+        query = f"?initialPosition={_q(initial_position)}&messagePosition={int(message_position)}"
+        return decode_peeked(
+            *await self.request_raw("GET", f"{_topic_path(topic)}/examinemessage{query}")
+        )
+
+    async def get_message_by_id(
+        self, topic: str, ledger_id: int, entry_id: int
+    ) -> list[dict[str, Any]]:
+        """The entry at ``ledger_id:entry_id``."""
+        path = f"{_topic_path(topic)}/ledger/{int(ledger_id)}/entry/{int(entry_id)}"
+        return decode_peeked(*await self.request_raw("GET", path))
+
+    async def expire_messages(self, topic: str, subscription: str, seconds: int) -> None:
+        """Acknowledge the subscription's messages older than ``seconds``."""
+        path = f"{_topic_path(topic)}/subscription/{_q(subscription)}/expireMessages/{int(seconds)}"
+        await self.request("POST", path)
+
+    async def expire_messages_all_subscriptions(self, topic: str, seconds: int) -> None:
+        """Expire messages older than ``seconds`` on every subscription of the topic."""
+        path = f"{_topic_path(topic)}/all_subscription/expireMessages/{int(seconds)}"
+        await self.request("POST", path)
 
     # --- schemas --------------------------------------------------------------------------
 

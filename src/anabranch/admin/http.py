@@ -39,6 +39,7 @@ from prometheus_client import CollectorRegistry
 
 from anabranch.admin import (
     routes_cluster,
+    routes_messages,
     routes_permissions,
     routes_retention,
     routes_scalable,
@@ -92,6 +93,7 @@ def all_routes() -> list[Route]:
         *routes_transactions.ROUTES,
         *routes_permissions.ROUTES,
         *routes_schemas.ROUTES,
+        *routes_messages.ROUTES,
         *OWN_ROUTES,
     ]
 

@@ -114,6 +114,11 @@ class AdminService:
             name.base
         )
 
+    async def existing_topic(self, text: str) -> PersistentTopic:
+        """The loaded persistent topic ``text`` names; NotFound unless it exists (a
+        partitioned topic's base name is NotFound too: its partitions are the topics)."""
+        return await self._existing_topic(text)
+
     async def _existing_topic(self, text: str) -> PersistentTopic:
         name = persistent_topic(text)
         if not await self.topic_exists(name):
