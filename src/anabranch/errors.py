@@ -432,6 +432,20 @@ class ProducerQuotaHoldTimeout(NotAllowed):
     http_status = 412
 
 
+class NonPersistentUnsupported(NotAllowed):
+    """An operation a ``non-persistent://`` topic cannot take part in: transactions (its
+    messages are never stored, so there is nothing to commit or abort), seeks, last
+    message ids, admin cursor operations. Nothing was done.
+
+    Example:
+        >>> NonPersistentUnsupported("transactions").wire_code
+        'NotAllowedError'
+    """
+
+    def __init__(self, what: str) -> None:
+        super().__init__(f"{what}: not supported on a non-persistent topic")
+
+
 class TopicTerminated(NotAllowed):
     """A send to a topic that was terminated (sealed) or is closing."""
 

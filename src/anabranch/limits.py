@@ -566,3 +566,20 @@ KEY_SHARED_STICKY_RANGES_MAX = 1_000
 """Hash ranges one STICKY Key_Shared consumer may declare in SUBSCRIBE; more is refused
 (ConsumerAssignError). Upstream clients declare a handful; each range costs a comparison
 when consumers join."""
+
+# --- non-persistent topics -----------------------------------------------------------------
+
+NON_PERSISTENT_SUBSCRIPTIONS_MAX = 10_000
+"""Subscriptions one non-persistent topic holds at once (each lives only while it has
+consumers); one more is refused with TooManyRequests (``ResourceLimitReached``)."""
+
+NON_PERSISTENT_CONSUMERS_MAX = 10_000
+"""Consumers one non-persistent topic holds at once, over all its subscriptions; refused
+like the above."""
+
+NON_PERSISTENT_INFLIGHT_BYTES_MAX = 16 * 1024 * 1024
+"""Bytes one non-persistent topic may hand to its consumers' connections within one event
+loop iteration (before they are flushed to the sockets): a pipelined burst fanned out to
+many consumers is bounded by it. A send past it is dropped, counted on its publisher,
+and answered with the (-1, -1) receipt, as upstream answers a send over
+maxConcurrentNonPersistentMessagePerConnection."""

@@ -23,6 +23,7 @@ from anabranch.broker import command_table
 from anabranch.broker.consumer import Consumer
 from anabranch.broker.dispatcher_key_shared import StickySelector
 from anabranch.broker.session import Session
+from anabranch.broker.subscription import Subscription
 from anabranch.errors import ConsumerAssignError
 from anabranch.protocol import commands
 from anabranch.protocol._generated import pulsar_api_pb2 as pb
@@ -203,7 +204,7 @@ async def test_redeliver_with_many_ids_is_bounded(
     await produce_batch(client, 1)
     message = await subscribe(client)
     consumer = broker_consumer(broker)
-    assert consumer.subscription is not None
+    assert isinstance(consumer.subscription, Subscription)
     dispatcher = consumer.subscription.dispatcher
     seen: list[int] = []
     real = dispatcher.redeliver

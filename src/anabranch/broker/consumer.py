@@ -32,6 +32,7 @@ from anabranch.protocol._generated import pulsar_api_pb2 as pb
 from anabranch.storage.api import Position
 
 if TYPE_CHECKING:
+    from anabranch.broker.nonpersistent_subscription import NonPersistentSubscription
     from anabranch.broker.subscription import Subscription
 
 U64_MASK = (1 << 64) - 1
@@ -153,7 +154,7 @@ class Consumer:
         self.permits = 0
         self.pending: dict[Position, PendingEntry] = {}
         self.unacked_messages = 0
-        self.subscription: Subscription | None = None
+        self.subscription: Subscription | NonPersistentSubscription | None = None
         self.closed = False
         self.reached_end_sent = False
         self.messages_out = 0

@@ -21,6 +21,8 @@ from anabranch import limits
 from anabranch.broker.consumer import Consumer, message_id_data
 from anabranch.broker.dispatcher_entries import read_info
 from anabranch.broker.error_codes import server_error
+from anabranch.broker.nonpersistent import NonPersistentTopic
+from anabranch.broker.nonpersistent_subscription import NonPersistentSubscription
 from anabranch.broker.subscription import NonDurableCursor, Subscription, position_of
 from anabranch.core.names import SegmentName, parse_name
 from anabranch.errors import (
@@ -28,6 +30,7 @@ from anabranch.errors import (
     ConsumerBusy,
     ConsumerNotFound,
     InvalidArgument,
+    NonPersistentUnsupported,
     ResourceLimitReached,
 )
 from anabranch.protocol import commands
@@ -50,7 +53,7 @@ def _consumer(session: Session, consumer_id: int) -> Consumer:
     return consumer
 
 
-def _subscription(consumer: Consumer) -> Subscription:
+def _subscription(consumer: Consumer) -> Subscription | NonPersistentSubscription:
     if consumer.subscription is None:
         raise ConsumerNotFound(consumer.consumer_id)
     return consumer.subscription
@@ -102,6 +105,10 @@ async def handle_subscribe(session: Session, cmd: pb.CommandSubscribe) -> None:
     # Claimed before any await, so a concurrent SUBSCRIBE with the same id is refused.
     session.consumers[cmd.consumer_id] = consumer
     try:
+        if not isinstance(topic_name, SegmentName) and not topic_name.is_persistent:
+            await _subscribe_non_persistent(session, cmd, consumer)
+            session.reply_success(cmd.request_id)
+            return
         topic = await session.service.get_topic(str(topic_name), create=cmd.force_topic_creation)
         if cmd.HasField("schema"):
             consumers = sum(len(sub.consumers) for sub in topic.subscriptions.values())
@@ -129,6 +136,26 @@ async def handle_subscribe(session: Session, cmd: pb.CommandSubscribe) -> None:
     session.reply_success(cmd.request_id)
 
 
+async def _subscribe_non_persistent(
+    session: Session, cmd: pb.CommandSubscribe, consumer: Consumer
+) -> None:
+    """SUBSCRIBE on a non-persistent topic: durable or not, start position and all, the
+    consumer gets what is published from now on (upstream)."""
+    topic: NonPersistentTopic = await session.service.get_non_persistent_topic(
+        cmd.topic, create=cmd.force_topic_creation
+    )
+    if cmd.HasField("schema"):
+        idle = not topic.in_use
+        await session.service.schemas.check_for_consumer(topic.name, cmd.schema, idle=idle)
+    sub = topic.get_or_create_subscription(cmd.subscription, int(cmd.subType))
+    try:
+        await sub.add_consumer(consumer)
+    except BaseException:
+        if not sub.consumers:
+            topic.forget_subscription(sub)
+        raise
+
+
 async def handle_flow(session: Session, cmd: pb.CommandFlow) -> None:
     """FLOW: more permits; the dispatcher may send now."""
     consumer = session.consumers.get(cmd.consumer_id)
@@ -136,7 +163,7 @@ async def handle_flow(session: Session, cmd: pb.CommandFlow) -> None:
         log.info("FLOW for unknown consumer %d", cmd.consumer_id)
         return
     consumer.add_permits(cmd.messagePermits)
-    if consumer.subscription is not None:
+    if isinstance(consumer.subscription, Subscription):
         consumer.subscription.dispatcher.kick()
 
 
@@ -195,6 +222,8 @@ async def handle_get_last_message_id(session: Session, cmd: pb.CommandGetLastMes
     reader's hasMessageAvailable sees the rest of a batch) and the mark-delete position."""
     consumer = _consumer(session, cmd.consumer_id)
     sub = _subscription(consumer)
+    if isinstance(sub, NonPersistentSubscription):
+        raise NonPersistentUnsupported("GET_LAST_MESSAGE_ID")
     last = min(sub.transaction_buffer.max_read_position(), sub.ledger.last_confirmed)
     batch_index = -1
     if last[1] >= 0:
@@ -236,12 +265,17 @@ async def handle_close_consumer(session: Session, cmd: pb.CommandCloseConsumer) 
 
 
 async def _detach(consumer: Consumer) -> None:
-    sub: Subscription | None = consumer.subscription
+    sub = consumer.subscription
     if sub is None:
         consumer.closed = True
         return
     await sub.remove_consumer(consumer)
     if sub.durable or sub.consumers:
+        return
+    if isinstance(sub, NonPersistentSubscription):
+        # Its counters stay in the topic's stats; the subscription itself ends (upstream).
+        sub.topic.forget_subscription(sub)
+        await sub.close()
         return
     subscriptions: dict[str, Any] = sub.topic.subscriptions
     name = sub.name

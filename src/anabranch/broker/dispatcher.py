@@ -62,6 +62,34 @@ def murmur_positive(data: bytes) -> int:
     return mmh3.hash(data, 0, signed=False) & 0x7FFFFFFF
 
 
+def choose_active(consumers: Sequence[Consumer], partition: int, topic_name: str) -> Consumer:
+    """The active consumer of an Exclusive/Failover subscription, as upstream picks it: of
+    the best (lowest) priority level sorted by name, index ``partition % n`` on a
+    partition, else the one a consistent-hash ring of their names gives for the topic
+    name's hash. ``consumers`` must not be empty.
+
+    Example:
+        >>> from anabranch.broker.consumer import FakeWriter
+        >>> a, b = (Consumer(FakeWriter(), i, n, 1) for i, n in ((1, "a"), (2, "b")))
+        >>> choose_active([b, a], 1, "persistent://t/ns/x-partition-1").name
+        'b'
+    """
+    ranked = sorted(consumers, key=lambda c: (c.priority, c.name))
+    top = sum(1 for c in ranked if c.priority == ranked[0].priority)
+    if partition >= 0:
+        return ranked[partition % top]
+    ring: dict[int, int] = {}
+    for i in range(top):
+        for j in range(FAILOVER_HASH_REPLICAS):
+            ring[murmur_positive(f"{ranked[i].name}{j}".encode())] = i
+    point = murmur_positive(topic_name.encode())
+    keys = sorted(ring)
+    for key in keys:
+        if key >= point:
+            return ranked[ring[key]]
+    return ranked[ring[keys[0]]]
+
+
 class Dispatcher:
     """The read loop and the bookkeeping every type shares."""
 
@@ -374,11 +402,7 @@ class SingleActiveDispatcher(Dispatcher):
 
     def _pick(self) -> bool:
         """Choose the active consumer as upstream does; True when it changed."""
-        ranked = sorted(self.consumers, key=lambda c: (c.priority, c.name))
-        top = sum(1 for c in ranked if c.priority == ranked[0].priority)
-        partition = self.sub.partition
-        index = partition % top if partition >= 0 else self._ring_index(ranked, top)
-        chosen = ranked[index]
+        chosen = choose_active(self.consumers, self.sub.partition, self.sub.topic_name)
         if chosen is self.active:
             return False
         previous, self.active = self.active, chosen
@@ -388,20 +412,6 @@ class SingleActiveDispatcher(Dispatcher):
         if self.sub_type == SubType.Failover:
             self._notify = list(self.consumers)
         return True
-
-    def _ring_index(self, ranked: list[Consumer], top: int) -> int:
-        """Failover on a non-partitioned topic: a consistent-hash ring of the top-priority
-        consumer names, looked up with the topic name's hash (upstream)."""
-        ring: dict[int, int] = {}
-        for i in range(top):
-            for j in range(FAILOVER_HASH_REPLICAS):
-                ring[murmur_positive(f"{ranked[i].name}{j}".encode())] = i
-        point = murmur_positive(self.sub.topic_name.encode())
-        keys = sorted(ring)
-        for key in keys:
-            if key >= point:
-                return ring[key]
-        return ring[keys[0]]
 
     def _before_pass(self) -> None:
         if self.sub_type == SubType.Failover:

@@ -37,6 +37,7 @@ from anabranch.storage.api import Position
 from anabranch.transactions.ids import TxnId
 
 if TYPE_CHECKING:
+    from anabranch.broker.nonpersistent import NonPersistentTopic
     from anabranch.broker.session import Session
     from anabranch.broker.topic import PersistentTopic
 
@@ -50,7 +51,7 @@ class Producer:
     def __init__(
         self,
         session: Session,
-        topic: PersistentTopic,
+        topic: PersistentTopic | NonPersistentTopic,
         producer_id: int,
         name: str,
         *,
@@ -213,7 +214,7 @@ async def handle_producer(session: Session, cmd: pb.CommandProducer) -> None:
     try:
         name = str(canonical_topic(cmd.topic))  # invalid names fail before any write
         service = session.service
-        topic = await service.get_topic(name, create=True)
+        topic = await service.get_any_topic(name, create=True)
         user_named = bool(cmd.producer_name)
         producer_name = cmd.producer_name if user_named else service.new_producer_name()
         schema_version = None

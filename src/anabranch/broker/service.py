@@ -39,6 +39,7 @@ from urllib.parse import quote
 from anabranch.broker.authorization import Authorizer
 from anabranch.broker.config import BrokerConfig
 from anabranch.broker.metrics import BrokerCounters
+from anabranch.broker.nonpersistent import NonPersistentTopic
 from anabranch.broker.policies import NamespacePolicies, Policies
 from anabranch.broker.retention import RetentionSweeps, retention_of
 from anabranch.broker.scalable_commands import ScalableEndpoint
@@ -51,7 +52,14 @@ from anabranch.clock import Clock, SystemClock
 from anabranch.core.names import SegmentName, TopicDomain, TopicName, parse_name
 from anabranch.core.schema_compat import Strategy
 from anabranch.core.segment_layout import SegmentLayout
-from anabranch.errors import Closed, NotAllowed, NotFound, ResourceLimitReached
+from anabranch.errors import (
+    Closed,
+    InvalidArgument,
+    NonPersistentUnsupported,
+    NotAllowed,
+    NotFound,
+    ResourceLimitReached,
+)
 from anabranch.metadata.api import MetadataStore
 from anabranch.scalable.dag_watch import DagWatcher
 from anabranch.scalable.paths import TopicPaths
@@ -165,6 +173,9 @@ class BrokerService:
         """Which broker serves a segment; cluster mode replaces this function."""
         self._topics: dict[str, PersistentTopic] = {}
         self._loading: dict[str, asyncio.Task[PersistentTopic]] = {}
+        self._np_topics: dict[str, NonPersistentTopic] = {}
+        """Loaded ``non-persistent://`` topics (memory only; they count in the topic cap)."""
+        self._np_incarnation = 0
         self._broker_index = 0
         self._producer_counter = itertools.count()
         self._closed = False
@@ -261,6 +272,8 @@ class BrokerService:
         parsed = canonical_topic(name)
         if isinstance(parsed, TopicName) and parsed.domain is TopicDomain.TOPIC:
             raise NotAllowed(f"{parsed} is a scalable topic: produce to its segments")
+        if isinstance(parsed, TopicName) and not parsed.is_persistent:
+            raise NonPersistentUnsupported(f"this operation on {parsed}")
         key = str(parsed)
         if self.ownership is not None:
             if not self.topic_in_use(key):
@@ -290,6 +303,75 @@ class BrokerService:
 
             task.add_done_callback(loaded)
         return await asyncio.shield(task)
+
+    async def get_any_topic(
+        self, name: str, *, create: bool
+    ) -> PersistentTopic | NonPersistentTopic:
+        """:meth:`get_topic`, or :meth:`get_non_persistent_topic` for a
+        ``non-persistent://`` name (what producers and consumers attach to)."""
+        parsed = canonical_topic(name)
+        if isinstance(parsed, TopicName) and not parsed.is_persistent:
+            return await self.get_non_persistent_topic(parsed, create=create)
+        return await self.get_topic(name, create=create)
+
+    async def get_non_persistent_topic(
+        self, name: str | TopicName, *, create: bool
+    ) -> NonPersistentTopic:
+        """The loaded non-persistent topic ``name``, created in memory when ``create`` and
+        auto-creation allow it (nothing is written anywhere, but in cluster mode this
+        broker must own it first); NotFound otherwise."""
+        parsed = name if isinstance(name, TopicName) else canonical_topic(name)
+        if not isinstance(parsed, TopicName) or parsed.is_persistent:
+            raise InvalidArgument(f"{parsed} is not a non-persistent:// topic")
+        key = str(parsed)
+        if self.ownership is not None:
+            if not self.topic_in_use(key):
+                self._check_topic_cap()
+                await self._check_non_persistent(parsed, create=create)
+            await self.ownership.claim(key)
+        topic = self._np_topics.get(key)
+        if topic is not None:
+            return topic
+        if self._closed:
+            raise Closed("the broker is shutting down")
+        self._check_topic_cap()
+        await self._check_non_persistent(parsed, create=create)
+        topic = self._np_topics.get(key)  # another caller created it meanwhile
+        if topic is None:
+            if self._closed:
+                raise Closed("the broker is shutting down")
+            self._check_topic_cap()
+            # Ids grow across reloads of the name (clients may compare them).
+            self._np_incarnation = max(self._np_incarnation + 1, self.clock.wall_ms())
+            topic = NonPersistentTopic(key, clock=self.clock, incarnation=self._np_incarnation)
+            self._np_topics[key] = topic
+            log.info("loaded non-persistent topic %s", key)
+        return topic
+
+    async def _check_non_persistent(self, name: TopicName, *, create: bool) -> None:
+        ns_policies = await self._namespace_policies(f"{name.tenant}/{name.namespace}", str(name))
+        if str(name) in self._np_topics:
+            return
+        auto = self.config.allow_auto_topic_creation and ns_policies.allow_auto_topic_creation
+        if not (create and auto):
+            self.counters.topics_not_auto_created += 1
+            raise NotFound(f"topic {name}")
+
+    def loaded_non_persistent_topics(self) -> list[NonPersistentTopic]:
+        """Non-persistent topics loaded on this broker now."""
+        return list(self._np_topics.values())
+
+    def loaded_non_persistent_topic(self, name: str) -> NonPersistentTopic | None:
+        """The non-persistent topic if it is loaded here."""
+        return self._np_topics.get(str(canonical_topic(name)))
+
+    async def delete_non_persistent_topic(self, name: str) -> None:
+        """Close and forget a loaded non-persistent topic (there is nothing stored)."""
+        key = str(canonical_topic(name))
+        topic = self._np_topics.pop(key, None)
+        if topic is None:
+            raise NotFound(f"topic {key}")
+        await topic.close()
 
     async def _load(self, name: TopicName | SegmentName, create: bool) -> PersistentTopic:
         key = str(name)
@@ -422,13 +504,13 @@ class BrokerService:
 
     def _check_topic_cap(self) -> None:
         cap = self.config.max_topics_per_broker
-        if len(self._topics) + len(self._loading) >= cap:
+        if len(self._topics) + len(self._loading) + len(self._np_topics) >= cap:
             self.counters.topics_refused += 1
             raise ResourceLimitReached("topics loaded on this broker", cap)
 
     def topic_in_use(self, name: str) -> bool:
         """Whether ``name`` (canonical) is loaded or being loaded here."""
-        return name in self._topics or name in self._loading
+        return name in self._topics or name in self._loading or name in self._np_topics
 
     async def _implicitly_exists(self, name: TopicName) -> bool:
         # A partition of a partitioned topic exists with its parent; a partitioned topic's
@@ -453,6 +535,11 @@ class BrokerService:
     async def unload_topic(self, name: str) -> bool:
         """Close a loaded topic without deleting anything (its clients reconnect and look
         it up again); False when it was not loaded here."""
+        transient = self._np_topics.pop(name, None)
+        if transient is not None:
+            await transient.close()  # what it held is lost, as on upstream's unload
+            log.info("unloaded non-persistent topic %s", name)
+            return True
         task = self._loading.get(name)
         if task is not None:
             await asyncio.wait([task])
@@ -515,6 +602,9 @@ class BrokerService:
                 log.exception("closing the scalable-topic services failed")
         for task in list(self._loading.values()):
             await asyncio.wait([task])
+        transients, self._np_topics = list(self._np_topics.values()), {}
+        for transient in transients:
+            await transient.close()
         topics, self._topics = list(self._topics.values()), {}
         for topic in topics:
             try:

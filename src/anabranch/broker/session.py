@@ -406,6 +406,12 @@ class Session:
     def reading_paused(self) -> bool:
         return self._reading_paused
 
+    @property
+    def write_paused(self) -> bool:
+        """Whether the socket's output buffer is over its high-water mark: the peer reads
+        slower than we write (non-persistent dispatch drops rather than queue more)."""
+        return self._write_paused
+
     # --- timers and closing ---------------------------------------------------------------
 
     def tick(self, now: float) -> None:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from anabranch import limits
@@ -32,6 +32,7 @@ from anabranch.core.txn_state import clamp_timeout
 from anabranch.errors import (
     AnabranchError,
     InvalidArgument,
+    NonPersistentUnsupported,
     ResourceLimitReached,
     TransactionCoordinatorNotFound,
 )
@@ -198,8 +199,28 @@ async def handle_add_partition_to_txn(session: Session, cmd: pb.CommandAddPartit
     """ADD_PARTITION_TO_TXN: a check that the transaction is open (participants register
     themselves)."""
     body = pb.CommandAddPartitionToTxnResponse()
-    await _answer_open_check(session, cmd, body)
+    transient = _non_persistent(cmd.partitions)
+    if transient is not None:
+        body.request_id = cmd.request_id
+        body.txnid_most_bits = cmd.txnid_most_bits
+        body.txnid_least_bits = cmd.txnid_least_bits
+        _fail(body, NonPersistentUnsupported(f"transactions ({transient})"))
+    else:
+        await _answer_open_check(session, cmd, body)
     session.write(T(type=T.ADD_PARTITION_TO_TXN_RESPONSE, addPartitionToTxnResponse=body))
+
+
+def _non_persistent(topics: Iterable[str]) -> str | None:
+    """The first ``non-persistent://`` name of ``topics``: those never join a transaction.
+
+    Example:
+        >>> _non_persistent(["persistent://a/b/c", "non-persistent://a/b/d"])
+        'non-persistent://a/b/d'
+    """
+    for topic in topics:
+        if topic.startswith("non-persistent://"):
+            return topic
+    return None
 
 
 async def handle_add_subscription_to_txn(
@@ -207,7 +228,14 @@ async def handle_add_subscription_to_txn(
 ) -> None:
     """ADD_SUBSCRIPTION_TO_TXN: as ADD_PARTITION_TO_TXN."""
     body = pb.CommandAddSubscriptionToTxnResponse()
-    await _answer_open_check(session, cmd, body)
+    transient = _non_persistent(sub.topic for sub in cmd.subscription)
+    if transient is not None:
+        body.request_id = cmd.request_id
+        body.txnid_most_bits = cmd.txnid_most_bits
+        body.txnid_least_bits = cmd.txnid_least_bits
+        _fail(body, NonPersistentUnsupported(f"transactions ({transient})"))
+    else:
+        await _answer_open_check(session, cmd, body)
     session.write(T(type=T.ADD_SUBSCRIPTION_TO_TXN_RESPONSE, addSubscriptionToTxnResponse=body))
 
 

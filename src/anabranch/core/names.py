@@ -1,8 +1,11 @@
 """Tenant, namespace, topic and segment names: parse, format, validate.
 
-Three topic domains (DESIGN.md §3.1):
+Four topic domains (DESIGN.md §3.1):
 
     persistent://tenant/ns/name[-partition-N]    a classic Pulsar topic (or one partition)
+    non-persistent://tenant/ns/name[-partition-N]
+                                                 an in-memory Pulsar topic: messages go to
+                                                 the consumers connected now, never to disk
     topic://tenant/ns/name                       a scalable topic (never partitioned)
     segment://tenant/ns/name/<start>-<end>-<id>  one segment of a scalable topic:
                                                  start/end as %04x, id in decimal
@@ -57,6 +60,7 @@ class TopicDomain(StrEnum):
     """The scheme of a topic name."""
 
     PERSISTENT = "persistent"
+    NON_PERSISTENT = "non-persistent"
     TOPIC = "topic"
     SEGMENT = "segment"
 
@@ -114,12 +118,16 @@ class NamespaceName:
 
 @dataclass(frozen=True, slots=True)
 class TopicName:
-    """A ``persistent://`` or ``topic://`` name; ``local_name`` excludes any partition suffix.
+    """A ``persistent://``, ``non-persistent://`` or ``topic://`` name; ``local_name``
+    excludes any partition suffix.
 
     Example:
         >>> p = TopicName.parse("persistent://t/ns/x-partition-3")
         >>> (p.local_name, p.partition, str(p.base), str(p))
         ('x', 3, 'persistent://t/ns/x', 'persistent://t/ns/x-partition-3')
+        >>> n = TopicName.parse("non-persistent://t/ns/live")
+        >>> (n.domain, n.is_persistent, str(n))
+        (<TopicDomain.NON_PERSISTENT: 'non-persistent'>, False, 'non-persistent://t/ns/live')
     """
 
     domain: TopicDomain
@@ -131,7 +139,7 @@ class TopicName:
     def __post_init__(self) -> None:
         if not isinstance(self.domain, TopicDomain) or self.domain is TopicDomain.SEGMENT:
             raise InvalidArgument(
-                f"topic domain {self.domain!r} is not 'persistent' or 'topic'"
+                f"topic domain {self.domain!r} is not 'persistent', 'non-persistent' or 'topic'"
                 " (segments are SegmentName)"
             )
         validate_component("tenant", self.tenant)
@@ -173,6 +181,11 @@ class TopicName:
     def namespace_name(self) -> NamespaceName:
         """The topic's ``tenant/namespace``."""
         return NamespaceName(self.tenant, self.namespace)
+
+    @property
+    def is_persistent(self) -> bool:
+        """False for a ``non-persistent://`` topic (nothing of it is ever stored)."""
+        return self.domain is not TopicDomain.NON_PERSISTENT
 
     @property
     def full_local_name(self) -> str:
@@ -280,7 +293,7 @@ def parse_name(
         except ValueError:
             raise InvalidArgument(
                 f"topic name {text!r} has unknown domain {scheme!r}"
-                " (expected persistent, topic or segment)"
+                " (expected persistent, non-persistent, topic or segment)"
             ) from None
         parts = _split_path("topic", rest, 4 if domain is TopicDomain.SEGMENT else 3)
     else:
