@@ -57,6 +57,7 @@ SEG = f"{V2}/segments/{{tenant}}/{{namespace}}/{{topic}}/{{descriptor}}"
 OWNED = f"{V2}/cluster/segments/{{tenant}}/{{namespace}}/{{topic}}/{{descriptor}}"
 LOOKUP = "/lookup/v2/topic/{domain}/{tenant}/{namespace}/{topic}"
 SCHEMAS = f"{V2}/schemas/{{tenant}}/{{namespace}}/{{topic}}"
+NPT = f"{V2}/non-persistent/{{tenant}}/{{namespace}}"
 
 N = Need
 
@@ -176,6 +177,13 @@ ROUTE_ACCESS: dict[tuple[str, str], Need] = {
     ("POST", f"{SUB}/skip/{{count}}"): N.CONSUME,
     ("POST", f"{SUB}/resetcursor/{{timestamp}}"): N.CONSUME,
     ("POST", f"{SUB}/resetcursor"): N.CONSUME,
+    # non-persistent topics (admin/routes_nonpersistent.py): the persistent routes' needs
+    ("GET", NPT): N.NAMESPACE,
+    ("DELETE", f"{NPT}/{{topic}}"): N.TENANT_ADMIN,
+    ("GET", f"{NPT}/{{topic}}/stats"): N.LOOKUP,
+    ("GET", f"{NPT}/{{topic}}/subscriptions"): N.LOOKUP,
+    ("GET", f"{NPT}/{{topic}}/partitions"): N.LOOKUP,
+    ("PUT", f"{NPT}/{{topic}}/unload"): N.TENANT_ADMIN,
     # lookup and health
     ("GET", LOOKUP): N.LOOKUP,
     ("GET", f"{LOOKUP}/{{segment}}"): N.LOOKUP,
@@ -252,6 +260,8 @@ def route_resource(path_template: str, match: dict[str, str]) -> Resource:
         domain = match["domain"]
     elif path_template.startswith(_SCALABLE_PREFIXES) or "/segment/" in path_template:
         domain = "topic"
+    elif path_template.startswith(f"{V2}/non-persistent/"):
+        domain = "non-persistent"
     else:
         domain = "persistent"
     return Resource.of_topic(f"{domain}://{tenant}/{namespace}/{topic}")

@@ -40,6 +40,7 @@ from prometheus_client import CollectorRegistry
 from anabranch.admin import (
     routes_cluster,
     routes_messages,
+    routes_nonpersistent,
     routes_permissions,
     routes_retention,
     routes_scalable,
@@ -94,6 +95,7 @@ def all_routes() -> list[Route]:
         *routes_permissions.ROUTES,
         *routes_schemas.ROUTES,
         *routes_messages.ROUTES,
+        *routes_nonpersistent.ROUTES,
         *OWN_ROUTES,
     ]
 

@@ -106,7 +106,7 @@ async def unload_namespace(admin: AdminService, request: web.Request) -> object:
                 await admin.broker.unload_topic(loaded.name)
         return None
     records: dict[str, Any] = {}
-    for domain in ("persistent", "segment"):
+    for domain in ("persistent", "non-persistent", "segment"):
         records.update(await ownership.ownerships(f"{domain}://{namespace}/"))
     forwards = []
     for topic, owner in records.items():
@@ -127,7 +127,7 @@ async def _forward_unload(http_url: str, topic: str, credentials: BrokerClientCr
     name = TopicName.parse(topic) if not topic.startswith("segment://") else None
     if name is None:
         return  # segments are unloaded by their owner's namespace unload
-    url = f"{http_url.rstrip('/')}{V2}/persistent/{name.short_name}/unload"
+    url = f"{http_url.rstrip('/')}{V2}/{name.domain.value}/{name.short_name}/unload"
     timeout = aiohttp.ClientTimeout(total=FORWARD_TIMEOUT_S)
     tls = credentials.ssl_for(url)
     headers = credentials.http_headers()

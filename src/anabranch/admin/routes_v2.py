@@ -147,9 +147,17 @@ async def delete_namespace(admin: AdminService, request: web.Request) -> object:
 
 
 async def namespace_topics(admin: AdminService, request: web.Request) -> object:
+    from anabranch.admin.routes_nonpersistent import non_persistent_topics
+
     ns = namespace_param(request)
     await admin.policies.namespace_policies(ns)  # 404 for an unknown namespace
-    return await admin.list_topics(ns)
+    mode = request.query.get("mode", "PERSISTENT").upper()  # upstream's ?mode=
+    if mode not in ("PERSISTENT", "NON_PERSISTENT", "ALL"):
+        raise InvalidArgument(f"mode {mode!r} is not PERSISTENT, NON_PERSISTENT or ALL")
+    names = [] if mode == "NON_PERSISTENT" else await admin.list_topics(ns)
+    if mode != "PERSISTENT":
+        names += await non_persistent_topics(admin, ns)
+    return names
 
 
 async def get_deduplication(admin: AdminService, request: web.Request) -> object:
@@ -333,7 +341,8 @@ ROUTES: list[Route] = [
           "Delete a tenant (409 while it has namespaces).", "tenants", errors=(404, 409)),
     Route("GET", f"{V2}/namespaces/{{tenant}}", list_namespaces, "List a tenant's namespaces.",
           "namespaces", response_schema=STRINGS),
-    Route("GET", f"{NS}/topics", namespace_topics, "List a namespace's topics.", "namespaces",
+    Route("GET", f"{NS}/topics", namespace_topics,
+          "List a namespace's topics (?mode=PERSISTENT, NON_PERSISTENT or ALL).", "namespaces",
           response_schema=STRINGS),
     Route("GET", f"{NS}/deduplication", get_deduplication, "Is deduplication enabled?",
           "namespaces", response_schema=BOOLEAN),

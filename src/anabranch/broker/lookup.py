@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 from anabranch import limits
 from anabranch.broker.cluster.ownership import ClusterOwnership, LookupAnswer
 from anabranch.broker.error_codes import client_message, server_error
+from anabranch.broker.nonpersistent_names import non_persistent_topic_names
 from anabranch.broker.service import canonical_topic
 from anabranch.core.names import NamespaceName, SegmentName, TopicName
 from anabranch.errors import AnabranchError, InvalidArgument, ResourceLimitReached
@@ -147,6 +148,8 @@ async def handle_get_topics_of_namespace(
     topics: list[str] = []
     if cmd.mode != pb.CommandGetTopicsOfNamespace.NON_PERSISTENT:
         topics = await session.service.policies.list_topics(str(ns))
+    if cmd.mode != pb.CommandGetTopicsOfNamespace.PERSISTENT:
+        topics += await non_persistent_topic_names(session.service, ns)
     body = pb.CommandGetTopicsOfNamespaceResponse(request_id=cmd.request_id, topics=topics)
     session.write(
         pb.BaseCommand(type=T.GET_TOPICS_OF_NAMESPACE_RESPONSE, getTopicsOfNamespaceResponse=body)

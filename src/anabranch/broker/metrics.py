@@ -337,6 +337,14 @@ def broker_registry(service: BrokerService) -> CollectorRegistry:
     )
     if getattr(service, "scalable", None) is not None:
         registry.register(ScalableCollector(service))
+    if hasattr(service, "loaded_non_persistent_topics"):
+        from anabranch.broker.nonpersistent_metrics import NonPersistentCollector
+
+        registry.register(
+            NonPersistentCollector(
+                service.loaded_non_persistent_topics, cluster=service.config.cluster_name
+            )
+        )
     if getattr(service, "txn_coordinator", None) is not None:
         registry.register(TxnCollector(service))  # the anabranch_txn_* families
     return registry

@@ -327,7 +327,12 @@ class BrokerService:
         if self.ownership is not None:
             if not self.topic_in_use(key):
                 self._check_topic_cap()
-                await self._check_non_persistent(parsed, create=create)
+                if create:
+                    await self._check_non_persistent(parsed, create=create)
+                else:
+                    # It exists only where it is loaded: the claim below answers
+                    # NotOwner (a redirect) when another broker has it.
+                    await self._namespace_policies(f"{parsed.tenant}/{parsed.namespace}", key)
             await self.ownership.claim(key)
         topic = self._np_topics.get(key)
         if topic is not None:

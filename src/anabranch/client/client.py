@@ -59,12 +59,15 @@ from anabranch.limits import (
 
 def _persistent_topic(topic: str) -> str:
     # A segment of a scalable topic is a persistent topic on the wire: readers (the Spark
-    # source) and the scalable-topic handlers address segments directly.
+    # source) and the scalable-topic handlers address segments directly. Non-persistent
+    # topics speak the same protocol (what they cannot do, the broker refuses).
     name = parse_name(topic)
     if isinstance(name, SegmentName):
         return str(name)
-    if name.domain is not TopicDomain.PERSISTENT:
-        raise InvalidArgument(f"{topic!r}: this client handles persistent:// topics only")
+    if name.domain not in (TopicDomain.PERSISTENT, TopicDomain.NON_PERSISTENT):
+        raise InvalidArgument(
+            f"{topic!r}: this client handles persistent:// and non-persistent:// topics only"
+        )
     return str(name)
 
 
