@@ -11,6 +11,7 @@ key to one consumer while the consumer set stays the same; nothing stays pending
 from __future__ import annotations
 
 from collections import defaultdict
+from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -44,7 +45,9 @@ def received(consumer: Consumer) -> list[int]:
 
 @settings(max_examples=300, deadline=None)
 @given(st.sampled_from(TYPES), steps)
-def test_every_message_is_sent_once_or_dropped(sub_type: int, script: list[tuple[int, ...]]) -> None:
+def test_every_message_is_sent_once_or_dropped(
+    sub_type: int, script: list[tuple[Any, ...]]
+) -> None:
     sub = NonPersistentSubscription(None, "s", sub_type, "non-persistent://t/ns/x", -1)
     consumers: list[Consumer] = []
     everyone: list[Consumer] = []
@@ -128,7 +131,9 @@ def test_failover_moves_to_the_next_consumer_when_the_active_one_leaves() -> Non
     assert sub.active is b
     sub.dispatch(Position(1, 1), b"e", EntryInfo(1, b"k", None, 0))
     assert (received(a), received(b)) == ([0], [1])
-    changes = [w.command.active_consumer_change.is_active for w in b.session.written
+    writer = b.session
+    assert isinstance(writer, FakeWriter)
+    changes = [w.command.active_consumer_change.is_active for w in writer.written
                if w.command.type == pb.BaseCommand.ACTIVE_CONSUMER_CHANGE]  # fmt: skip
     assert changes[-1] is True
 

@@ -146,6 +146,26 @@ def test_persistent_round_trip(t: str, ns: str, x: str, partition: int | None) -
     assert TopicName.parse(name.short_name) == name
 
 
+@given(components, components, components, st.none() | st.integers(0, 2**31 - 1))
+def test_non_persistent_round_trip(t: str, ns: str, x: str, partition: int | None) -> None:
+    name = TopicName(TopicDomain.NON_PERSISTENT, t, ns, x, partition)
+    assert str(name).startswith("non-persistent://")
+    assert TopicName.parse(str(name)) == name and not name.is_persistent
+    assert TopicName.parse(name.short_name).is_persistent  # short forms stay persistent
+    assert parse_name(str(name)) == name
+
+
+def test_non_persistent_names() -> None:
+    name = TopicName.parse("non-persistent://t/ns/x-partition-2")
+    assert (name.domain, name.local_name, name.partition) == (
+        TopicDomain.NON_PERSISTENT, "x", 2)  # fmt: skip
+    assert str(name.base) == "non-persistent://t/ns/x"
+    assert TopicName.parse("persistent://t/ns/x").is_persistent
+    assert TopicName.parse("topic://t/ns/x").is_persistent
+    with pytest.raises(InvalidArgument, match="non-persistent"):
+        parse_name("nonpersistent://t/ns/x")  # the error lists the domains
+
+
 @given(
     components,
     components,

@@ -136,8 +136,7 @@ async def test_live_delivery_only_later_subscribers_get_none_no_redelivery(
         first = await run(lambda: early.receive(RECEIVE_MS))
         await run(lambda: early.acknowledge(first))
         others = await run(lambda: [early.receive(RECEIVE_MS) for _ in range(2)])
-        for m in others:
-            await run(lambda m=m: early.negative_acknowledge(m))
+        await run(lambda: [early.negative_acknowledge(m) for m in others])
         assert await run(lambda: drain(early, 600)) == []
         await run(early.close)
         again = await run(lambda: c.subscribe(topic, "early"))
@@ -364,12 +363,11 @@ async def test_topic_and_subscription_counts_are_bounded(
         InProcessBroker(tmp_path, ledgers="memory", max_topics_per_broker=3) as b,
         client(b.service_url) as c,
     ):
-        producers = [await run(lambda i=i: c.create_producer(np(f"cap{i}")))
-                     for i in range(3)]  # fmt: skip
+        producers = await run(lambda: [c.create_producer(np(f"cap{i}")) for i in range(3)])
         with pytest.raises(pulsar.PulsarException):
             await run(lambda: c.create_producer(np("cap-over")))
         assert b.service.counters.topics_refused >= 1
-        subs = [await run(lambda i=i: c.subscribe(np("cap0"), f"s{i}")) for i in range(2)]
+        subs = await run(lambda: [c.subscribe(np("cap0"), f"s{i}") for i in range(2)])
         with pytest.raises(pulsar.PulsarException):
             await run(lambda: c.subscribe(np("cap0"), "s-over"))
         # A subscription that ends frees its place.
