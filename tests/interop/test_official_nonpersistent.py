@@ -374,3 +374,49 @@ async def test_topic_and_subscription_counts_are_bounded(
         await run(subs[0].close)
         await run(lambda: c.subscribe(np("cap0"), "s-again"))
         assert len(producers) == 3
+
+
+async def test_a_burst_over_the_inflight_bound_is_dropped_and_counted(
+    broker: InProcessBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Room for a few messages per event-loop iteration: a pipelined burst overflows it.
+    monkeypatch.setattr(limits, "NON_PERSISTENT_INFLIGHT_BYTES_MAX", 300)
+    topic = np("burst")
+    async with client(broker.service_url) as c:
+        consumer = await run(lambda: c.subscribe(topic, "s"))
+        producer = await run(lambda: c.create_producer(
+            topic, batching_enabled=False, max_pending_messages=1000))  # fmt: skip
+        await ready(broker, topic, "s", 1)
+
+        def burst() -> list[Any]:
+            receipts: list[Any] = []
+            for i in range(200):
+                producer.send_async(b"b%03d" % i, lambda _res, msg_id: receipts.append(msg_id))
+            producer.flush()
+            return receipts
+
+        receipts = await run(burst)
+        got = await run(lambda: drain(consumer))
+        topic_stats = await stats(broker, topic)
+    dropped = [r for r in receipts if r.entry_id() == -1]
+    assert len(receipts) == 200 and dropped, "every send is answered, some with (-1, -1)"
+    assert len(got) == 200 - len(dropped)  # what was not dropped was delivered
+    assert topic_stats["publishers"][0]["msgDropCounter"] == len(dropped)
+    assert topic_stats["msgDropCounter"] == len(dropped)
+
+
+async def test_schemas_work_on_non_persistent_topics(broker: InProcessBroker) -> None:
+    topic = np("typed")
+    async with client(broker.service_url) as c:
+        consumer = await run(lambda: c.subscribe(topic, "s", schema=pulsar.schema.StringSchema()))
+        producer = await run(lambda: c.create_producer(
+            topic, schema=pulsar.schema.StringSchema(), batching_enabled=False))  # fmt: skip
+        await ready(broker, topic, "s", 1)
+        await run(lambda: producer.send("héllo"))
+        assert await run(lambda: consumer.receive(RECEIVE_MS).value()) == "héllo"
+        with pytest.raises(pulsar.PulsarException):  # an incompatible schema is refused
+            await run(lambda: c.create_producer(topic, schema=pulsar.schema.JsonSchema(Point)))
+
+
+class Point(pulsar.schema.Record):  # type: ignore[misc]
+    x = pulsar.schema.Integer()
