@@ -577,6 +577,14 @@ NON_PERSISTENT_CONSUMERS_MAX = 10_000
 """Consumers one non-persistent topic holds at once, over all its subscriptions; refused
 like the above."""
 
+NON_PERSISTENT_IDLE_S = 60.0
+"""A non-persistent topic without producers and subscriptions for this long is unloaded
+(it holds nothing; upstream's inactive-topic GC), freeing its place under
+``max_topics_per_broker`` and, in cluster mode, its ownership."""
+
+NON_PERSISTENT_IDLE_SWEEP_S = 15.0
+"""How often the broker looks for idle non-persistent topics."""
+
 NON_PERSISTENT_INFLIGHT_BYTES_MAX = 16 * 1024 * 1024
 """Bytes one non-persistent topic may hand to its consumers' connections within one event
 loop iteration (before they are flushed to the sockets): a pipelined burst fanned out to

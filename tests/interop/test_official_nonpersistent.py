@@ -420,3 +420,20 @@ async def test_schemas_work_on_non_persistent_topics(broker: InProcessBroker) ->
 
 class Point(pulsar.schema.Record):  # type: ignore[misc]
     x = pulsar.schema.Integer()
+
+
+async def test_idle_topics_are_unloaded_busy_ones_stay(
+    broker: InProcessBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(limits, "NON_PERSISTENT_IDLE_S", 0.0)
+    service = broker.service
+    async with client(broker.service_url) as c:
+        busy = await run(lambda: c.create_producer(np("busy")))
+        idle = await run(lambda: c.create_producer(np("idle")))
+        await run(idle.close)
+        # The first sweep only notes who is idle; the next one unloads them.
+        assert await service.sweep_idle_non_persistent() == 0
+        assert await service.sweep_idle_non_persistent() == 1
+        assert service.loaded_non_persistent_topic(np("idle")) is None
+        assert service.loaded_non_persistent_topic(np("busy")) is not None
+        await run(lambda: busy.send(b"still here"))  # the busy one still works

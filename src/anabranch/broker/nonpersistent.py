@@ -91,6 +91,8 @@ class NonPersistentTopic:
         self._gone_out = (0, 0, 0)
         """(messages, bytes, drops) of subscriptions that ended: counters never go back."""
         self._rate_mark = (clock.monotonic(), 0, 0, 0, 0, 0)
+        self.idle_since: float | None = None
+        """When the idle sweep first saw it without producers and subscriptions."""
 
     # --- counters the metrics collector reads ---------------------------------------------
 

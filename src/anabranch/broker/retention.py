@@ -39,6 +39,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
+from anabranch import limits
 from anabranch.broker.config import BrokerConfig
 from anabranch.broker.dispatcher_entries import entry_info
 from anabranch.broker.policies import NamespacePolicies
@@ -160,7 +161,7 @@ class RetentionSweeps:
         self._topic_policies = TopicPolicyStore(service.store)
         self._loops: list[Supervised] = []
         self._closed = False
-        self.runs = {"retention": 0, "ttl": 0, "backlog_quota": 0}
+        self.runs = {"retention": 0, "ttl": 0, "backlog_quota": 0, "non_persistent_idle": 0}
         """Completed sweeps by kind (tests wait on them; /metrics could export them)."""
         self.counters = service.counters
 
@@ -175,6 +176,11 @@ class RetentionSweeps:
             ("retention", c.retention_check_interval_s, self.sweep_retention),
             ("ttl", c.ttl_check_interval_s, self.sweep_ttl),
             ("backlog_quota", c.backlog_quota_check_interval_s, self.sweep_backlog_quotas),
+            (
+                "non_persistent_idle",
+                limits.NON_PERSISTENT_IDLE_SWEEP_S,
+                self.service.sweep_idle_non_persistent,
+            ),
         ):
             loop = functools.partial(self._every, kind, interval, sweep)
             self._loops.append(
@@ -182,7 +188,7 @@ class RetentionSweeps:
             )
 
     async def _every(
-        self, kind: str, interval_s: float, sweep: Callable[[], Awaitable[None]]
+        self, kind: str, interval_s: float, sweep: Callable[[], Awaitable[object]]
     ) -> None:
         while not self._closed:
             await self.clock.sleep(interval_s)

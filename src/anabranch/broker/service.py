@@ -36,6 +36,7 @@ from collections.abc import Awaitable, Callable
 from typing import Protocol
 from urllib.parse import quote
 
+from anabranch import limits
 from anabranch.broker.authorization import Authorizer
 from anabranch.broker.config import BrokerConfig
 from anabranch.broker.metrics import BrokerCounters
@@ -369,6 +370,26 @@ class BrokerService:
     def loaded_non_persistent_topic(self, name: str) -> NonPersistentTopic | None:
         """The non-persistent topic if it is loaded here."""
         return self._np_topics.get(str(canonical_topic(name)))
+
+    async def sweep_idle_non_persistent(self) -> int:
+        """Unload the non-persistent topics without producers and subscriptions since
+        ``limits.NON_PERSISTENT_IDLE_S`` (seen idle by an earlier sweep); how many."""
+        now = self.clock.monotonic()
+        due = []
+        for topic in self._np_topics.values():
+            if topic.in_use or topic.subscriptions:
+                topic.idle_since = None
+            elif topic.idle_since is None:
+                topic.idle_since = now
+            elif now - topic.idle_since >= limits.NON_PERSISTENT_IDLE_S:
+                due.append(topic)
+        for topic in due:
+            if self._np_topics.get(topic.name) is topic and not topic.in_use:
+                del self._np_topics[topic.name]
+                await topic.close()
+        if due:
+            log.info("unloaded %d idle non-persistent topics", len(due))
+        return len(due)
 
     async def delete_non_persistent_topic(self, name: str) -> None:
         """Close and forget a loaded non-persistent topic (there is nothing stored)."""
