@@ -402,6 +402,7 @@ async def test_a_burst_over_the_inflight_bound_is_dropped_and_counted(
     assert len(receipts) == 200 and dropped, "every send is answered, some with (-1, -1)"
     assert len(got) == 200 - len(dropped)  # what was not dropped was delivered
     assert topic_stats["publishers"][0]["msgDropCounter"] == len(dropped)
+    assert topic_stats["publishers"][0]["msgDropRate"] > 0
     assert topic_stats["msgDropCounter"] == len(dropped)
 
 

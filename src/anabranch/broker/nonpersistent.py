@@ -88,6 +88,8 @@ class NonPersistentTopic:
         self.bytes_in_counter = 0
         self.publish_drops: Counter[str] = Counter()
         """Messages dropped before dispatch, per producer name (the in-flight bound)."""
+        self._publish_drop_marks: dict[str, int] = {}
+        """``publish_drops`` at the previous stats() call (for each publisher's rate)."""
         self._gone_out = (0, 0, 0)
         """(messages, bytes, drops) of subscriptions that ended: counters never go back."""
         self._rate_mark = (clock.monotonic(), 0, 0, 0, 0, 0)
@@ -285,10 +287,14 @@ class NonPersistentTopic:
         self._rate_mark = (now, self.msg_in_counter, self.bytes_in_counter, out_msgs,
                            out_bytes, dropped)  # fmt: skip
         publishers = []
+        marks = self._publish_drop_marks
+        self._publish_drop_marks = {}
         for producer in self.producers.values():
             stats = producer.stats()
-            stats["msgDropCounter"] = self.publish_drops.get(producer.name, 0)
-            stats["msgDropRate"] = 0.0
+            drops = self.publish_drops.get(producer.name, 0)
+            stats["msgDropCounter"] = drops
+            stats["msgDropRate"] = (drops - marks.get(producer.name, 0)) / elapsed
+            self._publish_drop_marks[producer.name] = drops
             publishers.append(stats)
         return {
             "msgRateIn": (self.msg_in_counter - msg_in) / elapsed,
