@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import statistics
 import sys
 import tempfile
@@ -41,7 +42,9 @@ def log(text: str) -> None:
 
 
 def run_kind(url: str, topic: str, messages: int, size: int) -> dict[str, Any]:
-    client = pulsar.Client(url, operation_timeout_seconds=30)
+    quiet = logging.getLogger("pulsar-client")
+    quiet.setLevel(logging.WARNING)
+    client = pulsar.Client(url, operation_timeout_seconds=30, logger=quiet)
     try:
         consumer = client.subscribe(topic, "bench", receiver_queue_size=1000)
         producer = client.create_producer(
