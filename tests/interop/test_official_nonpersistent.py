@@ -438,3 +438,42 @@ async def test_idle_topics_are_unloaded_busy_ones_stay(
         assert service.loaded_non_persistent_topic(np("idle")) is None
         assert service.loaded_non_persistent_topic(np("busy")) is not None
         await run(lambda: busy.send(b"still here"))  # the busy one still works
+
+
+async def test_partitioned_non_persistent_topic(broker: InProcessBroker) -> None:
+    topic = np("parted")
+    assert broker.http_url is not None
+    runner = CliRunner()
+    admin = ["admin", "--admin-url", broker.http_url, "topics"]
+    created = await run(lambda: runner.invoke(app, [*admin, "create", topic, "--partitions", "3"]))
+    assert created.exit_code == 0, created.stdout
+    base = f"{broker.http_url}/admin/v2/non-persistent/public/default"
+    assert await get_json(f"{base}/parted/partitions") == {"partitions": 3}
+    assert await get_json(f"{base}/partitioned") == [topic]
+    async with client(broker.service_url) as c:
+        consumer = await run(lambda: c.subscribe(topic, "s"))  # every partition
+        producer = await run(lambda: c.create_producer(topic, batching_enabled=False))
+        for index in range(3):
+            await ready(broker, f"{topic}-partition-{index}", "s", 1)
+
+        def send_all() -> None:
+            for i in range(30):
+                producer.send(b"p%d" % i, partition_key=f"key-{i}")
+
+        await run(send_all)
+        got = await run(lambda: drain(consumer))
+        assert sorted(got) == sorted(b"p%d" % i for i in range(30))
+        stats = await get_json(f"{base}/parted/partitioned-stats?perPartition=true")
+        assert stats["metadata"] == {"partitions": 3} and stats["msgInCounter"] == 30
+        assert sum(1 for p in stats["partitions"].values() if p["msgInCounter"]) >= 2
+        result = await run(lambda: runner.invoke(app, [*admin, "stats", topic, "-o", "json"]))
+        assert result.exit_code == 0 and json.loads(result.stdout)["msgOutCounter"] == 30
+        # The base name is not a topic of its own; partitions past the count do not exist.
+        assert (await run(lambda: http(f"{base}/parted-partition-3/stats")))[0] == 404
+        assert (await run(lambda: http(f"{base}/parted/stats")))[0] == 405
+        status, _ = await run(lambda: http(f"{base}/parted/partitions", "DELETE"))
+        assert status == 409  # clients are connected
+    status, _ = await run(lambda: http(f"{base}/parted/partitions", "DELETE"))
+    assert status == 204
+    assert await get_json(f"{base}/partitioned") == []
+    assert broker.service.loaded_non_persistent_topics() == []

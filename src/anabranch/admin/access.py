@@ -183,6 +183,11 @@ ROUTE_ACCESS: dict[tuple[str, str], Need] = {
     ("GET", f"{NPT}/{{topic}}/stats"): N.LOOKUP,
     ("GET", f"{NPT}/{{topic}}/subscriptions"): N.LOOKUP,
     ("GET", f"{NPT}/{{topic}}/partitions"): N.LOOKUP,
+    ("PUT", f"{NPT}/{{topic}}/partitions"): N.TENANT_ADMIN,
+    ("POST", f"{NPT}/{{topic}}/partitions"): N.TENANT_ADMIN,
+    ("DELETE", f"{NPT}/{{topic}}/partitions"): N.TENANT_ADMIN,
+    ("GET", f"{NPT}/{{topic}}/partitioned-stats"): N.LOOKUP,
+    ("GET", f"{NPT}/partitioned"): N.NAMESPACE,
     ("PUT", f"{NPT}/{{topic}}/unload"): N.TENANT_ADMIN,
     # lookup and health
     ("GET", LOOKUP): N.LOOKUP,

@@ -8,10 +8,14 @@ name what is loaded here and, in cluster mode, every topic another broker owns.
 * ``GET /admin/v2/non-persistent/{t}/{ns}``: the namespace's non-persistent topics.
 * ``GET .../{topic}/stats``: ``NonPersistentTopicStats`` (publishers, subscriptions with
   ``msgDropRate`` and consumers, ``msgRateIn``/``msgRateOut``; ``msgDropCounter`` too).
-* ``GET .../{topic}/subscriptions``, ``GET .../{topic}/partitions`` (always 0: they are
-  not partitioned here), ``PUT .../{topic}/unload``.
+* ``GET .../{topic}/subscriptions``, ``PUT .../{topic}/unload``.
 * ``DELETE .../{topic}[?force]``: 409 while producers or consumers are connected unless
   ``force`` (which disconnects them).
+* Partitioned topics: ``PUT/POST/GET/DELETE .../{topic}/partitions`` (create with N, raise
+  N, read N, delete), ``GET .../{topic}/partitioned-stats[?perPartition]``, ``GET
+  /admin/v2/non-persistent/{t}/{ns}/partitioned``. Only the partition count is stored
+  (the metadata store, as upstream); each partition is a non-persistent topic, loaded when
+  a client first uses it.
 
 Example:
     >>> sorted({r.tag for r in ROUTES})
@@ -20,16 +24,16 @@ Example:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from anabranch.admin.routes import Route, flag, namespace_param, topic_param
+from anabranch.admin.routes import Route, flag, json_body, namespace_param, topic_param
 from anabranch.broker.cluster.ownership import ClusterOwnership
 from anabranch.broker.nonpersistent import NonPersistentTopic
 from anabranch.broker.nonpersistent_names import non_persistent_topic_names
 from anabranch.core.names import NamespaceName, TopicDomain, TopicName
-from anabranch.errors import NotEmpty
+from anabranch.errors import InvalidArgument, NotEmpty, NotFound
 
 if TYPE_CHECKING:
     from anabranch.admin.service import AdminService
@@ -41,7 +45,8 @@ TOPIC = f"{NPT}/{{topic}}"
 
 STRINGS = {"type": "array", "items": {"type": "string"}}
 OBJECT = {"type": "object"}
-PARTITIONS = {"type": "object", "properties": {"partitions": {"type": "integer"}}}
+INTEGER = {"type": "integer"}
+PARTITIONS = {"type": "object", "properties": {"partitions": INTEGER}}
 
 
 async def non_persistent_topics(admin: AdminService, namespace: str) -> list[str]:
@@ -75,7 +80,80 @@ async def list_subscriptions(admin: AdminService, request: web.Request) -> objec
 
 async def get_partitions(admin: AdminService, request: web.Request) -> object:
     await admin.policies.namespace_policies(namespace_param(request))
-    return {"partitions": 0}
+    return {"partitions": await admin.policies.get_partitions(topic_param(request, DOMAIN))}
+
+
+async def _partition_count(request: web.Request) -> int:
+    count = await json_body(request, int, "partition count", None)
+    if count is None:
+        raise InvalidArgument("the body must be the number of partitions")
+    return int(count)
+
+
+async def create_partitions(admin: AdminService, request: web.Request) -> object:
+    name = TopicName.parse(topic_param(request, DOMAIN))
+    if name.partition is not None:
+        raise InvalidArgument(f"{name} is a partition name")
+    if admin.broker.loaded_non_persistent_topic(str(name)) is not None:
+        raise NotEmpty(str(name), "a non-partitioned topic of that name is loaded")
+    await admin.policies.create_partitioned_topic(name, await _partition_count(request))
+    return None
+
+
+async def update_partitions(admin: AdminService, request: web.Request) -> object:
+    name = topic_param(request, DOMAIN)
+    await admin.policies.update_partitioned_topic(name, await _partition_count(request))
+    return None
+
+
+async def delete_partitions(admin: AdminService, request: web.Request) -> object:
+    name = TopicName.parse(topic_param(request, DOMAIN))
+    partitions = await admin.policies.get_partitions(name)
+    if partitions == 0:
+        raise NotFound(f"partitioned topic {name}")
+    loaded = [
+        topic
+        for index in range(partitions)
+        if (topic := admin.broker.loaded_non_persistent_topic(str(name.with_partition(index))))
+        is not None
+    ]
+    busy = [topic.name for topic in loaded if topic.in_use]
+    if busy and not flag(request, "force"):
+        raise NotEmpty(str(name), f"{len(busy)} partitions have producers or consumers")
+    for topic in loaded:
+        await admin.broker.delete_non_persistent_topic(topic.name)
+    await admin.policies.delete_partitioned_topic(name)
+    return None
+
+
+async def partitioned_stats(admin: AdminService, request: web.Request) -> object:
+    """Sums over the partitions loaded here (in cluster mode: those this broker owns)."""
+    name = TopicName.parse(topic_param(request, DOMAIN))
+    partitions = await admin.policies.get_partitions(name)
+    if partitions == 0:
+        raise NotFound(f"partitioned topic {name}")
+    summed = ("msgRateIn", "msgRateOut", "msgThroughputIn", "msgThroughputOut", "msgDropRate",
+              "msgInCounter", "bytesInCounter", "msgOutCounter", "bytesOutCounter",
+              "msgDropCounter")  # fmt: skip
+    total: dict[str, Any] = {"metadata": {"partitions": partitions}, "partitions": {}}
+    total.update(dict.fromkeys(summed, 0))
+    for index in range(partitions):
+        topic = admin.broker.loaded_non_persistent_topic(str(name.with_partition(index)))
+        if topic is None:
+            continue
+        stats = topic.stats()
+        total["partitions"][topic.name] = stats
+        for key in summed:
+            total[key] += stats.get(key, 0)
+    if not flag(request, "perPartition"):
+        total.pop("partitions")
+    return total
+
+
+async def list_partitioned(admin: AdminService, request: web.Request) -> object:
+    ns = namespace_param(request)
+    await admin.policies.namespace_policies(ns)
+    return await admin.policies.list_partitioned_topics(ns, TopicDomain.NON_PERSISTENT)
 
 
 async def delete_topic(admin: AdminService, request: web.Request) -> object:
@@ -110,8 +188,21 @@ ROUTES: list[Route] = [
     Route("GET", f"{TOPIC}/subscriptions", list_subscriptions, "List subscriptions.", DOMAIN,
           response_schema=STRINGS),
     Route("GET", f"{TOPIC}/partitions", get_partitions,
-          "Partitioned-topic metadata (always 0 partitions).", DOMAIN,
+          "Partitioned-topic metadata (0 partitions: not partitioned).", DOMAIN,
           response_schema=PARTITIONS),
+    Route("PUT", f"{TOPIC}/partitions", create_partitions,
+          "Create a partitioned non-persistent topic.", DOMAIN, request_schema=INTEGER,
+          errors=(400, 404, 409)),
+    Route("POST", f"{TOPIC}/partitions", update_partitions,
+          "Increase the number of partitions.", DOMAIN, request_schema=INTEGER),
+    Route("DELETE", f"{TOPIC}/partitions", delete_partitions,
+          "Delete a partitioned non-persistent topic (its loaded partitions close).", DOMAIN,
+          query=("force",), errors=(404, 409)),
+    Route("GET", f"{TOPIC}/partitioned-stats", partitioned_stats,
+          "Stats summed over the partitions loaded here.", DOMAIN, response_schema=OBJECT,
+          query=("perPartition",)),
+    Route("GET", f"{NPT}/partitioned", list_partitioned,
+          "List partitioned non-persistent topics.", DOMAIN, response_schema=STRINGS),
     Route("PUT", f"{TOPIC}/unload", unload_topic,
           "Unload the topic (what it held is lost; clients reconnect).", DOMAIN,
           errors=(307, 404)),

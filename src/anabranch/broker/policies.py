@@ -71,6 +71,10 @@ R = TypeVar("R", bound=msgspec.Struct)
 # --- records (Pulsar's admin JSON shapes) -------------------------------------------------
 
 
+_PARTITIONABLE = (TopicDomain.PERSISTENT, TopicDomain.NON_PERSISTENT)
+"""The domains whose topics may be partitioned (as in Pulsar)."""
+
+
 class ClusterData(msgspec.Struct, rename="camel", kw_only=True):
     """A cluster's service URLs, as ``GET /admin/v2/clusters/{c}`` returns them."""
 
@@ -618,7 +622,7 @@ class Policies:
             ...     assert await p.get_partitions("persistent://public/default/plain") == 0
         """
         name = _topic(topic)
-        if name.partition is not None or name.domain is not TopicDomain.PERSISTENT:
+        if name.partition is not None or name.domain not in _PARTITIONABLE:
             return 0
         record = await self.store.get(partitioned_topic_path(name))
         if record is None:
@@ -657,10 +661,12 @@ class Policies:
         await self.store.delete(path, expected_version=record.stat.version)
         return _decode(record, PartitionedTopicMetadata).partitions
 
-    async def list_partitioned_topics(self, namespace: str | NamespaceName) -> list[str]:
-        """Full names of the namespace's partitioned topics, sorted."""
+    async def list_partitioned_topics(
+        self, namespace: str | NamespaceName, domain_kind: TopicDomain = TopicDomain.PERSISTENT
+    ) -> list[str]:
+        """Full names of the namespace's partitioned topics of one domain, sorted."""
         ns = _ns(namespace)
-        domain = TopicDomain.PERSISTENT.value
+        domain = domain_kind.value
         names = await self.store.list_children(f"{PARTITIONED_TOPICS}/{ns}/{domain}")
         return [f"{domain}://{ns}/{local}" for local in names]
 
@@ -756,8 +762,8 @@ class Policies:
     @staticmethod
     def _persistent_base(topic: str | TopicName) -> TopicName:
         name = _topic(topic)
-        if name.domain is not TopicDomain.PERSISTENT:
-            raise NotAllowed(f"{name} is not a persistent:// topic; only those are partitioned")
+        if name.domain not in _PARTITIONABLE:
+            raise NotAllowed(f"{name} is a scalable topic; those are not partitioned")
         if name.partition is not None:
             raise InvalidArgument(f"{name} is a partition, not a partitioned topic")
         return name

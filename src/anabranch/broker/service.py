@@ -358,6 +358,8 @@ class BrokerService:
         ns_policies = await self._namespace_policies(f"{name.tenant}/{name.namespace}", str(name))
         if str(name) in self._np_topics:
             return
+        if await self._implicitly_exists(name):
+            return  # a partition of a partitioned non-persistent topic
         auto = self.config.allow_auto_topic_creation and ns_policies.allow_auto_topic_creation
         if not (create and auto):
             self.counters.topics_not_auto_created += 1
