@@ -9,6 +9,7 @@ import asyncio
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pulsar
 
@@ -107,7 +108,7 @@ def consume(url: str, topic: str, count: int) -> list[bytes]:
 async def test_chunked_messages_survive_a_broker_restart(tmp_path: Path) -> None:
     topic = "persistent://public/default/chunks-restart"
     port = free_port("127.0.0.1")
-    settings = {"max_message_size": MAX_MESSAGE, "metadata": "sqlite", "port": port}
+    settings: dict[str, Any] = {"max_message_size": MAX_MESSAGE, "metadata": "sqlite", "port": port}
     async with InProcessBroker(tmp_path, **settings) as broker:
         await asyncio.to_thread(produce, broker.service_url, topic, range(2))
     async with InProcessBroker(tmp_path, **settings) as broker:
