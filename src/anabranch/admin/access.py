@@ -3,8 +3,9 @@
 :data:`ROUTE_ACCESS` maps every ``(method, path template)`` the app serves to a
 :class:`~anabranch.core.authz.Need` (``core/authz.py`` has the model). The resource a
 scoped need is checked on comes from the path: ``{topic}`` (with its domain: the
-``/persistent/`` routes name ``persistent://`` topics, the scalable, segment and cluster
-routes ``topic://`` ones, the lookup routes their ``{domain}``), else ``{namespace}``,
+``/persistent/`` routes name ``persistent://`` topics, the ``/non-persistent/`` routes
+``non-persistent://`` ones, the scalable, segment and cluster routes ``topic://`` ones,
+the lookup routes their ``{domain}``), else ``{namespace}``,
 else ``{tenant}``. In short::
 
     routes                                                   need
@@ -250,6 +251,9 @@ def route_resource(path_template: str, match: dict[str, str]) -> Resource:
         Resource(tenant='a', namespace='a/b', topic='persistent://a/b/c')
         >>> route_resource(f"{SC}/{{topic}}", {"tenant": "a", "namespace": "b", "topic": "c"})
         Resource(tenant='a', namespace='a/b', topic='topic://a/b/c')
+        >>> route_resource(f"{NPT}/{{topic}}/stats", {"tenant": "a", "namespace": "b",
+        ...                                          "topic": "c"}).topic
+        'non-persistent://a/b/c'
         >>> route_resource(f"{V2}/tenants/{{tenant}}", {"tenant": "a"})
         Resource(tenant='a', namespace=None, topic=None)
     """
