@@ -34,7 +34,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import mmh3
@@ -88,6 +88,32 @@ def choose_active(consumers: Sequence[Consumer], partition: int, topic_name: str
         if key >= point:
             return ranked[ring[key]]
     return ranked[ring[keys[0]]]
+
+
+def round_robin(
+    consumers: Sequence[Consumer], start: int, available: Callable[[Consumer], bool]
+) -> tuple[Consumer | None, int]:
+    """Shared dispatch's choice: from index ``start`` on, the first available consumer of
+    the best (lowest) priority level among the available ones; returns it (None when no
+    one is available) and where the next search starts.
+
+    Example:
+        >>> from anabranch.broker.consumer import FakeWriter
+        >>> a, b = (Consumer(FakeWriter(), i, n, 1) for i, n in ((1, "a"), (2, "b")))
+        >>> chosen, start = round_robin([a, b], 0, lambda c: True)
+        >>> chosen.name, round_robin([a, b], start, lambda c: True)[0].name
+        ('a', 'b')
+    """
+    ready = [c for c in consumers if available(c)]
+    if not ready:
+        return None, start
+    best = min(c.priority for c in ready)
+    n = len(consumers)
+    for step in range(n):
+        candidate = consumers[(start + step) % n]
+        if candidate.priority == best and available(candidate):
+            return candidate, (start + step + 1) % n
+    return None, start
 
 
 class Dispatcher:
@@ -490,17 +516,8 @@ class SharedDispatcher(Dispatcher):
 
     def _next_consumer(self) -> Consumer | None:
         """Round-robin over the available consumers of the best (lowest) priority level."""
-        ready = [c for c in self.consumers if self.available(c)]
-        if not ready:
-            return None
-        best = min(c.priority for c in ready)
-        n = len(self.consumers)
-        for step in range(n):
-            candidate = self.consumers[(self._next + step) % n]
-            if candidate.priority == best and self.available(candidate):
-                self._next = (self._next + step + 1) % n
-                return candidate
-        return None
+        consumer, self._next = round_robin(self.consumers, self._next, self.available)
+        return consumer
 
     def _consumer_for(self, info: EntryInfo) -> Consumer | None:
         """The consumer for an entry: a chunk's message owner (None while it has no room:

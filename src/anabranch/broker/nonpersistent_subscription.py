@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from anabranch import limits
 from anabranch.broker.consumer import Consumer
-from anabranch.broker.dispatcher import choose_active
+from anabranch.broker.dispatcher import choose_active, round_robin
 from anabranch.broker.dispatcher_entries import EntryInfo, hash_slot
 from anabranch.broker.dispatcher_key_shared import AutoSplitSelector, StickySelector
 from anabranch.broker.subscription import TYPE_NAMES
@@ -188,17 +188,8 @@ class NonPersistentSubscription:
         if self.sub_type == SubType.Key_Shared:
             selector = self._selector
             return selector.select(hash_slot(info.sticky_key)) if selector is not None else None
-        ready = [c for c in self._consumers if can_take(c)]
-        if not ready:
-            return None
-        best = min(c.priority for c in ready)
-        n = len(self._consumers)
-        for step in range(n):
-            candidate = self._consumers[(self._next + step) % n]
-            if candidate.priority == best and can_take(candidate):
-                self._next = (self._next + step + 1) % n
-                return candidate
-        return None
+        consumer, self._next = round_robin(self._consumers, self._next, can_take)
+        return consumer
 
     def dispatch(self, position: Position, entry: bytes, info: EntryInfo) -> bool:
         """Send one published entry to the consumer this type picks, or count it dropped
