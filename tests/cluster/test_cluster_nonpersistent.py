@@ -82,3 +82,12 @@ async def test_one_owner_redirects_listing_and_unload(cluster: LocalCluster) -> 
         assert [p["msgInCounter"] >= 1 for p in moved["publishers"]] == [True]
     finally:
         await run(c.close)
+
+
+async def test_an_unknown_topic_is_not_found_and_not_claimed(cluster: LocalCluster) -> None:
+    local = f"public/default/{fresh_name('nowhere')}"
+    for broker in cluster.live():
+        status, _ = await cluster.http("GET", f"/admin/v2/non-persistent/{local}/stats", via=broker)
+        assert status == 404
+    listed = await cluster.http("GET", "/admin/v2/non-persistent/public/default")
+    assert f"non-persistent://{local}" not in listed[1]

@@ -38,6 +38,7 @@ from urllib.parse import quote
 
 from anabranch import limits
 from anabranch.broker.authorization import Authorizer
+from anabranch.broker.cluster.ownership import ClusterOwnership
 from anabranch.broker.config import BrokerConfig
 from anabranch.broker.metrics import BrokerCounters
 from anabranch.broker.nonpersistent import NonPersistentTopic
@@ -331,9 +332,16 @@ class BrokerService:
                 if create:
                     await self._check_non_persistent(parsed, create=create)
                 else:
-                    # It exists only where it is loaded: the claim below answers
-                    # NotOwner (a redirect) when another broker has it.
+                    # It exists only where it is loaded: the claim below answers NotOwner
+                    # (a redirect) when another broker has it; unowned, it is nowhere,
+                    # and a read must not claim it.
                     await self._namespace_policies(f"{parsed.tenant}/{parsed.namespace}", key)
+                    if (
+                        isinstance(self.ownership, ClusterOwnership)
+                        and await self.ownership.owner(key) is None
+                        and not await self._implicitly_exists(parsed)
+                    ):
+                        raise NotFound(f"topic {key}")
             await self.ownership.claim(key)
         topic = self._np_topics.get(key)
         if topic is not None:
