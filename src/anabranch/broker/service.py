@@ -10,6 +10,13 @@ the namespace's policy, and ``config.max_topics_per_namespace`` not reached: see
 partitioned topic is N independent topics ``<name>-partition-<i>``; clients route
 between them.
 
+Non-persistent topics (``non-persistent://``, :mod:`anabranch.broker.nonpersistent`)
+live in memory only: :meth:`BrokerService.get_non_persistent_topic` creates one on first
+use (auto-creation rules apply; a partition of a partitioned one always exists), nothing
+is registered or stored, they count under ``max_topics_per_broker``, in cluster mode this
+broker claims them like any topic, and a periodic sweep unloads idle ones.
+:meth:`BrokerService.get_any_topic` is what producers attach through.
+
 Scalable topics: the service owns this broker's one
 :class:`~anabranch.scalable.service.ScalableTopicService` (``scalable``; the admin app and
 the binary sessions share it, and its segment operations act on the topics loaded here,
