@@ -98,3 +98,36 @@ async def test_topic_listing_by_mode(wired: tuple[InProcessBroker, RawClient]) -
     assert await listing(1, Mode.PERSISTENT) == ["persistent://public/default/stored"]
     assert await listing(2, Mode.NON_PERSISTENT) == [TOPIC]
     assert await listing(3, Mode.ALL) == [TOPIC, "persistent://public/default/stored"]
+
+
+async def test_a_consumer_that_stops_reading_its_socket_loses_messages_not_memory(
+    wired: tuple[InProcessBroker, RawClient],
+) -> None:
+    broker, stuck = wired
+    # Permits galore, but the connection is never read: its output buffer fills, and
+    # the broker drops instead of queueing more for it.
+    await stuck.send(commands.subscribe(TOPIC, "stuck", pb.CommandSubscribe.Exclusive, 1, 1))
+    assert (await stuck.next(reply_to(1))).type == T.SUCCESS
+    await stuck.send(commands.flow(1, 1_000_000))
+    producer = await RawClient.connect(broker.port)
+    try:
+        await producer.producer(TOPIC, 1, "p")
+        payload = b"x" * 10_000
+        count = 4_000  # 40 MB: over the output bound plus any socket buffers
+        for sequence_id in range(count):
+            md = pb.MessageMetadata(producer_name="p", sequence_id=sequence_id, publish_time=1)
+            await producer.send(commands.send(1, sequence_id), md, payload)
+        last = await producer.next(
+            lambda f: f.type == T.SEND_RECEIPT and f.body.sequence_id == count - 1, wait_s=60
+        )
+        assert last.command.send_receipt.message_id.entryId == count - 1
+        topic = broker.service.loaded_non_persistent_topic(TOPIC)
+        assert topic is not None
+        sub = topic.subscriptions["stuck"]
+        assert sub.messages_dropped > 0
+        assert sub.messages_out + sub.messages_dropped == count
+        # What went out is bounded by the connection's output limit (and the kernel's
+        # socket buffers), not by the 40 MB published.
+        assert sub.bytes_out < 20 * 1024 * 1024
+    finally:
+        await producer.close()
