@@ -75,6 +75,11 @@ async def test_consumer_commands_on_a_non_persistent_subscription(
     kind = T.REDELIVER_UNACKNOWLEDGED_MESSAGES
     await client.send(T(type=kind, redeliverUnacknowledgedMessages=redeliver))
     await client.none(lambda f: f.type == T.MESSAGE, within=0.3)
+    # A compacted view of what is never kept is refused.
+    compacted = commands.subscribe(TOPIC, "c", pb.CommandSubscribe.Exclusive, 2, 31)
+    compacted.subscribe.read_compacted = True
+    await client.send(compacted)
+    assert (await client.next(reply_to(31))).command.error.error == pb.NotAllowedError
     # Unsubscribing ends the subscription.
     unsubscribe = pb.CommandUnsubscribe(consumer_id=1, request_id=30)
     await client.send(T(type=T.UNSUBSCRIBE, unsubscribe=unsubscribe))

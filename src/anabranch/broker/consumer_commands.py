@@ -141,6 +141,8 @@ async def _subscribe_non_persistent(
 ) -> None:
     """SUBSCRIBE on a non-persistent topic: durable or not, start position and all, the
     consumer gets what is published from now on (upstream)."""
+    if cmd.read_compacted:
+        raise NonPersistentUnsupported("readCompacted")  # nothing is kept to compact
     topic: NonPersistentTopic = await session.service.get_non_persistent_topic(
         cmd.topic, create=cmd.force_topic_creation
     )
