@@ -266,6 +266,10 @@ async def test_admin_lists_deletes_and_binary_listing(broker: InProcessBroker) -
         assert topic not in persistent
         assert await get_json(f"{ns_url}/listed/partitions") == {"partitions": 0}
         assert await get_json(f"{ns_url}/listed/subscriptions") == []
+        assert broker.http_url is not None
+        args = ["admin", "--admin-url", broker.http_url, "topics", "list", "public/default"]
+        listed = await run(lambda: CliRunner().invoke(app, [*args, "-o", "json"]))
+        assert listed.exit_code == 0 and topic in json.loads(listed.stdout)
         status, _ = await run(lambda: http(f"{ns_url}/listed", "DELETE"))
         assert status == 409  # a producer is connected
         await run(producer.close)

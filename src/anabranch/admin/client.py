@@ -480,10 +480,12 @@ class AdminClient:
     # --- topics ---------------------------------------------------------------------------
 
     async def list_topics(self, namespace: str) -> list[str]:
+        """Persistent topics, then the non-persistent ones loaded now (as ``pulsar-admin
+        topics list`` shows both)."""
         ns = NamespaceName.parse(namespace)
-        return list(
-            await self.request("GET", f"/admin/v2/persistent/{_q(ns.tenant)}/{_q(ns.namespace)}")
-        )
+        path = f"{_q(ns.tenant)}/{_q(ns.namespace)}"
+        persistent = list(await self.request("GET", f"/admin/v2/persistent/{path}"))
+        return persistent + list(await self.request("GET", f"/admin/v2/non-persistent/{path}"))
 
     async def list_partitioned_topics(self, namespace: str) -> list[str]:
         ns = NamespaceName.parse(namespace)

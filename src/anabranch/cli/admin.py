@@ -534,7 +534,7 @@ _policy_commands(topics_app)
 
 @topics_app.command("list")
 def topics_list(namespace: str, output: OutputOpt = None) -> None:
-    """List persistent topics (partitions included)."""
+    """List topics: persistent (partitions included), then non-persistent ones loaded."""
     _run(lambda c: c.list_topics(namespace), output, f"topics of {namespace}")
 
 
