@@ -80,6 +80,8 @@ class NonPersistentSubscription:
         created: float = 0.0,
     ) -> None:
         self.topic: Any = topic
+        """The :class:`NonPersistentTopic` (None in unit tests); loose, like
+        ``Subscription.topic`` where the consumer handlers use both kinds alike."""
         self.name = name
         self.sub_type = sub_type
         self.topic_name = topic_name
