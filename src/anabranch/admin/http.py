@@ -38,6 +38,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from anabranch.admin import (
+    routes_autoscale,
     routes_cluster,
     routes_permissions,
     routes_retention,
@@ -90,6 +91,7 @@ def all_routes() -> list[Route]:
         *routes_cluster.ROUTES,
         *routes_transactions.ROUTES,
         *routes_permissions.ROUTES,
+        *routes_autoscale.ROUTES,
         *OWN_ROUTES,
     ]
 
