@@ -19,6 +19,7 @@ from anabranch.core.autoscale import (
     decide,
     pressure,
 )
+from anabranch.core.hash_range import HashRange
 from anabranch.core.segment_layout import SegmentLayout
 from anabranch.errors import InvalidArgument
 
@@ -123,6 +124,8 @@ def test_actions_are_legal_and_bounded(
         touched.extend(action.segment_ids)
         if action.kind == MERGE:
             assert action.segment_ids in pairs  # buddies only
+            low, high = (layout.segments[sid].hash_range for sid in action.segment_ids)
+            assert HashRange(low.start, high.end).split() == (low, high)  # two halves
             for sid in action.segment_ids:
                 assert NOW - layout.segments[sid].created_at_ms >= policy.merge_cooldown_ms
         else:

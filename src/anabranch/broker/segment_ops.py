@@ -95,7 +95,7 @@ class BrokerSegmentOps:
         topic = self.service.loaded_topic(str(segment))
         if topic is None:
             return SegmentLoad()
-        backlog = int(max((s.backlog() for s in topic.subscriptions.values()), default=0))
+        backlog = max((c.backlog() for c in topic.ledger.cursors()), default=0)
         return SegmentLoad(
             topic.msg_in_counter,
             topic.bytes_in_counter,

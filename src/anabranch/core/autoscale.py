@@ -18,11 +18,11 @@ sample in the window, and the segment was observed for the whole window), it is 
 ``split_cooldown_ms`` (so a merge's child is not split again at once), its range has two
 hashes, and the topic is below ``max_segments``. The hottest segments go first.
 
-*Merge* two **buddies** only (PIP-460's buddy rule: the two children of one split, both
-still active) when the sum of their largest pressures over ``merge_sustain_ms`` stayed
-under ``merge_low_water``, both are older than ``merge_cooldown_ms`` (a split's children
-are not merged back at once) and the topic is above its floor ``max(min_segments,
-target_segments)``.
+*Merge* two **buddies** only (PIP-460's buddy rule: the two halves of one split, both
+active; see :func:`buddies`) when the sum of their largest pressures over
+``merge_sustain_ms`` stayed under ``merge_low_water``, both are older than
+``merge_cooldown_ms`` (a split's children are not merged back at once) and the topic is
+above its floor ``max(min_segments, target_segments)``.
 
 *Hysteresis.* ``merge_low_water`` < 1 leaves a band where nothing happens: a load
 fluctuating inside (low water, threshold) per segment neither splits nor merges; a merged
@@ -50,6 +50,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -276,28 +277,34 @@ def _window(samples: Sequence[RateSample], now_ms: int, span_ms: int) -> list[Ra
 
 
 def buddies(layout: SegmentLayout) -> list[tuple[Segment, Segment]]:
-    """Active pairs that are the two children of one split (the only merges allowed).
+    """Adjacent active pairs that are the two halves of one split (the only merges allowed).
+
+    Two ways to know: both were created by the same change (equal ``created_at_epoch`` >
+    0: every change bumps the epoch and only a split makes two segments; this survives the
+    parent being pruned, which drops the links), or a split segment still in the DAG has
+    exactly their ranges as halves (so a merged-back half pairs with its sibling again).
 
     Example:
         >>> layout = SegmentLayout.initial(1, 0).split(0, 1).split(2, 2)
         >>> [(a.segment_id, b.segment_id) for a, b in buddies(layout)]
         [(3, 4)]
+        >>> [(a.segment_id, b.segment_id) for a, b in buddies(layout.merge(3, 4, 3))]
+        [(1, 5)]
     """
+    active = layout.active_segments()  # sorted by range
+    halves = {
+        s.hash_range.split()
+        for s in layout.sealed_segments()
+        if len(s.child_ids) == 2 and s.hash_range.size >= 2
+    }
     pairs = []
-    for parent in layout.sealed_segments():
-        if len(parent.child_ids) != 2:
+    for first, second in itertools.pairwise(active):
+        if first.hash_range.end + 1 != second.hash_range.start:
             continue
-        first, second = (layout.segments.get(i) for i in parent.child_ids)
-        if (
-            first is not None
-            and second is not None
-            and first.is_active
-            and second.is_active
-            and first.parent_ids == (parent.segment_id,)
-            and second.parent_ids == (parent.segment_id,)
-        ):
+        same_split = first.created_at_epoch == second.created_at_epoch > 0
+        if same_split or (first.hash_range, second.hash_range) in halves:
             pairs.append((first, second))
-    return sorted(pairs, key=lambda p: p[0].hash_range.start)
+    return pairs
 
 
 def decide(
@@ -356,9 +363,12 @@ def decide(
             splitting.add(segment.segment_id)
     if not actions:
         merges = count - policy.floor
+        merging: set[int] = set()
         for first, second in buddies(layout):
             if merges <= 0:
                 break
+            if first.segment_id in merging or second.segment_id in merging:
+                continue
             peak = 0.0
             windows = []
             for segment in (first, second):
@@ -375,6 +385,7 @@ def decide(
                     intents[sid] = "merge after cooldown"
                 continue
             actions.append(Action(MERGE, pair, LOW_WATER))
+            merging.update(pair)
             for sid in pair:
                 intents[sid] = f"merge with {pair[1] if sid == pair[0] else pair[0]} ({LOW_WATER})"
             merges -= 1

@@ -173,7 +173,7 @@ class Autoscaler:
         """Per active segment the latest rates and the intent, plus the policy in force;
         None unless this broker leads the topic and has evaluated it."""
         state = self._topics.get(topic)
-        if state is None:
+        if state is None or not state.evaluated_ms:
             return None
         segments: dict[str, Any] = {}
         for sid, intent in sorted(state.decision.intents.items()):
