@@ -7,16 +7,16 @@ One :class:`Autoscaler` per broker runs next to its
 the topics whose controller **leads** on this broker (only a leader may change a layout;
 a follower keeps no history), and for each:
 
-1. reads the layout, and each active segment's :class:`~anabranch.scalable.segment_ops.
-   SegmentLoad` through the controller's :class:`~anabranch.scalable.segment_ops.SegmentOps`
-   -- the same channel the controller uses to create and seal segments, so in cluster mode
-   the segment's owner answers (``GET .../cluster/segments/.../load``), in standalone the
-   local broker. Owners keep plain integer counters on the data path already; nothing is
-   added per message;
+1. resolves the topic's policy (broker defaults, namespace and topic overrides); a topic
+   whose automation is off costs nothing more. Otherwise it reads each active segment's
+   :class:`~anabranch.scalable.segment_ops.SegmentLoad` through the controller's
+   :class:`~anabranch.scalable.segment_ops.SegmentOps` -- the channel the controller
+   creates and seals segments through, so in cluster mode the segment's owner answers
+   (``GET .../cluster/segments/.../load``), in standalone the local broker. Owners keep
+   plain integer counters on the data path already; nothing is added per message;
 2. folds the readings into a bounded per-segment :class:`~anabranch.core.autoscale.
    LoadHistory` (rates between readings; sealed segments are forgotten);
-3. resolves the topic's policy (broker defaults, namespace and topic overrides) and calls
-   the pure :func:`~anabranch.core.autoscale.decide`;
+3. calls the pure :func:`~anabranch.core.autoscale.decide`;
 4. runs the actions one after the other through the controller's ordinary split and merge
    (PIP-468's protocol, under the controller's lock: one change in flight per topic, and a
    manual change waits for it), counting each by action and reason.
@@ -150,11 +150,17 @@ class Autoscaler:
             state = self._topics[topic] = _TopicState(LoadHistory(self.max_samples))
         now_ms = self.service.clock.wall_ms()
         active = layout.active_segments()
+        state.policy = await self.policy_of(topic)
+        if not state.policy.enabled:
+            # Off (the default): no load reads at all, which in a cluster are HTTP calls.
+            state.history.retain(set())
+            state.decision = Decision((), {s.segment_id: "disabled" for s in active})
+            state.evaluated_ms = now_ms
+            return state.decision
         for segment in active:
             load = await self.service.ops.segment_load(segment_name(topic, segment))
             state.history.observe(segment.segment_id, now_ms, load.counters(), load.backlog)
         state.history.retain({s.segment_id for s in active})
-        state.policy = await self.policy_of(topic)
         state.decision = decide(layout, state.history.history(), state.policy, now_ms)
         state.evaluated_ms = now_ms
         self.counters.evaluations += 1
