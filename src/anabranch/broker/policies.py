@@ -153,6 +153,8 @@ class NamespacePolicies(msgspec.Struct, kw_only=True):
     )
     """Overrides of the broker's ``scalable_autoscale_*`` defaults (camelCase keys of
     :class:`~anabranch.core.autoscale.AutoscalePolicy`); None: the broker's."""
+    schema_compatibility_strategy: str = "UNDEFINED"
+    """Pulsar's ``SchemaCompatibilityStrategy`` name; UNDEFINED: the broker's default."""
     deleted: bool = False
     """Set while a namespace delete is in progress (Pulsar's flag); topics cannot register."""
 
