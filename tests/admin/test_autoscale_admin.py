@@ -81,6 +81,10 @@ async def test_owner_load_route_and_stats_intent(
     broker: InProcessBroker, admin: AdminClient
 ) -> None:
     await admin.create_scalable_topic(TOPIC, 1)
+    assert broker.node is not None
+    service = broker.node.service
+    await service.autoscaler.evaluate_all()
+    assert (await admin.scalable_stats(TOPIC))["segments"]["0"]["intent"] == "disabled"
     await admin.set_scalable_autoscale(TOPIC, {"enabled": True, "splitMsgRateIn": 1e9})
     assert broker.service_url is not None and broker.http_url is not None
     async with Client(broker.service_url) as client:
@@ -96,8 +100,6 @@ async def test_owner_load_route_and_stats_intent(
         assert response.status == 200
         load = await response.json()
     assert load["msgInCounter"] == 5 and load["bytesInCounter"] > 0
-    assert broker.node is not None
-    service = broker.node.service
     await service.autoscaler.evaluate_all()
     await asyncio.sleep(0.01)  # two readings some time apart make a rate
     await service.autoscaler.evaluate_all()
@@ -105,6 +107,10 @@ async def test_owner_load_route_and_stats_intent(
     assert stats["segments"]["0"]["intent"].startswith("hold")
     assert stats["autoscale"]["policy"]["enabled"] is True
     assert set(stats["segments"]["0"]["rates"]) >= {"msgRateIn", "backlog"}
+    # The overrides live under the topic: deleting it deletes them.
+    await admin.delete_scalable_topic(TOPIC)
+    await admin.create_scalable_topic(TOPIC, 1)
+    assert await admin.get_scalable_autoscale(TOPIC) is None
 
 
 def test_cli_sets_gets_and_removes_overrides(admin_url: str) -> None:  # noqa: F811
