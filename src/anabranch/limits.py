@@ -317,6 +317,10 @@ SCALABLE_DRAIN_POLL_INTERVAL_S = 1.0
 """How often the controller re-reads the backlog of sealed, undrained segments; children of
 a split wait for it, so a drained parent hands over within about this long."""
 
+SCALABLE_AUTOSCALE_SAMPLES_MAX = 256
+"""Rate samples the autoscaler keeps per active segment: at the default 5 s interval,
+about 21 minutes, more than the default merge window; bounds its memory per topic."""
+
 SCALABLE_WATCH_RETRY_S = 0.5
 """Pause before a layout watch or election loop retries after an unexpected store error,
 so a failing store is not hammered in a tight loop."""
