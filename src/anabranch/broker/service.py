@@ -39,6 +39,7 @@ from urllib.parse import quote
 from anabranch.broker.authorization import Authorizer
 from anabranch.broker.config import BrokerConfig
 from anabranch.broker.metrics import BrokerCounters
+from anabranch.broker.offload import Offloader
 from anabranch.broker.policies import NamespacePolicies, Policies
 from anabranch.broker.retention import RetentionSweeps, retention_of
 from anabranch.broker.scalable_commands import ScalableEndpoint
@@ -170,6 +171,8 @@ class BrokerService:
         """Broker-wide counters for /metrics; the server and sessions bump them."""
         self.sweeps = RetentionSweeps(self)
         """Retention, message TTL, backlog quotas and segment pruning (periodic)."""
+        self.offloader = Offloader(self)
+        """Tiered storage: offload policies and the manual offload trigger."""
         self.ownership: OwnershipGate | None = None
         """Set in cluster mode: topics are loaded only once this broker owns them."""
         self.txn_outcomes: TxnOutcomes | None = None
@@ -202,6 +205,7 @@ class BrokerService:
         path = await self.store.create_sequential(PRODUCER_NAME_COUNTER_PREFIX, b"")
         self._broker_index = int(path.rsplit("-", 1)[1])
         self.sweeps.start()
+        self.offloader.start()
         if self.txn_outcomes is not None and self.txn_coordinator is not None:
             await self.txn_outcomes.start()
             await self.txn_coordinator.start()
@@ -491,6 +495,7 @@ class BrokerService:
         in-flight appends finish, dedup snapshots are written."""
         self._closed = True
         await self.sweeps.close()
+        await self.offloader.close()
         if self.txn_keys is not None:
             await self.txn_keys.close()
         if self.txn_coordinator is not None:
