@@ -123,6 +123,18 @@ ROUTE_ACCESS: dict[tuple[str, str], Need] = {
             ("DELETE", "backlogQuota"),
         )
     },
+    # Tiered storage (admin/routes_offload.py): namespace offload policies and the topic
+    # trigger/status, the tenant's admins' as in Pulsar.
+    **{
+        (method, f"{NS}/{policy}"): N.TENANT_ADMIN
+        for policy in ("offloadThreshold", "offloadThresholdInSeconds", "offloadDeletionLagMs")
+        for method in ("GET", "PUT", "POST", "DELETE")
+    },
+    ("GET", f"{NS}/offloadPolicies"): N.TENANT_ADMIN,
+    ("POST", f"{NS}/offloadPolicies"): N.TENANT_ADMIN,
+    ("DELETE", f"{NS}/offloadPolicies"): N.TENANT_ADMIN,
+    ("PUT", f"{TOPIC}/offload"): N.TENANT_ADMIN,
+    ("GET", f"{TOPIC}/offload"): N.TENANT_ADMIN,
     ("PUT", NS): N.TENANT_ADMIN,
     ("GET", NS): N.TENANT_ADMIN,
     ("DELETE", NS): N.TENANT_ADMIN,

@@ -39,6 +39,7 @@ from prometheus_client import CollectorRegistry
 
 from anabranch.admin import (
     routes_cluster,
+    routes_offload,
     routes_permissions,
     routes_retention,
     routes_scalable,
@@ -86,6 +87,7 @@ def all_routes() -> list[Route]:
     return [
         *routes_v2.ROUTES,
         *routes_retention.ROUTES,
+        *routes_offload.ROUTES,
         *routes_scalable.ROUTES,
         *routes_cluster.ROUTES,
         *routes_transactions.ROUTES,
