@@ -119,7 +119,7 @@ async def test_manual_offload_read_back_everywhere_and_after_restart(
             await admin.offload(topic, (last.ledger_id, last.entry_id))
 
             async def done() -> bool:
-                return (await admin.offload_status(topic))["status"] == "SUCCESS"
+                return str((await admin.offload_status(topic))["status"]) == "SUCCESS"
 
             await eventually(done, "offload succeeds")
             ledgers = await internal_ledgers(admin, topic)
@@ -175,7 +175,7 @@ async def test_wrong_credentials_and_no_driver_are_clear_errors(
             await admin.offload(topic, (ids[-1].ledger_id, 0))
 
             async def failed() -> bool:
-                return (await admin.offload_status(topic))["status"] == "ERROR"
+                return str((await admin.offload_status(topic))["status"]) == "ERROR"
 
             await eventually(failed, "offload fails")
             status = await admin.offload_status(topic)
@@ -208,7 +208,7 @@ async def test_s3_down_during_offload_stays_hot_then_retries(
                 await admin.offload(topic, (ids[-1].ledger_id, 0))
 
                 async def failed() -> bool:
-                    return (await admin.offload_status(topic))["status"] == "ERROR"
+                    return str((await admin.offload_status(topic))["status"]) == "ERROR"
 
                 await eventually(failed, "offload fails while S3 is down")
                 assert "unavailable" in (await admin.offload_status(topic))["lastError"]
@@ -219,7 +219,7 @@ async def test_s3_down_during_offload_stays_hot_then_retries(
                 await asyncio.to_thread(seaweed.start_again)
 
             async def retried() -> bool:
-                return (await admin.offload_status(topic))["status"] == "SUCCESS"
+                return str((await admin.offload_status(topic))["status"]) == "SUCCESS"
 
             await eventually(retried, "the sweep retries the offload once S3 is back")
             flags = [i["offloaded"] for i in await internal_ledgers(admin, topic)]
