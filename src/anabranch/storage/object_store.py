@@ -67,8 +67,8 @@ _URL = re.compile(r"https?://\S+")
 class S3Settings:
     """Where and as whom to reach the bucket. ``repr`` hides the secret.
 
-    >>> S3Settings("http://h:1", "b", "us-east-1", "k", "s")
-    S3Settings(endpoint='http://h:1', bucket='b', region='us-east-1', access_key_id='k')
+    >>> "secret" in repr(S3Settings("http://h:1", "b", "us-east-1", "k", "secret"))
+    False
     """
 
     endpoint: str
