@@ -244,7 +244,10 @@ def _ledger_factory(
             raise InvalidArgument(
                 "storage = 'jetstream' needs nats-py: pip install 'anabranch[jetstream]'"
             ) from err
-        return jetstream_factory(config, store, clock)
+        made = jetstream_factory(config, store, clock)
+        if config.offload_driver:
+            made.tiered = _tiered_storage(config)
+        return made
     from anabranch.storage.ledger import FileManagedLedgerFactory
 
     factory = FileManagedLedgerFactory(
