@@ -131,6 +131,8 @@ async def test_manual_offload_read_back_everywhere_and_after_restart(
                 return len(await asyncio.to_thread(hot_files, data)) == 1
 
             await eventually(hot_gone, "hot copies deleted after the lag")
+            metrics = await admin.metrics()
+            assert 'anabranch_ledgers_offloaded_total{cluster="standalone"} 3.0' in metrics
             assert await read_all(client, topic, 35) == expected
             url = broker.service_url
             assert await asyncio.to_thread(official_read_all, url, topic, 35) == expected

@@ -154,7 +154,19 @@ class Offloader:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
+    async def check_store(self) -> None:
+        """Log a clear error at start when the object store refuses the credentials or
+        does not answer (offloads would fail; the broker serves the hot tier meanwhile)."""
+        tiered = getattr(self.service.ledgers, "tiered", None)
+        if tiered is None:
+            return
+        try:
+            await tiered.store.check()
+        except StorageError as err:
+            log.error("tiered storage: %s", err)
+
     async def _run(self) -> None:
+        await self.check_store()
         while not self._closed:
             interval = self.config.offload_check_interval_s
             failed = self.failures
@@ -216,6 +228,7 @@ class Offloader:
                 for ledger_id in plan.offload:
                     if await ledger.offload_ledger(ledger_id, policy.deletion_lag_ms):
                         self.ledgers_offloaded += 1
+                        self.service.counters.ledgers_offloaded += 1
                         log.info("%s: ledger %d offloaded", topic.name, ledger_id)
                 if plan.offload or before is not None:
                     state.status = OffloadStatus.SUCCESS
@@ -223,6 +236,7 @@ class Offloader:
                     state.pending_before = None
             except StorageError as err:
                 self.failures += 1
+                self.service.counters.offload_failures += 1
                 state.status = OffloadStatus.ERROR
                 state.last_error = str(err)
                 log.warning("%s: offload failed (the ledger stays hot): %s", topic.name, err)
