@@ -189,6 +189,8 @@ class Offloader:
         names = {topic.name for topic in loaded}
         for name in [n for n in self._states if n not in names and n not in self._manual]:
             del self._states[name]  # unloaded elsewhere: the bound is the loaded topics
+        for name in [n for n in self._locks if n not in names and not self._locks[n].locked()]:
+            del self._locks[name]
         for topic in loaded:
             ns = "/".join(topic.name.split("://", 1)[-1].split("/")[:2])
             if ns not in cache:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 
+from anabranch import limits
 from anabranch.errors import ValueTooLarge
 from anabranch.storage.base import OffloadState
 from anabranch.storage.ledger import disk_name
@@ -33,14 +34,9 @@ from anabranch.storage.offload_format import (
     index_length,
 )
 
-OFFLOAD_READ_CACHE_BYTES = 64 * 1024 * 1024
-"""Bound of the cache of offloaded indexes and read-ahead entries (per broker)."""
-
-OFFLOAD_READ_AHEAD_BYTES = 4 * 1024 * 1024
-"""A read of an offloaded ledger fetches (and caches) up to this much past what it asked."""
-
-OFFLOAD_OBJECT_BYTES_MAX = 1024 * 1024 * 1024
-"""A ledger is uploaded in one put; its object must fit in memory."""
+OFFLOAD_READ_CACHE_BYTES = limits.OFFLOAD_READ_CACHE_BYTES_MAX
+OFFLOAD_READ_AHEAD_BYTES = limits.OFFLOAD_READ_AHEAD_BYTES
+OFFLOAD_OBJECT_BYTES_MAX = limits.OFFLOAD_OBJECT_BYTES_MAX
 
 
 def object_key(managed_ledger: str, ledger_id: int) -> str:
@@ -63,7 +59,7 @@ class TieredStorage:
         read_ahead_bytes: int = OFFLOAD_READ_AHEAD_BYTES,
     ) -> None:
         self.store = store
-        self.cache = ReadCache(cache_bytes)
+        self.cache = ReadCache(min(cache_bytes, limits.OFFLOAD_READ_CACHE_BYTES_MAX))
         self.read_ahead_bytes = read_ahead_bytes
         self.bytes_offloaded = 0
         self.objects_offloaded = 0
