@@ -279,12 +279,7 @@ class ManagedLedgerBase:
                 first = 0
             count = min(info.entries - first, max_entries - len(out))
             if count > 0:
-                if info.hot:
-                    datas = await self._read_ledger(info, first, count, max_bytes - used, not out)
-                else:
-                    datas = await self._read_offloaded(
-                        info, first, count, max_bytes - used, not out
-                    )
+                datas = await self._read_either(info, first, count, max_bytes - used, not out)
                 for k, data in enumerate(datas):
                     out.append(Entry(Position(info.ledger_id, first + k), data))
                     used += len(data)
@@ -392,6 +387,20 @@ class ManagedLedgerBase:
         return await self._tiered().read(
             info.offload, info.ledger_id, info.entries, first, count, max_bytes, at_least_one
         )
+
+    async def _read_either(
+        self, info: LedgerInfo, first: int, count: int, max_bytes: int, at_least_one: bool
+    ) -> list[bytes]:
+        """From the hot tier while the ledger is there, else from the object store; a hot
+        read that fails because the hot copy was deleted under it is served cold."""
+        if not info.hot:
+            return await self._read_offloaded(info, first, count, max_bytes, at_least_one)
+        try:
+            return await self._read_ledger(info, first, count, max_bytes, at_least_one)
+        except StorageError:
+            if info.hot:
+                raise
+        return await self._read_offloaded(info, first, count, max_bytes, at_least_one)
 
     def _find(self, ledger_id: int) -> LedgerInfo | None:
         i = bisect_left(self._ids, ledger_id)
