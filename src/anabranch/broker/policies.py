@@ -171,6 +171,8 @@ class NamespacePolicies(msgspec.Struct, kw_only=True):
     offload_threshold_in_seconds: int = -1
     offload_deletion_lag_ms: int | None = None
     offload_policies: OffloadPoliciesRecord | None = None
+    schema_compatibility_strategy: str = "UNDEFINED"
+    """Pulsar's ``SchemaCompatibilityStrategy`` name; UNDEFINED: the broker's default."""
     deleted: bool = False
     """Set while a namespace delete is in progress (Pulsar's flag); topics cannot register."""
 
