@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from anabranch.core.retention import Retention
 from anabranch.errors import (
     AlreadyExists,
     CorruptRecord,
@@ -129,3 +130,61 @@ async def test_file_ledger_offload_then_read_from_s3(
         await ml3.read(EARLIEST, 10)
     await ml3.close()
     await bare.close()
+
+
+async def test_trim_deletes_offloaded_objects(
+    tmp_path: Path, store: MemoryMetadataStore, seaweed: SeaweedS3
+) -> None:
+    s3 = S3ObjectStore(settings_of(seaweed))
+    factory = FileManagedLedgerFactory(tmp_path, store)
+    factory.tiered = TieredStorage(s3)
+    ml = await factory.open("t/ns/persistent/trimmed", ManagedLedgerConfig(ledger_entries_max=10))
+    cursor = await ml.open_cursor("sub", EARLIEST)
+    positions = [await ml.append(b"t%d" % i) for i in range(25)]
+    keys = []
+    for info in [i for i in ml.ledgers if i.closed_ms is not None]:
+        assert await ml.offload_ledger(info.ledger_id, deletion_lag_ms=0)
+    for info in ml.ledgers:
+        if info.offload is not None:
+            keys.append(info.offload.key)
+            assert await s3.size(info.offload.key) > 0
+    assert len(keys) == 2
+    await cursor.acknowledge_cumulative(positions[-1])
+    ml.set_retention(Retention(0, 0))
+    assert await ml.trim() == 2
+    for key in keys:
+        with pytest.raises(NotFound):
+            await s3.size(key)
+    await ml.close()
+    await factory.close()
+
+
+async def test_cold_read_rides_out_a_short_s3_outage(
+    tmp_path: Path, store: MemoryMetadataStore, seaweed: SeaweedS3
+) -> None:
+    """Last in the module: it stops the shared server (and starts it again)."""
+    factory = FileManagedLedgerFactory(tmp_path, store)
+    factory.tiered = TieredStorage(S3ObjectStore(settings_of(seaweed)))
+    config = ManagedLedgerConfig(ledger_entries_max=10)
+    ml = await factory.open("t/ns/persistent/outage", config)
+    expected = [b"o%d" % i for i in range(15)]
+    for data in expected:
+        await ml.append(data)
+    sealed = ml.ledgers[0]
+    assert await ml.offload_ledger(sealed.ledger_id, deletion_lag_ms=0)
+    assert await ml.delete_offloaded_hot(sealed.ledger_id)
+    await ml.close()
+    await factory.close()
+
+    again = FileManagedLedgerFactory(tmp_path, store)
+    again.tiered = TieredStorage(S3ObjectStore(settings_of(seaweed)), read_retry_s=30.0)
+    reopened = await again.open("t/ns/persistent/outage", config)
+    await asyncio.to_thread(seaweed.stop)
+    restart = asyncio.create_task(asyncio.to_thread(seaweed.start_again))
+    try:
+        entries = await reopened.read(EARLIEST, 100)  # retried until S3 is back
+    finally:
+        await restart
+    assert [e.data for e in entries] == expected
+    await reopened.close()
+    await again.close()

@@ -18,11 +18,13 @@ Example:
 
 from __future__ import annotations
 
+import asyncio
+import time
 import uuid
 from collections.abc import Sequence
 
 from anabranch import limits
-from anabranch.errors import ValueTooLarge
+from anabranch.errors import ObjectStoreUnavailable, ValueTooLarge
 from anabranch.storage.base import OffloadState
 from anabranch.storage.ledger import disk_name
 from anabranch.storage.object_store import S3ObjectStore, S3Settings
@@ -37,6 +39,11 @@ from anabranch.storage.offload_format import (
 OFFLOAD_READ_CACHE_BYTES = limits.OFFLOAD_READ_CACHE_BYTES_MAX
 OFFLOAD_READ_AHEAD_BYTES = limits.OFFLOAD_READ_AHEAD_BYTES
 OFFLOAD_OBJECT_BYTES_MAX = limits.OFFLOAD_OBJECT_BYTES_MAX
+
+READ_RETRY_S = 15.0
+"""How long a read of an offloaded ledger retries an unavailable object store."""
+READ_RETRY_FIRST_S = 0.1
+READ_RETRY_MAX_DELAY_S = 2.0
 
 
 def object_key(managed_ledger: str, ledger_id: int) -> str:
@@ -57,10 +64,12 @@ class TieredStorage:
         *,
         cache_bytes: int = OFFLOAD_READ_CACHE_BYTES,
         read_ahead_bytes: int = OFFLOAD_READ_AHEAD_BYTES,
+        read_retry_s: float = READ_RETRY_S,
     ) -> None:
         self.store = store
         self.cache = ReadCache(min(cache_bytes, limits.OFFLOAD_READ_CACHE_BYTES_MAX))
         self.read_ahead_bytes = read_ahead_bytes
+        self.read_retry_s = read_retry_s
         self.bytes_offloaded = 0
         self.objects_offloaded = 0
 
@@ -87,7 +96,7 @@ class TieredStorage:
         cached = self.cache.get((state.key, "index"))
         if isinstance(cached, LedgerIndex):
             return cached
-        blob = await self.store.get_range(state.key, 0, index_length(entries))
+        blob = await self._get_range(state.key, 0, index_length(entries))
         index = decode_index(blob, ledger_id, entries)
         self.cache.put((state.key, "index"), index, index.nbytes)
         return index
@@ -129,8 +138,23 @@ class TieredStorage:
 
     async def _get(self, state: OffloadState, index: LedgerIndex, at: int, n: int) -> list[bytes]:
         start, end = index.span(at, n)
-        blob = await self.store.get_range(state.key, start, end)
+        blob = await self._get_range(state.key, start, end)
         return index.split(at, n, blob)
+
+    async def _get_range(self, key: str, start: int, end: int) -> bytes:
+        """A ranged GET that rides out a short outage: a consumer's dispatcher that fails
+        a read waits for the next event before it tries again, so a blip must not reach
+        it (a longer outage does, after ``read_retry_s``)."""
+        delay = READ_RETRY_FIRST_S
+        deadline = time.monotonic() + self.read_retry_s
+        while True:
+            try:
+                return await self.store.get_range(key, start, end)
+            except ObjectStoreUnavailable:
+                if time.monotonic() + delay > deadline:
+                    raise
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, READ_RETRY_MAX_DELAY_S)
 
     async def _fetch(self, state: OffloadState, index: LedgerIndex, at: int, want_end: int) -> None:
         """Fetch from ``at`` through ``want_end`` plus read-ahead into the cache."""
