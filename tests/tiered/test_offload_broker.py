@@ -162,6 +162,16 @@ async def test_namespace_threshold_offloads_automatically(
             assert len(await asyncio.to_thread(hot_files, tmp_path / "data")) == 3
             await admin.remove_offload_value(NS, "offloadThreshold")
             assert await admin.get_offload_value(NS, "offloadThreshold") == -1
+            path = f"/admin/v2/namespaces/{NS}/offloadPolicies"
+            assert await admin.request("GET", path) is None
+            body = {"managedLedgerOffloadThresholdInSeconds": 3600}
+            await admin.request("POST", path, body)
+            assert await admin.request("GET", path) == body
+            with pytest.raises(AdminHttpError) as caught:
+                await admin.request("POST", path, {"managedLedgerOffloadThresholdInBytes": -5})
+            assert caught.value.status == 400
+            await admin.request("DELETE", path)
+            assert await admin.request("GET", path) is None
 
 
 async def test_wrong_credentials_and_no_driver_are_clear_errors(
