@@ -418,9 +418,14 @@ class ManagedLedgerBase:
         info = self._find(ledger_id)
         if info is None or info.closed_ms is None or info.offload is not None or not info.entries:
             return False
-        payloads = await self._read_ledger(info, 0, info.entries, 2**62, True)
-        if len(payloads) != info.entries:
-            raise StorageIOError(f"{self._name}: ledger {ledger_id} read short for offload")
+        payloads: list[bytes] = []
+        while len(payloads) < info.entries:  # a backend may answer a long read in parts
+            got = await self._read_ledger(
+                info, len(payloads), info.entries - len(payloads), 2**62, True
+            )
+            if not got:
+                raise StorageIOError(f"{self._name}: ledger {ledger_id} read short for offload")
+            payloads += got
         key = await tiered.offload(self._name, ledger_id, payloads)
         now = self.clock.wall_ms()
         state = OffloadState(key, tiered.bucket, now, now + max(deletion_lag_ms, 0))

@@ -109,13 +109,9 @@ def decode_index(blob: bytes, ledger_id: int, entries: int) -> LedgerIndex:
     (crc,) = _CRC.unpack_from(blob, len(blob) - _CRC.size)
     if zlib.crc32(blob[: -_CRC.size]) != crc:
         raise CorruptRecord(where, 0, "index crc")
-    slots = [_SLOT.unpack_from(blob, _HEADER.size + k * _SLOT.size) for k in range(entries)]
-    return LedgerIndex(
-        ledger_id,
-        tuple(s[0] for s in slots),
-        tuple(s[1] for s in slots),
-        tuple(s[2] for s in slots),
-    )
+    table = memoryview(blob)[_HEADER.size : _HEADER.size + entries * _SLOT.size]
+    offsets, lengths, crcs = zip(*_SLOT.iter_unpack(table), strict=True) if entries else ((),) * 3
+    return LedgerIndex(ledger_id, tuple(offsets), tuple(lengths), tuple(crcs))
 
 
 class ReadCache:

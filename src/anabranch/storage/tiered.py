@@ -83,7 +83,8 @@ class TieredStorage:
 
     async def offload(self, managed_ledger: str, ledger_id: int, payloads: Sequence[bytes]) -> str:
         """Upload one sealed ledger; returns the new object's key."""
-        blob = encode_ledger(ledger_id, payloads)
+        # CRCs and the join of up to a whole ledger: off the event loop.
+        blob = await asyncio.to_thread(encode_ledger, ledger_id, payloads)
         if len(blob) > OFFLOAD_OBJECT_BYTES_MAX:
             raise ValueTooLarge("offloaded ledger", len(blob), OFFLOAD_OBJECT_BYTES_MAX)
         key = object_key(managed_ledger, ledger_id)
