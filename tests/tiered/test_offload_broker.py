@@ -21,6 +21,8 @@ import pytest
 
 from anabranch.admin.client import AdminClient, AdminHttpError
 from anabranch.aio import Client
+from anabranch.core.names import SegmentName
+from anabranch.storage.base import ManagedLedgerBase
 from anabranch.testing.broker import InProcessBroker
 from anabranch.testing.seaweedfs import SeaweedS3
 
@@ -236,3 +238,25 @@ async def test_s3_down_during_offload_stays_hot_then_retries(
             await eventually(retried, "the sweep retries the offload once S3 is back")
             flags = [i["offloaded"] for i in await internal_ledgers(admin, topic)]
             assert flags == [True, True, False]
+
+
+async def test_scalable_topic_segments_are_offloaded_and_read_back(
+    tmp_path: Path, seaweed: SeaweedS3
+) -> None:
+    segment = f"segment://{NS}/scaled/0000-ffff-0"
+    data = tmp_path / "data"
+    async with broker_for(data, seaweed) as broker:
+        assert broker.http_url is not None
+        await broker.service.scalable.ops.create_segment(SegmentName.parse(segment), [])
+        async with AdminClient(broker.http_url) as admin, Client(broker.service_url) as client:
+            await admin.set_offload_value(NS, "offloadThreshold", 0)
+            await produce(client, segment, 25)
+            topic = await broker.service.get_topic(segment, create=False)
+            ledger = topic.ledger
+            assert isinstance(ledger, ManagedLedgerBase)
+
+            async def cold() -> bool:
+                return [i.hot for i in ledger.ledgers] == [False, False, True]
+
+            await eventually(cold, "the segment's sealed ledgers offloaded and dropped")
+            assert await read_all(client, segment, 25) == [b"m%03d" % i for i in range(25)]
