@@ -106,6 +106,11 @@ def test_topic_offload_and_status(offloading: Threaded) -> None:
     assert status["status"] == "SUCCESS"
     assert status["firstUnoffloadedMessage"]["ledgerId"] == last.ledger_id
     cli(url, "topics", "offload", TOPIC, code=2)  # neither -m nor -s
+    offloading.run(_produce(offloading.broker.service_url, 5))  # one more sealed ledger
+    cli(url, "topics", "offload", TOPIC, "-s", "0")  # keep nothing hot: every sealed ledger
+    assert offloading.run(settled())["status"] == "SUCCESS"
+    ledgers = cli_json(url, "topics", "internal-stats", TOPIC)["ledgers"]
+    assert [i["offloaded"] for i in ledgers] == [True, True, True, False]
 
 
 def test_offload_without_a_driver_is_refused(admin_url: str) -> None:
