@@ -38,7 +38,7 @@ from anabranch.core.offload import (
     first_unoffloaded,
     plan_offload,
 )
-from anabranch.errors import NotFound, OffloadNotConfigured, StorageError
+from anabranch.errors import AnabranchError, NotFound, OffloadNotConfigured, StorageError
 from anabranch.storage.api import Position
 from anabranch.supervisor import Supervised
 
@@ -170,7 +170,11 @@ class Offloader:
         while not self._closed:
             interval = self.config.offload_check_interval_s
             failed = self.failures
-            await self.sweep()
+            try:
+                await self.sweep()
+            except Exception:  # e.g. the metadata store is unreachable: try again later
+                self.failures += 1
+                log.exception("the offload sweep failed; it runs again soon")
             if self.failures > failed:
                 delay = min(self._retry_s, interval)
                 self._retry_s = min(self._retry_s * 2, interval)
@@ -236,13 +240,20 @@ class Offloader:
                     state.status = OffloadStatus.SUCCESS
                     state.last_error = ""
                     state.pending_before = None
-            except StorageError as err:
+            except Exception as err:
                 self.failures += 1
                 self.service.counters.offload_failures += 1
                 state.status = OffloadStatus.ERROR
-                state.last_error = str(err)
-                log.warning("%s: offload failed (the ledger stays hot): %s", topic.name, err)
-                return
+                # Our errors' messages name no path or secret; anything else stays in the log.
+                state.last_error = (
+                    str(err)
+                    if isinstance(err, AnabranchError)
+                    else f"internal error ({type(err).__name__}); see the broker log"
+                )
+                log.warning(
+                    "%s: offload failed (the ledger stays hot): %r", topic.name, err, exc_info=True
+                )
+            # Hot copies whose lag has passed go whatever became of this round's offloads.
             for ledger_id in plan.delete_hot:
                 if await ledger.delete_offloaded_hot(ledger_id):
                     self.hot_copies_deleted += 1

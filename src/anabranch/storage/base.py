@@ -26,7 +26,14 @@ from anabranch import limits
 from anabranch.clock import Clock
 from anabranch.core.ack_state import AckState
 from anabranch.core.retention import LedgerSpan, Retention, trimmable_ledgers
-from anabranch.errors import Closed, InvalidArgument, NotAllowed, StorageError, StorageIOError
+from anabranch.errors import (
+    Closed,
+    InvalidArgument,
+    LedgerFenced,
+    NotAllowed,
+    StorageError,
+    StorageIOError,
+)
 from anabranch.storage.api import (
     EARLIEST,
     LATEST,
@@ -444,9 +451,11 @@ class ManagedLedgerBase:
         except _Superseded:
             await self._delete_offloaded_object(state)
             return False
-        except BaseException:
+        except LedgerFenced:  # the commit surely failed: nothing will ever point at it
             await self._delete_offloaded_object(state)
             raise
+        # Any other failure may have committed (an unanswered metadata write): the object
+        # stays, as an orphan at worst, never deleted under a record that points at it.
         return True
 
     async def delete_offloaded_hot(self, ledger_id: int) -> bool:
