@@ -260,3 +260,45 @@ async def test_scalable_topic_segments_are_offloaded_and_read_back(
 
             await eventually(cold, "the segment's sealed ledgers offloaded and dropped")
             assert await read_all(client, segment, 25) == [b"m%03d" % i for i in range(25)]
+
+
+async def test_topic_offload_policies_override_the_namespace(
+    tmp_path: Path, seaweed: SeaweedS3
+) -> None:
+    kept = f"persistent://{NS}/kept-hot"
+    moved = f"persistent://{NS}/moved"
+    async with broker_for(tmp_path / "data", seaweed, offload_deletion_lag_ms=-1) as broker:
+        assert broker.http_url is not None
+        async with AdminClient(broker.http_url) as admin, Client(broker.service_url) as client:
+            await produce(client, kept, 15)
+            await produce(client, moved, 15)
+            path = f"/admin/v2/persistent/{NS}/kept-hot/offloadPolicies"
+            assert await admin.request("GET", path) is None
+            body = {"managedLedgerOffloadThresholdInBytes": -1}
+            await admin.request("POST", path, body)
+            assert await admin.request("GET", path) == body
+            await admin.set_offload_value(NS, "offloadThreshold", 0)
+
+            async def moved_offloaded() -> bool:
+                return [i["offloaded"] for i in await internal_ledgers(admin, moved)] == [
+                    True,
+                    False,
+                ]
+
+            await eventually(moved_offloaded, "the namespace threshold offloads `moved`")
+            sweeps = broker.service.offloader.sweeps
+
+            async def swept_again() -> bool:
+                return broker.service.offloader.sweeps > sweeps + 1
+
+            await eventually(swept_again, "two more sweeps")
+            assert not any(i["offloaded"] for i in await internal_ledgers(admin, kept))
+            await admin.request("DELETE", path)
+
+            async def kept_offloaded() -> bool:
+                return any(i["offloaded"] for i in await internal_ledgers(admin, kept))
+
+            await eventually(kept_offloaded, "without the override the namespace's applies")
+            with pytest.raises(AdminHttpError) as caught:
+                await admin.request("GET", f"/admin/v2/persistent/{NS}/absent/offloadPolicies")
+            assert caught.value.status == 404

@@ -131,9 +131,11 @@ ROUTE_ACCESS: dict[tuple[str, str], Need] = {
         for policy in ("offloadThreshold", "offloadThresholdInSeconds", "offloadDeletionLagMs")
         for method in ("GET", "PUT", "POST", "DELETE")
     },
-    ("GET", f"{NS}/offloadPolicies"): N.TENANT_ADMIN,
-    ("POST", f"{NS}/offloadPolicies"): N.TENANT_ADMIN,
-    ("DELETE", f"{NS}/offloadPolicies"): N.TENANT_ADMIN,
+    **{
+        (method, f"{base}/offloadPolicies"): N.TENANT_ADMIN
+        for base in (NS, TOPIC)
+        for method in ("GET", "POST", "DELETE")
+    },
     ("PUT", f"{TOPIC}/offload"): N.TENANT_ADMIN,
     ("GET", f"{TOPIC}/offload"): N.TENANT_ADMIN,
     # Stored messages (admin/routes_messages.py): what a consumer may read or acknowledge.

@@ -7,6 +7,7 @@ friends, ``pulsar-admin topics offload`` / ``offload-status``)::
     GET/PUT/POST/DELETE /admin/v2/namespaces/{t}/{ns}/offloadThresholdInSeconds  seconds
     GET/PUT/POST/DELETE /admin/v2/namespaces/{t}/{ns}/offloadDeletionLagMs       ms
     GET/POST/DELETE     /admin/v2/namespaces/{t}/{ns}/offloadPolicies            OffloadPolicies
+    GET/POST/DELETE     /admin/v2/persistent/{t}/{ns}/{topic}/offloadPolicies    (a topic's)
     PUT /admin/v2/persistent/{t}/{ns}/{topic}/offload    {"ledgerId", "entryId"}: offload
                                                          the sealed ledgers before it
     GET /admin/v2/persistent/{t}/{ns}/{topic}/offload    {"status", "lastError",
@@ -19,7 +20,7 @@ Example:
     >>> sorted({r.path.rsplit("/", 1)[1] for r in ROUTES})[:3]
     ['offload', 'offloadDeletionLagMs', 'offloadPolicies']
     >>> len(ROUTES)
-    17
+    20
 """
 
 from __future__ import annotations
@@ -32,7 +33,9 @@ from aiohttp import web
 from anabranch.admin.models import MessageIdBody
 from anabranch.admin.routes import Route, json_body, namespace_param, topic_param
 from anabranch.broker.policies import NamespacePolicies, OffloadPoliciesRecord
-from anabranch.errors import InvalidArgument
+from anabranch.broker.topic_policies import TopicPolicyStore
+from anabranch.core.names import TopicName
+from anabranch.errors import InvalidArgument, NotFound
 
 if TYPE_CHECKING:
     from anabranch.admin.service import AdminService
@@ -105,16 +108,7 @@ async def get_offload_policies(admin: AdminService, request: web.Request) -> obj
 
 
 async def set_offload_policies(admin: AdminService, request: web.Request) -> object:
-    record = await json_body(request, OffloadPoliciesRecord, "offloadPolicies", None)
-    if record is None:
-        raise InvalidArgument("the body must be an OffloadPolicies object")
-    for value in (
-        record.managed_ledger_offload_threshold_in_bytes,
-        record.managed_ledger_offload_threshold_in_seconds,
-        record.managed_ledger_offload_deletion_lag_in_millis,
-    ):
-        if value is not None and value < -1:
-            raise InvalidArgument("offload thresholds and lags must be >= -1")
+    record = _check_record(await json_body(request, OffloadPoliciesRecord, "offloadPolicies", None))
     await admin.policies.update_namespace_policies(
         namespace_param(request),
         lambda p: msgspec.structs.replace(p, offload_policies=record),
@@ -125,6 +119,50 @@ async def set_offload_policies(admin: AdminService, request: web.Request) -> obj
 async def remove_offload_policies(admin: AdminService, request: web.Request) -> object:
     await admin.policies.update_namespace_policies(
         namespace_param(request), lambda p: msgspec.structs.replace(p, offload_policies=None)
+    )
+    return None
+
+
+def _check_record(record: OffloadPoliciesRecord | None) -> OffloadPoliciesRecord:
+    if record is None:
+        raise InvalidArgument("the body must be an OffloadPolicies object")
+    for value in (
+        record.managed_ledger_offload_threshold_in_bytes,
+        record.managed_ledger_offload_threshold_in_seconds,
+        record.managed_ledger_offload_deletion_lag_in_millis,
+    ):
+        if value is not None and value < -1:
+            raise InvalidArgument("offload thresholds and lags must be >= -1")
+    return record
+
+
+async def _topic(admin: AdminService, request: web.Request) -> TopicName:
+    """The topic of the path; NotFound unless it (or its partitioned topic) exists."""
+    name = TopicName.parse(topic_param(request))
+    if await admin.policies.get_partitions(name) == 0 and not await admin.topic_exists(name):
+        raise NotFound(f"topic {name}")
+    return name
+
+
+async def get_topic_offload_policies(admin: AdminService, request: web.Request) -> object:
+    topic = await _topic(admin, request)
+    record = (await TopicPolicyStore(admin.broker.store).get(topic)).offload_policies
+    return None if record is None else msgspec.to_builtins(record)
+
+
+async def set_topic_offload_policies(admin: AdminService, request: web.Request) -> object:
+    record = _check_record(await json_body(request, OffloadPoliciesRecord, "offloadPolicies", None))
+    topic = await _topic(admin, request)
+    await TopicPolicyStore(admin.broker.store).update(
+        topic, lambda p: msgspec.structs.replace(p, offload_policies=record)
+    )
+    return None
+
+
+async def remove_topic_offload_policies(admin: AdminService, request: web.Request) -> object:
+    topic = await _topic(admin, request)
+    await TopicPolicyStore(admin.broker.store).update(
+        topic, lambda p: msgspec.structs.replace(p, offload_policies=None)
     )
     return None
 
@@ -174,6 +212,14 @@ ROUTES: list[Route] = [
           request_schema=OFFLOAD_POLICIES, errors=(400, 404)),
     Route("DELETE", f"{NS}/offloadPolicies", remove_offload_policies,
           "Remove a namespace's offload policies.", "namespaces"),
+    Route("GET", f"{TOPIC}/offloadPolicies", get_topic_offload_policies,
+          "A topic's offload policies override (null when unset).", "persistent",
+          response_schema=OFFLOAD_POLICIES, errors=(404,)),
+    Route("POST", f"{TOPIC}/offloadPolicies", set_topic_offload_policies,
+          "Override the offload policies for a topic.", "persistent",
+          request_schema=OFFLOAD_POLICIES, errors=(400, 404)),
+    Route("DELETE", f"{TOPIC}/offloadPolicies", remove_topic_offload_policies,
+          "Remove a topic's offload policies override.", "persistent", errors=(404,)),
     Route("PUT", f"{TOPIC}/offload", trigger_offload,
           "Offload the topic's sealed ledgers before a message id to the object store.",
           "persistent", request_schema=MESSAGE_ID, errors=(400, 404, 409)),

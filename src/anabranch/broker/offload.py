@@ -31,6 +31,9 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
+from anabranch.broker.retention import namespace_of
+from anabranch.broker.topic_policies import TopicPolicyStore
+from anabranch.core.names import TopicName, parse_name
 from anabranch.core.offload import (
     DISABLED,
     OffloadCandidate,
@@ -125,6 +128,7 @@ class Offloader:
         self._states: dict[str, _TopicState] = {}
         self._manual: dict[str, asyncio.Task[None]] = {}
         self._locks: dict[str, asyncio.Lock] = {}
+        self._topic_policies = TopicPolicyStore(service.store)
         self._loop: Supervised | None = None
         self._closed = False
         self._retry_s = RETRY_MIN_S
@@ -188,7 +192,7 @@ class Offloader:
     async def sweep(self) -> None:
         """One pass over the loaded topics (policies, pending manual requests, deletion
         lags)."""
-        cache: dict[str, NamespacePolicies | None] = {}
+        cache: dict[str, tuple[NamespacePolicies | None, frozenset[str]]] = {}
         loaded = self.service.loaded_topics()
         names = {topic.name for topic in loaded}
         for name in [n for n in self._states if n not in names and n not in self._manual]:
@@ -196,17 +200,34 @@ class Offloader:
         for name in [n for n in self._locks if n not in names and not self._locks[n].locked()]:
             del self._locks[name]
         for topic in loaded:
-            ns = "/".join(topic.name.split("://", 1)[-1].split("/")[:2])
-            if ns not in cache:
-                try:
-                    cache[ns] = await self.service.policies.namespace_policies(ns)
-                except NotFound:
-                    cache[ns] = None
             try:
-                await self._offload_topic(topic, policy_of(self.config, cache[ns]))
+                policy = await self._policy(topic, cache)
+                await self._offload_topic(topic, policy)
             except Exception:
                 log.exception("%s: offload step failed", topic.name)
         self.sweeps += 1
+
+    async def _policy(
+        self,
+        topic: PersistentTopic,
+        cache: dict[str, tuple[NamespacePolicies | None, frozenset[str]]],
+    ) -> OffloadPolicy:
+        """The namespace's offload policy with the topic's override (if any) applied."""
+        name = parse_name(topic.name)
+        ns = namespace_of(name)
+        if ns not in cache:
+            try:
+                policies: NamespacePolicies | None = await self.service.policies.namespace_policies(
+                    ns
+                )
+            except NotFound:
+                policies = None
+            cache[ns] = (policies, await self._topic_policies.overridden(ns))
+        policies, overridden = cache[ns]
+        named = isinstance(name, TopicName) and name.local_name in overridden
+        if policies is not None and named and isinstance(name, TopicName):
+            policies = (await self._topic_policies.get(name)).over(policies)
+        return policy_of(self.config, policies)
 
     def _ledger(self, topic: PersistentTopic) -> ManagedLedgerBase | None:
         from anabranch.storage.base import ManagedLedgerBase
@@ -276,12 +297,7 @@ class Offloader:
 
     async def _manual_run(self, topic: PersistentTopic) -> None:
         try:
-            ns = "/".join(topic.name.split("://", 1)[-1].split("/")[:2])
-            try:
-                policies = await self.service.policies.namespace_policies(ns)
-            except NotFound:
-                policies = None
-            policy = policy_of(self.config, policies)
+            policy = await self._policy(topic, {})
             # Only the manual request: thresholds are the sweep's business.
             manual = OffloadPolicy(DISABLED, DISABLED, policy.deletion_lag_ms)
             await self._offload_topic(topic, manual)
