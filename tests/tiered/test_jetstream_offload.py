@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
+from anabranch.errors import NotFound
 from anabranch.metadata.memory import MemoryMetadataStore
 from anabranch.storage.api import EARLIEST, ManagedLedgerConfig
 from anabranch.storage.jetstream_ledger import JetStreamManagedLedgerFactory
@@ -67,5 +68,11 @@ async def test_jetstream_ledger_offload_purges_stream_and_reads_from_s3(
     reopened = await again.open("t/ns/persistent/js-off", config)
     assert [e.data for e in await reopened.read(EARLIEST, 100)] == expected
     assert [i.hot for i in reopened.ledgers][:2] == [False, False]
-    await reopened.close()
+    keys = [i.offload.key for i in reopened.ledgers if i.offload is not None]
+    s3 = S3ObjectStore(settings_of(seaweed))
+    assert len(keys) == 2 and all([await s3.size(key) > 0 for key in keys])
+    await reopened.delete()  # deleting the topic deletes its offloaded objects too
+    for key in keys:
+        with pytest.raises(NotFound):
+            await s3.size(key)
     await again.close()

@@ -909,6 +909,9 @@ class JetStreamManagedLedger(ManagedLedgerBase):
                 await self._commit(ops[start : start + limits.METADATA_TXN_OPS_MAX])
         self._mark_closed()
         await self._stop_writer()
+        for info in self._ledgers:
+            if info.offload is not None:
+                await self._delete_offloaded_object(info.offload)
         deadline = self._deadline()
         while True:  # the record is gone: the stream must go too (an unanswered delete
             try:  # may have worked: deleting a missing stream succeeds)
