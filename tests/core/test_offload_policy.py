@@ -119,3 +119,25 @@ def test_examples_and_validation() -> None:
     assert first_unoffloaded(ledgers) == 1
     with pytest.raises(InvalidArgument):
         OffloadPolicy(threshold_bytes=-2)
+
+
+def test_policy_in_force_precedence() -> None:
+    from anabranch.broker.config import BrokerConfig
+    from anabranch.broker.offload import policy_of
+    from anabranch.broker.policies import NamespacePolicies, OffloadPoliciesRecord
+    from anabranch.broker.topic_policies import TopicPolicies
+
+    config = BrokerConfig(offload_deletion_lag_ms=7)
+    assert policy_of(config, None) == OffloadPolicy(DISABLED, DISABLED, 7)
+    record = OffloadPoliciesRecord(
+        managed_ledger_offload_threshold_in_bytes=100,
+        managed_ledger_offload_deletion_lag_in_millis=50,
+    )
+    ns = NamespacePolicies(offload_policies=record, offload_threshold_in_seconds=60)
+    assert policy_of(config, ns) == OffloadPolicy(100, 60, 50)
+    ns = NamespacePolicies(offload_policies=record, offload_threshold=5, offload_deletion_lag_ms=9)
+    assert policy_of(config, ns) == OffloadPolicy(5, DISABLED, 9)  # the plain fields win
+    topic = TopicPolicies(
+        offload_policies=OffloadPoliciesRecord(managed_ledger_offload_threshold_in_bytes=-1)
+    )
+    assert policy_of(config, topic.over(ns)) == OffloadPolicy(DISABLED, DISABLED, 9)
