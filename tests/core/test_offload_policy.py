@@ -127,7 +127,7 @@ def test_policy_in_force_precedence() -> None:
     from anabranch.broker.policies import NamespacePolicies, OffloadPoliciesRecord
     from anabranch.broker.topic_policies import TopicPolicies
 
-    config = BrokerConfig(offload_deletion_lag_ms=7)
+    config = BrokerConfig.model_validate({"offload_deletion_lag_ms": 7})
     assert policy_of(config, None) == OffloadPolicy(DISABLED, DISABLED, 7)
     record = OffloadPoliciesRecord(
         managed_ledger_offload_threshold_in_bytes=100,
