@@ -141,3 +141,16 @@ def test_policy_in_force_precedence() -> None:
         offload_policies=OffloadPoliciesRecord(managed_ledger_offload_threshold_in_bytes=-1)
     )
     assert policy_of(config, topic.over(ns)) == OffloadPolicy(DISABLED, DISABLED, 9)
+
+
+def test_an_offload_driver_needs_a_bucket() -> None:
+    from pydantic import ValidationError
+
+    from anabranch.broker.config import BrokerConfig
+
+    with pytest.raises(ValidationError, match="offload_driver needs s3_bucket"):
+        BrokerConfig.model_validate({"offload_driver": "aws-s3"})
+    config = BrokerConfig.model_validate(
+        {"offload_driver": "s3", "s3_bucket": "b", "s3_secret_access_key": "hidden"}
+    )
+    assert "hidden" not in repr(config)
