@@ -136,6 +136,9 @@ async def test_manual_offload_read_back_everywhere_and_after_restart(
             metrics = await admin.metrics()
             assert 'anabranch_ledgers_offloaded_total{cluster="standalone"} 3.0' in metrics
             assert await read_all(client, topic, 35) == expected
+            first = ids[3]  # in the first, now cold, ledger: the admin reads it from S3 too
+            [got] = await admin.get_message_by_id(topic, first.ledger_id, first.entry_id)
+            assert got["payload"] == b"m003"
             url = broker.service_url
             assert await asyncio.to_thread(official_read_all, url, topic, 35) == expected
 
