@@ -259,7 +259,7 @@ class AdminService:
                 "ledgerId": getattr(info, "ledger_id", 0),
                 "entries": getattr(info, "entries", 0),
                 "size": getattr(info, "size", 0),
-                "offloaded": False,
+                "offloaded": getattr(info, "offload", None) is not None,
             }
             for info in getattr(ledger, "ledgers", [])
         ]

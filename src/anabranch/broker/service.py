@@ -40,6 +40,7 @@ from anabranch.broker.authorization import Authorizer
 from anabranch.broker.autoscale import broker_autoscaler
 from anabranch.broker.config import BrokerConfig
 from anabranch.broker.metrics import BrokerCounters
+from anabranch.broker.offload import Offloader
 from anabranch.broker.policies import NamespacePolicies, Policies
 from anabranch.broker.retention import RetentionSweeps, retention_of
 from anabranch.broker.scalable_commands import ScalableEndpoint
@@ -176,6 +177,8 @@ class BrokerService:
         """Broker-wide counters for /metrics; the server and sessions bump them."""
         self.sweeps = RetentionSweeps(self)
         """Retention, message TTL, backlog quotas and segment pruning (periodic)."""
+        self.offloader = Offloader(self)
+        """Tiered storage: offload policies and the manual offload trigger."""
         self.ownership: OwnershipGate | None = None
         """Set in cluster mode: topics are loaded only once this broker owns them."""
         self.txn_outcomes: TxnOutcomes | None = None
@@ -209,6 +212,7 @@ class BrokerService:
         self._broker_index = int(path.rsplit("-", 1)[1])
         self.sweeps.start()
         self.autoscaler.start()
+        self.offloader.start()
         if self.txn_outcomes is not None and self.txn_coordinator is not None:
             await self.txn_outcomes.start()
             await self.txn_coordinator.start()
@@ -509,6 +513,7 @@ class BrokerService:
         self._closed = True
         await self.sweeps.close()
         await self.autoscaler.close()
+        await self.offloader.close()
         if self.txn_keys is not None:
             await self.txn_keys.close()
         if self.txn_coordinator is not None:

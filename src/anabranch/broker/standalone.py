@@ -21,7 +21,7 @@ import logging
 import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from anabranch import limits
 from anabranch.broker.config import BrokerConfig
@@ -35,6 +35,9 @@ from anabranch.metadata.etcd_channel import EtcdOptions
 from anabranch.metadata.factory import open_metadata_store
 from anabranch.security.tls import server_ssl_context
 from anabranch.storage.api import ManagedLedgerFactory
+
+if TYPE_CHECKING:
+    from anabranch.storage.tiered import TieredStorage
 
 log = logging.getLogger(__name__)
 
@@ -241,15 +244,44 @@ def _ledger_factory(
             raise InvalidArgument(
                 "storage = 'jetstream' needs nats-py: pip install 'anabranch[jetstream]'"
             ) from err
-        return jetstream_factory(config, store, clock)
+        made = jetstream_factory(config, store, clock)
+        if config.offload_driver:
+            made.tiered = _tiered_storage(config)
+        return made
     from anabranch.storage.ledger import FileManagedLedgerFactory
 
-    return FileManagedLedgerFactory(
+    factory = FileManagedLedgerFactory(
         config.data_dir / "ledgers",
         store,
         clock=clock,
         writer_threads=config.storage_writer_threads,
         open_files_max=config.storage_open_files_max,
+    )
+    if config.offload_driver:
+        factory.tiered = _tiered_storage(config)
+    return factory
+
+
+def _tiered_storage(config: BrokerConfig) -> TieredStorage:
+    """The object store of ``offload_driver`` (obstore, the ``tiered`` extra)."""
+    try:
+        from anabranch.storage.object_store import S3Settings
+        from anabranch.storage.tiered import TieredStorage
+    except ModuleNotFoundError as err:
+        if err.name is None or not err.name.startswith("obstore"):
+            raise
+        raise InvalidArgument(
+            "offload_driver needs obstore: pip install 'anabranch[tiered]'"
+        ) from err
+    secret = config.s3_secret_access_key
+    return TieredStorage.s3(
+        S3Settings(
+            config.s3_endpoint,
+            config.s3_bucket,
+            config.s3_region,
+            config.s3_access_key_id,
+            secret.get_secret_value() if secret is not None else "",
+        )
     )
 
 

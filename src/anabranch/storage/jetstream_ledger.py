@@ -101,6 +101,7 @@ from anabranch.storage.tail_cache import TailCache
 
 if TYPE_CHECKING:
     from anabranch.broker.config import BrokerConfig
+    from anabranch.storage.tiered import TieredStorage
 
 log = logging.getLogger(__name__)
 
@@ -833,6 +834,26 @@ class JetStreamManagedLedger(ManagedLedgerBase):
             except StorageIOError as err:  # the next trim purges up to its own first ledger
                 log.warning("%s: purge below %d failed: %s", self.name, keep_from, err)
 
+    async def _persist_ledger_list(self) -> None:
+        [self._ml_version] = await self._commit(
+            [Put(self._path, self._ml_info(), self._ml_version)]
+        )
+
+    async def _delete_hot_ledger(self, ledger_id: int) -> None:
+        """A stream only drops a prefix: purge below the oldest ledger still hot (a cold
+        ledger behind a hot one keeps its messages until the older ones go cold too;
+        its reads go to the object store already)."""
+        keep_from = next((self._first_seq.get(i.ledger_id) for i in self._ledgers if i.hot), None)
+        if keep_from is None:
+            return
+        try:
+            await self._client.purge_below(self._stream, keep_from)
+        except ApiError as err:
+            if err.err_code != ERR_STREAM_SEALED:
+                raise
+        except StorageIOError as err:  # the next hot deletion or trim purges it
+            log.warning("%s: purge below %d failed: %s", self.name, keep_from, err)
+
     async def terminate(self) -> Position:
         if self._terminated_at is not None:
             return self._terminated_at
@@ -888,6 +909,9 @@ class JetStreamManagedLedger(ManagedLedgerBase):
                 await self._commit(ops[start : start + limits.METADATA_TXN_OPS_MAX])
         self._mark_closed()
         await self._stop_writer()
+        for info in self._ledgers:
+            if info.offload is not None:
+                await self._delete_offloaded_object(info.offload)
         deadline = self._deadline()
         while True:  # the record is gone: the stream must go too (an unanswered delete
             try:  # may have worked: deleting a missing stream succeeds)
@@ -967,6 +991,8 @@ class JetStreamManagedLedgerFactory:
         self._connect_timeout_s = connect_timeout_s
         self._client: JetStreamClient | None = None
         self._connecting = asyncio.Lock()
+        self.tiered: TieredStorage | None = None
+        """Where offloaded ledgers live (set when an offload driver is configured)."""
         self._open: list[JetStreamManagedLedger] = []
         self._closed = False
 
@@ -1023,6 +1049,7 @@ class JetStreamManagedLedgerFactory:
             raise Closed("managed ledger factory is closed")
         client = await self.client()
         ml = JetStreamManagedLedger(self, client, name, config or ManagedLedgerConfig())
+        ml.tiered = self.tiered
         try:
             await ml._recover()
         except BaseException:
