@@ -19,8 +19,10 @@ import pytest
 
 from anabranch import failpoints
 from anabranch.aio import Client
+from anabranch.errors import AnabranchError, ProducerFenced
 from anabranch.protocol import commands
 from anabranch.protocol._generated import pulsar_api_pb2 as pb
+from anabranch.storage.jetstream_client import JetStreamClient, StreamNotFound
 from anabranch.testing.cluster import ClusterBroker, LocalCluster
 from tests.cluster.local_cluster import (
     SESSION_TTL_S,
@@ -36,6 +38,8 @@ T = pb.BaseCommand
 
 LEADER_FAILOVER_S = 15.0
 """Hang guard on a JetStream stream electing a new leader (NATS: a few seconds)."""
+SEND_GUARD_S = 60.0
+"""Hang guard on a send or producer creation that must fail."""
 
 
 @pytest.fixture(scope="module")
@@ -274,3 +278,30 @@ async def test_scalable_segments_on_jetstream_survive_an_owner_kill(
     assert len(stored) == len(set(stored))
     new_owner = await cluster.segment_owner(segment)
     assert new_owner is not None and new_owner is not owner
+
+
+async def test_a_stream_deleted_behind_our_back_fences_the_topic(cluster: LocalCluster) -> None:
+    topic = fresh_topic("js-deleted")
+    assert cluster.nats is not None
+    async with Client(cluster.service_url) as client:
+        producer = await client.create_producer(topic, batching=False)
+        for i in range(20):
+            await producer.send(f"d{i}".encode())
+        js = await JetStreamClient.connect(cluster.nats.urls)
+        try:
+            await js.delete_stream(cluster.stream_of(topic))
+        finally:
+            await js.close()
+        # The send is not acknowledged: a typed error, and nothing recreates the stream.
+        with pytest.raises(AnabranchError) as raised:
+            await asyncio.wait_for(producer.send(b"after-the-delete"), SEND_GUARD_S)
+        assert not raised.value.retriable, raised.value
+        assert "deleted" in str(raised.value)
+        with pytest.raises(ProducerFenced, match="deleted behind our back"):
+            await asyncio.wait_for(client.create_producer(topic), SEND_GUARD_S)
+    js = await JetStreamClient.connect(cluster.nats.urls)
+    try:
+        with pytest.raises(StreamNotFound):
+            await js.stream_info(cluster.stream_of(topic))
+    finally:
+        await js.close()

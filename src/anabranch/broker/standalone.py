@@ -81,8 +81,10 @@ class Standalone:
         clock = clock or SystemClock()
         config.data_dir.mkdir(parents=True, exist_ok=True)
         store = await open_store(config.metadata_url, clock, config.etcd_options())
+        ledgers: ManagedLedgerFactory | None = None
         try:
             ledgers = _ledger_factory(ledger_backend, config, store, clock)
+            await _connect_storage(ledgers)
             policies = Policies(store)
             await policies.ensure_standalone_defaults(
                 config.cluster_name,
@@ -109,7 +111,11 @@ class Standalone:
             )
             await server.start(serving=False)
         except BaseException:
-            await store.close()
+            try:
+                if ledgers is not None:
+                    await ledgers.close()
+            finally:
+                await store.close()
             raise
         node = cls(config, store, ledgers, service, server, ssl_context=ssl_context)
         service.set_addresses(
@@ -251,6 +257,15 @@ def _ledger_factory(
         writer_threads=config.storage_writer_threads,
         open_files_max=config.storage_open_files_max,
     )
+
+
+async def _connect_storage(ledgers: ManagedLedgerFactory) -> None:
+    """Replicated storage connects at start (wrong credentials stop the broker here;
+    unreachable servers are retried in the background: see ``JetStreamManagedLedgerFactory
+    .connect_at_start``). Local files need nothing."""
+    connect = getattr(ledgers, "connect_at_start", None)
+    if connect is not None:
+        await connect()
 
 
 def _bound_ports(runner: Any) -> list[int]:

@@ -159,6 +159,7 @@ class LocalCluster:
         nats_nodes: int = 3,
         jetstream_replicas: int | None = None,
         nats_auth: tuple[str, str] | None = None,
+        nats_urls: list[str] | None = None,
         **broker_settings: Any,
     ) -> None:
         if storage not in ("file", "jetstream"):
@@ -167,6 +168,7 @@ class LocalCluster:
         self.storage = storage
         self.nats_nodes = nats_nodes
         self.nats_auth = nats_auth
+        self.nats_urls = nats_urls
         self.jetstream_replicas = (
             min(3, nats_nodes) if jetstream_replicas is None else jetstream_replicas
         )
@@ -204,7 +206,7 @@ class LocalCluster:
         """Start etcd (and NATS), then every broker; wait until all are registered."""
         self.etcd = await asyncio.to_thread(EtcdServer.start, self.root / "etcd")
         try:
-            if self.storage == "jetstream":
+            if self.storage == "jetstream" and self.nats_urls is None:
                 self.nats = await asyncio.to_thread(
                     NatsCluster.start,
                     self.root / "nats",
@@ -230,10 +232,13 @@ class LocalCluster:
         """The JetStream part of a broker's settings (empty in file mode)."""
         if self.storage != "jetstream":
             return {}
-        assert self.nats is not None
+        urls = self.nats_urls
+        if urls is None:
+            assert self.nats is not None
+            urls = self.nats.urls
         out: dict[str, Any] = {
             "storage": "jetstream",
-            "jetstream_urls": self.nats.urls,
+            "jetstream_urls": urls,
             "jetstream_replicas": self.jetstream_replicas,
         }
         if self.nats_auth is not None:
@@ -242,9 +247,9 @@ class LocalCluster:
 
     async def _new_broker(self, index: int) -> ClusterBroker:
         settings = {
-            **self._settings,
-            "data_dir": str(self.data_dir_of(index)),
             **self.jetstream_settings(),
+            **self._settings,  # a caller's jetstream_* settings win (a wrong password)
+            "data_dir": str(self.data_dir_of(index)),
             "metadata_url": f"etcd://{await self._etcd_endpoint_for(index)}",
             "port": free_port(self.host),
             "http_port": free_port(self.host),
