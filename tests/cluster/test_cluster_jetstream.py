@@ -305,3 +305,11 @@ async def test_a_stream_deleted_behind_our_back_fences_the_topic(cluster: LocalC
             await js.stream_info(cluster.stream_of(topic))
     finally:
         await js.close()
+    # What the operator does: delete the topic; the name then starts afresh.
+    short = topic.split("://", 1)[1]
+    status, body, _ = await cluster.http_follow("DELETE", f"/admin/v2/persistent/{short}")
+    assert status == 204, body
+    async with Client(cluster.service_url) as client:
+        producer = await client.create_producer(topic)
+        await producer.send(b"afresh")
+    assert await read_all(cluster.service_url, topic) == [b"afresh"]

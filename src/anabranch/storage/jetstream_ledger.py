@@ -286,7 +286,7 @@ class JetStreamManagedLedger(ManagedLedgerBase):
             except StreamNotFound as err:
                 raise LedgerFenced(
                     f"{self.name}: its JetStream stream {self._stream} was deleted behind"
-                    " our back; delete the topic to start it afresh"
+                    " our back (deleting the topic clears it)"
                 ) from err
             except StorageIOError as err:  # no leader yet, peers not yet known, a timeout
                 await self._backoff(deadline, err)
@@ -1097,6 +1097,34 @@ class JetStreamManagedLedgerFactory:
             if self._client is None:
                 self._client = await self._connect(self._connect_timeout_s)
             return self._client
+
+    async def delete_lost(self, name: str) -> bool:
+        """Delete the metadata (record and cursors) of managed ledger ``name`` whose stream
+        is gone (deleted behind our back: the ledger can never open again); False, and
+        nothing deleted, while the stream exists.
+
+        Example:
+            >>> async def demo(factory: JetStreamManagedLedgerFactory) -> None:
+            ...     assert not await factory.delete_lost("public/default/persistent/ok")
+        """
+        client = await self.client()
+        try:
+            await client.stream_info(stream_name(self.prefix, name))
+            return False
+        except StreamNotFound:
+            pass
+        path = JS_MANAGED_LEDGERS_PREFIX + disk_name(name)
+        while True:
+            page = await self.store.list_prefix(f"{path}/cursors/")
+            if not page.records:
+                break
+            ops: list[Put | Delete | Check] = [Delete(r.path) for r in page.records]
+            for start in range(0, len(ops), limits.METADATA_TXN_OPS_MAX):
+                await self.store.commit(ops[start : start + limits.METADATA_TXN_OPS_MAX])
+        record = await self.store.get(path)
+        if record is not None:
+            await self.store.commit([Delete(path, record.stat.version)])
+        return True
 
     async def allocate_ledger_id(self) -> int:
         """The next cluster-wide ledger id (CAS on ``/ledger-id-counter``)."""
