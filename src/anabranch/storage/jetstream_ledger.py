@@ -29,6 +29,16 @@ Theory of operation.
   (``next_by_subj``), which gives its entry count; it is closed, empty ones dropped, and
   the record is CASed again with the new ledger's first sequence.
 
+* **A stream deleted behind our back.** The open ledger's next append, read or marker
+  finds the stream gone: LedgerFenced. Reopening checks the stream still exists when the
+  record names ledger markers (so it was created before) and is LedgerFenced otherwise,
+  instead of creating an empty stream under a history that vanished;
+  :meth:`JetStreamManagedLedgerFactory.delete_lost` then removes what is left of it.
+
+* **Connecting.** A broker calls :meth:`JetStreamManagedLedgerFactory.connect_at_start`:
+  refused credentials stop it; unreachable servers are retried in the background with
+  backoff while topic loads fail retriably.
+
 * **Appends** queue on the loop; one writer task takes everything queued (up to
   ``BATCH_MESSAGES_MAX`` entries and ``STORAGE_GROUP_COMMIT_BYTES_MAX`` bytes, never past
   the current ledger's entry bound) and publishes it as one atomic batch whose first
