@@ -106,6 +106,7 @@ async def get_scalable_topic(admin: AdminService, request: web.Request) -> objec
 async def delete_scalable_topic(admin: AdminService, request: web.Request) -> object:
     name = scalable_topic(request)
     await (await admin.scalable()).delete(name)
+    await admin.broker.schemas.delete(name, force=True)
     await admin.policies.forget_topic_permissions(name)
     return None
 

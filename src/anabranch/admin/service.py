@@ -115,6 +115,11 @@ class AdminService:
             name.base
         )
 
+    async def existing_topic(self, text: str) -> PersistentTopic:
+        """The loaded persistent topic ``text`` names; NotFound unless it exists (a
+        partitioned topic's base name is NotFound too: its partitions are the topics)."""
+        return await self._existing_topic(text)
+
     async def _existing_topic(self, text: str) -> PersistentTopic:
         name = persistent_topic(text)
         if not await self.topic_exists(name):
@@ -209,6 +214,7 @@ class AdminService:
             await self.policies.unregister_topic(partition)
         await self.policies.delete_partitioned_topic(name)
         await TopicPolicyStore(self.broker.store).delete(name)
+        await self.broker.schemas.delete(name, force=True)
         await self.policies.forget_topic_permissions(name)
 
     async def stats(self, text: str) -> dict[str, Any]:

@@ -22,6 +22,7 @@ from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_va
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from anabranch import limits
+from anabranch.core.schema_compat import Strategy
 from anabranch.errors import InvalidArgument
 from anabranch.metadata.etcd_channel import EtcdOptions
 
@@ -79,6 +80,12 @@ class BrokerConfig(BaseSettings):
     max_message_size: int = Field(limits.MESSAGE_SIZE_MAX_BYTES, gt=0)
     """At most ``limits.MESSAGE_SIZE_CAP_BYTES`` (what one storage record holds, less the
     frame padding); a larger value is refused at start."""
+    schema_compatibility_strategy: str = "FULL"
+    """For namespaces and topics that set none (Pulsar's ``schemaCompatibilityStrategy``):
+    ALWAYS_INCOMPATIBLE, ALWAYS_COMPATIBLE, BACKWARD, FORWARD, FULL or a _TRANSITIVE form."""
+    schema_versions_max: int = Field(1000, ge=1, le=100_000)
+    """Schema versions one topic may hold (delete markers included); past it a new schema
+    is refused until the topic's schema is deleted."""
     session_ttl_s: float = Field(10.0, gt=0)
     """TTL of the broker's metadata session: its registry record, topic ownerships and
     controller leaderships die this long after the broker stops refreshing them."""
@@ -254,6 +261,14 @@ class BrokerConfig(BaseSettings):
         if isinstance(value, str):
             return [part.strip() for part in value.split(",") if part.strip()]
         return value
+
+    @field_validator("schema_compatibility_strategy")
+    @classmethod
+    def _known_strategy(cls, value: str) -> str:
+        strategy = Strategy.parse(value)  # ValueError names the valid ones
+        if strategy is Strategy.UNDEFINED:
+            raise ValueError("the broker's schema_compatibility_strategy cannot be UNDEFINED")
+        return strategy.value
 
     @field_validator("max_message_size")
     @classmethod

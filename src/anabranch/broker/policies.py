@@ -148,6 +148,8 @@ class NamespacePolicies(msgspec.Struct, kw_only=True):
     max_consumers_per_subscription: int | None = None
     properties: dict[str, str] = msgspec.field(default_factory=dict)
     auth_policies: AuthPolicies = msgspec.field(default_factory=AuthPolicies)
+    schema_compatibility_strategy: str = "UNDEFINED"
+    """Pulsar's ``SchemaCompatibilityStrategy`` name; UNDEFINED: the broker's default."""
     deleted: bool = False
     """Set while a namespace delete is in progress (Pulsar's flag); topics cannot register."""
 

@@ -49,6 +49,7 @@ from anabranch.broker.topic import PersistentTopic
 from anabranch.broker.topic_policies import TopicPolicyStore
 from anabranch.clock import Clock, SystemClock
 from anabranch.core.names import SegmentName, TopicDomain, TopicName, parse_name
+from anabranch.core.schema_compat import Strategy
 from anabranch.core.segment_layout import SegmentLayout
 from anabranch.errors import Closed, LedgerFenced, NotAllowed, NotFound, ResourceLimitReached
 from anabranch.metadata.api import MetadataStore
@@ -125,7 +126,9 @@ class BrokerService:
         self.ledgers = ledgers
         self.clock: Clock = clock or SystemClock()
         self.policies = policies or Policies(store)
-        self.schemas = SchemaRegistry(store)
+        self.schemas = SchemaRegistry(
+            store, self._schema_strategy, versions_max=config.schema_versions_max
+        )
         self.authorizer = Authorizer(
             self.policies, config.superuser_roles, enforced=config.authorization_enabled
         )
@@ -472,6 +475,15 @@ class BrokerService:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
+    async def _schema_strategy(self, topic: TopicName) -> Strategy:
+        # Topic policy, then the namespace's, then the broker's default (as Pulsar).
+        namespace = await self.policies.namespace_policies(f"{topic.tenant}/{topic.namespace}")
+        applied = (await TopicPolicyStore(self.store).get(topic)).over(namespace)
+        strategy = Strategy.parse(applied.schema_compatibility_strategy)
+        if strategy is Strategy.UNDEFINED:
+            return Strategy.parse(self.config.schema_compatibility_strategy)
+        return strategy
+
     async def delete_topic(self, name: str) -> None:
         """Close and delete a topic's ledger, subscriptions and registration; also a topic
         whose replicated ledger was lost (its stream deleted behind our back), which never
@@ -496,6 +508,7 @@ class BrokerService:
             await self.policies.unregister_topic(str(parsed))
             if parsed.partition is None:  # a partitioned topic's are its parent's
                 await TopicPolicyStore(self.store).delete(parsed)
+                await self.schemas.delete(parsed, force=True)
 
     async def close(self) -> None:
         """Close the scalable-topic controllers and watch sessions, then every topic:
