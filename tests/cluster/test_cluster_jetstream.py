@@ -256,27 +256,38 @@ async def test_scalable_segments_on_jetstream_survive_an_owner_kill(
         "PUT", f"/admin/v2/scalable/{short}?numInitialSegments=1"
     )
     assert status == 204, body
-    segment = f"segment://{short}/0000-ffff-0"
-    sent: list[bytes] = []
-    async with Client(cluster.service_url) as client:
-        producer = await client.create_producer(topic, batching=False)
-        for i in range(50):
-            value = f"s{i:04d}".encode()
-            await producer.send(value, key="k")
-            sent.append(value)
-        owner = await cluster.segment_owner(segment)
-        assert owner is not None
-        assert local_files(owner, cluster) == []
-        owner.kill()
-        for i in range(50, 100):
-            value = f"s{i:04d}".encode()
-            await producer.send(value, key="k")
-            sent.append(value)
+    parent = f"segment://{short}/0000-ffff-0"
+    values = [f"s{i:04d}".encode() for i in range(150)]
+
+    async def send(batch: list[bytes]) -> None:
+        async with Client(cluster.service_url) as client:
+            producer = await client.create_producer(topic, batching=False)
+            for value in batch:
+                await producer.send(value, key=value.decode())
+
+    await send(values[:50])
+    # A split seals the parent on its owner (a seal marker in its stream); the children
+    # take the writes, each on its own stream.
+    status, layout, _ = await cluster.http_follow("POST", f"/admin/v2/scalable/{short}/split/0")
+    assert status == 200, layout
+    assert layout["segments"]["0"]["state"] == "SEALED"
+    children = [
+        f"segment://{short}/{c['hashRange']['start']:04x}-{c['hashRange']['end']:04x}-{i}"
+        for i, c in layout["segments"].items()
+        if i != "0"
+    ]
+    assert len(children) == 2
+    await send(values[50:100])
+    owner = await cluster.segment_owner(children[0])
+    assert owner is not None
+    assert local_files(owner, cluster) == []
+    owner.kill()
+    await send(values[100:])
     survivor = next(b for b in cluster.brokers if b.running)
-    stored = await read_all(survivor.service_url, segment)
-    assert set(sent) <= set(stored)
-    assert len(stored) == len(set(stored))
-    new_owner = await cluster.segment_owner(segment)
+    assert await read_all(survivor.service_url, parent) == values[:50]
+    in_children = [v for child in children for v in await read_all(survivor.service_url, child)]
+    assert sorted(in_children) == values[50:]
+    new_owner = await cluster.segment_owner(children[0])
     assert new_owner is not None and new_owner is not owner
 
 
