@@ -113,8 +113,10 @@ async def test_every_broker_has_its_own_empty_data_directory(cluster: LocalClust
             await producer.send(f"m{i}".encode())
     dirs = {cluster.data_dir_of(b.index) for b in cluster.brokers}
     assert len(dirs) == len(cluster.brokers)
-    # The ledger is in JetStream, not on the owner's disk.
+    # The ledger is in JetStream, not on the owner's disk; the broker says so at start.
     assert local_files(owner, cluster) == []
+    started = " ".join(owner.log_path.read_text().split())  # the console wraps lines
+    assert "ledgers on JetStream R3 at nats://127.0.0.1:" in started
     assert (await cluster.stream_leader(topic)).running
 
 

@@ -195,9 +195,17 @@ class Standalone:
         """One line for the operator."""
         http = self.http_url or "admin HTTP not built"
         tls = f"{self.service_url_tls}, {self.https_url}, " if self.service_url_tls else ""
+        cfg = self.config
+        ledgers = ""
+        if cfg.storage == "jetstream":
+            # Imported here: nats-py is an optional extra (loaded already when in use).
+            from anabranch.storage.jetstream_client import redact_url
+
+            urls = ", ".join(map(redact_url, cfg.jetstream_urls))
+            ledgers = f"ledgers on JetStream R{cfg.jetstream_replicas} at {urls}, "
         return (
-            f"broker {self.service_url}, {http}, {tls}metadata {self.config.metadata_url}, "
-            f"data {self.config.data_dir}"
+            f"broker {self.service_url}, {http}, {tls}metadata {cfg.metadata_url}, "
+            f"{ledgers}data {cfg.data_dir}"
         )
 
     async def failed(self) -> str:
