@@ -65,7 +65,8 @@ def js_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluste
 
 @pytest.fixture
 async def cluster(js_cluster: LocalCluster) -> AsyncIterator[LocalCluster]:
-    """The cluster, with every broker and NATS node running again after the test."""
+    """The cluster, with every broker and NATS node running again after the test (in
+    this module it stands in for conftest's file-backed ``cluster``)."""
     yield js_cluster
     nats = js_cluster.nats
     assert nats is not None
