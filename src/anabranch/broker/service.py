@@ -53,7 +53,7 @@ from anabranch.clock import Clock, SystemClock
 from anabranch.core.names import SegmentName, TopicDomain, TopicName, parse_name
 from anabranch.core.schema_compat import Strategy
 from anabranch.core.segment_layout import SegmentLayout
-from anabranch.errors import Closed, NotAllowed, NotFound, ResourceLimitReached
+from anabranch.errors import Closed, LedgerFenced, NotAllowed, NotFound, ResourceLimitReached
 from anabranch.metadata.api import MetadataStore
 from anabranch.scalable.dag_watch import DagWatcher
 from anabranch.scalable.paths import TopicPaths
@@ -493,16 +493,27 @@ class BrokerService:
         return strategy
 
     async def delete_topic(self, name: str) -> None:
-        """Close and delete a topic's ledger, subscriptions and registration."""
-        topic = await self.get_topic(name, create=False)
-        self._topics.pop(topic.name, None)
-        await topic.close()
-        parsed = canonical_topic(topic.name)
-        ledger = await self.ledgers.open(managed_ledger_name(parsed))
-        await ledger.delete()
-        await self.store.delete(f"/dedup-snapshots/{quote(ledger.name, safe='')}")
+        """Close and delete a topic's ledger, subscriptions and registration; also a topic
+        whose replicated ledger was lost (its stream deleted behind our back), which never
+        loads again: its metadata goes, so the name can start afresh."""
+        try:
+            topic = await self.get_topic(name, create=False)
+        except LedgerFenced:
+            parsed = canonical_topic(name)
+            delete_lost = getattr(self.ledgers, "delete_lost", None)
+            if delete_lost is None or not await delete_lost(managed_ledger_name(parsed)):
+                raise
+            log.warning("%s: deleted; its ledger's storage was gone", name)
+        else:
+            self._topics.pop(topic.name, None)
+            await topic.close()
+            parsed = canonical_topic(topic.name)
+            ledger = await self.ledgers.open(managed_ledger_name(parsed))
+            await ledger.delete()
+        ledger_name = managed_ledger_name(parsed)
+        await self.store.delete(f"/dedup-snapshots/{quote(ledger_name, safe='')}")
         if not isinstance(parsed, SegmentName):  # segments are never registered
-            await self.policies.unregister_topic(topic.name)
+            await self.policies.unregister_topic(str(parsed))
             if parsed.partition is None:  # a partitioned topic's are its parent's
                 await TopicPolicyStore(self.store).delete(parsed)
                 await self.schemas.delete(parsed, force=True)

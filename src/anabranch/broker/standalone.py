@@ -84,8 +84,10 @@ class Standalone:
         clock = clock or SystemClock()
         config.data_dir.mkdir(parents=True, exist_ok=True)
         store = await open_store(config.metadata_url, clock, config.etcd_options())
+        ledgers: ManagedLedgerFactory | None = None
         try:
             ledgers = _ledger_factory(ledger_backend, config, store, clock)
+            await _connect_storage(ledgers)
             policies = Policies(store)
             await policies.ensure_standalone_defaults(
                 config.cluster_name,
@@ -112,7 +114,11 @@ class Standalone:
             )
             await server.start(serving=False)
         except BaseException:
-            await store.close()
+            try:
+                if ledgers is not None:
+                    await ledgers.close()
+            finally:
+                await store.close()
             raise
         node = cls(config, store, ledgers, service, server, ssl_context=ssl_context)
         service.set_addresses(
@@ -192,9 +198,17 @@ class Standalone:
         """One line for the operator."""
         http = self.http_url or "admin HTTP not built"
         tls = f"{self.service_url_tls}, {self.https_url}, " if self.service_url_tls else ""
+        cfg = self.config
+        ledgers = ""
+        if cfg.storage == "jetstream":
+            # Imported here: nats-py is an optional extra (loaded already when in use).
+            from anabranch.storage.jetstream_client import redact_url
+
+            urls = ", ".join(map(redact_url, cfg.jetstream_urls))
+            ledgers = f"ledgers on JetStream R{cfg.jetstream_replicas} at {urls}, "
         return (
-            f"broker {self.service_url}, {http}, {tls}metadata {self.config.metadata_url}, "
-            f"data {self.config.data_dir}"
+            f"broker {self.service_url}, {http}, {tls}metadata {cfg.metadata_url}, "
+            f"{ledgers}data {cfg.data_dir}"
         )
 
     async def failed(self) -> str:
@@ -283,6 +297,15 @@ def _tiered_storage(config: BrokerConfig) -> TieredStorage:
             secret.get_secret_value() if secret is not None else "",
         )
     )
+
+
+async def _connect_storage(ledgers: ManagedLedgerFactory) -> None:
+    """Replicated storage connects at start (wrong credentials stop the broker here;
+    unreachable servers are retried in the background: see ``JetStreamManagedLedgerFactory
+    .connect_at_start``). Local files need nothing."""
+    connect = getattr(ledgers, "connect_at_start", None)
+    if connect is not None:
+        await connect()
 
 
 def _bound_ports(runner: Any) -> list[int]:
