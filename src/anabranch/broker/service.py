@@ -45,10 +45,12 @@ from urllib.parse import quote
 
 from anabranch import limits
 from anabranch.broker.authorization import Authorizer
+from anabranch.broker.autoscale import broker_autoscaler
 from anabranch.broker.cluster.ownership import ClusterOwnership
 from anabranch.broker.config import BrokerConfig
 from anabranch.broker.metrics import BrokerCounters
 from anabranch.broker.nonpersistent import NonPersistentTopic
+from anabranch.broker.offload import Offloader
 from anabranch.broker.policies import NamespacePolicies, Policies
 from anabranch.broker.retention import RetentionSweeps, retention_of
 from anabranch.broker.scalable_commands import ScalableEndpoint
@@ -64,6 +66,7 @@ from anabranch.core.segment_layout import SegmentLayout
 from anabranch.errors import (
     Closed,
     InvalidArgument,
+    LedgerFenced,
     NonPersistentUnsupported,
     NotAllowed,
     NotFound,
@@ -177,6 +180,8 @@ class BrokerService:
             on_assignment=self.scalable_endpoint.deliver_assignment,
             on_give_up=self.fatal.fail,
         )
+        self.autoscaler = broker_autoscaler(self)
+        """Load-driven split and merge of the scalable topics this broker's controllers lead."""
         self.dag_watcher = DagWatcher(store, self.clock)
         self.segment_broker_url: SegmentBrokerResolver = self._local_segment_broker
         """Which broker serves a segment; cluster mode replaces this function."""
@@ -193,6 +198,8 @@ class BrokerService:
         """Broker-wide counters for /metrics; the server and sessions bump them."""
         self.sweeps = RetentionSweeps(self)
         """Retention, message TTL, backlog quotas and segment pruning (periodic)."""
+        self.offloader = Offloader(self)
+        """Tiered storage: offload policies and the manual offload trigger."""
         self.ownership: OwnershipGate | None = None
         """Set in cluster mode: topics are loaded only once this broker owns them."""
         self.txn_outcomes: TxnOutcomes | None = None
@@ -225,6 +232,8 @@ class BrokerService:
         path = await self.store.create_sequential(PRODUCER_NAME_COUNTER_PREFIX, b"")
         self._broker_index = int(path.rsplit("-", 1)[1])
         self.sweeps.start()
+        self.autoscaler.start()
+        self.offloader.start()
         if self.txn_outcomes is not None and self.txn_coordinator is not None:
             await self.txn_outcomes.start()
             await self.txn_coordinator.start()
@@ -615,16 +624,27 @@ class BrokerService:
         return strategy
 
     async def delete_topic(self, name: str) -> None:
-        """Close and delete a topic's ledger, subscriptions and registration."""
-        topic = await self.get_topic(name, create=False)
-        self._topics.pop(topic.name, None)
-        await topic.close()
-        parsed = canonical_topic(topic.name)
-        ledger = await self.ledgers.open(managed_ledger_name(parsed))
-        await ledger.delete()
-        await self.store.delete(f"/dedup-snapshots/{quote(ledger.name, safe='')}")
+        """Close and delete a topic's ledger, subscriptions and registration; also a topic
+        whose replicated ledger was lost (its stream deleted behind our back), which never
+        loads again: its metadata goes, so the name can start afresh."""
+        try:
+            topic = await self.get_topic(name, create=False)
+        except LedgerFenced:
+            parsed = canonical_topic(name)
+            delete_lost = getattr(self.ledgers, "delete_lost", None)
+            if delete_lost is None or not await delete_lost(managed_ledger_name(parsed)):
+                raise
+            log.warning("%s: deleted; its ledger's storage was gone", name)
+        else:
+            self._topics.pop(topic.name, None)
+            await topic.close()
+            parsed = canonical_topic(topic.name)
+            ledger = await self.ledgers.open(managed_ledger_name(parsed))
+            await ledger.delete()
+        ledger_name = managed_ledger_name(parsed)
+        await self.store.delete(f"/dedup-snapshots/{quote(ledger_name, safe='')}")
         if not isinstance(parsed, SegmentName):  # segments are never registered
-            await self.policies.unregister_topic(topic.name)
+            await self.policies.unregister_topic(str(parsed))
             if parsed.partition is None:  # a partitioned topic's are its parent's
                 await TopicPolicyStore(self.store).delete(parsed)
                 await self.schemas.delete(parsed, force=True)
@@ -634,6 +654,8 @@ class BrokerService:
         in-flight appends finish, dedup snapshots are written."""
         self._closed = True
         await self.sweeps.close()
+        await self.autoscaler.close()
+        await self.offloader.close()
         if self.txn_keys is not None:
             await self.txn_keys.close()
         if self.txn_coordinator is not None:
