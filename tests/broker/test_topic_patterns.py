@@ -13,8 +13,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from anabranch import limits
-from anabranch.broker import topic_patterns
 from anabranch.broker.scalable_commands import topics_hash
+from anabranch.core import topic_patterns
 from anabranch.protocol import commands
 from anabranch.protocol._generated import pulsar_api_pb2 as pb
 from anabranch.testing.broker import InProcessBroker

@@ -23,11 +23,11 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from anabranch import limits
-from anabranch.broker import topic_patterns
 from anabranch.broker.cluster.ownership import ClusterOwnership, LookupAnswer
 from anabranch.broker.error_codes import client_message, server_error
 from anabranch.broker.scalable_commands import topics_hash
 from anabranch.broker.service import canonical_topic
+from anabranch.core import topic_patterns
 from anabranch.core.names import NamespaceName, SegmentName, TopicName
 from anabranch.errors import AnabranchError, InvalidArgument, ResourceLimitReached
 from anabranch.protocol import commands

@@ -33,9 +33,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from anabranch import limits
-from anabranch.broker import topic_patterns
 from anabranch.broker.policies import TOPICS
 from anabranch.broker.scalable_commands import topics_hash
+from anabranch.core import topic_patterns
 from anabranch.core.names import NamespaceName, TopicDomain
 from anabranch.errors import Closed, Compacted, NotAllowed
 from anabranch.metadata.api import EventKind

@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import asyncio
 import random as _random
+import re
 from collections.abc import Callable
 from types import TracebackType
-from typing import Any
+from typing import Any, overload
 
 from anabranch.client.auth import Authentication, AuthenticationToken
 from anabranch.client.checkpoint import Checkpoint
@@ -27,6 +28,11 @@ from anabranch.client.connection import ConnectionPool
 from anabranch.client.consumer import Consumer, ConsumerOptions, PartitionedConsumer, subscribe
 from anabranch.client.dag_session import DagSession, is_scalable_name, scalable_topic_name
 from anabranch.client.message_id import MessageId
+from anabranch.client.pattern_consumer import (
+    DISCOVERY_PERIOD_S,
+    PatternConsumer,
+    subscribe_pattern,
+)
 from anabranch.client.producer import (
     PartitionedProducer,
     Producer,
@@ -135,6 +141,7 @@ class Client:
             | PartitionedProducer
             | Consumer
             | PartitionedConsumer
+            | PatternConsumer
             | Reader
             | QueueConsumer
             | CheckpointConsumer
@@ -178,16 +185,47 @@ class Client:
         self._handlers.append(producer)
         return producer
 
+    @overload
     async def subscribe(
         self, topic: str, subscription: str, **options: Any
-    ) -> Consumer | PartitionedConsumer:
+    ) -> Consumer | PartitionedConsumer: ...
+
+    @overload
+    async def subscribe(
+        self, topic: re.Pattern[str], subscription: str, **options: Any
+    ) -> PatternConsumer: ...
+
+    async def subscribe(
+        self, topic: str | re.Pattern[str], subscription: str, **options: Any
+    ) -> Consumer | PartitionedConsumer | PatternConsumer:
         """A subscribed consumer; options are the fields of ``ConsumerOptions``.
+
+        A compiled regular expression subscribes to every topic of its namespace whose
+        name matches (a :class:`PatternConsumer`, following topics created and deleted
+        later), with ``regex_subscription_mode`` (``"persistent"``, ``"non-persistent"``
+        or ``"all"``) and ``pattern_auto_discovery_period_s`` (the polling period; the
+        broker's topic-list watcher pushes changes sooner where it offers one).
 
         Example::
 
             consumer = await client.subscribe(topic, "jobs", subscription_type="shared",
                                               ack_timeout_s=30)
+            orders = await client.subscribe(re.compile("persistent://public/default/o-.*"),
+                                            "billing", regex_subscription_mode="all")
         """
+        if isinstance(topic, re.Pattern):
+            mode = options.pop("regex_subscription_mode", "persistent")
+            period = options.pop("pattern_auto_discovery_period_s", DISCOVERY_PERIOD_S)
+            pattern_consumer = await subscribe_pattern(
+                self._pool,
+                topic,
+                subscription,
+                ConsumerOptions.from_kwargs(options),
+                mode=str(mode),
+                discovery_period_s=float(period),
+            )
+            self._handlers.append(pattern_consumer)
+            return pattern_consumer
         opts = ConsumerOptions.from_kwargs(options)
         consumer = await subscribe(self._pool, _persistent_topic(topic), subscription, opts)
         self._handlers.append(consumer)

@@ -92,6 +92,8 @@ _RESPONSE_BODIES: dict[int, str] = {
     T.TC_CLIENT_CONNECT_RESPONSE: "tcClientConnectResponse",
     T.NEW_TXN_RESPONSE: "newTxnResponse",
     T.END_TXN_RESPONSE: "endTxnResponse",
+    T.GET_TOPICS_OF_NAMESPACE_RESPONSE: "getTopicsOfNamespaceResponse",
+    T.WATCH_TOPIC_LIST_SUCCESS: "watchTopicListSuccess",
 }
 _PRODUCER_BODIES: dict[int, str] = {
     T.SEND_RECEIPT: "send_receipt",
@@ -281,6 +283,11 @@ class ClientConnection:
     def max_message_size(self) -> int:
         """The broker's advertised max message size (CONNECTED)."""
         return self._proto.max_message_size
+
+    @property
+    def supports_topic_watchers(self) -> bool:
+        """Whether the broker advertised topic-list watchers (PIP-145) in CONNECTED."""
+        return bool(self._proto.peer_feature_flags.supports_topic_watchers)
 
     @property
     def protocol_version(self) -> int:
@@ -616,6 +623,9 @@ class ClientConnection:
                 self._consumers.pop(cid, None)
         elif kind in _WATCH_BODIES:
             handler = self._watches.get(int(getattr(frame.command, _WATCH_BODIES[kind]).session_id))
+        elif kind == T.WATCH_TOPIC_UPDATE:
+            # Topic-list watchers share the watch routes: both ids come from new_handler_id.
+            handler = self._watches.get(int(frame.command.watchTopicUpdate.watcher_id))
         else:
             log.debug("ignoring %s from %s", frame.type_name, self._peer())
             return
