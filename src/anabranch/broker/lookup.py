@@ -18,11 +18,13 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from anabranch import limits
+from anabranch.broker.advertised_listeners import from_record, listener_urls, parse_listeners
 from anabranch.broker.cluster.ownership import ClusterOwnership, LookupAnswer
 from anabranch.broker.error_codes import client_message, server_error
 from anabranch.broker.scalable_commands import topics_hash
@@ -102,19 +104,26 @@ async def handle_lookup(session: Session, cmd: pb.CommandLookupTopic) -> None:
     try:
         with lookup_slot(session):
             name = str(canonical_topic(cmd.topic))
-            ownership = session.service.ownership
+            listener_name = cmd.advertised_listener_name
+            service = session.service
+            ownership = service.ownership
             if isinstance(ownership, ClusterOwnership):
                 answer = await ownership.lookup(name, authoritative=cmd.authoritative)
                 tls = session.service.tls_url_for(answer.pulsar_url)
+                if listener_name:
+                    published = await ownership.published_listeners(answer.pulsar_url)
+                    chosen = listener_urls(from_record(published), listener_name)
+                    answer = dataclasses.replace(answer, pulsar_url=chosen.pulsar_url)
+                    tls = chosen.pulsar_url_tls
                 session.write(_lookup_answer(cmd.request_id, answer, tls))
                 return
-            service = session.service
+            url, tls_url = service.advertised_url, service.advertised_url_tls
+            if listener_name:
+                listeners = parse_listeners(service.config.advertised_listeners)
+                chosen = listener_urls(listeners, listener_name)
+                url, tls_url = chosen.pulsar_url, chosen.pulsar_url_tls
             session.write(
-                commands.lookup_response(
-                    cmd.request_id,
-                    service.advertised_url,
-                    broker_service_url_tls=service.advertised_url_tls,
-                )
+                commands.lookup_response(cmd.request_id, url, broker_service_url_tls=tls_url)
             )
     except Exception as err:
         _log_unexpected(err, "LOOKUP")
