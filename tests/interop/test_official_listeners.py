@@ -123,7 +123,7 @@ def official_round_trip(url: str, listener: str) -> bytes:
 
 
 def official_unknown_listener(url: str) -> tuple[str, float]:
-    client = pulsar.Client(url, listener_name="nope", operation_timeout_seconds=5)
+    client = pulsar.Client(url, listener_name="nope", operation_timeout_seconds=2)
     started = time.monotonic()
     try:
         client.create_producer(TOPIC)
@@ -142,3 +142,18 @@ async def test_official_client_listener_name(broker: InProcessBroker) -> None:
     # listener"), then raises Timeout: what matters is that it never connects elsewhere.
     error, _elapsed = await asyncio.to_thread(official_unknown_listener, broker.service_url)
     assert error.startswith("Timeout"), error
+
+
+async def test_our_client_names_a_listener_and_fails_fast_on_an_unknown_one(
+    broker: InProcessBroker,
+) -> None:
+    from anabranch.aio import Client
+    from anabranch.errors import ListenerNotFound
+
+    async with Client(broker.service_url, listener_name="external") as client:
+        assert await client._pool.lookup(TOPIC) == ("localhost", broker.port)
+        producer = await client.create_producer(TOPIC)
+        await producer.send(b"ours")
+    async with Client(broker.service_url, listener_name="nope") as client:
+        with pytest.raises(ListenerNotFound, match="the broker do not have nope listener"):
+            await client.create_producer(TOPIC)

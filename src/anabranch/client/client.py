@@ -91,7 +91,9 @@ class Client:
     :class:`~anabranch.client.auth.AuthenticationToken`, ``AuthenticationBasic`` or
     ``AuthenticationTLS``) or ``auth_token`` (a token string or a callable returning one);
     with a ``pulsar+ssl://`` URL, ``tls_trust_certs_file_path`` (CA bundle),
-    ``tls_allow_insecure_connection`` and ``tls_validate_hostname``.
+    ``tls_allow_insecure_connection`` and ``tls_validate_hostname``; ``listener_name``
+    (the broker's advertised listener whose URLs lookups answer; an unknown one raises
+    ``ListenerNotFound`` at once).
 
     Example (a broker across a slow WAN link: probe later, wait longer for the PONG)::
 
@@ -113,6 +115,7 @@ class Client:
         tls_trust_certs_file_path: str | None = None,
         tls_allow_insecure_connection: bool = False,
         tls_validate_hostname: bool = False,
+        listener_name: str | None = None,
     ) -> None:
         self.service_url = service_url
         if auth_token is not None:
@@ -135,6 +138,7 @@ class Client:
             random=random,
             auth=auth,
             tls=tls,
+            listener_name=listener_name,
         )
         self._handlers: list[
             Producer

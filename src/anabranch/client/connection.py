@@ -58,7 +58,7 @@ from anabranch.client.errors import (
 )
 from anabranch.client.tls import TlsOptions, client_ssl_context
 from anabranch.core.names import SegmentName, parse_name
-from anabranch.errors import AnabranchError, Closed, InvalidArgument
+from anabranch.errors import AnabranchError, Closed, InvalidArgument, ListenerNotFound
 from anabranch.limits import (
     CLIENT_LOOKUP_REDIRECTS_MAX,
     CLIENT_OPERATION_STUCK_S,
@@ -672,8 +672,11 @@ class ConnectionPool:
         random: Callable[[], float] = _random.random,
         auth: Authentication | None = None,
         tls: TlsOptions | None = None,
+        listener_name: str | None = None,
     ) -> None:
         self.auth = auth
+        self.listener_name = listener_name or None
+        """The broker's advertised listener lookups ask for (``advertised_listener_name``)."""
         self.use_tls = is_tls_url(service_url)
         self.ssl_context: ssl.SSLContext | None = None
         if self.use_tls:
@@ -791,9 +794,15 @@ class ConnectionPool:
             body = pb.CommandLookupTopic(
                 topic=topic, request_id=request_id, authoritative=authoritative
             )
+            if self.listener_name:
+                body.advertised_listener_name = self.listener_name
             frame = await conn.request(pb.BaseCommand(type=T.LOOKUP, lookupTopic=body), request_id)
             resp = frame.command.lookupTopicResponse
             if resp.response == pb.CommandLookupTopicResponse.Failed:
+                if self.listener_name and resp.message == str(ListenerNotFound(self.listener_name)):
+                    # A configuration error, not a transient state: fail now, not at the
+                    # operation timeout (upstream answers it as a retriable ServiceNotReady).
+                    raise ListenerNotFound(self.listener_name)
                 raise from_server_error(int(resp.error), resp.message)
             if resp.proxy_through_service_url:
                 address = self.service_address
