@@ -16,7 +16,7 @@ from anabranch.aio import Client
 from anabranch.client.pattern_consumer import PatternConsumer, pattern_namespace
 from anabranch.client.sync import Client as SyncClient
 from anabranch.errors import InvalidArgument
-from anabranch.testing.broker import InProcessBroker
+from anabranch.testing.broker import InProcessBroker, free_port
 
 P = "persistent://public/default"
 ORDERS = re.compile(f"{P}/orders-.*")
@@ -151,3 +151,27 @@ def test_the_blocking_client_subscribes_to_a_pattern(tmp_path: Path) -> None:
         loop.call_soon_threadsafe(loop.stop)
         thread.join()
         loop.close()
+
+
+async def test_the_watcher_is_recreated_after_a_broker_restart(tmp_path: Path) -> None:
+    port = free_port()
+
+    def broker() -> InProcessBroker:
+        return InProcessBroker(tmp_path, metadata="sqlite", port=port)
+
+    async with Client(f"pulsar://127.0.0.1:{port}") as client:
+        async with broker():
+            await send(client, f"{P}/orders-a", b"a")
+            consumer = await client.subscribe(
+                ORDERS, "restart", initial_position="earliest", pattern_auto_discovery_period_s=3600
+            )
+            assert await receive_all(consumer, 1) == {f"{P}/orders-a": [b"a"]}
+        async with broker(), Client(f"pulsar://127.0.0.1:{port}") as other:
+            # Created while the client reconnects: the re-created watcher's list has it.
+            await send(other, f"{P}/orders-b", b"b")
+            await eventually(lambda: f"{P}/orders-b" in consumer.topics, "orders-b after restart")
+            got: dict[str, list[bytes]] = {}
+            while f"{P}/orders-b" not in got:  # an ack the restart lost redelivers "a" first
+                got.update(await receive_all(consumer, 1))
+            assert got[f"{P}/orders-b"] == [b"b"] and set(got) <= {f"{P}/orders-a", f"{P}/orders-b"}
+            await consumer.close()
