@@ -81,18 +81,21 @@ async def handle_watch_topic_list(session: Session, cmd: pb.CommandWatchTopicLis
             f"{limits.TOPICS_PATTERN_LENGTH_MAX} characters, invalid, or too costly to evaluate"
         )
     namespace = NamespaceName.parse(cmd.namespace)
-    await session.service.policies.namespace_policies(namespace)
-    if session.closed:
-        return
     watcher = TopicListWatcher(watcher_id, namespace, pattern)
-    watchers[watcher_id] = watcher  # reserved before the first await below
+    # Reserved before the first await: a second WATCH_TOPIC_LIST with this id, running
+    # concurrently (both are spawned), sees it taken.
+    watchers[watcher_id] = watcher
     store = session.service.store
     try:
+        await session.service.policies.namespace_policies(namespace)
         revision = await store.current_revision()
         watcher.topics = set(await _matching(session, watcher))
     except BaseException:
-        watchers.pop(watcher_id, None)
+        if watchers.get(watcher_id) is watcher:
+            del watchers[watcher_id]
         raise
+    if session.closed or watcher.closed:
+        return
     body = pb.CommandWatchTopicListSuccess(
         request_id=cmd.request_id,
         watcher_id=watcher_id,
