@@ -196,6 +196,12 @@ ROUTE_ACCESS: dict[tuple[str, str], Need] = {
     ("GET", f"{SC}/{{topic}}/permissions"): N.TENANT_ADMIN,
     ("POST", f"{SC}/{{topic}}/permissions/{{role}}"): N.TENANT_ADMIN,
     ("DELETE", f"{SC}/{{topic}}/permissions/{{role}}"): N.TENANT_ADMIN,
+    ("GET", f"{SC}/{{topic}}/autoscale"): N.TENANT_ADMIN,
+    ("POST", f"{SC}/{{topic}}/autoscale"): N.TENANT_ADMIN,
+    ("DELETE", f"{SC}/{{topic}}/autoscale"): N.TENANT_ADMIN,
+    ("GET", f"{NS}/scalableAutoscale"): N.TENANT_ADMIN,
+    ("POST", f"{NS}/scalableAutoscale"): N.TENANT_ADMIN,
+    ("DELETE", f"{NS}/scalableAutoscale"): N.TENANT_ADMIN,
     # segment topics: the data under a scalable topic's layout
     ("PUT", SEG): N.SUPERUSER,
     ("POST", f"{SEG}/terminate"): N.SUPERUSER,
@@ -210,6 +216,7 @@ ROUTE_ACCESS: dict[tuple[str, str], Need] = {
     ("GET", f"{OWNED}/backlog/{{subscription}}"): N.CLUSTER,
     ("DELETE", f"{OWNED}/subscriptions/{{subscription}}"): N.CLUSTER,
     ("DELETE", OWNED): N.CLUSTER,
+    ("GET", f"{OWNED}/load"): N.CLUSTER,
     # transactions
     **_txn(f"{V2}/transactions"),
     **_txn("/admin/v3/transactions"),

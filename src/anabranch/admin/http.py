@@ -38,6 +38,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from anabranch.admin import (
+    routes_autoscale,
     routes_cluster,
     routes_messages,
     routes_permissions,
@@ -92,6 +93,7 @@ def all_routes() -> list[Route]:
         *routes_cluster.ROUTES,
         *routes_transactions.ROUTES,
         *routes_permissions.ROUTES,
+        *routes_autoscale.ROUTES,
         *routes_schemas.ROUTES,
         *routes_messages.ROUTES,
         *OWN_ROUTES,

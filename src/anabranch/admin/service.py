@@ -404,6 +404,12 @@ class AdminService:
                     entry[key] = stats.get(key, 0)
             segments[str(segment.segment_id)] = entry
         summary["segments"] = segments
+        # The autoscaler's view (rates, next intent) lives on the controller leader only.
+        autoscale = self.broker.autoscaler.topic_stats(name)
+        for sid, view in (autoscale or {}).get("segments", {}).items():
+            if sid in segments:
+                segments[sid].update(view)
+        summary["autoscale"] = autoscale
         return summary
 
     async def scalable_layout(self, topic: str) -> SegmentLayout:

@@ -98,6 +98,35 @@ class BrokerConfig(BaseSettings):
     load_report_interval_s: float = Field(5.0, gt=0)
     """How often a cluster broker rewrites its registry record with its load."""
     consumer_grace_period_s: float = Field(60.0, ge=0)
+    scalable_autoscale_enabled: bool = False
+    """Load-driven split and merge of scalable topics by their controller (namespaces and
+    topics override it). Off by default: a split seals segments, reroutes producers and
+    reassigns consumers, so an operator opts in where traffic really varies."""
+    scalable_autoscale_interval_s: float = Field(5.0, gt=0)
+    """How often a controller leader samples its segments' load and evaluates the policy."""
+    scalable_autoscale_split_msg_rate_in: float = Field(5_000.0, ge=0)
+    """A segment splits above this many messages/s in, sustained (0: off)."""
+    scalable_autoscale_split_throughput_in: float = Field(5.0 * 1024 * 1024, ge=0)
+    """... or above this many bytes/s in (0: off)."""
+    scalable_autoscale_split_msg_rate_out: float = Field(0.0, ge=0)
+    """... or messages/s out to consumers (0: off)."""
+    scalable_autoscale_split_throughput_out: float = Field(0.0, ge=0)
+    """... or bytes/s out (0: off)."""
+    scalable_autoscale_split_backlog: float = Field(0.0, ge=0)
+    """... or its slowest subscription's backlog in messages (0: off)."""
+    scalable_autoscale_min_segments: int = Field(1, ge=1)
+    scalable_autoscale_max_segments: int = Field(16, ge=1)
+    scalable_autoscale_target_segments: int = Field(0, ge=0)
+    """The resting size: grown to without load, never merged below (0: none)."""
+    scalable_autoscale_merge_low_water: float = Field(0.3, gt=0, lt=1)
+    """Two buddies merge when their loads, as fractions of the split thresholds, add up to
+    less than this (the hysteresis band lies between it and 1)."""
+    scalable_autoscale_split_sustain_s: float = Field(30.0, ge=0)
+    scalable_autoscale_merge_sustain_s: float = Field(120.0, ge=0)
+    scalable_autoscale_split_cooldown_s: float = Field(60.0, ge=0)
+    """A segment is not split until it is this old (a merge's child waits)."""
+    scalable_autoscale_merge_cooldown_s: float = Field(300.0, ge=0)
+    """A split's children are not merged back until they are this old."""
     cursor_persist_interval_ms: int = Field(200, ge=0, le=60_000)
     """A subscription's acknowledgements are saved at most this often (Pulsar's
     mark-delete rate limit); a crash redelivers what was acknowledged since. Draining a

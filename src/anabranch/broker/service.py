@@ -37,6 +37,7 @@ from typing import Protocol
 from urllib.parse import quote
 
 from anabranch.broker.authorization import Authorizer
+from anabranch.broker.autoscale import broker_autoscaler
 from anabranch.broker.config import BrokerConfig
 from anabranch.broker.metrics import BrokerCounters
 from anabranch.broker.policies import NamespacePolicies, Policies
@@ -160,6 +161,8 @@ class BrokerService:
             on_assignment=self.scalable_endpoint.deliver_assignment,
             on_give_up=self.fatal.fail,
         )
+        self.autoscaler = broker_autoscaler(self)
+        """Load-driven split and merge of the scalable topics this broker's controllers lead."""
         self.dag_watcher = DagWatcher(store, self.clock)
         self.segment_broker_url: SegmentBrokerResolver = self._local_segment_broker
         """Which broker serves a segment; cluster mode replaces this function."""
@@ -205,6 +208,7 @@ class BrokerService:
         path = await self.store.create_sequential(PRODUCER_NAME_COUNTER_PREFIX, b"")
         self._broker_index = int(path.rsplit("-", 1)[1])
         self.sweeps.start()
+        self.autoscaler.start()
         if self.txn_outcomes is not None and self.txn_coordinator is not None:
             await self.txn_outcomes.start()
             await self.txn_coordinator.start()
@@ -504,6 +508,7 @@ class BrokerService:
         in-flight appends finish, dedup snapshots are written."""
         self._closed = True
         await self.sweeps.close()
+        await self.autoscaler.close()
         if self.txn_keys is not None:
             await self.txn_keys.close()
         if self.txn_coordinator is not None:
