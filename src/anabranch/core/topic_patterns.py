@@ -44,6 +44,8 @@ __all__ = [
 ]
 
 _QUANTIFIERS = frozenset("*+?{")
+_PARTITION_SUFFIX = re.compile(r"-partition-\d+$")
+"""What upstream's ``TopicName.getPartitionedTopicName`` strips (only a trailing one)."""
 
 
 def has_nested_quantifier(pattern: str) -> bool:
@@ -176,8 +178,10 @@ def matches(topic: str, pattern: re.Pattern[str]) -> bool:
     Example:
         >>> matches("persistent://t/n/a-partition-3", re.compile("t/n/a"))
         True
+        >>> matches("persistent://t/n/a-partition-x", re.compile("t/n/a"))
+        False
     """
-    base = topic.split("-partition-", 1)[0] if "-partition-" in topic else topic
+    base = _PARTITION_SUFFIX.sub("", topic)
     return pattern.fullmatch(_strip_domain(base)) is not None
 
 
