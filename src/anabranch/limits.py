@@ -587,3 +587,16 @@ a failing match of ``k`` of them tries about ``len(name) ** k`` splits (ReDoS)."
 TOPIC_LIST_WATCHERS_PER_CONNECTION_MAX = 1_000
 """Topic-list watchers (WATCH_TOPIC_LIST, PIP-145) one connection may hold; each costs a
 metadata watch and a task (NotAllowedError past it)."""
+
+OFFLOAD_READ_CACHE_BYTES_MAX = 64 * 1024 * 1024
+"""Offloaded-ledger indexes and read-ahead entries one broker keeps in memory (tiered
+storage, ``storage/tiered.py``); least recently used ones leave first."""
+
+OFFLOAD_READ_AHEAD_BYTES = 4 * 1024 * 1024
+"""A read of an offloaded ledger fetches up to this much past what it asked for (one
+ranged GET serves a sequential consumer for a while)."""
+
+OFFLOAD_OBJECT_BYTES_MAX = 1024 * 1024 * 1024
+"""Largest ledger offloaded: its object is built in memory and uploaded in one
+create-only put (multipart uploads cannot be create-only). The default ledger rollover
+(256 MB) stays well under it."""
