@@ -157,3 +157,25 @@ async def test_our_client_names_a_listener_and_fails_fast_on_an_unknown_one(
     async with Client(broker.service_url, listener_name="nope") as client:
         with pytest.raises(ListenerNotFound, match="the broker do not have nope listener"):
             await client.create_producer(TOPIC)
+
+
+async def test_the_internal_listener_is_the_brokers_own_address(tmp_path: Path) -> None:
+    port = free_port()
+    listeners = f"internal:pulsar://127.0.0.1:{port},external:pulsar://localhost:{port}"
+    async with InProcessBroker(
+        tmp_path,
+        ledgers="memory",
+        port=port,
+        advertised_listeners=listeners,
+        internal_listener_name="external",
+    ) as broker:
+        # Upstream's brokerServiceUrl: lookups naming no listener answer the internal one.
+        assert broker.service_url == f"pulsar://localhost:{port}"
+        client = await RawClient.open(port)
+        try:
+            await client.handshake()
+            assert (await lookup(client, 1, None)).brokerServiceUrl == f"pulsar://localhost:{port}"
+            internal = await lookup(client, 2, "internal")
+            assert internal.brokerServiceUrl == f"pulsar://127.0.0.1:{port}"
+        finally:
+            await client.close()

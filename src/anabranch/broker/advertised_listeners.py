@@ -1,6 +1,8 @@
 """Advertised listeners (Pulsar's ``advertisedListeners``): a broker reachable under
 several names, each with its own ``pulsar://`` and/or ``pulsar+ssl://`` URL, and lookups
-that answer the URLs of the listener the client names.
+that answer the URLs of the listener the client names. The internal listener's URLs are the
+broker's own address (upstream's ``brokerServiceUrl``): what lookups naming no listener
+answer, and what the cluster registry knows the broker by.
 
 Configuration, as upstream writes it (``BrokerConfig.advertised_listeners``)::
 
@@ -33,11 +35,18 @@ from __future__ import annotations
 import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import urlsplit
 
 from anabranch.errors import InvalidArgument, ListenerNotFound
 
-__all__ = ["Listener", "canonical_spec", "listener_urls", "parse_listeners"]
+__all__ = [
+    "Listener",
+    "canonical_spec",
+    "internal_listener_urls",
+    "listener_urls",
+    "parse_listeners",
+]
 
 _SCHEMES = ("pulsar", "pulsar+ssl")
 
@@ -130,6 +139,19 @@ def internal_listener(spec: str, name: str) -> str:
     if name not in listeners:
         raise InvalidArgument(f"internal_listener_name {name!r} is not an advertised listener")
     return name
+
+
+def internal_listener_urls(config: Any) -> Listener | None:
+    """The internal listener of a broker config (None without advertised listeners).
+
+    Example:
+        >>> from types import SimpleNamespace as NS
+        >>> cfg = NS(advertised_listeners="a:pulsar://h:1", internal_listener_name="a")
+        >>> internal_listener_urls(cfg).pulsar_url
+        'pulsar://h:1'
+    """
+    listeners = parse_listeners(str(getattr(config, "advertised_listeners", "") or ""))
+    return listeners.get(str(getattr(config, "internal_listener_name", "") or ""))
 
 
 def listener_urls(listeners: Mapping[str, Listener], name: str) -> Listener:
