@@ -223,3 +223,21 @@ async def test_watcher_refusals(broker: InProcessBroker, client: RawClient) -> N
             break
         await asyncio.sleep(0.01)
     assert not sessions[0].topic_list_watchers
+
+
+async def test_watchers_per_connection_are_bounded(
+    broker: InProcessBroker, client: RawClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(limits, "TOPIC_LIST_WATCHERS_PER_CONNECTION_MAX", 3)
+    for watcher_id in (1, 2, 3):
+        await watch(client, watcher_id, "public/default/x.*")
+    body = pb.CommandWatchTopicList(
+        request_id=4, watcher_id=4, namespace=NS, topics_pattern="public/default/x.*"
+    )
+    await client.send(T(type=T.WATCH_TOPIC_LIST, watchTopicList=body))
+    error = (await client.expect(T.ERROR)).command.error
+    assert error.request_id == 4 and error.error == pb.NotAllowedError
+    close = pb.CommandWatchTopicListClose(request_id=5, watcher_id=1)
+    await client.send(T(type=T.WATCH_TOPIC_LIST_CLOSE, watchTopicListClose=close))
+    await client.expect(T.SUCCESS)
+    await watch(client, 4, "public/default/x.*")  # room again
