@@ -234,6 +234,7 @@ async def test_a_slow_consumer_loses_messages_counted_in_stats(broker: InProcess
         assert subs["slow"]["msgOutCounter"] + subs["slow"]["msgDropCounter"] == 50
         assert topic_stats["msgInCounter"] == 50 and topic_stats["msgRateIn"] > 0
         assert topic_stats["msgDropCounter"] == subs["slow"]["msgDropCounter"]
+        assert topic_stats["msgDropRate"] > 0 and topic_stats["msgRateOut"] > 0
         assert [p["msgInCounter"] for p in topic_stats["publishers"]] == [50]
         assert {c["consumerName"] for c in subs["slow"]["consumers"]} != set()
         # The CLI shows the same through the existing command, and /metrics counts drops.

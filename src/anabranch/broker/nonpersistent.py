@@ -39,6 +39,7 @@ from anabranch.broker.dispatcher_entries import entry_info
 from anabranch.broker.nonpersistent_subscription import NonPersistentSubscription
 from anabranch.clock import Clock
 from anabranch.core.names import TopicName
+from anabranch.core.rate_window import RateWindow
 from anabranch.errors import (
     Closed,
     NonPersistentUnsupported,
@@ -88,11 +89,12 @@ class NonPersistentTopic:
         self.bytes_in_counter = 0
         self.publish_drops: Counter[str] = Counter()
         """Messages dropped before dispatch, per producer name (the in-flight bound)."""
-        self._publish_drop_marks: dict[str, int] = {}
-        """``publish_drops`` at the previous stats() call (for each publisher's rate)."""
+        self._publish_drop_rates: dict[str, RateWindow] = {}
+        """Each dropping publisher's drop rate, from its first drop on."""
         self._gone_out = (0, 0, 0)
         """(messages, bytes, drops) of subscriptions that ended: counters never go back."""
-        self._rate_mark = (clock.monotonic(), 0, 0, 0, 0, 0)
+        self._rates = RateWindow(limits.STATS_RATE_WINDOW_MIN_S, clock.monotonic(), (0,) * 5)
+        """msgRateIn/ThroughputIn/RateOut/ThroughputOut/DropRate, shared by all pollers."""
         self.idle_since: float | None = None
         """When the idle sweep first saw it without producers and subscriptions."""
 
@@ -160,6 +162,7 @@ class NonPersistentTopic:
             return
         del self.producers[producer.name]
         self.publish_drops.pop(producer.name, None)
+        self._publish_drop_rates.pop(producer.name, None)
         if self._exclusive == producer.name:
             self._exclusive = None
         while self._waiting and not self.producers:
@@ -198,6 +201,10 @@ class NonPersistentTopic:
         self.msg_in_counter += messages
         self.bytes_in_counter += len(entry)
         if self._inflight_bytes + len(entry) > limits.NON_PERSISTENT_INFLIGHT_BYTES_MAX:
+            if producer_name not in self._publish_drop_rates:
+                self._publish_drop_rates[producer_name] = RateWindow(
+                    limits.STATS_RATE_WINDOW_MIN_S, self.clock.monotonic(), (0,)
+                )
             self.publish_drops[producer_name] += messages
             return _resolved(DROPPED_POSITION)
         position = Position(self._ledger_id, self._next_entry)
@@ -275,33 +282,31 @@ class NonPersistentTopic:
         return bool(self.producers) or any(s.consumers for s in self.subscriptions.values())
 
     def stats(self) -> dict[str, Any]:
-        """Upstream ``NonPersistentTopicStats`` (rates since the previous call)."""
+        """Upstream ``NonPersistentTopicStats``; rates over a window shared by every
+        caller (``core/rate_window.py``, as persistent topics')."""
         now = self.clock.monotonic()
-        then, msg_in, bytes_in, msg_out, bytes_out, drops = self._rate_mark
-        elapsed = max(now - then, 1e-9)
         out_msgs, out_bytes, dropped = (
             self.msg_out_counter,
             self.bytes_out_counter,
             self.msg_drop_counter,
         )
-        self._rate_mark = (now, self.msg_in_counter, self.bytes_in_counter, out_msgs,
-                           out_bytes, dropped)  # fmt: skip
+        rate_in, throughput_in, rate_out, throughput_out, drop_rate = self._rates.rates(
+            now, (self.msg_in_counter, self.bytes_in_counter, out_msgs, out_bytes, dropped)
+        )
         publishers = []
-        marks = self._publish_drop_marks
-        self._publish_drop_marks = {}
         for producer in self.producers.values():
             stats = producer.stats()
             drops = self.publish_drops.get(producer.name, 0)
+            window = self._publish_drop_rates.get(producer.name)
             stats["msgDropCounter"] = drops
-            stats["msgDropRate"] = (drops - marks.get(producer.name, 0)) / elapsed
-            self._publish_drop_marks[producer.name] = drops
+            stats["msgDropRate"] = window.rates(now, (drops,))[0] if window else 0.0
             publishers.append(stats)
         return {
-            "msgRateIn": (self.msg_in_counter - msg_in) / elapsed,
-            "msgThroughputIn": (self.bytes_in_counter - bytes_in) / elapsed,
-            "msgRateOut": (out_msgs - msg_out) / elapsed,
-            "msgThroughputOut": (out_bytes - bytes_out) / elapsed,
-            "msgDropRate": (dropped - drops) / elapsed,
+            "msgRateIn": rate_in,
+            "msgThroughputIn": throughput_in,
+            "msgRateOut": rate_out,
+            "msgThroughputOut": throughput_out,
+            "msgDropRate": drop_rate,
             "msgInCounter": self.msg_in_counter,
             "bytesInCounter": self.bytes_in_counter,
             "msgOutCounter": out_msgs,

@@ -42,6 +42,7 @@ from anabranch.broker.dispatcher import choose_active, round_robin
 from anabranch.broker.dispatcher_entries import EntryInfo, hash_slot
 from anabranch.broker.dispatcher_key_shared import AutoSplitSelector, StickySelector
 from anabranch.broker.subscription import TYPE_NAMES
+from anabranch.core.rate_window import RateWindow
 from anabranch.errors import (
     Closed,
     ConsumerAssignError,
@@ -94,7 +95,7 @@ class NonPersistentSubscription:
         self.messages_out = 0
         self.bytes_out = 0
         self.messages_dropped = 0
-        self._rate_mark = (created, 0, 0, 0)
+        self._rates = RateWindow(limits.STATS_RATE_WINDOW_MIN_S, created, (0, 0, 0))
         self._closed = False
 
     @property
@@ -237,19 +238,16 @@ class NonPersistentSubscription:
     # --- stats ----------------------------------------------------------------------------
 
     def stats(self, now: float) -> dict[str, Any]:
-        """Upstream ``NonPersistentSubscriptionStats``; rates since the previous call."""
-        then, out, size, dropped = self._rate_mark
-        elapsed = max(now - then, 1e-9)
-        self._rate_mark = (now, self.messages_out, self.bytes_out, self.messages_dropped)
-
-        def rate(value: int, old: int) -> float:
-            return (value - old) / elapsed
-
+        """Upstream ``NonPersistentSubscriptionStats``; rates over a window shared by
+        every caller."""
+        rate_out, throughput_out, drop_rate = self._rates.rates(
+            now, (self.messages_out, self.bytes_out, self.messages_dropped)
+        )
         out_stats: dict[str, Any] = {
             "type": TYPE_NAMES.get(self.sub_type, str(self.sub_type)),
-            "msgRateOut": rate(self.messages_out, out),
-            "msgThroughputOut": rate(self.bytes_out, size),
-            "msgDropRate": rate(self.messages_dropped, dropped),
+            "msgRateOut": rate_out,
+            "msgThroughputOut": throughput_out,
+            "msgDropRate": drop_rate,
             "msgOutCounter": self.messages_out,
             "bytesOutCounter": self.bytes_out,
             "msgDropCounter": self.messages_dropped,
