@@ -27,6 +27,7 @@ from typing import Any, NamedTuple
 import mmh3
 from google.protobuf.message import DecodeError  # type: ignore[import-untyped]
 
+from anabranch.core.batch_keys import KEY_SLOTS_PROPERTY, decode_key_slots
 from anabranch.limits import BATCH_MESSAGES_MAX
 from anabranch.protocol._generated import pulsar_api_pb2 as pb
 from anabranch.protocol.frames import MAGIC_CHECKSUM
@@ -51,6 +52,8 @@ class EntryInfo(NamedTuple):
     sticky_key: bytes
     deliver_at_ms: int | None
     publish_time_ms: int
+    key_slots: tuple[int, ...] = ()
+    """The distinct Key_Shared slots of a mixed-key batch (``core/batch_keys``), else ()."""
 
 
 def entry_metadata(data: bytes) -> pb.MessageMetadata:
@@ -80,11 +83,18 @@ def entry_info(data: bytes) -> EntryInfo:
     except (DecodeError, struct.error, RuntimeError, ValueError):
         return EntryInfo(1, NONE_KEY, None, 0)
     batch = md.num_messages_in_batch if md.HasField("num_messages_in_batch") else 1
+    slots: tuple[int, ...] = ()
+    if batch > 1 and md.properties:
+        for prop in md.properties:
+            if prop.key == KEY_SLOTS_PROPERTY:
+                slots = decode_key_slots(prop.value)
+                break
     return EntryInfo(
         min(max(batch, 1), BATCH_MESSAGES_MAX),  # a producer's count, so bounded
         sticky_key(md),
         md.deliver_at_time if md.HasField("deliver_at_time") else None,
         md.publish_time,
+        slots,
     )
 
 

@@ -17,6 +17,11 @@ an entry of slot ``s`` is sent to the selected consumer only when
 Anything that cannot go now joins the replay set and is retried on the next pass, in
 position order.
 
+A batch of several keys names its slots in its metadata (``core/batch_keys``): such an
+entry holds *all* of them. It is selected by its first slot, sent only when the rule above
+holds for every one of its slots, and until it is acknowledged those slots stay with its
+consumer (``_extra`` keeps the slots beyond the first of entries in flight or waiting).
+
 Example:
     >>> sel = AutoSplitSelector()
     >>> sel.add("a"); sel.add("b")
@@ -28,7 +33,7 @@ from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from itertools import pairwise
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
@@ -176,6 +181,8 @@ class KeySharedDispatcher(SharedDispatcher):
         self._owners: dict[int, tuple[Consumer, int]] = {}
         """slot -> (consumer holding unacked entries of it, how many)."""
         self._replay_slots: Counter[int] = Counter()
+        self._extra: dict[Position, tuple[int, ...]] = {}
+        """Mixed-key batches pending or waiting: their slots beyond the first."""
 
     # --- consumers ------------------------------------------------------------------------
 
@@ -206,44 +213,75 @@ class KeySharedDispatcher(SharedDispatcher):
 
     # --- slot bookkeeping -----------------------------------------------------------------
 
+    def _slots(self, position: Position, slot: int) -> tuple[int, ...]:
+        """Every slot the entry at ``position`` holds (``slot`` first)."""
+        extra = self._extra.get(position)
+        return (slot, *extra) if extra else (slot,)
+
     def _add_replay(self, position: Position, slot: int | None) -> None:
         if position not in self.replay and slot is not None:
-            self._replay_slots[slot] += 1
+            for s in self._slots(position, slot):
+                self._replay_slots[s] += 1
         self.replay[position] = slot
 
     def _take_replay(self, position: Position) -> None:
         if position in self.replay:
             slot = self.replay.pop(position)
             if slot is not None:
-                self._replay_slots[slot] -= 1
-                if self._replay_slots[slot] <= 0:
-                    del self._replay_slots[slot]
+                for s in self._slots(position, slot):
+                    self._replay_slots[s] -= 1
+                    if self._replay_slots[s] <= 0:
+                        del self._replay_slots[s]
+
+    def _drop(self, position: Position) -> None:
+        """The entry is done (acknowledged, aborted, gone): forget its extra slots."""
+        self._extra.pop(position, None)
 
     def forgotten(self, consumer: Consumer, position: Position, entry: PendingEntry) -> None:
         slot = entry.slot
         if slot is None:
             return
-        owner = self._owners.get(slot)
-        if owner is not None and owner[0] is consumer:
-            if owner[1] <= 1:
-                del self._owners[slot]
-            else:
-                self._owners[slot] = (consumer, owner[1] - 1)
+        for s in self._slots(position, slot):
+            owner = self._owners.get(s)
+            if owner is not None and owner[0] is consumer:
+                if owner[1] <= 1:
+                    del self._owners[s]
+                else:
+                    self._owners[s] = (consumer, owner[1] - 1)
 
-    def _can_send(self, consumer: Consumer | None, slot: int) -> bool:
+    def _can_send(self, consumer: Consumer | None, slots: Sequence[int]) -> bool:
         if consumer is None or not self.available(consumer):
             return False
-        owner = self._owners.get(slot)
-        if owner is None or owner[0] is consumer:
-            return True
         meta = consumer.key_shared_meta
-        return meta is not None and meta.allowOutOfOrderDelivery
+        if meta is not None and meta.allowOutOfOrderDelivery:
+            return True
+        for slot in slots:
+            owner = self._owners.get(slot)
+            if owner is not None and owner[0] is not consumer:
+                return False
+        return True
 
     def _send_keyed(self, consumer: Consumer, entry: Entry, slot: int) -> None:
         self.send(consumer, entry, entry_info(entry.data), slot)
-        owner = self._owners.get(slot)
-        count = owner[1] if owner is not None and owner[0] is consumer else 0
-        self._owners[slot] = (consumer, count + 1)
+        for s in self._slots(entry.position, slot):
+            owner = self._owners.get(s)
+            count = owner[1] if owner is not None and owner[0] is consumer else 0
+            self._owners[s] = (consumer, count + 1)
+
+    def acked(self, consumer: Consumer, positions: Iterable[Position]) -> None:
+        positions = list(positions)
+        super().acked(consumer, positions)
+        for pos in positions:
+            self._drop(pos)
+
+    def settled(self, positions: Iterable[Position], upto: Position | None) -> None:
+        positions = list(positions)
+        super().settled(positions, upto)
+        for pos in positions:
+            self._drop(pos)
+        if upto is not None:
+            for pos in [p for p in self._extra if p <= upto]:
+                self._drop(pos)
 
     # --- dispatch -------------------------------------------------------------------------
 
@@ -259,10 +297,12 @@ class KeySharedDispatcher(SharedDispatcher):
         for pos in sorted(self.replay):
             slot = self.replay[pos]
             assert slot is not None
-            if slot in blocked:
+            slots = self._slots(pos, slot)
+            if any(s in blocked for s in slots):
+                blocked.update(slots)
                 continue
-            if not self._can_send(self._select(slot), slot):
-                blocked.add(slot)  # later entries of the slot must wait behind this one
+            if not self._can_send(self._select(slot), slots):
+                blocked.update(slots)  # later entries of the slots must wait behind this one
                 continue
             chosen.append(pos)
             if len(chosen) >= self._read_budget_replay():
@@ -277,16 +317,21 @@ class KeySharedDispatcher(SharedDispatcher):
         for pos in chosen:
             if pos not in live:
                 self._take_replay(pos)
+                self._drop(pos)
         if aborted:
             await self.sub.cursor.acknowledge(aborted)
         sent = False
         for entry in fresh:
             slot = self.replay.get(entry.position)
-            if slot is None or slot in blocked:
+            if slot is None:
+                continue
+            slots = self._slots(entry.position, slot)
+            if any(s in blocked for s in slots):
+                blocked.update(slots)
                 continue
             consumer = self._select(slot)
-            if consumer is None or not self._can_send(consumer, slot):
-                blocked.add(slot)
+            if consumer is None or not self._can_send(consumer, slots):
+                blocked.update(slots)
                 continue
             self._take_replay(entry.position)
             self._send_keyed(consumer, entry, slot)
@@ -295,9 +340,15 @@ class KeySharedDispatcher(SharedDispatcher):
 
     def _dispatch_new(self, entries: Sequence[Entry]) -> None:
         for entry in entries:
-            slot = hash_slot(entry_info(entry.data).sticky_key)
+            info = entry_info(entry.data)
+            if info.key_slots:
+                slot = info.key_slots[0]
+                self._extra[entry.position] = info.key_slots[1:]
+            else:
+                slot = hash_slot(info.sticky_key)
+            slots = self._slots(entry.position, slot)
             consumer = self._select(slot)
-            if slot in self._replay_slots or not self._can_send(consumer, slot):
+            if any(s in self._replay_slots for s in slots) or not self._can_send(consumer, slots):
                 self._add_replay(entry.position, slot)
                 continue
             assert consumer is not None
@@ -306,6 +357,7 @@ class KeySharedDispatcher(SharedDispatcher):
     def reset(self) -> None:
         self._owners.clear()
         self._replay_slots.clear()
+        self._extra.clear()
         super().reset()
 
     def stats(self) -> dict[str, Any]:

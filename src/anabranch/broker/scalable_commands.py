@@ -115,7 +115,7 @@ from anabranch.metadata.api import EventKind
 from anabranch.protocol import commands
 from anabranch.protocol._generated import pulsar_api_pb2 as pb
 from anabranch.protocol.checksum import crc32c
-from anabranch.scalable.controller import CHECKPOINT, STREAM
+from anabranch.scalable.controller import CHECKPOINT, KEY_SHARED_STREAM, STREAM
 from anabranch.scalable.dag_watch import ListenerHandle
 from anabranch.scalable.paths import namespace_path
 from anabranch.scalable.service import scalable_topic_name
@@ -320,6 +320,7 @@ class _Consumer:
     name: str
     consumer_id: int
     consumer_type: int
+    key_shared: bool = False
 
 
 @dataclass(eq=False)
@@ -641,7 +642,12 @@ class ScalableEndpoint:
             )
             return
         consumer = _Consumer(
-            topic, cmd.subscription, cmd.consumer_name, consumer_id, int(cmd.consumer_type)
+            topic,
+            cmd.subscription,
+            cmd.consumer_name,
+            consumer_id,
+            int(cmd.consumer_type),
+            cmd.key_shared_dispatch,
         )
         conn.consumers[consumer_id] = consumer  # reserved before any await
         try:
@@ -649,6 +655,8 @@ class ScalableEndpoint:
             controller = await self.service.scalable.controller(topic)
             controller.add_leadership_listener(self.controller_lost)
             kind = CHECKPOINT if consumer.consumer_type == pb.CHECKPOINT else STREAM
+            if kind == STREAM and consumer.key_shared:
+                kind = KEY_SHARED_STREAM
             segments = await controller.register_consumer(
                 consumer.subscription, consumer.name, consumer_id, kind=kind
             )

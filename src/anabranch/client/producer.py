@@ -46,6 +46,7 @@ from anabranch.client.errors import MessageTooBig, from_server_error
 from anabranch.client.message_id import MessageId
 from anabranch.client.pending_bound import PendingBound
 from anabranch.client.routing import Hashing, Router
+from anabranch.core.batch_keys import KEY_SLOTS_PROPERTY, NONE_KEY, encode_key_slots
 from anabranch.core.txn_id import BRANCH_PROPERTY, TxnId
 from anabranch.errors import AnabranchError, Closed, InvalidArgument
 from anabranch.limits import (
@@ -430,6 +431,14 @@ class Producer(ReconnectingHandler):
         if first_key is not None and all(i.key == first_key for i in live):
             # A one-key batch carries its key, so key-based dispatch can route the entry.
             md.partition_key = first_key
+        else:
+            # A mixed one names its key slots, so Key_Shared keeps each key's order
+            # without opening the batch (core/batch_keys).
+            slots = encode_key_slots(
+                NONE_KEY if i.key is None else i.key.encode("utf-8") for i in live
+            )
+            if slots is not None:
+                md.properties.add(key=KEY_SLOTS_PROPERTY, value=slots)
         payload = join_batch(
             (
                 single_metadata(len(i.value), i.sequence_id, i.key, i.event_time, i.properties),

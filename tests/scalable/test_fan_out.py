@@ -1,0 +1,177 @@
+"""Key_Shared dispatch mode of stream consumers (PIP-460 "Scaling Reads beyond the Segment
+Count"): more consumers than segments share a segment by key hash, on a real broker.
+
+The crash test runs the victim consumer in a child process and SIGKILLs it mid-stream:
+its unacknowledged messages and its keys must move to the survivors, with every message
+acknowledged exactly once and each key's deliveries in order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+from collections import defaultdict
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from anabranch.aio import Client, Message, MessageId
+from anabranch.client.scalable_producer import ScalableProducer
+from anabranch.client.stream_consumer import StreamConsumer
+from anabranch.errors import InvalidArgument
+from anabranch.testing.broker import InProcessBroker
+
+KEYS = [f"key-{i}" for i in range(24)]
+EVENTUALLY_ROUNDS = 2_000
+HANG_GUARD_S = 30.0
+VICTIM = """
+import asyncio, sys
+from anabranch.aio import Client
+
+async def main() -> None:
+    async with Client(sys.argv[1]) as client:
+        stream = await client.subscribe_stream(
+            sys.argv[2], "fan", consumer_name="victim", dispatch_mode="key_shared",
+            receiver_queue_size=8,
+        )
+        print("ready", flush=True)
+        while True:
+            msg = await stream.receive()
+            print(msg.value.decode(), flush=True)  # received, never acknowledged
+
+asyncio.run(main())
+"""
+
+
+async def eventually(condition: Callable[[], bool], what: str) -> None:
+    for _ in range(EVENTUALLY_ROUNDS):
+        if condition():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"never happened: {what}")
+
+
+@dataclass
+class World:
+    broker: InProcessBroker
+    client: Client
+
+
+@pytest.fixture
+async def world(tmp_path: Path) -> AsyncIterator[World]:
+    async with (
+        InProcessBroker(tmp_path, ledgers="memory", consumer_grace_period_s=30.0) as broker,
+        Client(broker.service_url) as client,
+    ):
+        yield World(broker, client)
+
+
+def parse(msg: Message) -> tuple[str, int]:
+    key, seq = msg.value.decode().split(":")
+    return key, int(seq)
+
+
+class Survivors:
+    """Stream consumers in this process: each acknowledges what it receives at once and
+    appends it to one shared log (so the log's order per key is the delivery order)."""
+
+    def __init__(self) -> None:
+        self.log: list[tuple[str, str, int]] = []
+        self.tasks: list[asyncio.Task[None]] = []
+
+    def start(self, stream: StreamConsumer) -> None:
+        self.tasks.append(asyncio.get_running_loop().create_task(self._run(stream)))
+
+    async def _run(self, stream: StreamConsumer) -> None:
+        while True:
+            msg = await stream.receive()
+            if msg is None:
+                continue
+            key, seq = parse(msg)
+            self.log.append((stream.consumer_name, key, seq))
+            await stream.acknowledge(msg)
+
+    async def stop(self) -> None:
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+
+
+async def produce(producer: ScalableProducer, sent: dict[str, int], count: int) -> None:
+    futures = []
+    for i in range(count):
+        key = KEYS[i % len(KEYS)]
+        futures.append(await producer.send_async(f"{key}:{sent[key]}".encode(), key=key))
+        sent[key] += 1
+    await asyncio.gather(*futures)
+
+
+async def test_four_consumers_share_one_segment_and_survive_a_crash(world: World) -> None:
+    topic = "topic://public/default/fanout"
+    await world.broker.service.scalable.create(topic, 1)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    victim = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", VICTIM, world.broker.service_url, topic,
+        stdout=subprocess.PIPE, env=env,
+    )  # fmt: skip
+    survivors = Survivors()
+    streams: list[StreamConsumer] = []
+    try:
+        assert victim.stdout is not None
+        ready = await asyncio.wait_for(victim.stdout.readline(), HANG_GUARD_S)
+        assert ready.strip() == b"ready"
+        for name in ("s1", "s2", "s3"):
+            stream = await world.client.subscribe_stream(
+                topic, "fan", consumer_name=name, dispatch_mode="key_shared"
+            )
+            streams.append(stream)
+            survivors.start(stream)
+        controller = await world.broker.service.scalable.controller(topic)
+        state = controller.assignment("fan")
+        assert state is not None and state.owners_of(0) == ("s1", "s2", "s3", "victim")
+        for stream in streams:
+            assert stream.segment_ids == [0]
+        with pytest.raises(InvalidArgument, match="cumulative"):
+            await streams[0].acknowledge_cumulative(MessageId(0, 0, segment_id=0))
+
+        # Unbatched first, so each message is routed by its own key and the victim gets
+        # its keys' share; after the crash, mixed-key batches (routed by their key slots).
+        single = await world.client.create_producer(topic, batching=False)
+        assert isinstance(single, ScalableProducer)
+        sent: dict[str, int] = defaultdict(int)
+        await produce(single, sent, 240)
+        victim_got: list[tuple[str, int]] = []
+        while len(victim_got) < 8:  # the victim holds some keys' messages, unacked
+            line = await asyncio.wait_for(victim.stdout.readline(), HANG_GUARD_S)
+            assert line, "the victim ended before receiving its share"
+            victim_key, victim_seq = line.decode().strip().split(":")
+            victim_got.append((victim_key, int(victim_seq)))
+        victim.send_signal(signal.SIGKILL)
+        await victim.wait()
+        producer = await world.client.create_producer(topic, batch_delay_s=0.005)
+        assert isinstance(producer, ScalableProducer)
+        await produce(producer, sent, 240)
+        total = sum(sent.values())
+        await eventually(lambda: len(survivors.log) >= total, f"{total} messages acknowledged")
+        await asyncio.sleep(0.2)  # nothing more may arrive: no duplicates
+        per_key: dict[str, list[int]] = defaultdict(list)
+        for _, got_key, got_seq in survivors.log:
+            per_key[got_key].append(got_seq)
+        assert per_key == {k: list(range(n)) for k, n in sent.items()}  # once, in order
+        assert {name for name, _, _ in survivors.log} == {"s1", "s2", "s3"}
+        for got_key, got_seq in victim_got:  # never acknowledged: a survivor got it too
+            assert got_seq in per_key[got_key]
+        await producer.close()
+        await single.close()
+    finally:
+        if victim.returncode is None:
+            victim.kill()
+            await victim.wait()
+        await survivors.stop()
+        for stream in streams:
+            await stream.close()
