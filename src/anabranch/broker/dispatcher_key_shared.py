@@ -31,6 +31,7 @@ Example:
 
 from __future__ import annotations
 
+import heapq
 from bisect import bisect_left, bisect_right
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -172,7 +173,7 @@ def _range_start(entry: tuple[int, int, Any]) -> int:
 class KeySharedDispatcher(SharedDispatcher):
     """Key_Shared over the Shared machinery (replay set, permits); see the module doc."""
 
-    delayed_delivery = False
+    delayed_delivery = True
 
     def __init__(self, subscription: Subscription) -> None:
         super().__init__(subscription)
@@ -183,6 +184,9 @@ class KeySharedDispatcher(SharedDispatcher):
         self._replay_slots: Counter[int] = Counter()
         self._extra: dict[Position, tuple[int, ...]] = {}
         """Mixed-key batches pending or waiting: their slots beyond the first."""
+        self._delayed_slots: dict[Position, int] = {}
+        """The slot of each entry held for delayed delivery (it joins the replay set when
+        due, keyed like any other)."""
 
     # --- consumers ------------------------------------------------------------------------
 
@@ -338,7 +342,16 @@ class KeySharedDispatcher(SharedDispatcher):
             sent = True
         return sent
 
+    def _before_pass(self) -> None:
+        now = self.sub.clock.wall_ms()
+        while self._delayed and self._delayed[0][0] <= now:
+            _, pos = heapq.heappop(self._delayed)
+            slot = self._delayed_slots.pop(pos, None)
+            if slot is not None:
+                self._add_replay(pos, slot)
+
     def _dispatch_new(self, entries: Sequence[Entry]) -> None:
+        now = self.sub.clock.wall_ms()
         for entry in entries:
             info = entry_info(entry.data)
             if info.key_slots:
@@ -346,6 +359,12 @@ class KeySharedDispatcher(SharedDispatcher):
                 self._extra[entry.position] = info.key_slots[1:]
             else:
                 slot = hash_slot(info.sticky_key)
+            if info.deliver_at_ms is not None and info.deliver_at_ms > now:
+                # Held until due, then replayed under the per-key rule; a key's later
+                # undelayed messages do not wait for it (upstream's Key_Shared too).
+                heapq.heappush(self._delayed, (info.deliver_at_ms, entry.position))
+                self._delayed_slots[entry.position] = slot
+                continue
             slots = self._slots(entry.position, slot)
             consumer = self._select(slot)
             if any(s in self._replay_slots for s in slots) or not self._can_send(consumer, slots):
@@ -358,6 +377,7 @@ class KeySharedDispatcher(SharedDispatcher):
         self._owners.clear()
         self._replay_slots.clear()
         self._extra.clear()
+        self._delayed_slots.clear()
         super().reset()
 
     def stats(self) -> dict[str, Any]:

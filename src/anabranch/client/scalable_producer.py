@@ -65,7 +65,7 @@ from anabranch.client.connection import ConnectionPool
 from anabranch.client.dag_session import DagSession
 from anabranch.client.message_id import MessageId
 from anabranch.client.pending_bound import PendingBound
-from anabranch.client.producer import Producer, ProducerOptions
+from anabranch.client.producer import Producer, ProducerOptions, deliver_time_ms
 from anabranch.core.hash_range import segment_hash
 from anabranch.core.segment_layout import Segment, SegmentLayout, segment_name
 from anabranch.core.txn_id import TxnId
@@ -227,6 +227,8 @@ class _Entry:
     segment_id: int = -1
     txn: TxnId | None = None
     """The transaction the message belongs to: kept when it is re-routed."""
+    deliver_at: int | None = None
+    """Delayed delivery time (ms since the epoch): kept when it is re-routed."""
 
     def __call__(self, fut: asyncio.Future[MessageId]) -> None:
         if fut is self.future:
@@ -299,11 +301,17 @@ class ScalableProducer:
         event_time: int | None = None,
         sequence_id: int | None = None,
         txn: Transaction | None = None,
+        deliver_at: int | None = None,
+        deliver_after: float | None = None,
     ) -> MessageId:
         """Send one message and wait until a segment stored it; the id names the segment.
 
         With ``txn`` the message joins that transaction (on whichever segment it lands,
         also after a re-route); readers see it once the transaction commits.
+        ``deliver_at`` (ms since the epoch) or ``deliver_after`` (seconds) delay it: the
+        segment that stores it holds it back from queue consumers and Key_Shared stream
+        consumers until then (also once that segment is sealed by a split: its children
+        wait for it to drain, so a key's delayed messages still come first).
 
         Example::
 
@@ -317,6 +325,8 @@ class ScalableProducer:
             event_time=event_time,
             sequence_id=sequence_id,
             txn=txn,
+            deliver_at=deliver_at,
+            deliver_after=deliver_after,
         )
         return await fut
 
@@ -329,6 +339,8 @@ class ScalableProducer:
         event_time: int | None = None,
         sequence_id: int | None = None,
         txn: Transaction | None = None,
+        deliver_at: int | None = None,
+        deliver_after: float | None = None,
     ) -> asyncio.Future[MessageId]:
         """Queue one message; returns a future of its id once there is room.
 
@@ -338,7 +350,10 @@ class ScalableProducer:
         """
         if sequence_id is not None:
             raise InvalidArgument("a scalable-topic producer assigns sequence ids itself")
-        (fut,) = await self.send_many([(value, key, properties, event_time)], txn=txn)
+        due = deliver_time_ms(deliver_at, deliver_after)
+        (fut,) = await self.send_many(
+            [(value, key, properties, event_time)], txn=txn, _deliver_at=due
+        )
         return fut
 
     async def send_many(
@@ -346,6 +361,7 @@ class ScalableProducer:
         messages: Iterable[tuple[bytes, str | None, Mapping[str, str] | None, int | None]],
         *,
         txn: Transaction | None = None,
+        _deliver_at: int | None = None,
     ) -> list[asyncio.Future[MessageId]]:
         """Queue ``(value, key, properties, event time)`` messages in order; returns their
         futures. Like ``send_async`` per message, without a coroutine per message (what a
@@ -360,12 +376,12 @@ class ScalableProducer:
         for value, *_rest in items:  # a bad value refuses the whole call, nothing queued
             self._check_sendable(value)
         if txn is None:
-            return await self._send_many(items, None)
+            return await self._send_many(items, None, _deliver_at)
         txn._check_usable()  # nothing queued for a transaction that cannot take it
         for _ in items:
             txn._begin_op()
         try:
-            out = await self._send_many(items, txn.id)
+            out = await self._send_many(items, txn.id, _deliver_at)
         except BaseException as err:
             for _ in items:
                 txn._end_op(err)
@@ -378,13 +394,16 @@ class ScalableProducer:
         self,
         items: list[tuple[bytes, str | None, Mapping[str, str] | None, int | None]],
         txn_id: TxnId | None,
+        deliver_at: int | None = None,
     ) -> list[asyncio.Future[MessageId]]:
         out: list[asyncio.Future[MessageId]] = []
         for value, key, properties, event_time in items:
             if not self._bound.try_enter():
                 await self._dispatch()  # hand over what is queued, then wait for room
                 await self._bound.enter(block=self.options.block_if_queue_full, owner=self)
-            out.append(self._enqueue(value, key, properties, event_time, txn_id))
+            out.append(
+                self._enqueue(value, key, properties, event_time, txn_id, deliver_at=deliver_at)
+            )
         await self._dispatch()
         return out
 
@@ -401,6 +420,8 @@ class ScalableProducer:
         properties: Mapping[str, str] | None,
         event_time: int | None,
         txn_id: TxnId | None = None,
+        *,
+        deliver_at: int | None = None,
     ) -> asyncio.Future[MessageId]:
         """Queue a message that holds a slot of the bound."""
         fut: asyncio.Future[MessageId] = asyncio.get_running_loop().create_future()
@@ -413,6 +434,7 @@ class ScalableProducer:
             event_time,
             fut,
             txn=txn_id,
+            deliver_at=deliver_at,
         )
         fut.add_done_callback(entry)
         if self._closing:
@@ -463,7 +485,13 @@ class ScalableProducer:
         self._state.sent(segment_id, entry.serial, entry)
         try:
             inner = producer._send_nowait(
-                entry.value, entry.key, entry.properties, entry.event_time, sequence_id, entry.txn
+                entry.value,
+                entry.key,
+                entry.properties,
+                entry.event_time,
+                sequence_id,
+                entry.txn,
+                deliver_at=entry.deliver_at,
             )
         except AnabranchError as err:
             self._send_failed(producer, segment_id, entry, err)
@@ -478,7 +506,13 @@ class ScalableProducer:
     ) -> None:
         try:
             inner = await producer._send_async(
-                entry.value, entry.key, entry.properties, entry.event_time, sequence_id, entry.txn
+                entry.value,
+                entry.key,
+                entry.properties,
+                entry.event_time,
+                sequence_id,
+                entry.txn,
+                deliver_at=entry.deliver_at,
             )
         except AnabranchError as err:
             self._send_failed(producer, segment_id, entry, err)
