@@ -300,6 +300,17 @@ class AdminClient:
     async def remove_deduplication(self, namespace: str) -> None:
         await self.request("DELETE", _ns_path(namespace) + "/deduplication")
 
+    async def get_scalable_topic_enabled(self, namespace: str) -> bool:
+        return bool(await self.request("GET", _ns_path(namespace) + "/scalableTopicEnabled"))
+
+    async def set_scalable_topic_enabled(self, namespace: str, enabled: bool | None) -> None:
+        """Set the namespace's switch; None removes it (the broker's setting applies)."""
+        path = _ns_path(namespace) + "/scalableTopicEnabled"
+        if enabled is None:
+            await self.request("DELETE", path)
+        else:
+            await self.request("POST", path, enabled)
+
     # --- retention, message TTL, backlog quotas ------------------------------------------------
     # ``target`` is a namespace (``tenant/ns``) or a topic (``persistent://t/ns/x``,
     # ``t/ns/x``): the topic's override is addressed then.

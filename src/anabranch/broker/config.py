@@ -85,6 +85,9 @@ class BrokerConfig(BaseSettings):
     load_report_interval_s: float = Field(5.0, gt=0)
     """How often a cluster broker rewrites its registry record with its load."""
     consumer_grace_period_s: float = Field(60.0, ge=0)
+    scalable_topic_enabled: bool = True
+    """Serve scalable (``topic://``) topics (PIP-460's ``scalableTopicEnabled``); a
+    namespace policy can switch them off or on for its namespace."""
     cursor_persist_interval_ms: int = Field(200, ge=0, le=60_000)
     """A subscription's acknowledgements are saved at most this often (Pulsar's
     mark-delete rate limit); a crash redelivers what was acknowledged since. Draining a

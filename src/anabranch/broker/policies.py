@@ -148,6 +148,8 @@ class NamespacePolicies(msgspec.Struct, kw_only=True):
     max_consumers_per_subscription: int | None = None
     properties: dict[str, str] = msgspec.field(default_factory=dict)
     auth_policies: AuthPolicies = msgspec.field(default_factory=AuthPolicies)
+    scalable_topic_enabled: bool | None = msgspec.field(default=None, name="scalableTopicEnabled")
+    """Scalable topics in this namespace (None: the broker's ``scalable_topic_enabled``)."""
     deleted: bool = False
     """Set while a namespace delete is in progress (Pulsar's flag); topics cannot register."""
 

@@ -408,6 +408,7 @@ class ScalableEndpoint:
             await self._end_watch(watch)
 
     async def _ensure_topic(self, topic: TopicName, create_if_missing: bool) -> None:
+        await self.service.check_scalable_enabled(topic)
         scalable = self.service.scalable
         try:
             await scalable.get_metadata(topic)

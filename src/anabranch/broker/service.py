@@ -50,7 +50,13 @@ from anabranch.broker.topic_policies import TopicPolicyStore
 from anabranch.clock import Clock, SystemClock
 from anabranch.core.names import SegmentName, TopicDomain, TopicName, parse_name
 from anabranch.core.segment_layout import SegmentLayout
-from anabranch.errors import Closed, NotAllowed, NotFound, ResourceLimitReached
+from anabranch.errors import (
+    Closed,
+    NotAllowed,
+    NotFound,
+    ResourceLimitReached,
+    ScalableTopicsDisabled,
+)
 from anabranch.metadata.api import MetadataStore
 from anabranch.scalable.dag_watch import DagWatcher
 from anabranch.scalable.paths import TopicPaths
@@ -257,7 +263,10 @@ class BrokerService:
         is off); InvalidArgument for an invalid name, before anything is written."""
         parsed = canonical_topic(name)
         if isinstance(parsed, TopicName) and parsed.domain is TopicDomain.TOPIC:
-            raise NotAllowed(f"{parsed} is a scalable topic: produce to its segments")
+            raise NotAllowed(
+                f"{parsed} is a scalable topic (PIP-460): a v4 client cannot use it; use a "
+                "client with scalable-topic support (or one of its segment:// topics)"
+            )
         key = str(parsed)
         if self.ownership is not None:
             if not self.topic_in_use(key):
@@ -388,6 +397,21 @@ class BrokerService:
             return await self.policies.namespace_policies(ns_text)
         except NotFound:
             raise NotFound(f"namespace {ns_text} of topic {key}") from None
+
+    async def check_scalable_enabled(self, topic: TopicName) -> None:
+        """Raise ScalableTopicsDisabled unless scalable topics are on for ``topic``: its
+        namespace's ``scalableTopicEnabled`` policy, else the broker's setting.
+
+        Example:
+            >>> async def demo(service: BrokerService) -> None:
+            ...     await service.check_scalable_enabled(TopicName.parse("topic://t/ns/x"))
+        """
+        ns = f"{topic.tenant}/{topic.namespace}"
+        policy = (await self._namespace_policies(ns, str(topic))).scalable_topic_enabled
+        if policy is False:
+            raise ScalableTopicsDisabled(str(topic), f"namespace {ns}")
+        if policy is None and not self.config.scalable_topic_enabled:
+            raise ScalableTopicsDisabled(str(topic), "this broker")
 
     async def check_exists(self, name: TopicName, *, create: bool) -> bool:
         """Whether ``name`` exists (True) or would be auto-created by a load with

@@ -379,6 +379,26 @@ def namespaces_set_dedup(
          f"deduplication {'enabled' if enable else 'disabled'} on {namespace}")  # fmt: skip
 
 
+@namespaces_app.command("set-scalable-topics")
+def namespaces_set_scalable(
+    namespace: str,
+    enable: Annotated[bool, typer.Option("--enable/--disable")] = True,
+    remove: Annotated[bool, typer.Option("--remove", help="use the broker's setting")] = False,
+    output: OutputOpt = None,
+) -> None:
+    """Enable or disable scalable (topic://) topics in a namespace."""
+    state = "reset to the broker's setting" if remove else ("enabled" if enable else "disabled")
+    _run(lambda c: c.set_scalable_topic_enabled(namespace, None if remove else enable),
+         output, f"scalable topics {state} on {namespace}")  # fmt: skip
+
+
+@namespaces_app.command("get-scalable-topics")
+def namespaces_get_scalable(namespace: str, output: OutputOpt = None) -> None:
+    """Are scalable (topic://) topics enabled in a namespace?"""
+    _run(lambda c: c.get_scalable_topic_enabled(namespace), output,
+         f"scalable topics of {namespace}")  # fmt: skip
+
+
 @namespaces_app.command("get-deduplication")
 def namespaces_get_dedup(namespace: str, output: OutputOpt = None) -> None:
     """Is deduplication enabled for a namespace?"""
