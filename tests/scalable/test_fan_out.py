@@ -18,9 +18,11 @@ from collections import defaultdict
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from anabranch.admin.client import AdminClient
 from anabranch.aio import Client, Message, MessageId
 from anabranch.client.scalable_producer import ScalableProducer
 from anabranch.client.stream_consumer import StreamConsumer
@@ -154,6 +156,7 @@ async def test_four_consumers_share_one_segment_and_survive_a_crash(world: World
             victim_got.append((victim_key, int(victim_seq)))
         victim.send_signal(signal.SIGKILL)
         await victim.wait()
+        await check_stats_after_the_crash(world, topic)
         producer = await world.client.create_producer(topic, batch_delay_s=0.005)
         assert isinstance(producer, ScalableProducer)
         await produce(producer, sent, 240)
@@ -176,6 +179,37 @@ async def test_four_consumers_share_one_segment_and_survive_a_crash(world: World
         await survivors.stop()
         for stream in streams:
             await stream.close()
+
+
+async def check_stats_after_the_crash(world: World, topic: str) -> None:
+    """``/stats``: the four consumers share segment 0; the victim is in its grace period
+    (keeping its share); the segment's Key_Shared ranges are the survivors' alone."""
+    assert world.broker.http_url is not None
+    async with AdminClient(world.broker.http_url) as admin:
+
+        async def victim_gone() -> dict[str, Any]:
+            for _ in range(EVENTUALLY_ROUNDS):
+                stats = await admin.scalable_stats(topic)
+                state = stats["subscriptionStates"]["fan"]
+                ranges = stats["segments"]["0"].get("keySharedHashRanges", {}).get("fan", {})
+                if not state["consumers"]["victim"]["connected"] and "victim" not in ranges:
+                    return stats
+                await asyncio.sleep(0.01)
+            raise AssertionError("the victim's disconnect never showed in /stats")
+
+        stats = await victim_gone()
+    state = stats["subscriptionStates"]["fan"]
+    assert state["leader"] is True and state["type"] == "STREAM_KEY_SHARED"
+    assert state["sharedSegments"] == {"0": ["s1", "s2", "s3", "victim"]}
+    assert state["connectedConsumers"] == 3 and state["consumerCount"] == 4
+    victim = state["consumers"]["victim"]
+    assert victim["segments"] == [0]
+    assert 0 < victim["graceRemainingMs"] <= state["gracePeriodMs"] == 30_000
+    assert "graceRemainingMs" not in state["consumers"]["s1"]
+    ranges = stats["segments"]["0"]["keySharedHashRanges"]["fan"]
+    assert sorted(ranges) == ["s1", "s2", "s3"]
+    covered = sorted(tuple(r) for r in ranges.values())
+    assert covered[0][0] == 0 and covered[-1][1] == 65535
 
 
 # --- delayed delivery ----------------------------------------------------------------------

@@ -5,10 +5,12 @@ of the broker and of a namespace, through the wire, REST and the CLI, and what a
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pulsar
 import pytest
@@ -137,3 +139,43 @@ def test_the_cli_switches_a_namespace(admin_url: str) -> None:
     cli("namespaces", "set-scalable-topics", ns, "--remove")
     assert cli("namespaces", "get-scalable-topics", ns, "--output", "json").strip() == "true"
     cli("scalable", "create", TOPIC)
+
+
+def test_the_cli_shows_assignments(tmp_path: Path) -> None:
+    """``scalable stats``: the consumers of a Key_Shared stream subscription sharing
+    segment 0, in JSON and in the table."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    broker = InProcessBroker(tmp_path, ledgers="memory")
+
+    def run(coro: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, loop).result(HANG_GUARD_S)
+
+    try:
+        run(broker.__aenter__())
+        assert broker.http_url is not None
+        client = Client(broker.service_url)
+        run(client.__aenter__())
+        run(broker.service.scalable.create(TOPIC, 1))
+        for name in ("w1", "w2"):
+            run(
+                client.subscribe_stream(
+                    TOPIC, "fan", consumer_name=name, dispatch_mode="key_shared"
+                )
+            )
+        args = ["admin", "--admin-url", broker.http_url, "scalable", "stats", TOPIC]
+        result = CliRunner().invoke(app, [*args, "--output", "json"])
+        assert result.exit_code == 0, result.stderr
+        state = json.loads(result.stdout)["subscriptionStates"]["fan"]
+        assert state["sharedSegments"] == {"0": ["w1", "w2"]}
+        table = CliRunner().invoke(app, args, env={"COLUMNS": "200"})
+        assert table.exit_code == 0, table.stderr
+        rows = [line for line in table.stdout.splitlines() if "STREAM_KEY_SHARED" in line]
+        assert len(rows) == 2 and all("connected" in r and "yes" in r for r in rows)
+        run(client.__aexit__(None, None, None))
+        run(broker.__aexit__(None, None, None))
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join()
+        loop.close()
