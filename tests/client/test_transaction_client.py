@@ -345,7 +345,7 @@ class _SegmentProducerStub:
         self.sent: list[tuple[bytes, TxnId | None]] = []
         self.futures: list[asyncio.Future[MessageId]] = []
 
-    def _send_nowait(self, value: bytes, *args: Any) -> asyncio.Future[MessageId]:
+    def _send_nowait(self, value: bytes, *args: Any, **_: Any) -> asyncio.Future[MessageId]:
         self.sent.append((value, args[-1]))
         fut: asyncio.Future[MessageId] = asyncio.get_running_loop().create_future()
         self.futures.append(fut)

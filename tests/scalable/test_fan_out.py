@@ -85,6 +85,8 @@ class Survivors:
 
     def __init__(self) -> None:
         self.log: list[tuple[str, str, int]] = []
+        self.entries: dict[tuple[int, int], set[str]] = defaultdict(set)
+        """Batch entries (ledger, entry) -> the consumers that got messages of them."""
         self.tasks: list[asyncio.Task[None]] = []
 
     def start(self, stream: StreamConsumer) -> None:
@@ -97,6 +99,9 @@ class Survivors:
                 continue
             key, seq = parse(msg)
             self.log.append((stream.consumer_name, key, seq))
+            mid = msg.message_id
+            if mid.batch_size > 1:
+                self.entries[(mid.ledger_id, mid.entry_id)].add(stream.consumer_name)
             await stream.acknowledge(msg)
 
     async def stop(self) -> None:
@@ -168,6 +173,9 @@ async def test_four_consumers_share_one_segment_and_survive_a_crash(world: World
             per_key[got_key].append(got_seq)
         assert per_key == {k: list(range(n)) for k, n in sent.items()}  # once, in order
         assert {name for name, _, _ in survivors.log} == {"s1", "s2", "s3"}
+        # Mixed-key batch entries were split by key among the survivors, not sent whole.
+        assert survivors.entries
+        assert max(len(names) for names in survivors.entries.values()) >= 2
         for got_key, got_seq in victim_got:  # never acknowledged: a survivor got it too
             assert got_seq in per_key[got_key]
         await producer.close()

@@ -259,6 +259,11 @@ class Dispatcher:
     def forgotten(self, consumer: Consumer, position: Position, entry: PendingEntry) -> None:
         """``position`` left ``consumer``'s pending set (ack); Key_Shared tracks slots."""
 
+    def part_of(self, consumer: Consumer, position: Position) -> int | None:
+        """The batch indexes (bit mask) of ``position`` that ``consumer`` was sent, when it
+        got only a part of that entry (Key_Shared's mixed-key batches); else None."""
+        return None
+
     def acked(self, consumer: Consumer, positions: Iterable[Position]) -> None:
         """Individual acks: drop the positions from whichever consumer holds them."""
         for pos in positions:

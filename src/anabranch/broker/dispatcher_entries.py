@@ -53,7 +53,7 @@ class EntryInfo(NamedTuple):
     deliver_at_ms: int | None
     publish_time_ms: int
     key_slots: tuple[int, ...] = ()
-    """The distinct Key_Shared slots of a mixed-key batch (``core/batch_keys``), else ()."""
+    """Each message's Key_Shared slot of a mixed-key batch (``core/batch_keys``), else ()."""
 
 
 def entry_metadata(data: bytes) -> pb.MessageMetadata:
@@ -87,7 +87,7 @@ def entry_info(data: bytes) -> EntryInfo:
     if batch > 1 and md.properties:
         for prop in md.properties:
             if prop.key == KEY_SLOTS_PROPERTY:
-                slots = decode_key_slots(prop.value)
+                slots = decode_key_slots(prop.value, batch)
                 break
     return EntryInfo(
         min(max(batch, 1), BATCH_MESSAGES_MAX),  # a producer's count, so bounded

@@ -17,10 +17,12 @@ an entry of slot ``s`` is sent to the selected consumer only when
 Anything that cannot go now joins the replay set and is retried on the next pass, in
 position order.
 
-A batch of several keys names its slots in its metadata (``core/batch_keys``): such an
-entry holds *all* of them. It is selected by its first slot, sent only when the rule above
-holds for every one of its slots, and until it is acknowledged those slots stay with its
-consumer (``_extra`` keeps the slots beyond the first of entries in flight or waiting).
+A batch of several keys names each message's slot in its metadata (``core/batch_keys``):
+it is split by consumer, each consumer getting the stored entry with an ``ack_set`` that
+leaves only its messages (a *part*). The parts go together, only when the rule above holds
+for each part's slots (else the entry waits in the replay set, holding all its slots);
+a consumer's ack of the entry acknowledges its part only (``part_of``), and a departed
+consumer's part is replayed alone (indexes acknowledged or out with others are skipped).
 
 Example:
     >>> sel = AutoSplitSelector()
@@ -41,7 +43,13 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from anabranch import limits
 from anabranch.broker.consumer import Consumer, PendingEntry
 from anabranch.broker.dispatcher import SharedDispatcher
-from anabranch.broker.dispatcher_entries import HASH_RANGE_SIZE, entry_info, hash_slot
+from anabranch.broker.dispatcher_entries import (
+    HASH_RANGE_SIZE,
+    EntryInfo,
+    acked_to_wire,
+    entry_info,
+    hash_slot,
+)
 from anabranch.errors import ConsumerAssignError
 from anabranch.protocol._generated import pulsar_api_pb2 as pb
 from anabranch.storage.api import Entry, Position
@@ -182,8 +190,10 @@ class KeySharedDispatcher(SharedDispatcher):
         self._owners: dict[int, tuple[Consumer, int]] = {}
         """slot -> (consumer holding unacked entries of it, how many)."""
         self._replay_slots: Counter[int] = Counter()
-        self._extra: dict[Position, tuple[int, ...]] = {}
-        """Mixed-key batches pending or waiting: their slots beyond the first."""
+        self._mixed: dict[Position, tuple[int, ...]] = {}
+        """Mixed-key batches out, waiting or delayed: their distinct slots."""
+        self._parts: dict[Position, dict[Consumer, tuple[int, tuple[int, ...]]]] = {}
+        """Mixed-key batches out: each holder's part (index bit mask, slots)."""
         self._delayed_slots: dict[Position, int] = {}
         """The slot of each entry held for delayed delivery (it joins the replay set when
         due, keyed like any other)."""
@@ -218,9 +228,8 @@ class KeySharedDispatcher(SharedDispatcher):
     # --- slot bookkeeping -----------------------------------------------------------------
 
     def _slots(self, position: Position, slot: int) -> tuple[int, ...]:
-        """Every slot the entry at ``position`` holds (``slot`` first)."""
-        extra = self._extra.get(position)
-        return (slot, *extra) if extra else (slot,)
+        """Every slot the entry at ``position`` holds: all of a mixed batch's, else ``slot``."""
+        return self._mixed.get(position) or (slot,)
 
     def _add_replay(self, position: Position, slot: int | None) -> None:
         if position not in self.replay and slot is not None:
@@ -237,15 +246,33 @@ class KeySharedDispatcher(SharedDispatcher):
                     if self._replay_slots[s] <= 0:
                         del self._replay_slots[s]
 
-    def _drop(self, position: Position) -> None:
-        """The entry is done (acknowledged, aborted, gone): forget its extra slots."""
-        self._extra.pop(position, None)
+    def _settle(self, position: Position) -> None:
+        """Forget a mixed batch's slots once nothing of it is waiting or out."""
+        if (
+            position in self._mixed
+            and position not in self.replay
+            and position not in self._parts
+            and position not in self._delayed_slots
+        ):
+            del self._mixed[position]
+
+    def part_of(self, consumer: Consumer, position: Position) -> int | None:
+        parts = self._parts.get(position)
+        part = parts.get(consumer) if parts is not None else None
+        return part[0] if part is not None else None
 
     def forgotten(self, consumer: Consumer, position: Position, entry: PendingEntry) -> None:
-        slot = entry.slot
-        if slot is None:
+        parts = self._parts.get(position)
+        part = parts.pop(consumer, None) if parts is not None else None
+        if parts is not None and not parts:
+            del self._parts[position]
+        if part is not None:
+            slots: Sequence[int] = part[1]
+        elif entry.slot is None:
             return
-        for s in self._slots(position, slot):
+        else:
+            slots = self._slots(position, entry.slot)
+        for s in slots:
             owner = self._owners.get(s)
             if owner is not None and owner[0] is consumer:
                 if owner[1] <= 1:
@@ -265,27 +292,103 @@ class KeySharedDispatcher(SharedDispatcher):
                 return False
         return True
 
-    def _send_keyed(self, consumer: Consumer, entry: Entry, slot: int) -> None:
-        self.send(consumer, entry, entry_info(entry.data), slot)
-        for s in self._slots(entry.position, slot):
+    def _ready(self, position: Position, slot: int) -> bool:
+        """Whether the entry could go now (before reading it): each of a mixed batch's
+        slots to its own consumer, else the entry's slot."""
+        mixed = self._mixed.get(position)
+        if mixed is None:
+            return self._can_send(self._select(slot), (slot,))
+        return all(self._can_send(self._select(s), (s,)) for s in mixed)
+
+    def _own(self, consumer: Consumer, slots: Sequence[int]) -> None:
+        for s in slots:
             owner = self._owners.get(s)
             count = owner[1] if owner is not None and owner[0] is consumer else 0
             self._owners[s] = (consumer, count + 1)
+
+    def _send_keyed(self, consumer: Consumer, entry: Entry, slot: int) -> None:
+        self.send(consumer, entry, entry_info(entry.data), slot)
+        self._own(consumer, (slot,))
+
+    # --- mixed-key batches: one part per consumer -----------------------------------------
+
+    def _plan(
+        self, position: Position, index_slots: Sequence[int]
+    ) -> dict[Consumer, tuple[int, tuple[int, ...]]] | None:
+        """Split a mixed batch's messages not yet acknowledged and not out with a consumer
+        by the consumer of their slot: consumer -> (index mask, slots). None when some part
+        cannot go now (a slot held by another consumer, no permits, or its consumer still
+        holding an earlier part of this entry): the entry waits whole, so that its parts
+        never overtake each other's keys."""
+        acked_bits = self.sub.cursor.batch_ack_state(position)
+        done = int.from_bytes(acked_bits, "little") if acked_bits else 0
+        parts = self._parts.get(position, {})
+        for mask, _ in parts.values():
+            done |= mask
+        chosen: dict[int, Consumer] = {}
+        masks: dict[Consumer, int] = {}
+        slots: dict[Consumer, set[int]] = {}
+        for index, slot in enumerate(index_slots):
+            if done >> index & 1:
+                continue
+            consumer = chosen.get(slot)
+            if consumer is None:
+                consumer = self._select(slot)
+                if consumer is None or consumer in parts:
+                    return None
+                chosen[slot] = consumer
+            masks[consumer] = masks.get(consumer, 0) | 1 << index
+            slots.setdefault(consumer, set()).add(slot)
+        plan = {c: (masks[c], tuple(sorted(slots[c]))) for c in masks}
+        if not all(self._can_send(c, part[1]) for c, part in plan.items()):
+            return None
+        return plan
+
+    def _send_parts(
+        self, entry: Entry, info: EntryInfo, plan: dict[Consumer, tuple[int, tuple[int, ...]]]
+    ) -> None:
+        """Send each consumer its part: the stored bytes, with an ack set that leaves only
+        its indexes unacknowledged (the client skips the others)."""
+        size = info.batch_size
+        full = (1 << size) - 1
+        position = entry.position
+        for consumer, (mask, slots) in plan.items():
+            ack_set, unacked = acked_to_wire(
+                (full & ~mask).to_bytes((size + 7) // 8, "little"), size
+            )
+            consumer.send_entry(
+                position,
+                entry.data,
+                batch_size=size,
+                redelivery_count=self.redelivery_counts.get(position, 0),
+                ack_set=ack_set,
+                unacked_in_batch=unacked,
+                slot=slots[0],
+            )
+            self.sub.count_out(unacked, len(entry.data))
+            self._parts.setdefault(position, {})[consumer] = (mask, slots)
+            self._own(consumer, slots)
+
+    def _try_mixed(self, entry: Entry, info: EntryInfo) -> bool:
+        """Send a mixed batch's parts if all can go now; True when it left (or had
+        nothing left to send)."""
+        plan = self._plan(entry.position, info.key_slots)
+        if plan is None:
+            return False
+        self._send_parts(entry, info, plan)
+        return True
 
     def acked(self, consumer: Consumer, positions: Iterable[Position]) -> None:
         positions = list(positions)
         super().acked(consumer, positions)
         for pos in positions:
-            self._drop(pos)
+            self._settle(pos)
 
     def settled(self, positions: Iterable[Position], upto: Position | None) -> None:
         positions = list(positions)
         super().settled(positions, upto)
         for pos in positions:
-            self._drop(pos)
-        if upto is not None:
-            for pos in [p for p in self._extra if p <= upto]:
-                self._drop(pos)
+            self._settle(pos)
 
     # --- dispatch -------------------------------------------------------------------------
 
@@ -302,10 +405,7 @@ class KeySharedDispatcher(SharedDispatcher):
             slot = self.replay[pos]
             assert slot is not None
             slots = self._slots(pos, slot)
-            if any(s in blocked for s in slots):
-                blocked.update(slots)
-                continue
-            if not self._can_send(self._select(slot), slots):
+            if any(s in blocked for s in slots) or not self._ready(pos, slot):
                 blocked.update(slots)  # later entries of the slots must wait behind this one
                 continue
             chosen.append(pos)
@@ -321,23 +421,32 @@ class KeySharedDispatcher(SharedDispatcher):
         for pos in chosen:
             if pos not in live:
                 self._take_replay(pos)
-                self._drop(pos)
+                self._settle(pos)
         if aborted:
             await self.sub.cursor.acknowledge(aborted)
         sent = False
         for entry in fresh:
-            slot = self.replay.get(entry.position)
+            pos = entry.position
+            slot = self.replay.get(pos)
             if slot is None:
                 continue
-            slots = self._slots(entry.position, slot)
+            slots = self._slots(pos, slot)
             if any(s in blocked for s in slots):
-                blocked.update(slots)
+                continue
+            if pos in self._mixed:
+                info = entry_info(entry.data)
+                if len(info.key_slots) != info.batch_size or not self._try_mixed(entry, info):
+                    blocked.update(slots)
+                    continue
+                self._take_replay(pos)
+                self._settle(pos)
+                sent = True
                 continue
             consumer = self._select(slot)
             if consumer is None or not self._can_send(consumer, slots):
                 blocked.update(slots)
                 continue
-            self._take_replay(entry.position)
+            self._take_replay(pos)
             self._send_keyed(consumer, entry, slot)
             sent = True
         return sent
@@ -353,22 +462,32 @@ class KeySharedDispatcher(SharedDispatcher):
     def _dispatch_new(self, entries: Sequence[Entry]) -> None:
         now = self.sub.clock.wall_ms()
         for entry in entries:
+            pos = entry.position
             info = entry_info(entry.data)
-            if info.key_slots:
-                slot = info.key_slots[0]
-                self._extra[entry.position] = info.key_slots[1:]
+            mixed = len(info.key_slots) == info.batch_size > 1
+            if mixed:
+                self._mixed[pos] = tuple(sorted(set(info.key_slots)))
+                slot = self._mixed[pos][0]
             else:
                 slot = hash_slot(info.sticky_key)
             if info.deliver_at_ms is not None and info.deliver_at_ms > now:
                 # Held until due, then replayed under the per-key rule; a key's later
                 # undelayed messages do not wait for it (upstream's Key_Shared too).
-                heapq.heappush(self._delayed, (info.deliver_at_ms, entry.position))
-                self._delayed_slots[entry.position] = slot
+                heapq.heappush(self._delayed, (info.deliver_at_ms, pos))
+                self._delayed_slots[pos] = slot
                 continue
-            slots = self._slots(entry.position, slot)
+            slots = self._slots(pos, slot)
+            if any(s in self._replay_slots for s in slots):
+                self._add_replay(pos, slot)
+                continue
+            if mixed:
+                if not self._try_mixed(entry, info):
+                    self._add_replay(pos, slot)
+                self._settle(pos)
+                continue
             consumer = self._select(slot)
-            if any(s in self._replay_slots for s in slots) or not self._can_send(consumer, slots):
-                self._add_replay(entry.position, slot)
+            if not self._can_send(consumer, slots):
+                self._add_replay(pos, slot)
                 continue
             assert consumer is not None
             self._send_keyed(consumer, entry, slot)
@@ -376,7 +495,8 @@ class KeySharedDispatcher(SharedDispatcher):
     def reset(self) -> None:
         self._owners.clear()
         self._replay_slots.clear()
-        self._extra.clear()
+        self._mixed.clear()
+        self._parts.clear()
         self._delayed_slots.clear()
         super().reset()
 

@@ -250,6 +250,9 @@ class DeliveryLog:
 class StreamConsumer:
     """A controller-assigned, ordered consumer of a scalable topic (module docstring)."""
 
+    _key_shared = False
+    """Key_Shared dispatch mode (``options.key_shared``)."""
+
     def __init__(
         self,
         pool: ConnectionPool,
@@ -263,6 +266,7 @@ class StreamConsumer:
         self.subscription = subscription
         self.options = options
         self.consumer_name = options.consumer_name or uuid.uuid4().hex[:16]
+        self._key_shared = options.key_shared
         self._inbox = CountingInbox()
         self._log = DeliveryLog()
         self._topics: dict[int, str] = {}
@@ -396,7 +400,7 @@ class StreamConsumer:
             return None
         raw, segment_id = got
         self._segments[segment_id]._on_dequeued(raw)
-        if not self.options.key_shared:  # individual acks need no position vector
+        if not self._key_shared:  # individual acks need no position vector
             self._log.delivered(segment_id, raw.message_id)
         return _in_segment(raw, segment_id, self.topic)
 
@@ -437,7 +441,7 @@ class StreamConsumer:
         mid = message.message_id if isinstance(message, Message) else message
         if mid.segment_id is None:
             raise InvalidArgument(f"{mid} names no segment of {self.topic}")
-        if self.options.key_shared:
+        if self._key_shared:
             raise InvalidArgument(
                 "a cumulative ack is not allowed in Key_Shared dispatch mode: use acknowledge"
             )
