@@ -179,3 +179,32 @@ def test_the_cli_shows_assignments(tmp_path: Path) -> None:
         loop.call_soon_threadsafe(loop.stop)
         thread.join()
         loop.close()
+
+
+def test_the_blocking_client_sends_delayed_and_acks_one_by_one(tmp_path: Path) -> None:
+    """The sync facade passes ``deliver_after`` through and has ``acknowledge`` for the
+    Key_Shared dispatch mode."""
+    import anabranch
+
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    broker = InProcessBroker(tmp_path, ledgers="memory")
+    try:
+        asyncio.run_coroutine_threadsafe(broker.__aenter__(), loop).result(HANG_GUARD_S)
+        with anabranch.Client(broker.service_url) as client:
+            stream = client.subscribe_stream(TOPIC, "fan", dispatch_mode="key_shared")
+            producer = client.create_producer(TOPIC)
+            due = time.time() + 0.3
+            producer.send(b"later", key="k", deliver_after=0.3)
+            msg = stream.receive(timeout=HANG_GUARD_S)
+            assert msg is not None and msg.value == b"later"
+            assert time.time() >= due - 0.1  # held until due (a little clock slack)
+            stream.acknowledge(msg)
+            producer.close()
+            stream.close()
+        asyncio.run_coroutine_threadsafe(broker.__aexit__(None, None, None), loop).result()
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join()
+        loop.close()

@@ -692,6 +692,8 @@ class PartitionedProducer:
         event_time: int | None = None,
         sequence_id: int | None = None,
         txn: Transaction | None = None,
+        deliver_at: int | None = None,
+        deliver_after: float | None = None,
     ) -> MessageId:
         """Send to the partition the router picks; returns the stored message's id."""
         fut = await self.send_async(
@@ -701,6 +703,8 @@ class PartitionedProducer:
             event_time=event_time,
             sequence_id=sequence_id,
             txn=txn,
+            deliver_at=deliver_at,
+            deliver_after=deliver_after,
         )
         return await fut
 
@@ -713,6 +717,8 @@ class PartitionedProducer:
         event_time: int | None = None,
         sequence_id: int | None = None,
         txn: Transaction | None = None,
+        deliver_at: int | None = None,
+        deliver_after: float | None = None,
     ) -> asyncio.Future[MessageId]:
         """Queue on the routed partition's producer (see ``Producer.send_async``)."""
         producer = self.producers[self._router.partition(key)]
@@ -723,6 +729,8 @@ class PartitionedProducer:
             event_time=event_time,
             sequence_id=sequence_id,
             txn=txn,
+            deliver_at=deliver_at,
+            deliver_after=deliver_after,
         )
 
     async def flush(self) -> None:
