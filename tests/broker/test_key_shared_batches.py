@@ -64,3 +64,26 @@ async def test_a_mixed_batch_is_split_by_key_and_a_departed_part_moves(topic: Fa
     assert sub.cursor.is_acknowledged(position)
     assert sub.dispatcher.stats()["msgInReplay"] == 0
     await close_all(sub)
+
+
+async def test_a_stale_whole_entry_ack_of_a_split_batch_is_ignored(topic: FakeTopic) -> None:  # noqa: F811
+    slots = encode_key_slots([LOW.encode(), HIGH.encode()])
+    assert slots is not None
+    sub = await subscribe(topic, S.Key_Shared)
+    session = FakeSession()
+    first = await add(sub, session, 1, permits=100)
+    await add(sub, session, 2, permits=100)
+    prop = pb.KeyValue(key=KEY_SLOTS_PROPERTY, value=slots)
+    await topic.append(b"batch", num_messages_in_batch=2, properties=[prop])
+    await settle()
+    ledger_id = session.messages(1)[0].message_id.ledgerId
+    # A consumer that got its part, reconnected (a new consumer, holding nothing), and
+    # then acks "the entry": nobody's messages may be acknowledged by that.
+    await sub.remove_consumer(first)
+    await settle()
+    late = await add(sub, session, 3, permits=100)
+    await sub.acknowledge(late, commands.ack(3, [commands.message_id(ledger_id, 0)]).ack)
+    await settle()
+    assert not sub.cursor.is_acknowledged(Position(ledger_id, 0))
+    assert sub.cursor.batch_ack_state(Position(ledger_id, 0)) is None
+    await close_all(sub)

@@ -264,6 +264,11 @@ class Dispatcher:
         got only a part of that entry (Key_Shared's mixed-key batches); else None."""
         return None
 
+    def is_split(self, position: Position) -> bool:
+        """Whether the entry at ``position`` is out in parts to several consumers (or waits
+        to be): a whole-entry ack from a consumer holding no part of it is stale."""
+        return False
+
     def acked(self, consumer: Consumer, positions: Iterable[Position]) -> None:
         """Individual acks: drop the positions from whichever consumer holds them."""
         for pos in positions:

@@ -261,6 +261,9 @@ class KeySharedDispatcher(SharedDispatcher):
         part = parts.get(consumer) if parts is not None else None
         return part[0] if part is not None else None
 
+    def is_split(self, position: Position) -> bool:
+        return position in self._mixed
+
     def forgotten(self, consumer: Consumer, position: Position, entry: PendingEntry) -> None:
         parts = self._parts.get(position)
         part = parts.pop(consumer, None) if parts is not None else None

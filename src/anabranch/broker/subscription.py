@@ -286,6 +286,11 @@ class Subscription:
                 if await self._ack_part(consumer, pos, msg_id, part):
                     full.append(pos)
                 continue
+            if not msg_id.ack_set and self.dispatcher.is_split(pos):
+                # A whole-entry ack from a consumer holding no part of a split batch (an
+                # ack sent after its part moved, e.g. across a reconnect) would acknowledge
+                # the other consumers' messages: ignored, its part is redelivered instead.
+                continue
             if msg_id.ack_set and txn is None:
                 if await self._ack_batch_indexes(consumer, pos, msg_id):
                     full.append(pos)
