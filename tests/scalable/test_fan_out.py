@@ -26,7 +26,7 @@ from anabranch.admin.client import AdminClient
 from anabranch.aio import Client, Message, MessageId
 from anabranch.client.scalable_producer import ScalableProducer
 from anabranch.client.stream_consumer import StreamConsumer
-from anabranch.errors import InvalidArgument
+from anabranch.errors import InvalidArgument, NotAllowed
 from anabranch.testing.broker import InProcessBroker
 
 KEYS = [f"key-{i}" for i in range(24)]
@@ -279,3 +279,27 @@ async def test_delayed_messages_of_a_sealed_parent_come_when_due_and_before_the_
     await producer.close()
     await stream.close()
     await queue.close()
+
+
+# --- the mode of a subscription ------------------------------------------------------------
+
+
+async def test_a_subscription_keeps_its_mode_while_consumed_and_switches_when_idle(
+    world: World,
+) -> None:
+    topic = "topic://public/default/modes"
+    await world.broker.service.scalable.create(topic, 1)
+    await world.broker.service.scalable.create_subscription(topic, "sub")  # a STREAM one
+    fan = await world.client.subscribe_stream(
+        topic, "sub", consumer_name="a", dispatch_mode="key_shared"
+    )
+    controller = await world.broker.service.scalable.controller(topic)
+    state = controller.assignment("sub")
+    assert state is not None and state.fan_out  # nobody consumed it: it took the new mode
+    with pytest.raises(NotAllowed, match="STREAM_KEY_SHARED subscription, not STREAM"):
+        await world.client.subscribe_stream(topic, "sub", consumer_name="b")
+    await fan.close()  # leaves: no sessions, the next consumer's mode wins again
+    plain = await world.client.subscribe_stream(topic, "sub", consumer_name="b")
+    state = controller.assignment("sub")
+    assert state is not None and not state.fan_out and plain.segment_ids == [0]
+    await plain.close()
