@@ -470,6 +470,26 @@ class IncompatibleSchema(InvalidArgument):
     http_status = 409
 
 
+class SchemaVersionsExhausted(NotAllowed):
+    """A new schema for a topic that already holds ``schema_versions_max`` versions.
+
+    Example:
+        >>> err = SchemaVersionsExhausted("persistent://public/default/t", 1000)
+        >>> (err.wire_code, err.http_status)
+        ('NotAllowedError', 409)
+    """
+
+    wire_code = "NotAllowedError"
+    http_status = 409
+
+    def __init__(self, topic: str, limit: int) -> None:
+        super().__init__(
+            f"{topic} already has {limit} schema versions (schema_versions_max); delete its"
+            " schema to start a new history"
+        )
+        self.limit = limit
+
+
 WIRE_CODES.update({c: c.wire_code for c in all_error_classes()})
 HTTP_STATUS.update({c: c.http_status for c in all_error_classes()})
 

@@ -274,6 +274,10 @@ DISPATCH_READ_ENTRIES_MAX = 100
 """Entries one dispatcher read asks the ledger for; more permits just mean more reads.
 Upstream's dispatcherMaxReadBatchSize default."""
 
+DISPATCH_CHUNKED_MESSAGES_MAX = 10_000
+"""Chunked messages a Shared subscription tracks mid-delivery (which consumer has their
+first chunks); past it the oldest is forgotten and its remaining chunks go round-robin."""
+
 DISPATCH_REPLAY_ENTRIES_MAX = 10_000
 """Positions a Shared/Key_Shared subscription holds for redelivery (nacked, from closed
 consumers, or Key_Shared entries whose key is busy elsewhere); while over this, no new
@@ -312,6 +316,10 @@ failover, short enough that a dead consumer's segments do not stall for minutes.
 SCALABLE_DRAIN_POLL_INTERVAL_S = 1.0
 """How often the controller re-reads the backlog of sealed, undrained segments; children of
 a split wait for it, so a drained parent hands over within about this long."""
+
+SCALABLE_AUTOSCALE_SAMPLES_MAX = 256
+"""Rate samples the autoscaler keeps per active segment: at the default 5 s interval,
+about 21 minutes, more than the default merge window; bounds its memory per topic."""
 
 SCALABLE_WATCH_RETRY_S = 0.5
 """Pause before a layout watch or election loop retries after an unexpected store error,

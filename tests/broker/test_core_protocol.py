@@ -414,19 +414,25 @@ async def test_partition_producers_and_topic_listing(
 async def test_schema_registry_versions(client: RawClient) -> None:
     await client.handshake()
     string = pb.Schema(name="s", type=pb.Schema.String, schema_data=b"")
-    json_schema = pb.Schema(name="j", type=pb.Schema.Json, schema_data=b"{}")
+    labelled = pb.Schema(name="s", type=pb.Schema.String, schema_data=b"")
+    labelled.properties.add(key="charset", value="utf-8")
+    json_schema = pb.Schema(name="j", type=pb.Schema.Json, schema_data=b'"string"')
     versions = []
-    for i, schema in enumerate([string, string, json_schema]):
+    for i, schema in enumerate([string, string, labelled, json_schema]):
         body = pb.CommandGetOrCreateSchema(request_id=i, topic=TOPIC, schema=schema)
         await client.send(T(type=T.GET_OR_CREATE_SCHEMA, getOrCreateSchema=body))
         versions.append((await client.expect(T.GET_OR_CREATE_SCHEMA_RESPONSE)).command)
-    numbers = [v.getOrCreateSchemaResponse.schema_version for v in versions]
+    answers = [v.getOrCreateSchemaResponse for v in versions]
+    numbers = [a.schema_version for a in answers[:3]]
     assert numbers[0] == numbers[1] != numbers[2]
+    # A type change is refused under the broker's default strategy (FULL), as upstream.
+    assert answers[3].error_code == pb.IncompatibleSchema
+    assert "STRING" in answers[3].error_message
     await client.send(
         T(type=T.GET_SCHEMA, getSchema=pb.CommandGetSchema(request_id=9, topic=TOPIC))
     )
     latest = (await client.expect(T.GET_SCHEMA_RESPONSE)).command.getSchemaResponse
-    assert latest.schema.type == pb.Schema.Json and latest.schema_version == numbers[2]
+    assert latest.schema.properties[0].value == "utf-8" and latest.schema_version == numbers[2]
     missing = pb.CommandGetSchema(request_id=10, topic="persistent://public/default/none")
     await client.send(T(type=T.GET_SCHEMA, getSchema=missing))
     assert (

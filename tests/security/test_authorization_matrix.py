@@ -40,7 +40,8 @@ PARAMS = {
     "domain": "persistent", "role": "someone", "count": "1", "timestamp": "0",
     "segmentId": "0", "id1": "0", "id2": "1", "mostSigBits": "0", "leastSigBits": "0",
     "timeout": "1000", "subName": "sub", "transactionKey": "k", "sinkKey": "sink",
-    "batchId": "1", "bundle": "0x00000000_0xffffffff",
+    "batchId": "1", "bundle": "0x00000000_0xffffffff", "version": "0", "messagePosition": "1",
+    "ledgerId": "0", "entryId": "0", "expireTimeInSeconds": "1",
 }  # fmt: skip
 """A value for every path parameter; a new parameter name fails the test (KeyError)."""
 

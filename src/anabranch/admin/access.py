@@ -56,6 +56,7 @@ SC = f"{V2}/scalable/{{tenant}}/{{namespace}}"
 SEG = f"{V2}/segments/{{tenant}}/{{namespace}}/{{topic}}/{{descriptor}}"
 OWNED = f"{V2}/cluster/segments/{{tenant}}/{{namespace}}/{{topic}}/{{descriptor}}"
 LOOKUP = "/lookup/v2/topic/{domain}/{tenant}/{namespace}/{topic}"
+SCHEMAS = f"{V2}/schemas/{{tenant}}/{{namespace}}/{{topic}}"
 
 N = Need
 
@@ -126,6 +127,26 @@ ROUTE_ACCESS: dict[tuple[str, str], Need] = {
             ("DELETE", "backlogQuota"),
         )
     },
+    # Stored messages (admin/routes_messages.py): what a consumer may read or acknowledge.
+    ("GET", f"{SUB}/position/{{messagePosition}}"): N.CONSUME,
+    ("GET", f"{TOPIC}/examinemessage"): N.CONSUME,
+    ("GET", f"{TOPIC}/ledger/{{ledgerId}}/entry/{{entryId}}"): N.CONSUME,
+    ("POST", f"{SUB}/expireMessages/{{expireTimeInSeconds}}"): N.CONSUME,
+    ("POST", f"{TOPIC}/all_subscription/expireMessages/{{expireTimeInSeconds}}"): N.CONSUME,
+    # Schemas (admin/routes_schemas.py): reading needs what a lookup needs, registering
+    # what a producer needs; deleting and strategies are the tenant's admins'.
+    ("GET", f"{SCHEMAS}/schema"): N.LOOKUP,
+    ("GET", f"{SCHEMAS}/schema/{{version}}"): N.LOOKUP,
+    ("GET", f"{SCHEMAS}/schemas"): N.LOOKUP,
+    ("POST", f"{SCHEMAS}/compatibility"): N.LOOKUP,
+    ("POST", f"{SCHEMAS}/version"): N.LOOKUP,
+    ("POST", f"{SCHEMAS}/schema"): N.PRODUCE,
+    ("DELETE", f"{SCHEMAS}/schema"): N.TENANT_ADMIN,
+    **{
+        (method, f"{base}/schemaCompatibilityStrategy"): N.TENANT_ADMIN
+        for base in (NS, TOPIC)
+        for method in ("GET", "PUT", "DELETE")
+    },
     ("PUT", NS): N.TENANT_ADMIN,
     ("GET", NS): N.TENANT_ADMIN,
     ("DELETE", NS): N.TENANT_ADMIN,
@@ -178,6 +199,12 @@ ROUTE_ACCESS: dict[tuple[str, str], Need] = {
     ("GET", f"{SC}/{{topic}}/permissions"): N.TENANT_ADMIN,
     ("POST", f"{SC}/{{topic}}/permissions/{{role}}"): N.TENANT_ADMIN,
     ("DELETE", f"{SC}/{{topic}}/permissions/{{role}}"): N.TENANT_ADMIN,
+    ("GET", f"{SC}/{{topic}}/autoscale"): N.TENANT_ADMIN,
+    ("POST", f"{SC}/{{topic}}/autoscale"): N.TENANT_ADMIN,
+    ("DELETE", f"{SC}/{{topic}}/autoscale"): N.TENANT_ADMIN,
+    ("GET", f"{NS}/scalableAutoscale"): N.TENANT_ADMIN,
+    ("POST", f"{NS}/scalableAutoscale"): N.TENANT_ADMIN,
+    ("DELETE", f"{NS}/scalableAutoscale"): N.TENANT_ADMIN,
     # segment topics: the data under a scalable topic's layout
     ("PUT", SEG): N.SUPERUSER,
     ("POST", f"{SEG}/terminate"): N.SUPERUSER,
@@ -192,6 +219,7 @@ ROUTE_ACCESS: dict[tuple[str, str], Need] = {
     ("GET", f"{OWNED}/backlog/{{subscription}}"): N.CLUSTER,
     ("DELETE", f"{OWNED}/subscriptions/{{subscription}}"): N.CLUSTER,
     ("DELETE", OWNED): N.CLUSTER,
+    ("GET", f"{OWNED}/load"): N.CLUSTER,
     # transactions
     **_txn(f"{V2}/transactions"),
     **_txn("/admin/v3/transactions"),
@@ -259,7 +287,10 @@ def authorization_middleware(authorizer: Callable[[web.Request], Authorizer]) ->
             return await handler(request)  # auth off, or aiohttp answers 404/405 itself
         template = route.resource.canonical if route.resource is not None else request.path
         need = access_of(request.method, template)
-        resource = route_resource(template, dict(request.match_info))
+        match = dict(request.match_info)
+        if template.startswith(f"{V2}/schemas/") and request.query.get("domain") == "topic":
+            match["domain"] = "topic"  # the schema routes' ?domain= names the topic's scheme
+        resource = route_resource(template, match)
         # The refusal names the request as sent (its path names the resource).
         what = f"{request.method} {request.path}"
         await authorizer(request).check(str(role), need, resource, what, named="")

@@ -26,6 +26,7 @@ from urllib.parse import quote
 import aiohttp
 import msgspec
 
+from anabranch.admin.messages import decode_peeked
 from anabranch.client.auth import Authentication, AuthenticationToken
 from anabranch.client.tls import TlsOptions, client_ssl_context
 from anabranch.core.names import NamespaceName, SegmentName, TopicDomain, TopicName
@@ -77,12 +78,38 @@ def _policy_path(target: str) -> str:
     return _topic_path(target)
 
 
+def _schema_path(topic: str) -> tuple[str, str]:
+    """The schema routes' path of a topic, and the query naming its domain.
+
+    Example:
+        >>> _schema_path("topic://public/default/t")
+        ('/admin/v2/schemas/public/default/t', '?domain=topic')
+    """
+    name = TopicName.parse(topic)
+    path = f"/admin/v2/schemas/{_q(name.tenant)}/{_q(name.namespace)}/{_q(name.local_name)}"
+    return path, "" if name.domain.value == "persistent" else f"?domain={name.domain.value}"
+
+
 def _scalable_path(topic: str) -> str:
     """``/admin/v2/scalable/t/ns/x`` of a scalable topic (``topic://t/ns/x``, ``t/ns/x``, ``x``)."""
     name = TopicName.parse(topic, TopicDomain.TOPIC)
     if name.domain is not TopicDomain.TOPIC:
         raise InvalidArgument(f"{name} is not a scalable topic:// name")
     return f"/admin/v2/scalable/{_q(name.tenant)}/{_q(name.namespace)}/{_q(name.local_name)}"
+
+
+def _autoscale_path(target: str) -> str:
+    """A namespace's ``scalableAutoscale`` for ``tenant/ns``, else the scalable topic's.
+
+    Example:
+        >>> _autoscale_path("public/default")
+        '/admin/v2/namespaces/public/default/scalableAutoscale'
+        >>> _autoscale_path("topic://public/default/t")
+        '/admin/v2/scalable/public/default/t/autoscale'
+    """
+    if "://" not in target and target.count("/") == 1:
+        return _ns_path(target) + "/scalableAutoscale"
+    return _scalable_path(target) + "/autoscale"
 
 
 def _permissions_path(topic: str) -> str:
@@ -200,31 +227,50 @@ class AdminClient:
             await self._session.close()
             self._session = None
 
-    async def request(self, method: str, path: str, body: Any = None) -> Any:
-        """One request; JSON-decoded answer (text for non-JSON, None for 204)."""
+    def _open(self) -> aiohttp.ClientSession:
         if self._session is None:
             connector = aiohttp.TCPConnector(ssl=self._ssl if self._ssl is not None else True)
             self._session = aiohttp.ClientSession(timeout=self._timeout, connector=connector)
-        data = None if body is None else msgspec.json.encode(body)
-        headers = {"Content-Type": "application/json"} if data is not None else {}
+        return self._session
+
+    def _headers(self) -> dict[str, str]:
         authorization = self.auth.http_header() if self.auth is not None else None
-        if authorization:
-            headers["Authorization"] = authorization
-        async with self._session.request(
+        return {"Authorization": authorization} if authorization else {}
+
+    @staticmethod
+    def _check(method: str, path: str, status: int, raw: bytes) -> None:
+        if status >= 400:
+            try:
+                reason = str(msgspec.json.decode(raw).get("reason", ""))
+            except (msgspec.DecodeError, AttributeError):
+                reason = raw.decode("utf-8", "replace")
+            raise AdminHttpError(method, path, status, reason)
+
+    async def request(self, method: str, path: str, body: Any = None) -> Any:
+        """One request; JSON-decoded answer (text for non-JSON, None for 204)."""
+        data = None if body is None else msgspec.json.encode(body)
+        headers = self._headers()
+        if data is not None:
+            headers["Content-Type"] = "application/json"
+        async with self._open().request(
             method, self.url + path, data=data, headers=headers
         ) as response:
             raw = await response.read()
-            if response.status >= 400:
-                try:
-                    reason = str(msgspec.json.decode(raw).get("reason", ""))
-                except (msgspec.DecodeError, AttributeError):
-                    reason = raw.decode("utf-8", "replace")
-                raise AdminHttpError(method, path, response.status, reason)
+            self._check(method, path, response.status, raw)
             if response.status == 204 or not raw:
                 return None
             if response.content_type == "application/json":
                 return msgspec.json.decode(raw)
             return raw.decode("utf-8", "replace")
+
+    async def request_raw(self, method: str, path: str) -> tuple[dict[str, str], bytes]:
+        """One request answered with bytes: ``(headers, body)``."""
+        async with self._open().request(
+            method, self.url + path, headers=self._headers()
+        ) as response:
+            raw = await response.read()
+            self._check(method, path, response.status, raw)
+            return dict(response.headers), raw
 
     # --- clusters -------------------------------------------------------------------------
 
@@ -337,6 +383,101 @@ class AdminClient:
 
     async def remove_message_ttl(self, target: str) -> None:
         await self.request("DELETE", _policy_path(target) + "/messageTTL")
+
+    # --- stored messages ------------------------------------------------------------------
+
+    async def peek_messages(
+        self, topic: str, subscription: str, count: int = 1
+    ) -> list[dict[str, Any]]:
+        """The first ``count`` entries of a subscription's backlog, batches split (see
+        :func:`anabranch.admin.messages.decode_peeked`)."""
+        out: list[dict[str, Any]] = []
+        base = f"{_topic_path(topic)}/subscription/{_q(subscription)}/position"
+        for n in range(1, count + 1):
+            try:
+                headers, body = await self.request_raw("GET", f"{base}/{n}")
+            except AdminHttpError as err:
+                if err.status == 404 and out:
+                    break  # fewer messages than asked for
+                raise
+            out.extend(decode_peeked(headers, body))
+        return out
+
+    async def examine_message(
+        self, topic: str, initial_position: str = "latest", message_position: int = 1
+    ) -> list[dict[str, Any]]:
+        """The N-th entry from the earliest or the latest one."""
+        query = f"?initialPosition={_q(initial_position)}&messagePosition={int(message_position)}"
+        return decode_peeked(
+            *await self.request_raw("GET", f"{_topic_path(topic)}/examinemessage{query}")
+        )
+
+    async def get_message_by_id(
+        self, topic: str, ledger_id: int, entry_id: int
+    ) -> list[dict[str, Any]]:
+        """The entry at ``ledger_id:entry_id``."""
+        path = f"{_topic_path(topic)}/ledger/{int(ledger_id)}/entry/{int(entry_id)}"
+        return decode_peeked(*await self.request_raw("GET", path))
+
+    async def expire_messages(self, topic: str, subscription: str, seconds: int) -> None:
+        """Acknowledge the subscription's messages older than ``seconds``."""
+        path = f"{_topic_path(topic)}/subscription/{_q(subscription)}/expireMessages/{int(seconds)}"
+        await self.request("POST", path)
+
+    async def expire_messages_all_subscriptions(self, topic: str, seconds: int) -> None:
+        """Expire messages older than ``seconds`` on every subscription of the topic."""
+        path = f"{_topic_path(topic)}/all_subscription/expireMessages/{int(seconds)}"
+        await self.request("POST", path)
+
+    # --- schemas --------------------------------------------------------------------------
+
+    async def get_schema(self, topic: str, version: int | None = None) -> dict[str, Any]:
+        """The latest (or one) version: ``{"version", "type", "timestamp", "data",
+        "properties"}``."""
+        path, query = _schema_path(topic)
+        suffix = "/schema" if version is None else f"/schema/{int(version)}"
+        return dict(await self.request("GET", path + suffix + query))
+
+    async def get_all_schemas(self, topic: str) -> list[dict[str, Any]]:
+        """Every live version, oldest first."""
+        path, query = _schema_path(topic)
+        answer = await self.request("GET", path + "/schemas" + query)
+        return list(answer["getSchemaResponseList"])
+
+    async def upload_schema(
+        self, topic: str, schema_type: str, definition: str = "",
+        properties: dict[str, str] | None = None,
+    ) -> int:  # fmt: skip
+        """Register a schema (checked for compatibility); its version."""
+        path, query = _schema_path(topic)
+        body = {"type": schema_type, "schema": definition, "properties": properties or {}}
+        return int((await self.request("POST", path + "/schema" + query, body))["version"])
+
+    async def delete_schema(self, topic: str, *, force: bool = False) -> int:
+        """Delete a topic's schema (``force``: its whole history); the marker's version."""
+        path, query = _schema_path(topic)
+        query = (query + "&" if query else "?") + f"force={str(force).lower()}"
+        return int((await self.request("DELETE", path + "/schema" + query))["version"])
+
+    async def test_schema_compatibility(
+        self, topic: str, schema_type: str, definition: str = "",
+        properties: dict[str, str] | None = None,
+    ) -> dict[str, Any]:  # fmt: skip
+        """``{"isCompatibility": bool, "schemaCompatibilityStrategy": str}``."""
+        path, query = _schema_path(topic)
+        body = {"type": schema_type, "schema": definition, "properties": properties or {}}
+        return dict(await self.request("POST", path + "/compatibility" + query, body))
+
+    async def get_schema_compatibility_strategy(self, target: str) -> str | None:
+        """A namespace's strategy (UNDEFINED: the broker's) or a topic's override."""
+        answer = await self.request("GET", _policy_path(target) + "/schemaCompatibilityStrategy")
+        return None if answer is None else str(answer)
+
+    async def set_schema_compatibility_strategy(self, target: str, strategy: str) -> None:
+        await self.request("PUT", _policy_path(target) + "/schemaCompatibilityStrategy", strategy)
+
+    async def remove_schema_compatibility_strategy(self, target: str) -> None:
+        await self.request("DELETE", _policy_path(target) + "/schemaCompatibilityStrategy")
 
     async def get_backlog_quotas(self, target: str) -> dict[str, Any]:
         """``{type: {"limitSize", "limitTime", "policy"}}``."""
@@ -485,6 +626,21 @@ class AdminClient:
         """Merge two adjacent active segments; answers the new layout."""
         path = f"{_scalable_path(topic)}/merge/{first_id}/{second_id}"
         return dict(await self.request("POST", path))
+
+    # ``target`` is a namespace (``tenant/ns``) or a scalable topic (``topic://t/ns/x``).
+
+    async def get_scalable_autoscale(self, target: str, applied: bool = False) -> Any:
+        """The level's autoscale overrides (None when unset), or with ``applied`` the
+        whole policy in force there (camelCase ``AutoscalePolicy`` fields)."""
+        query = "?applied=true" if applied else ""
+        return await self.request("GET", _autoscale_path(target) + query)
+
+    async def set_scalable_autoscale(self, target: str, overrides: dict[str, Any]) -> None:
+        """Set the level's overrides (what is left out is inherited)."""
+        await self.request("POST", _autoscale_path(target), overrides)
+
+    async def remove_scalable_autoscale(self, target: str) -> None:
+        await self.request("DELETE", _autoscale_path(target))
 
     async def create_segment(self, segment: str, subscriptions: list[str] | None = None) -> None:
         await self.request("PUT", _segment_path(segment), list(subscriptions or []))

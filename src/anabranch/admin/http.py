@@ -1,7 +1,7 @@
 """The admin HTTP server: ``aiohttp.web`` on the broker's own event loop.
 
 One route table (``routes_v2`` + ``routes_scalable`` + ``routes_cluster`` +
-``routes_transactions`` + ``routes_permissions`` + the routes below)
+``routes_transactions`` + ``routes_permissions`` + ``routes_schemas`` + the routes below)
 feeds both the app and ``GET /openapi.json``. Every handler runs under the
 authentication middleware (:mod:`anabranch.admin.authentication`: sets
 ``request["anabranch.role"]``, 401 without valid credentials when auth is on), then the
@@ -38,10 +38,13 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from anabranch.admin import (
+    routes_autoscale,
     routes_cluster,
+    routes_messages,
     routes_permissions,
     routes_retention,
     routes_scalable,
+    routes_schemas,
     routes_transactions,
     routes_v2,
 )
@@ -90,6 +93,9 @@ def all_routes() -> list[Route]:
         *routes_cluster.ROUTES,
         *routes_transactions.ROUTES,
         *routes_permissions.ROUTES,
+        *routes_autoscale.ROUTES,
+        *routes_schemas.ROUTES,
+        *routes_messages.ROUTES,
         *OWN_ROUTES,
     ]
 

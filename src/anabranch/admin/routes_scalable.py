@@ -141,6 +141,7 @@ async def remove_scalable_enabled(admin: AdminService, request: web.Request) -> 
 async def delete_scalable_topic(admin: AdminService, request: web.Request) -> object:
     name = scalable_topic(request)
     await (await admin.scalable()).delete(name)
+    await admin.broker.schemas.delete(name, force=True)
     await admin.policies.forget_topic_permissions(name)
     return None
 

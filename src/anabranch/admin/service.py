@@ -114,6 +114,11 @@ class AdminService:
             name.base
         )
 
+    async def existing_topic(self, text: str) -> PersistentTopic:
+        """The loaded persistent topic ``text`` names; NotFound unless it exists (a
+        partitioned topic's base name is NotFound too: its partitions are the topics)."""
+        return await self._existing_topic(text)
+
     async def _existing_topic(self, text: str) -> PersistentTopic:
         name = persistent_topic(text)
         if not await self.topic_exists(name):
@@ -202,6 +207,7 @@ class AdminService:
             await self.policies.unregister_topic(partition)
         await self.policies.delete_partitioned_topic(name)
         await TopicPolicyStore(self.broker.store).delete(name)
+        await self.broker.schemas.delete(name, force=True)
         await self.policies.forget_topic_permissions(name)
 
     async def stats(self, text: str) -> dict[str, Any]:
@@ -408,6 +414,12 @@ class AdminService:
                     entry["keySharedHashRanges"] = ranges
             segments[str(segment.segment_id)] = entry
         summary["segments"] = segments
+        # The autoscaler's view (rates, next intent) lives on the controller leader only.
+        autoscale = self.broker.autoscaler.topic_stats(name)
+        for sid, view in (autoscale or {}).get("segments", {}).items():
+            if sid in segments:
+                segments[sid].update(view)
+        summary["autoscale"] = autoscale
         summary["subscriptionStates"] = service.assignment_stats(name, summary["subscriptions"])
         return summary
 

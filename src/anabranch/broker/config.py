@@ -22,6 +22,7 @@ from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_va
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from anabranch import limits
+from anabranch.core.schema_compat import Strategy
 from anabranch.errors import InvalidArgument
 from anabranch.metadata.etcd_channel import EtcdOptions
 
@@ -79,12 +80,47 @@ class BrokerConfig(BaseSettings):
     max_message_size: int = Field(limits.MESSAGE_SIZE_MAX_BYTES, gt=0)
     """At most ``limits.MESSAGE_SIZE_CAP_BYTES`` (what one storage record holds, less the
     frame padding); a larger value is refused at start."""
+    schema_compatibility_strategy: str = "FULL"
+    """For namespaces and topics that set none (Pulsar's ``schemaCompatibilityStrategy``):
+    ALWAYS_INCOMPATIBLE, ALWAYS_COMPATIBLE, BACKWARD, FORWARD, FULL or a _TRANSITIVE form."""
+    schema_versions_max: int = Field(1000, ge=1, le=100_000)
+    """Schema versions one topic may hold (delete markers included); past it a new schema
+    is refused until the topic's schema is deleted."""
     session_ttl_s: float = Field(10.0, gt=0)
     """TTL of the broker's metadata session: its registry record, topic ownerships and
     controller leaderships die this long after the broker stops refreshing them."""
     load_report_interval_s: float = Field(5.0, gt=0)
     """How often a cluster broker rewrites its registry record with its load."""
     consumer_grace_period_s: float = Field(60.0, ge=0)
+    scalable_autoscale_enabled: bool = False
+    """Load-driven split and merge of scalable topics by their controller (namespaces and
+    topics override it). Off by default: a split seals segments, reroutes producers and
+    reassigns consumers, so an operator opts in where traffic really varies."""
+    scalable_autoscale_interval_s: float = Field(5.0, gt=0)
+    """How often a controller leader samples its segments' load and evaluates the policy."""
+    scalable_autoscale_split_msg_rate_in: float = Field(5_000.0, ge=0)
+    """A segment splits above this many messages/s in, sustained (0: off)."""
+    scalable_autoscale_split_throughput_in: float = Field(5.0 * 1024 * 1024, ge=0)
+    """... or above this many bytes/s in (0: off)."""
+    scalable_autoscale_split_msg_rate_out: float = Field(0.0, ge=0)
+    """... or messages/s out to consumers (0: off)."""
+    scalable_autoscale_split_throughput_out: float = Field(0.0, ge=0)
+    """... or bytes/s out (0: off)."""
+    scalable_autoscale_split_backlog: float = Field(0.0, ge=0)
+    """... or its slowest subscription's backlog in messages (0: off)."""
+    scalable_autoscale_min_segments: int = Field(1, ge=1)
+    scalable_autoscale_max_segments: int = Field(16, ge=1)
+    scalable_autoscale_target_segments: int = Field(0, ge=0)
+    """The resting size: grown to without load, never merged below (0: none)."""
+    scalable_autoscale_merge_low_water: float = Field(0.3, gt=0, lt=1)
+    """Two buddies merge when their loads, as fractions of the split thresholds, add up to
+    less than this (the hysteresis band lies between it and 1)."""
+    scalable_autoscale_split_sustain_s: float = Field(30.0, ge=0)
+    scalable_autoscale_merge_sustain_s: float = Field(120.0, ge=0)
+    scalable_autoscale_split_cooldown_s: float = Field(60.0, ge=0)
+    """A segment is not split until it is this old (a merge's child waits)."""
+    scalable_autoscale_merge_cooldown_s: float = Field(300.0, ge=0)
+    """A split's children are not merged back until they are this old."""
     scalable_topic_enabled: bool = True
     """Serve scalable (``topic://``) topics (PIP-460's ``scalableTopicEnabled``); a
     namespace policy can switch them off or on for its namespace."""
@@ -257,6 +293,14 @@ class BrokerConfig(BaseSettings):
         if isinstance(value, str):
             return [part.strip() for part in value.split(",") if part.strip()]
         return value
+
+    @field_validator("schema_compatibility_strategy")
+    @classmethod
+    def _known_strategy(cls, value: str) -> str:
+        strategy = Strategy.parse(value)  # ValueError names the valid ones
+        if strategy is Strategy.UNDEFINED:
+            raise ValueError("the broker's schema_compatibility_strategy cannot be UNDEFINED")
+        return strategy.value
 
     @field_validator("max_message_size")
     @classmethod

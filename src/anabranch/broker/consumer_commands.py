@@ -103,6 +103,10 @@ async def handle_subscribe(session: Session, cmd: pb.CommandSubscribe) -> None:
     session.consumers[cmd.consumer_id] = consumer
     try:
         topic = await session.service.get_topic(str(topic_name), create=cmd.force_topic_creation)
+        if cmd.HasField("schema"):
+            consumers = sum(len(sub.consumers) for sub in topic.subscriptions.values())
+            idle = not topic.producers and not consumers and topic.ledger.entry_count == 0
+            await session.service.schemas.check_for_consumer(topic.name, cmd.schema, idle=idle)
         if cmd.durable:
             initial = EARLIEST if cmd.initialPosition == pb.CommandSubscribe.Earliest else LATEST
             sub = await topic.get_or_create_subscription(

@@ -305,6 +305,7 @@ class ScalableCollector(Collector):
             counter = CounterMetricFamily(f"{prefix}_{name}", text, labels=["cluster"])
             counter.add_metric([cluster], value)
             yield counter
+        yield from self._autoscale(prefix, cluster)
         endpoint = self.service.scalable_endpoint
         for name, text, value in (
             ("watch_sessions", "Open DAG-watch sessions.", endpoint.watch_count()),
@@ -314,6 +315,30 @@ class ScalableCollector(Collector):
             gauge = GaugeMetricFamily(f"{prefix}_{name}", text, labels=["cluster"])
             gauge.add_metric([cluster], value)
             yield gauge
+
+    def _autoscale(self, prefix: str, cluster: str) -> Iterator[Metric]:
+        autoscaler = getattr(self.service, "autoscaler", None)
+        if autoscaler is None:
+            return
+        c = autoscaler.counters
+        decisions = CounterMetricFamily(
+            f"{prefix}_autoscale_decisions",
+            "Splits and merges the autoscaler made, by action and reason (the metric that "
+            "crossed its threshold, target or lowWater).",
+            labels=["cluster", "action", "reason"],
+        )
+        for (action, reason), value in sorted(c.decisions.items()):
+            decisions.add_metric([cluster, action, reason], value)
+        yield decisions
+        for name, text, value in (
+            ("autoscale_evaluations", "Policy evaluations of led scalable topics.",
+             c.evaluations),
+            ("autoscale_failures", "Autoscale evaluations or actions that failed (retried).",
+             c.failures),
+        ):  # fmt: skip
+            counter = CounterMetricFamily(f"{prefix}_{name}", text, labels=["cluster"])
+            counter.add_metric([cluster], value)
+            yield counter
 
 
 def broker_registry(service: BrokerService) -> CollectorRegistry:

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import msgspec
 
@@ -148,6 +148,13 @@ class NamespacePolicies(msgspec.Struct, kw_only=True):
     max_consumers_per_subscription: int | None = None
     properties: dict[str, str] = msgspec.field(default_factory=dict)
     auth_policies: AuthPolicies = msgspec.field(default_factory=AuthPolicies)
+    scalable_autoscale: dict[str, Any] | None = msgspec.field(
+        default=None, name="scalableAutoscale"
+    )
+    """Overrides of the broker's ``scalable_autoscale_*`` defaults (camelCase keys of
+    :class:`~anabranch.core.autoscale.AutoscalePolicy`); None: the broker's."""
+    schema_compatibility_strategy: str = "UNDEFINED"
+    """Pulsar's ``SchemaCompatibilityStrategy`` name; UNDEFINED: the broker's default."""
     scalable_topic_enabled: bool | None = msgspec.field(default=None, name="scalableTopicEnabled")
     """Scalable topics in this namespace (None: the broker's ``scalable_topic_enabled``)."""
     deleted: bool = False

@@ -37,6 +37,7 @@ from typing import Protocol
 from urllib.parse import quote
 
 from anabranch.broker.authorization import Authorizer
+from anabranch.broker.autoscale import broker_autoscaler
 from anabranch.broker.config import BrokerConfig
 from anabranch.broker.metrics import BrokerCounters
 from anabranch.broker.policies import NamespacePolicies, Policies
@@ -49,6 +50,7 @@ from anabranch.broker.topic import PersistentTopic
 from anabranch.broker.topic_policies import TopicPolicyStore
 from anabranch.clock import Clock, SystemClock
 from anabranch.core.names import SegmentName, TopicDomain, TopicName, parse_name
+from anabranch.core.schema_compat import Strategy
 from anabranch.core.segment_layout import SegmentLayout
 from anabranch.errors import (
     Closed,
@@ -131,7 +133,9 @@ class BrokerService:
         self.ledgers = ledgers
         self.clock: Clock = clock or SystemClock()
         self.policies = policies or Policies(store)
-        self.schemas = SchemaRegistry(store)
+        self.schemas = SchemaRegistry(
+            store, self._schema_strategy, versions_max=config.schema_versions_max
+        )
         self.authorizer = Authorizer(
             self.policies, config.superuser_roles, enforced=config.authorization_enabled
         )
@@ -163,6 +167,8 @@ class BrokerService:
             on_assignment=self.scalable_endpoint.deliver_assignment,
             on_give_up=self.fatal.fail,
         )
+        self.autoscaler = broker_autoscaler(self)
+        """Load-driven split and merge of the scalable topics this broker's controllers lead."""
         self.dag_watcher = DagWatcher(store, self.clock)
         self.segment_broker_url: SegmentBrokerResolver = self._local_segment_broker
         """Which broker serves a segment; cluster mode replaces this function."""
@@ -208,6 +214,7 @@ class BrokerService:
         path = await self.store.create_sequential(PRODUCER_NAME_COUNTER_PREFIX, b"")
         self._broker_index = int(path.rsplit("-", 1)[1])
         self.sweeps.start()
+        self.autoscaler.start()
         if self.txn_outcomes is not None and self.txn_coordinator is not None:
             await self.txn_outcomes.start()
             await self.txn_coordinator.start()
@@ -496,6 +503,15 @@ class BrokerService:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
+    async def _schema_strategy(self, topic: TopicName) -> Strategy:
+        # Topic policy, then the namespace's, then the broker's default (as Pulsar).
+        namespace = await self.policies.namespace_policies(f"{topic.tenant}/{topic.namespace}")
+        applied = (await TopicPolicyStore(self.store).get(topic)).over(namespace)
+        strategy = Strategy.parse(applied.schema_compatibility_strategy)
+        if strategy is Strategy.UNDEFINED:
+            return Strategy.parse(self.config.schema_compatibility_strategy)
+        return strategy
+
     async def delete_topic(self, name: str) -> None:
         """Close and delete a topic's ledger, subscriptions and registration."""
         topic = await self.get_topic(name, create=False)
@@ -509,12 +525,14 @@ class BrokerService:
             await self.policies.unregister_topic(topic.name)
             if parsed.partition is None:  # a partitioned topic's are its parent's
                 await TopicPolicyStore(self.store).delete(parsed)
+                await self.schemas.delete(parsed, force=True)
 
     async def close(self) -> None:
         """Close the scalable-topic controllers and watch sessions, then every topic:
         in-flight appends finish, dedup snapshots are written."""
         self._closed = True
         await self.sweeps.close()
+        await self.autoscaler.close()
         if self.txn_keys is not None:
             await self.txn_keys.close()
         if self.txn_coordinator is not None:

@@ -39,6 +39,9 @@ class TopicPolicies(msgspec.Struct, kw_only=True):
     backlog_quota_map: dict[str, BacklogQuotaRecord] = msgspec.field(
         default_factory=dict, name="backLogQuotaMap"
     )
+    schema_compatibility_strategy: str | None = msgspec.field(
+        default=None, name="schemaCompatibilityStrategy"
+    )
 
     def over(self, namespace: NamespacePolicies) -> NamespacePolicies:
         """The namespace's policies with this topic's overrides applied.
@@ -57,6 +60,11 @@ class TopicPolicies(msgspec.Struct, kw_only=True):
                 else namespace.message_ttl_in_seconds
             ),
             backlog_quota_map={**namespace.backlog_quota_map, **self.backlog_quota_map},
+            schema_compatibility_strategy=(
+                self.schema_compatibility_strategy
+                if self.schema_compatibility_strategy is not None
+                else namespace.schema_compatibility_strategy
+            ),
         )
 
 

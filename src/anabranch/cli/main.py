@@ -20,7 +20,9 @@ from rich.console import Console
 
 from anabranch.broker.config import BrokerConfig
 from anabranch.cli import (
+    admin_messages,  # noqa: F401  (registers its commands)
     admin_permissions,  # noqa: F401  (registers its commands)
+    admin_schemas,  # noqa: F401  (registers its commands)
     messages,
 )
 from anabranch.cli.admin import admin_app
