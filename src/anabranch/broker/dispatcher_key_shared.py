@@ -356,16 +356,18 @@ class KeySharedDispatcher(SharedDispatcher):
         full = (1 << size) - 1
         position = entry.position
         for consumer, (mask, slots) in plan.items():
-            ack_set, unacked = acked_to_wire(
-                (full & ~mask).to_bytes((size + 7) // 8, "little"), size
-            )
+            ack_set: list[int] = []
+            unacked = size
+            if mask != full:  # else all of it to one consumer: the plain frame, no ack set
+                acked = (full & ~mask).to_bytes((size + 7) // 8, "little")
+                ack_set, unacked = acked_to_wire(acked, size)
             consumer.send_entry(
                 position,
                 entry.data,
                 batch_size=size,
                 redelivery_count=self.redelivery_counts.get(position, 0),
                 ack_set=ack_set,
-                unacked_in_batch=unacked,
+                unacked_in_batch=unacked if ack_set else None,
                 slot=slots[0],
             )
             self.sub.count_out(unacked, len(entry.data))
