@@ -20,7 +20,8 @@ Types (upstream ``PersistentDispatcherSingleActiveConsumer`` /
   permits; a closed consumer's or a nacked entry goes to the replay set; entries with
   ``deliver_at_time`` in the future are held until due (delayed delivery).
 - Key_Shared (``dispatcher_key_shared.KeySharedDispatcher``): the entry's key hash picks
-  the consumer; see that module for the per-key ordering rule.
+  the consumer (a mixed-key batch is split by message); see that module for the per-key
+  ordering rule. Delayed entries are held as in Shared.
 
 Example:
     >>> async def demo(sub: Subscription, consumer: Consumer) -> None:

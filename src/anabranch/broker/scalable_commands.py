@@ -37,7 +37,12 @@ lookup, when allowed; TopicNotFound otherwise). A missing subscription is create
 consumer's type: STREAM puts a cursor at EARLIEST on every segment of the DAG and assigns
 a child segment only once its ancestors are drained for the subscription (drained sealed
 segments then leave the assignment); CHECKPOINT (a group of checkpoint readers) creates no
-cursors and deals every segment of the DAG, sealed ones included. The answer is
+cursors and deals every segment of the DAG, sealed ones included. A STREAM consumer with
+``key_shared_dispatch`` (our field 100) makes it a STREAM_KEY_SHARED subscription: consumers
+beyond the segment count share segments, each subscribing Key_Shared to them; every
+consumer of a subscription uses the same mode (NotAllowed otherwise, unless nobody consumes
+it: then it takes the newcomer's). Where scalable topics are switched off (broker setting
+or namespace policy) lookups and subscribes fail with NotAllowed. The answer is
 ``SCALABLE_TOPIC_SUBSCRIBE_RESPONSE{request_id, assignment}`` with ``assignment{layout_epoch,
 segments[{segment_id, hash_start, hash_end, segment_topic}]}``: the segments this consumer
 reads, as ``segment://`` topics to subscribe to (in deal order). Later changes of that
