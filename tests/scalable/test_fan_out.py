@@ -26,6 +26,8 @@ from anabranch.admin.client import AdminClient
 from anabranch.aio import Client, Message, MessageId
 from anabranch.client.scalable_producer import ScalableProducer
 from anabranch.client.stream_consumer import StreamConsumer
+from anabranch.core.names import TopicName
+from anabranch.core.segment_layout import SegmentLayout, segment_name
 from anabranch.errors import InvalidArgument, NotAllowed
 from anabranch.testing.broker import InProcessBroker
 
@@ -110,6 +112,15 @@ class Survivors:
         await asyncio.gather(*self.tasks, return_exceptions=True)
 
 
+def segment_consumers(world: World, topic: str, subscription: str) -> set[str]:
+    """The consumers attached to ``subscription`` on segment 0 of ``topic`` (this broker)."""
+    layout = SegmentLayout.initial(1, 0)  # the topic's, as created (never split here)
+    name = str(segment_name(TopicName.parse(topic), layout.segments[0]))
+    loaded = world.broker.service.loaded_topic(name)
+    sub = loaded.subscriptions.get(subscription) if loaded is not None else None
+    return {c.name for c in sub.consumers} if sub is not None else set()
+
+
 async def produce(producer: ScalableProducer, sent: dict[str, int], count: int) -> None:
     futures = []
     for i in range(count):
@@ -144,6 +155,10 @@ async def test_four_consumers_share_one_segment_and_survive_a_crash(world: World
         assert state is not None and state.owners_of(0) == ("s1", "s2", "s3", "victim")
         for stream in streams:
             assert stream.segment_ids == [0]
+        await eventually(
+            lambda: segment_consumers(world, topic, "fan") == {"s1", "s2", "s3", "victim"},
+            "all four attached to segment 0 (Key_Shared)",
+        )
         with pytest.raises(InvalidArgument, match="cumulative"):
             await streams[0].acknowledge_cumulative(MessageId(0, 0, segment_id=0))
 
