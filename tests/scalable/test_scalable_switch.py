@@ -208,3 +208,33 @@ def test_the_blocking_client_sends_delayed_and_acks_one_by_one(tmp_path: Path) -
         loop.call_soon_threadsafe(loop.stop)
         thread.join()
         loop.close()
+
+
+async def test_a_permissive_v4_client_is_refused_at_once_by_the_broker(tmp_path: Path) -> None:
+    """A v4 client whose name parser lets ``topic://`` through (not the official one)
+    gets PRODUCER and SUBSCRIBE refused with NotAllowedError naming the reason."""
+    from anabranch.client.connection import ClientConnection
+    from anabranch.protocol._generated import pulsar_api_pb2 as pb
+
+    t = pb.BaseCommand
+    async with InProcessBroker(tmp_path, ledgers="memory") as broker:
+        await broker.service.scalable.create(TOPIC, 1)
+        host, port = broker.service_url.removeprefix("pulsar://").split(":")
+        conn = ClientConnection((host, int(port)))
+        await conn.open()
+        try:
+            producer = pb.CommandProducer(topic=TOPIC, producer_id=1)
+            subscribe = pb.CommandSubscribe(
+                topic=TOPIC, subscription="s", subType=pb.CommandSubscribe.Shared, consumer_id=1
+            )
+            for command in (
+                t(type=t.PRODUCER, producer=producer),
+                t(type=t.SUBSCRIBE, subscribe=subscribe),
+            ):
+                request_id = conn.new_request_id()
+                body = command.producer if command.type == t.PRODUCER else command.subscribe
+                body.request_id = request_id
+                with pytest.raises(NotAllowed, match=r"scalable topic .* a v4 client cannot"):
+                    await asyncio.wait_for(conn.request(command, request_id), HANG_GUARD_S)
+        finally:
+            await conn.close()

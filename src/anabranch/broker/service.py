@@ -271,8 +271,8 @@ class BrokerService:
         parsed = canonical_topic(name)
         if isinstance(parsed, TopicName) and parsed.domain is TopicDomain.TOPIC:
             raise NotAllowed(
-                f"{parsed} is a scalable topic (PIP-460): a v4 client cannot use it; use a "
-                "client with scalable-topic support (or one of its segment:// topics)"
+                f"{parsed} is a scalable topic (PIP-460): a v4 client cannot produce to or "
+                "consume from it; use a client with scalable-topic support"
             )
         key = str(parsed)
         if self.ownership is not None:
