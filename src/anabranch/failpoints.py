@@ -45,8 +45,14 @@ BREAK_CONNECTION_TIMER = "break-connection-timer"
 """The broker's connection timer loop raises on every tick: its supervisor restarts it
 until it gives up and the broker process exits non-zero (the supervision tests)."""
 
+STALE_OWNER_SERVES = "stale-owner-serves"
+"""A cluster broker whose metadata session ran out keeps serving the topics it owned
+(no unload, no refusal of SENDs): only the storage fence can stop its appends (the
+JetStream cluster tests show it does)."""
+
 KNOWN: frozenset[str] = frozenset(
     {
+        STALE_OWNER_SERVES,
         BREAK_CONNECTION_TIMER,
         TXN_HOLD_OUTCOMES,
         SKIP_PARENT_CURSOR_FLUSH,

@@ -574,3 +574,16 @@ KEY_SHARED_STICKY_RANGES_MAX = 1_000
 """Hash ranges one STICKY Key_Shared consumer may declare in SUBSCRIBE; more is refused
 (ConsumerAssignError). Upstream clients declare a handful; each range costs a comparison
 when consumers join."""
+
+OFFLOAD_READ_CACHE_BYTES_MAX = 64 * 1024 * 1024
+"""Offloaded-ledger indexes and read-ahead entries one broker keeps in memory (tiered
+storage, ``storage/tiered.py``); least recently used ones leave first."""
+
+OFFLOAD_READ_AHEAD_BYTES = 4 * 1024 * 1024
+"""A read of an offloaded ledger fetches up to this much past what it asked for (one
+ranged GET serves a sequential consumer for a while)."""
+
+OFFLOAD_OBJECT_BYTES_MAX = 1024 * 1024 * 1024
+"""Largest ledger offloaded: its object is built in memory and uploaded in one
+create-only put (multipart uploads cannot be create-only). The default ledger rollover
+(256 MB) stays well under it."""

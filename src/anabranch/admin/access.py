@@ -127,6 +127,20 @@ ROUTE_ACCESS: dict[tuple[str, str], Need] = {
             ("DELETE", "backlogQuota"),
         )
     },
+    # Tiered storage (admin/routes_offload.py): namespace offload policies and the topic
+    # trigger/status, the tenant's admins' as in Pulsar.
+    **{
+        (method, f"{NS}/{policy}"): N.TENANT_ADMIN
+        for policy in ("offloadThreshold", "offloadThresholdInSeconds", "offloadDeletionLagMs")
+        for method in ("GET", "PUT", "POST", "DELETE")
+    },
+    **{
+        (method, f"{base}/offloadPolicies"): N.TENANT_ADMIN
+        for base in (NS, TOPIC)
+        for method in ("GET", "POST", "DELETE")
+    },
+    ("PUT", f"{TOPIC}/offload"): N.TENANT_ADMIN,
+    ("GET", f"{TOPIC}/offload"): N.TENANT_ADMIN,
     # Stored messages (admin/routes_messages.py): what a consumer may read or acknowledge.
     ("GET", f"{SUB}/position/{{messagePosition}}"): N.CONSUME,
     ("GET", f"{TOPIC}/examinemessage"): N.CONSUME,

@@ -553,6 +553,26 @@ class AdminClient:
     async def terminate(self, topic: str) -> dict[str, Any]:
         return dict(await self.request("POST", _topic_path(topic) + "/terminate"))
 
+    async def offload(self, topic: str, message_id: tuple[int, int]) -> None:
+        """Offload the topic's sealed ledgers before ``message_id`` (tiered storage)."""
+        body = {"ledgerId": message_id[0], "entryId": message_id[1]}
+        await self.request("PUT", _topic_path(topic) + "/offload", body)
+
+    async def offload_status(self, topic: str) -> dict[str, Any]:
+        """``{"status", "lastError", "firstUnoffloadedMessage"}`` of the last offload."""
+        return dict(await self.request("GET", _topic_path(topic) + "/offload"))
+
+    async def get_offload_value(self, namespace: str, policy: str) -> int | None:
+        """``offloadThreshold``, ``offloadThresholdInSeconds`` or ``offloadDeletionLagMs``."""
+        answer = await self.request("GET", f"{_ns_path(namespace)}/{policy}")
+        return None if answer is None else int(answer)
+
+    async def set_offload_value(self, namespace: str, policy: str, value: int) -> None:
+        await self.request("PUT", f"{_ns_path(namespace)}/{policy}", value)
+
+    async def remove_offload_value(self, namespace: str, policy: str) -> None:
+        await self.request("DELETE", f"{_ns_path(namespace)}/{policy}")
+
     async def subscriptions(self, topic: str) -> list[str]:
         return list(await self.request("GET", _topic_path(topic) + "/subscriptions"))
 

@@ -41,6 +41,7 @@ from anabranch.admin import (
     routes_autoscale,
     routes_cluster,
     routes_messages,
+    routes_offload,
     routes_permissions,
     routes_retention,
     routes_scalable,
@@ -89,6 +90,7 @@ def all_routes() -> list[Route]:
     return [
         *routes_v2.ROUTES,
         *routes_retention.ROUTES,
+        *routes_offload.ROUTES,
         *routes_scalable.ROUTES,
         *routes_cluster.ROUTES,
         *routes_transactions.ROUTES,

@@ -188,6 +188,24 @@ class BrokerConfig(BaseSettings):
         limits.STORAGE_OPEN_FILES_MAX, gt=0, le=limits.STORAGE_OPEN_FILES_MAX
     )
     """Ledger files held open at once; the least recently used idle one is closed past it."""
+    # Tiered storage (storage/tiered.py, broker/offload.py): sealed ledgers to S3.
+    offload_driver: Literal["", "aws-s3", "s3"] = ""
+    """``""``: no offload (the offload admin calls answer 409). ``aws-s3``/``s3``: an S3
+    bucket (AWS or any S3-compatible server), through obstore (the ``tiered`` extra)."""
+    s3_endpoint: str = ""
+    """The S3 endpoint URL (``http://host:port`` for a local server; empty: AWS)."""
+    s3_bucket: str = ""
+    """The bucket offloaded ledgers go to (required with an offload driver)."""
+    s3_region: str = "us-east-1"
+    s3_access_key_id: str = ""
+    s3_secret_access_key: SecretStr | None = None
+    offload_deletion_lag_ms: int = Field(4 * 3600 * 1000, ge=-1)
+    """How long the hot copy of an offloaded ledger stays (Pulsar's
+    ``managedLedgerOffloadDeletionLagMs``; a namespace's ``offloadDeletionLagMs`` wins;
+    -1: keep hot copies)."""
+    offload_check_interval_s: float = Field(60.0, gt=0)
+    """How often namespace offload thresholds and deletion lags are applied, and failed
+    offloads retried (at most this long apart; failures back off up to it)."""
     max_topics_per_namespace: int = Field(0, ge=0)
     """Topics a namespace may hold before auto-creation stops (lookups of new names then
     answer NotAllowed and write nothing); 0: no cap (upstream's maxTopicsPerNamespace
@@ -322,6 +340,8 @@ class BrokerConfig(BaseSettings):
             self.advertised_address = self.bind_address
         if self.storage == "jetstream" and not self.jetstream_urls:
             raise ValueError('storage = "jetstream" needs jetstream_urls')
+        if self.offload_driver and not self.s3_bucket:
+            raise ValueError("offload_driver needs s3_bucket")
         if self.authentication_enabled and not self.authentication_providers:
             raise ValueError("authentication_enabled needs at least one authentication_provider")
         if self.tls_enabled and not (self.tls_certificate_file_path and self.tls_key_file_path):

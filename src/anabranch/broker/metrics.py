@@ -65,6 +65,10 @@ class BrokerCounters:
     """Cursors moved forward by a consumer_backlog_eviction quota."""
     cleanup_failures: int = 0
     """Retention/TTL/quota sweeps (or one topic's step) that raised and were logged."""
+    ledgers_offloaded: int = 0
+    """Sealed ledgers copied to the object store (tiered storage)."""
+    offload_failures: int = 0
+    """Offload attempts that failed (the ledger stayed hot; retried)."""
     connections_refused: int = 0
     """Connections refused over ``max_connections`` or ``max_connections_per_ip``."""
     lookups_refused: int = 0
@@ -225,6 +229,10 @@ class BrokerCollector(Collector):
              c.backlog_evictions),
             ("cleanup_failures", "Retention/TTL/quota sweep steps that failed (logged).",
              c.cleanup_failures),
+            ("ledgers_offloaded", "Sealed ledgers offloaded to the object store "
+             "(brk_ledgeroffloader_*).", c.ledgers_offloaded),
+            ("offload_failures", "Offload attempts that failed; the ledger stayed hot.",
+             c.offload_failures),
             ("connections_refused", "Connections refused over max_connections(_per_ip).",
              c.connections_refused),
             ("lookups_refused", "Lookups refused over the pending-lookup bounds.",
