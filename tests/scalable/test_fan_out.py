@@ -318,3 +318,41 @@ async def test_a_subscription_keeps_its_mode_while_consumed_and_switches_when_id
     state = controller.assignment("sub")
     assert state is not None and not state.fan_out and plain.segment_ids == [0]
     await plain.close()
+
+
+async def test_sharers_follow_a_split_in_key_order(world: World) -> None:
+    """Three consumers share segment 0; it splits mid-stream: once they drained it (split
+    batches acknowledged part by part), they spread over the children; every message is
+    acknowledged once, each key in order."""
+    topic = "topic://public/default/fan-split"
+    await world.broker.service.scalable.create(topic, 1)
+    survivors = Survivors()
+    streams = [
+        await world.client.subscribe_stream(
+            topic, "fan", consumer_name=name, dispatch_mode="key_shared"
+        )
+        for name in ("a", "b", "c")
+    ]
+    for stream in streams:
+        survivors.start(stream)
+    try:
+        producer = await world.client.create_producer(topic, batch_delay_s=0.005)
+        assert isinstance(producer, ScalableProducer)
+        sent: dict[str, int] = defaultdict(int)
+        await produce(producer, sent, 240)
+        await world.broker.service.scalable.split(topic, 0)
+        await produce(producer, sent, 240)
+        total = sum(sent.values())
+        await eventually(lambda: len(survivors.log) >= total, f"{total} acknowledged")
+        await eventually(
+            lambda: {s for st in streams for s in st.segment_ids} == {1, 2}, "children held"
+        )
+        per_key: dict[str, list[int]] = defaultdict(list)
+        for _, key, seq in survivors.log:
+            per_key[key].append(seq)
+        assert per_key == {k: list(range(n)) for k, n in sent.items()}
+        await producer.close()
+    finally:
+        await survivors.stop()
+        for stream in streams:
+            await stream.close()
