@@ -46,6 +46,9 @@ async def test_a_mixed_batch_is_split_by_key_and_a_departed_part_moves(topic: Fa
     (to_second,) = session.messages(2)
     assert unacked(to_first, 4) == [1, 2] and unacked(to_second, 4) == [0, 3]
     assert first.unacked_messages == 2 and second.unacked_messages == 2
+    # Each part costs the whole batch in permits: the client grants back a permit for every
+    # index, the skipped ones too, so its receive queue stays bounded.
+    assert first.permits == second.permits == 100 - 4
 
     # The first consumer acks "the entry" (all it was given): its part only.
     ledger_id = to_first.message_id.ledgerId

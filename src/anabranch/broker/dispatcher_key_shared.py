@@ -369,6 +369,7 @@ class KeySharedDispatcher(SharedDispatcher):
                 ack_set=ack_set,
                 unacked_in_batch=unacked if ack_set else None,
                 slot=slots[0],
+                permits_cost=size,
             )
             self.sub.count_out(unacked, len(entry.data))
             self._parts.setdefault(position, {})[consumer] = (mask, slots)
