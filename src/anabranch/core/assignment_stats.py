@@ -27,7 +27,8 @@ from anabranch.core.assignment import SubscriptionAssignment
 
 
 def subscription_type(state: SubscriptionAssignment) -> str:
-    """``STREAM``, ``STREAM_KEY_SHARED`` (fan-out) or ``CHECKPOINT``."""
+    """The subscription kind a state was built for (the controller's record ``type``):
+    ``STREAM``, ``STREAM_KEY_SHARED`` (fan-out) or ``CHECKPOINT``."""
     if not state.ordered:
         return "CHECKPOINT"
     return "STREAM_KEY_SHARED" if state.fan_out else "STREAM"

@@ -69,6 +69,7 @@ from anabranch.core.assignment import (
     PushAssignment,
     SubscriptionAssignment,
 )
+from anabranch.core.assignment_stats import subscription_type
 from anabranch.core.names import SegmentName, TopicName, validate_component
 from anabranch.core.segment_layout import SegmentLayout, segment_name
 from anabranch.errors import (
@@ -172,13 +173,6 @@ def subscription_kind(record: bytes) -> str:
     except (ValueError, AttributeError):
         return STREAM
     return kind if kind in (CHECKPOINT, KEY_SHARED_STREAM) else STREAM
-
-
-def kind_of(state: SubscriptionAssignment) -> str:
-    """The subscription kind an assignment state was built for."""
-    if not state.ordered:
-        return CHECKPOINT
-    return KEY_SHARED_STREAM if state.fan_out else STREAM
 
 
 def _ignore_assignment(subscription: str, push: PushAssignment) -> None:
@@ -777,7 +771,7 @@ class ScalableTopicController:
                     # Subscribing to a missing subscription creates it, as in Pulsar.
                     await self._create_subscription(subscription, kind)
                     coordinator = self._coordinators[subscription]
-        other = kind_of(coordinator.state)
+        other = subscription_type(coordinator.state)
         if other != kind and CHECKPOINT not in (other, kind) and not coordinator.state.sessions:
             # A stream subscription nobody consumes takes the dispatch mode of its next
             # consumer, as a Pulsar subscription without consumers takes the next type.
