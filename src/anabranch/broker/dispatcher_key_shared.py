@@ -438,6 +438,7 @@ class KeySharedDispatcher(SharedDispatcher):
                 continue
             slots = self._slots(pos, slot)
             if any(s in blocked for s in slots):
+                blocked.update(slots)  # its other slots' later entries wait behind it too
                 continue
             if pos in self._mixed:
                 info = entry_info(entry.data)
