@@ -98,8 +98,8 @@ async def test_a_stale_whole_entry_ack_of_a_split_batch_is_ignored(topic: FakeTo
 
 
 async def run_random_schedule(seed: int) -> None:
-    """Appends of single messages and mixed batches, consumers joining, leaving and
-    acknowledging at random; checked at every delivery: each message of a key goes out only
+    """Appends of single messages and mixed batches, consumers joining, leaving,
+    acknowledging and negatively acknowledging at random; checked at every delivery: each message of a key goes out only
     when every earlier one of that key is acknowledged or held by the same consumer; at the
     end every message was acknowledged exactly once."""
     rng = random.Random(seed)
@@ -172,6 +172,13 @@ async def run_random_schedule(seed: int) -> None:
             cid = rng.choice(sorted(consumers))
             await sub.remove_consumer(consumers.pop(cid))
             held.pop(cid, None)
+        elif action < 0.76 and consumers:  # a negative ack: the entry goes back
+            cid = rng.choice(sorted(consumers))
+            entries_held = sorted({e for e, _ in held.get(cid, set())})
+            if entries_held:
+                entry = rng.choice(entries_held)
+                await sub.redeliver(consumers[cid], [commands.message_id(ledger_id, entry)])
+                held[cid] = {(e, i) for e, i in held[cid] if e != entry}
         elif consumers:
             cid = rng.choice(sorted(consumers))
             entries_held = sorted({e for e, _ in held.get(cid, set())})
