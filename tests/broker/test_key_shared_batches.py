@@ -99,9 +99,9 @@ async def test_a_stale_whole_entry_ack_of_a_split_batch_is_ignored(topic: FakeTo
 
 async def run_random_schedule(seed: int) -> None:
     """Appends of single messages and mixed batches, consumers joining, leaving,
-    acknowledging and negatively acknowledging at random; checked at every delivery: each message of a key goes out only
-    when every earlier one of that key is acknowledged or held by the same consumer; at the
-    end every message was acknowledged exactly once."""
+    acknowledging and negatively acknowledging at random; checked at every delivery: each
+    message of a key goes out only when every earlier one of that key is acknowledged or
+    held by the same consumer; at the end every message was acknowledged exactly once."""
     rng = random.Random(seed)
     factory = MemoryManagedLedgerFactory()
     ledger = await factory.open("public/default/persistent/r")
