@@ -98,14 +98,17 @@ async def test_a_stale_whole_entry_ack_of_a_split_batch_is_ignored(topic: FakeTo
 
 
 async def run_random_schedule(seed: int) -> None:
-    """Appends of single messages and mixed batches, consumers joining, leaving,
-    acknowledging and negatively acknowledging at random; checked at every delivery: each
-    message of a key goes out only when every earlier one of that key is acknowledged or
-    held by the same consumer; at the end every message was acknowledged exactly once."""
+    """Appends of single messages and mixed batches (some delayed), consumers joining,
+    leaving, acknowledging and negatively acknowledging, time passing, at random. Checked
+    at every delivery: each message of a key goes out only when every earlier one of that
+    key (not delayed) is acknowledged or held by the same consumer; at the end every
+    message was acknowledged exactly once."""
     rng = random.Random(seed)
     factory = MemoryManagedLedgerFactory()
     ledger = await factory.open("public/default/persistent/r")
-    fake = FakeTopic("persistent://public/default/r", ledger, ManualClock())
+    clock = ManualClock()
+    fake = FakeTopic("persistent://public/default/r", ledger, clock)
+    delayed: set[int] = set()  # entries sent with a delivery time
     sub = await subscribe(fake, S.Key_Shared)
     session = FakeSession()
     keys = [f"k{i}" for i in range(6)]
@@ -127,7 +130,12 @@ async def run_random_schedule(seed: int) -> None:
                 assert (entry, index) not in acked, "an acknowledged message came again"
                 for other_entry, batch in entries.items():
                     for other_index, (k, s) in enumerate(batch):
-                        if k == key and s < seq and (other_entry, other_index) not in acked:
+                        if (
+                            k == key
+                            and s < seq
+                            and (other_entry, other_index) not in acked
+                            and other_entry not in delayed  # may come after later ones
+                        ):
                             assert (other_entry, other_index) in held.get(cid, set()), (
                                 f"seed {seed}: {key}:{seq} (entry {entry}) to c{cid} before "
                                 f"{key}:{s} was done; entries {entries}; held {held}"
@@ -153,18 +161,26 @@ async def run_random_schedule(seed: int) -> None:
             for key in batch:
                 records.append((key, next_seq[key]))
                 next_seq[key] += 1
+            meta: dict[str, Any] = {}
+            if rng.random() < 0.2:
+                meta["deliver_at_time"] = clock.wall_ms() + rng.choice([1000, 5000])
             if len(batch) == 1:
-                position = await fake.append(b"m", partition_key=batch[0])
+                meta["partition_key"] = batch[0]
             else:
-                meta: dict[str, Any] = {"num_messages_in_batch": len(batch)}
+                meta["num_messages_in_batch"] = len(batch)
                 slots = encode_key_slots(k.encode() for k in batch)
                 if slots is not None:
                     meta["properties"] = [pb.KeyValue(key=KEY_SLOTS_PROPERTY, value=slots)]
                 else:
                     meta["partition_key"] = batch[0]
-                position = await fake.append(b"b", **meta)
+            position = await fake.append(b"m", **meta)
             ledger_id = position[0]
             entries[position[1]] = records
+            if "deliver_at_time" in meta:
+                delayed.add(position[1])
+        elif action < 0.5:
+            clock.advance(rng.choice([0.5, 2.0]))
+            sub.dispatcher.kick()
         elif action < 0.6 and len(consumers) < 4:
             cid = next(ids)
             consumers[cid] = await add(sub, session, cid, permits=rng.choice([3, 50]))
@@ -190,6 +206,8 @@ async def run_random_schedule(seed: int) -> None:
         check_new_deliveries()
     if not consumers:
         consumers[999] = await add(sub, session, 999, permits=1000)
+    clock.advance(10.0)  # every delayed message is due
+    sub.dispatcher.kick()
     for _ in range(200):  # drain: ack whatever is held until everything is
         await settle()
         check_new_deliveries()
