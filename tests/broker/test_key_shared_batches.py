@@ -229,3 +229,29 @@ async def run_random_schedule(seed: int) -> None:
 async def test_random_schedules_keep_key_order_and_ack_everything_once() -> None:
     for seed in range(40):
         await run_random_schedule(seed)
+
+
+async def test_a_part_whose_consumer_has_no_room_waits_alone(topic: FakeTopic) -> None:  # noqa: F811
+    slots = encode_key_slots([LOW.encode(), HIGH.encode()])
+    assert slots is not None
+    sub = await subscribe(topic, S.Key_Shared)
+    session = FakeSession()
+    high = await add(sub, session, 1, permits=0)  # the high half, no room yet
+    await add(sub, session, 2, permits=100)  # the low half
+    prop = pb.KeyValue(key=KEY_SLOTS_PROPERTY, value=slots)
+    await topic.append(b"batch", num_messages_in_batch=2, properties=[prop])
+    await topic.append(b"low", partition_key=LOW)
+    await topic.append(b"high", partition_key=HIGH)
+    await settle()
+    # The low part and the later low message went; the high ones wait, in order.
+    assert [(m.message_id.entryId, unacked(m, 2)[:1]) for m in session.messages(2)] == [
+        (0, [0]),
+        (1, [0]),
+    ]
+    assert session.messages(1) == []
+    high.add_permits(10)
+    sub.dispatcher.kick()
+    await settle()
+    assert [m.message_id.entryId for m in session.messages(1)] == [0, 2]
+    assert unacked(session.messages(1)[0], 2) == [1]
+    await close_all(sub)

@@ -19,9 +19,9 @@ position order.
 
 A batch of several keys names each message's slot in its metadata (``core/batch_keys``):
 it is split by consumer, each consumer getting the stored entry with an ``ack_set`` that
-leaves only its messages (a *part*). The parts go together, only when the rule above holds
-for each part's slots (else the entry waits in the replay set, holding all its slots);
-a consumer's ack of the entry acknowledges its part only (``part_of``), and a departed
+leaves only its messages (a *part*). Each part goes when the rule above holds for its own
+slots; the rest waits in the replay set holding only its slots (``_replay_held``). A
+consumer's ack of the entry acknowledges its part only (``part_of``), and a departed
 consumer's part is replayed alone (indexes acknowledged or out with others are skipped).
 
 Example:
@@ -36,7 +36,7 @@ from __future__ import annotations
 import heapq
 from bisect import bisect_left, bisect_right
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Container, Iterable, Sequence
 from itertools import pairwise
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
@@ -194,6 +194,8 @@ class KeySharedDispatcher(SharedDispatcher):
         """Mixed-key batches out, waiting or delayed: their distinct slots."""
         self._parts: dict[Position, dict[Consumer, tuple[int, tuple[int, ...]]]] = {}
         """Mixed-key batches out: each holder's part (index bit mask, slots)."""
+        self._replay_held: dict[Position, tuple[int, ...]] = {}
+        """The slots each waiting entry holds (a mixed batch: those of its unsent part)."""
         self._delayed_slots: dict[Position, int] = {}
         """The slot of each entry held for delayed delivery (it joins the replay set when
         due, keyed like any other)."""
@@ -231,20 +233,38 @@ class KeySharedDispatcher(SharedDispatcher):
         """Every slot the entry at ``position`` holds: all of a mixed batch's, else ``slot``."""
         return self._mixed.get(position) or (slot,)
 
-    def _add_replay(self, position: Position, slot: int | None) -> None:
-        if position not in self.replay and slot is not None:
-            for s in self._slots(position, slot):
-                self._replay_slots[s] += 1
+    def _add_replay(
+        self, position: Position, slot: int | None, slots: Iterable[int] | None = None
+    ) -> None:
+        """Put ``position`` in the replay set holding ``slots`` (default: all the entry's):
+        later entries of those slots wait behind it. Already there, it holds the union (a
+        mixed batch's returning part joins its waiting remainder)."""
+        if slot is None:
+            self.replay[position] = None
+            return
+        held = set(self._slots(position, slot) if slots is None else slots)
+        if position in self.replay:
+            before = self._replay_held.get(position, ())
+            if held <= set(before):
+                return
+            held.update(before)
+            self._take_replay(position)
+        for s in held:
+            self._replay_slots[s] += 1
         self.replay[position] = slot
+        self._replay_held[position] = tuple(sorted(held))
 
     def _take_replay(self, position: Position) -> None:
         if position in self.replay:
-            slot = self.replay.pop(position)
-            if slot is not None:
-                for s in self._slots(position, slot):
-                    self._replay_slots[s] -= 1
-                    if self._replay_slots[s] <= 0:
-                        del self._replay_slots[s]
+            self.replay.pop(position)
+            for s in self._replay_held.pop(position, ()):
+                self._replay_slots[s] -= 1
+                if self._replay_slots[s] <= 0:
+                    del self._replay_slots[s]
+
+    def _held(self, position: Position, slot: int) -> tuple[int, ...]:
+        """The slots a waiting entry holds (what later entries of those slots wait for)."""
+        return self._replay_held.get(position) or self._slots(position, slot)
 
     def _settle(self, position: Position) -> None:
         """Forget a mixed batch's slots once nothing of it is waiting or out."""
@@ -295,13 +315,15 @@ class KeySharedDispatcher(SharedDispatcher):
                 return False
         return True
 
-    def _ready(self, position: Position, slot: int) -> bool:
-        """Whether the entry could go now (before reading it): each of a mixed batch's
-        slots to its own consumer, else the entry's slot."""
-        mixed = self._mixed.get(position)
-        if mixed is None:
-            return self._can_send(self._select(slot), (slot,))
-        return all(self._can_send(self._select(s), (s,)) for s in mixed)
+    def _ready(self, position: Position, slot: int, blocked: set[int]) -> bool:
+        """Whether the entry could go now, at least in part (before reading it): one of a
+        mixed batch's waiting slots to its consumer, else the entry's slot."""
+        if position not in self._mixed:
+            return slot not in blocked and self._can_send(self._select(slot), (slot,))
+        return any(
+            s not in blocked and self._can_send(self._select(s), (s,))
+            for s in self._held(position, slot)
+        )
 
     def _own(self, consumer: Consumer, slots: Sequence[int]) -> None:
         for s in slots:
@@ -316,36 +338,42 @@ class KeySharedDispatcher(SharedDispatcher):
     # --- mixed-key batches: one part per consumer -----------------------------------------
 
     def _plan(
-        self, position: Position, index_slots: Sequence[int]
-    ) -> dict[Consumer, tuple[int, tuple[int, ...]]] | None:
+        self, position: Position, index_slots: Sequence[int], blocked: Container[int]
+    ) -> tuple[dict[Consumer, tuple[int, tuple[int, ...]]], set[int]]:
         """Split a mixed batch's messages not yet acknowledged and not out with a consumer
-        by the consumer of their slot: consumer -> (index mask, slots). None when some part
-        cannot go now (a slot held by another consumer, no permits, or its consumer still
-        holding an earlier part of this entry): the entry waits whole, so that its parts
-        never overtake each other's keys."""
+        by the consumer of their slot: (consumer -> (index mask, slots) of the parts that
+        can go now, the slots of the rest). A part waits when one of its slots is
+        ``blocked`` (an earlier waiting entry holds it) or held by another consumer, its
+        consumer has no room, or still holds an earlier part of this entry."""
         acked_bits = self.sub.cursor.batch_ack_state(position)
         done = int.from_bytes(acked_bits, "little") if acked_bits else 0
         parts = self._parts.get(position, {})
         for mask, _ in parts.values():
             done |= mask
-        chosen: dict[int, Consumer] = {}
+        chosen: dict[int, Consumer | None] = {}
         masks: dict[Consumer, int] = {}
         slots: dict[Consumer, set[int]] = {}
+        rest: set[int] = set()
         for index, slot in enumerate(index_slots):
             if done >> index & 1:
                 continue
-            consumer = chosen.get(slot)
-            if consumer is None:
-                consumer = self._select(slot)
-                if consumer is None or consumer in parts:
-                    return None
-                chosen[slot] = consumer
+            if slot in chosen:
+                consumer = chosen[slot]
+            else:
+                consumer = chosen[slot] = self._select(slot)
+            if consumer is None or consumer in parts:
+                rest.add(slot)
+                continue
             masks[consumer] = masks.get(consumer, 0) | 1 << index
             slots.setdefault(consumer, set()).add(slot)
-        plan = {c: (masks[c], tuple(sorted(slots[c]))) for c in masks}
-        if not all(self._can_send(c, part[1]) for c, part in plan.items()):
-            return None
-        return plan
+        plan: dict[Consumer, tuple[int, tuple[int, ...]]] = {}
+        for consumer, mask in masks.items():
+            mine = slots[consumer]
+            if any(s in blocked for s in mine) or not self._can_send(consumer, tuple(mine)):
+                rest.update(mine)
+            else:
+                plan[consumer] = (mask, tuple(sorted(mine)))
+        return plan, rest
 
     def _send_parts(
         self, entry: Entry, info: EntryInfo, plan: dict[Consumer, tuple[int, tuple[int, ...]]]
@@ -375,14 +403,12 @@ class KeySharedDispatcher(SharedDispatcher):
             self._parts.setdefault(position, {})[consumer] = (mask, slots)
             self._own(consumer, slots)
 
-    def _try_mixed(self, entry: Entry, info: EntryInfo) -> bool:
-        """Send a mixed batch's parts if all can go now; True when it left (or had
-        nothing left to send)."""
-        plan = self._plan(entry.position, info.key_slots)
-        if plan is None:
-            return False
+    def _send_mixed(self, entry: Entry, info: EntryInfo, blocked: Container[int]) -> set[int]:
+        """Send the parts of a mixed batch that can go now; returns the slots of the rest
+        (empty: nothing of it waits any more)."""
+        plan, rest = self._plan(entry.position, info.key_slots, blocked)
         self._send_parts(entry, info, plan)
-        return True
+        return rest
 
     def acked(self, consumer: Consumer, positions: Iterable[Position]) -> None:
         positions = list(positions)
@@ -410,8 +436,8 @@ class KeySharedDispatcher(SharedDispatcher):
         for pos in sorted(self.replay):
             slot = self.replay[pos]
             assert slot is not None
-            slots = self._slots(pos, slot)
-            if any(s in blocked for s in slots) or not self._ready(pos, slot):
+            slots = self._held(pos, slot)
+            if not self._ready(pos, slot, blocked):
                 blocked.update(slots)  # later entries of the slots must wait behind this one
                 continue
             chosen.append(pos)
@@ -436,18 +462,24 @@ class KeySharedDispatcher(SharedDispatcher):
             slot = self.replay.get(pos)
             if slot is None:
                 continue
-            slots = self._slots(pos, slot)
-            if any(s in blocked for s in slots):
-                blocked.update(slots)  # its other slots' later entries wait behind it too
-                continue
+            slots = self._held(pos, slot)
             if pos in self._mixed:
                 info = entry_info(entry.data)
-                if len(info.key_slots) != info.batch_size or not self._try_mixed(entry, info):
+                if len(info.key_slots) != info.batch_size:  # cannot happen: it was mixed
                     blocked.update(slots)
                     continue
+                out = len(self._parts.get(pos, ()))
+                rest = self._send_mixed(entry, info, blocked)
+                sent = sent or len(self._parts.get(pos, ())) > out
                 self._take_replay(pos)
-                self._settle(pos)
-                sent = True
+                if rest:
+                    self._add_replay(pos, min(rest), rest)
+                    blocked.update(rest)
+                else:
+                    self._settle(pos)
+                continue
+            if any(s in blocked for s in slots):
+                blocked.update(slots)  # its other slots' later entries wait behind it too
                 continue
             consumer = self._select(slot)
             if consumer is None or not self._can_send(consumer, slots):
@@ -484,13 +516,14 @@ class KeySharedDispatcher(SharedDispatcher):
                 self._delayed_slots[pos] = slot
                 continue
             slots = self._slots(pos, slot)
+            if mixed:
+                rest = self._send_mixed(entry, info, self._replay_slots)
+                if rest:
+                    self._add_replay(pos, min(rest), rest)
+                self._settle(pos)
+                continue
             if any(s in self._replay_slots for s in slots):
                 self._add_replay(pos, slot)
-                continue
-            if mixed:
-                if not self._try_mixed(entry, info):
-                    self._add_replay(pos, slot)
-                self._settle(pos)
                 continue
             consumer = self._select(slot)
             if not self._can_send(consumer, slots):
@@ -504,6 +537,7 @@ class KeySharedDispatcher(SharedDispatcher):
         self._replay_slots.clear()
         self._mixed.clear()
         self._parts.clear()
+        self._replay_held.clear()
         self._delayed_slots.clear()
         super().reset()
 
