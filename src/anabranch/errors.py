@@ -13,7 +13,8 @@
     │   ├── ResourceLimitReached        over a connection/broker bound (TooManyRequests, 429)
     │   ├── SegmentSealed               split/merge of a sealed segment
     │   ├── SegmentActive               delete of a segment still active (409)
-    │   └── SegmentTooSmall             split of a segment one hash wide
+    │   ├── SegmentTooSmall             split of a segment one hash wide
+    │   └── ScalableTopicsDisabled      topic:// names off (broker or namespace)
     ├── Closed                          the object was closed by its owner
     ├── AuthorizationError              the role lacks the permission  (403)
     ├── AuthenticationError             missing, wrong or expired credentials (401)
@@ -261,6 +262,22 @@ class SegmentNotPrunable(NotAllowed):
     def __init__(self, segment_id: int, reason: str) -> None:
         super().__init__(f"segment {segment_id} cannot be pruned: {reason}")
         self.segment_id = segment_id
+
+
+class ScalableTopicsDisabled(NotAllowed):
+    """A ``topic://`` name where scalable topics are switched off (the broker's
+    ``scalable_topic_enabled`` setting or the namespace's policy).
+
+    Example:
+        >>> err = ScalableTopicsDisabled("topic://public/default/x", "namespace public/default")
+        >>> (err.wire_code, err.http_status)
+        ('NotAllowedError', 405)
+    """
+
+    def __init__(self, topic: str, where: str) -> None:
+        super().__init__(f"scalable topics are disabled for {where}: {topic} cannot be used")
+        self.topic = topic
+        self.where = where
 
 
 class SegmentTooSmall(NotAllowed):

@@ -352,7 +352,7 @@ class _SegmentProducerStub:
         self._batch: list[Any] = []
 
     def _submit(self, completion: Completion, value: bytes, *args: Any) -> None:
-        self.sent.append((value, args[-1]))
+        self.sent.append((value, args[4]))  # (key, properties, event time, seq id, txn, ...)
         self.futures.append(completion)
 
     def _offer(self, completion: Completion, value: bytes, *args: Any) -> bool:

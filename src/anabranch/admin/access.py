@@ -109,6 +109,9 @@ ROUTE_ACCESS: dict[tuple[str, str], Need] = {
     ("GET", f"{NS}/deduplication"): N.TENANT_ADMIN,
     ("POST", f"{NS}/deduplication"): N.TENANT_ADMIN,
     ("DELETE", f"{NS}/deduplication"): N.TENANT_ADMIN,
+    ("GET", f"{NS}/scalableTopicEnabled"): N.TENANT_ADMIN,
+    ("POST", f"{NS}/scalableTopicEnabled"): N.TENANT_ADMIN,
+    ("DELETE", f"{NS}/scalableTopicEnabled"): N.TENANT_ADMIN,
     # Retention, message TTL and backlog quotas (admin/routes_retention.py): namespace
     # policies and topic overrides, the tenant's admins' as in Pulsar.
     **{

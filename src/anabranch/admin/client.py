@@ -18,6 +18,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import ssl
 from types import TracebackType
 from typing import Any
@@ -246,14 +247,18 @@ class AdminClient:
                 reason = raw.decode("utf-8", "replace")
             raise AdminHttpError(method, path, status, reason)
 
-    async def request(self, method: str, path: str, body: Any = None) -> Any:
-        """One request; JSON-decoded answer (text for non-JSON, None for 204)."""
+    async def request(
+        self, method: str, path: str, body: Any = None, *, base_url: str | None = None
+    ) -> Any:
+        """One request; JSON-decoded answer (text for non-JSON, None for 204).
+        ``base_url``: another broker of the cluster instead of this client's."""
         data = None if body is None else msgspec.json.encode(body)
         headers = self._headers()
         if data is not None:
             headers["Content-Type"] = "application/json"
+        base = self.url if base_url is None else base_url.rstrip("/")
         async with self._open().request(
-            method, self.url + path, data=data, headers=headers
+            method, base + path, data=data, headers=headers
         ) as response:
             raw = await response.read()
             self._check(method, path, response.status, raw)
@@ -345,6 +350,17 @@ class AdminClient:
 
     async def remove_deduplication(self, namespace: str) -> None:
         await self.request("DELETE", _ns_path(namespace) + "/deduplication")
+
+    async def get_scalable_topic_enabled(self, namespace: str) -> bool:
+        return bool(await self.request("GET", _ns_path(namespace) + "/scalableTopicEnabled"))
+
+    async def set_scalable_topic_enabled(self, namespace: str, enabled: bool | None) -> None:
+        """Set the namespace's switch; None removes it (the broker's setting applies)."""
+        path = _ns_path(namespace) + "/scalableTopicEnabled"
+        if enabled is None:
+            await self.request("DELETE", path)
+        else:
+            await self.request("POST", path, enabled)
 
     # --- retention, message TTL, backlog quotas ------------------------------------------------
     # ``target`` is a namespace (``tenant/ns``) or a topic (``persistent://t/ns/x``,
@@ -616,7 +632,21 @@ class AdminClient:
         await self.request("DELETE", _scalable_path(topic))
 
     async def scalable_stats(self, topic: str) -> dict[str, Any]:
-        return dict(await self.request("GET", _scalable_path(topic) + "/stats"))
+        """The topic's stats. Subscriptions' assignment states live on the controller
+        leader: asked elsewhere, the leader's (``controllerBrokerUrl``) are fetched too."""
+        path = _scalable_path(topic) + "/stats"
+        stats = dict(await self.request("GET", path))
+        states: dict[str, Any] = stats.get("subscriptionStates") or {}
+        leader = stats.get("controllerBrokerUrl")
+        if (
+            leader
+            and leader.rstrip("/") != self.url
+            and any(not state.get("leader") for state in states.values())
+        ):
+            with contextlib.suppress(AdminHttpError, aiohttp.ClientError, TimeoutError):
+                there = await self.request("GET", path, base_url=leader)
+                stats["subscriptionStates"] = there.get("subscriptionStates", states)
+        return stats
 
     async def scalable_subscriptions(self, topic: str) -> list[str]:
         return list(await self.request("GET", _scalable_path(topic) + "/subscriptions"))

@@ -10,16 +10,19 @@
 * A non-leader answers a mutation with 307 to the controller leader: the service raises
   :class:`~anabranch.errors.NotLeader` and ``http.py``'s error middleware sets
   ``Location`` to the same path on the leader.
+* ``/admin/v2/namespaces/{tenant}/{namespace}/scalableTopicEnabled`` GET (the effective
+  switch), POST ``true``/``false``, DELETE (back to the broker's ``scalable_topic_enabled``).
 
 Example:
     >>> sorted({r.tag for r in ROUTES})
-    ['scalable', 'segments']
+    ['namespaces', 'scalable', 'segments']
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 from aiohttp import web
 
 from anabranch.admin.routes import Route, int_param, json_body, namespace_param, param
@@ -29,6 +32,7 @@ from anabranch.errors import InvalidArgument
 
 V2 = "/admin/v2"
 NS = f"{V2}/scalable/{{tenant}}/{{namespace}}"
+NS_POLICY = f"{V2}/namespaces/{{tenant}}/{{namespace}}/scalableTopicEnabled"
 TOPIC = f"{NS}/{{topic}}"
 SEGMENT = f"{V2}/segments/{{tenant}}/{{namespace}}/{{topic}}/{{descriptor}}"
 
@@ -95,12 +99,43 @@ async def list_scalable_topics(admin: AdminService, request: web.Request) -> obj
 
 async def create_scalable_topic(admin: AdminService, request: web.Request) -> object:
     count = num_initial_segments(request)
-    await (await admin.scalable()).create(scalable_topic(request), count)
+    name = scalable_topic(request)
+    await admin.broker.check_scalable_enabled(TopicName.parse(name))
+    await (await admin.scalable()).create(name, count)
     return None
 
 
 async def get_scalable_topic(admin: AdminService, request: web.Request) -> object:
-    return (await admin.scalable_layout(scalable_topic(request))).to_dict()
+    name = scalable_topic(request)
+    await admin.broker.check_scalable_enabled(TopicName.parse(name))
+    return (await admin.scalable_layout(name)).to_dict()
+
+
+async def get_scalable_enabled(admin: AdminService, request: web.Request) -> object:
+    """The namespace's effective switch (its policy, else the broker's setting)."""
+    ns = await admin.policies.namespace_policies(namespace_param(request))
+    if ns.scalable_topic_enabled is not None:
+        return ns.scalable_topic_enabled
+    return admin.broker.config.scalable_topic_enabled
+
+
+async def set_scalable_enabled(admin: AdminService, request: web.Request) -> object:
+    enabled = await json_body(request, bool, "scalableTopicEnabled", None)
+    if enabled is None:
+        raise InvalidArgument("the body must be true or false")
+    await admin.policies.update_namespace_policies(
+        namespace_param(request),
+        lambda p: msgspec.structs.replace(p, scalable_topic_enabled=enabled),
+    )
+    return None
+
+
+async def remove_scalable_enabled(admin: AdminService, request: web.Request) -> object:
+    await admin.policies.update_namespace_policies(
+        namespace_param(request),
+        lambda p: msgspec.structs.replace(p, scalable_topic_enabled=None),
+    )
+    return None
 
 
 async def delete_scalable_topic(admin: AdminService, request: web.Request) -> object:
@@ -198,4 +233,13 @@ ROUTES: list[Route] = [
           "segments", response_schema=SNAPSHOT),
     Route("DELETE", SEGMENT, delete_segment, "Delete a segment topic and its data.",
           "segments"),
+    Route("GET", NS_POLICY, get_scalable_enabled,
+          "Are scalable topics enabled in the namespace (its policy, else the broker's)?",
+          "namespaces", response_schema={"type": "boolean"}),
+    Route("POST", NS_POLICY, set_scalable_enabled,
+          "Enable or disable scalable (topic://) topics in the namespace.", "namespaces",
+          request_schema={"type": "boolean"}),
+    Route("DELETE", NS_POLICY, remove_scalable_enabled,
+          "Remove the namespace's scalable-topic override (the broker's setting applies).",
+          "namespaces"),
 ]  # fmt: skip

@@ -384,7 +384,10 @@ class AdminService:
 
     async def scalable_stats(self, topic: str) -> dict[str, Any]:
         """Layout summary plus, per segment (sealed included): state, range, backlog per
-        subscription, and the broker's message counters when it has the segment loaded."""
+        subscription, and the broker's message counters when it has the segment loaded;
+        per subscription, its assignment state (``core/assignment_stats``) when this
+        broker leads the topic's controller, and the Key_Shared hash ranges of segments
+        whose consumers share them and that this broker serves."""
         service = await self.scalable()
         name = scalable_topic_name(topic)
         summary = await service.stats(name)
@@ -409,6 +412,13 @@ class AdminService:
                 stats = loaded.stats()
                 for key in ("msgInCounter", "bytesInCounter", "msgOutCounter", "bytesOutCounter"):
                     entry[key] = stats.get(key, 0)
+                ranges = {
+                    sub: sub_stats["consumerHashRanges"]
+                    for sub, sub_stats in stats.get("subscriptions", {}).items()
+                    if sub_stats.get("consumerHashRanges")
+                }
+                if ranges:
+                    entry["keySharedHashRanges"] = ranges
             segments[str(segment.segment_id)] = entry
         summary["segments"] = segments
         # The autoscaler's view (rates, next intent) lives on the controller leader only.
@@ -417,6 +427,7 @@ class AdminService:
             if sid in segments:
                 segments[sid].update(view)
         summary["autoscale"] = autoscale
+        summary["subscriptionStates"] = service.assignment_stats(name, summary["subscriptions"])
         return summary
 
     async def scalable_layout(self, topic: str) -> SegmentLayout:

@@ -127,6 +127,9 @@ class BrokerConfig(BaseSettings):
     """A segment is not split until it is this old (a merge's child waits)."""
     scalable_autoscale_merge_cooldown_s: float = Field(300.0, ge=0)
     """A split's children are not merged back until they are this old."""
+    scalable_topic_enabled: bool = True
+    """Serve scalable (``topic://``) topics (PIP-460's ``scalableTopicEnabled``); a
+    namespace policy can switch them off or on for its namespace."""
     cursor_persist_interval_ms: int = Field(200, ge=0, le=60_000)
     """A subscription's acknowledgements are saved at most this often (Pulsar's
     mark-delete rate limit); a crash redelivers what was acknowledged since. Draining a

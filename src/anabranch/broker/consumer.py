@@ -192,11 +192,15 @@ class Consumer:
         ack_set: Sequence[int] = (),
         unacked_in_batch: int | None = None,
         slot: int | None = None,
+        permits_cost: int | None = None,
     ) -> None:
         """Write one MESSAGE for a stored entry and remember it as pending.
 
         ``ack_set`` is the consumer-side bitset of a partially acknowledged batch (set bit
         = index still to deliver), ``unacked_in_batch`` how many indexes it leaves.
+        ``permits_cost`` (default: those messages) is what the send takes from the permits:
+        a Key_Shared part costs the whole batch, because the client grants back a permit
+        for every index it skips too.
         """
         messages = batch_size if unacked_in_batch is None else unacked_in_batch
         write_parts = self._write_parts
@@ -231,7 +235,7 @@ class Consumer:
             self.unacked_messages -= previous.messages
         self.pending[position] = PendingEntry(batch_size, messages, slot)
         self.unacked_messages += messages
-        self.permits -= messages
+        self.permits -= messages if permits_cost is None else permits_cost
         self.messages_out += messages
         self.bytes_out += len(data)
         if redelivery_count:

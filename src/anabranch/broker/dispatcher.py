@@ -20,7 +20,8 @@ Types (upstream ``PersistentDispatcherSingleActiveConsumer`` /
   permits; a closed consumer's or a nacked entry goes to the replay set; entries with
   ``deliver_at_time`` in the future are held until due (delayed delivery).
 - Key_Shared (``dispatcher_key_shared.KeySharedDispatcher``): the entry's key hash picks
-  the consumer; see that module for the per-key ordering rule.
+  the consumer (a mixed-key batch is split by message); see that module for the per-key
+  ordering rule. Delayed entries are held as in Shared.
 
 Example:
     >>> async def demo(sub: Subscription, consumer: Consumer) -> None:
@@ -312,6 +313,16 @@ class Dispatcher:
 
     def forgotten(self, consumer: Consumer, position: Position, entry: PendingEntry) -> None:
         """``position`` left ``consumer``'s pending set (ack); Key_Shared tracks slots."""
+
+    def part_of(self, consumer: Consumer, position: Position) -> int | None:
+        """The batch indexes (bit mask) of ``position`` that ``consumer`` was sent, when it
+        got only a part of that entry (Key_Shared's mixed-key batches); else None."""
+        return None
+
+    def is_split(self, position: Position) -> bool:
+        """Whether the entry at ``position`` is out in parts to several consumers (or waits
+        to be): a whole-entry ack from a consumer holding no part of it is stale."""
+        return False
 
     def acked(self, consumer: Consumer, positions: Iterable[Position]) -> None:
         """Individual acks: drop the positions from whichever consumer holds them."""

@@ -27,6 +27,7 @@ from typing import Any, NamedTuple
 import mmh3
 from google.protobuf.message import DecodeError  # type: ignore[import-untyped]
 
+from anabranch.core.batch_keys import KEY_SLOTS_PROPERTY, decode_key_slots
 from anabranch.limits import BATCH_MESSAGES_MAX
 from anabranch.protocol._generated import pulsar_api_pb2 as pb
 from anabranch.protocol.frames import MAGIC_CHECKSUM
@@ -53,6 +54,8 @@ class EntryInfo(NamedTuple):
     publish_time_ms: int
     chunk: Chunk | None = None
     """Set on the chunks of a chunked message (PIP-37)."""
+    key_slots: tuple[int, ...] = ()
+    """Each message's Key_Shared slot of a mixed-key batch (``core/batch_keys``), else ()."""
 
 
 class Chunk(NamedTuple):
@@ -99,12 +102,19 @@ def entry_info(data: bytes) -> EntryInfo:
     chunk = None
     if md.HasField("uuid") and md.num_chunks_from_msg > 1:
         chunk = Chunk(f"{md.producer_name}/{md.uuid}", md.chunk_id, md.num_chunks_from_msg)
+    slots: tuple[int, ...] = ()
+    if batch > 1 and md.properties:
+        for prop in md.properties:
+            if prop.key == KEY_SLOTS_PROPERTY:
+                slots = decode_key_slots(prop.value, batch)
+                break
     return EntryInfo(
         min(max(batch, 1), BATCH_MESSAGES_MAX),  # a producer's count, so bounded
         sticky_key(md),
         md.deliver_at_time if md.HasField("deliver_at_time") else None,
         md.publish_time,
         chunk,
+        slots,
     )
 
 

@@ -17,6 +17,13 @@ an entry of slot ``s`` is sent to the selected consumer only when
 Anything that cannot go now joins the replay set and is retried on the next pass, in
 position order.
 
+A batch of several keys names each message's slot in its metadata (``core/batch_keys``):
+it is split by consumer, each consumer getting the stored entry with an ``ack_set`` that
+leaves only its messages (a *part*). Each part goes when the rule above holds for its own
+slots; the rest waits in the replay set holding only its slots (``_replay_held``). A
+consumer's ack of the entry acknowledges its part only (``part_of``), and a departed
+consumer's part is replayed alone (indexes acknowledged or out with others are skipped).
+
 Example:
     >>> sel = AutoSplitSelector()
     >>> sel.add("a"); sel.add("b")
@@ -26,16 +33,23 @@ Example:
 
 from __future__ import annotations
 
+import heapq
 from bisect import bisect_left, bisect_right
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Container, Iterable, Sequence
 from itertools import pairwise
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from anabranch import limits
 from anabranch.broker.consumer import Consumer, PendingEntry
 from anabranch.broker.dispatcher import SharedDispatcher
-from anabranch.broker.dispatcher_entries import HASH_RANGE_SIZE, entry_info, hash_slot
+from anabranch.broker.dispatcher_entries import (
+    HASH_RANGE_SIZE,
+    EntryInfo,
+    acked_to_wire,
+    entry_info,
+    hash_slot,
+)
 from anabranch.errors import ConsumerAssignError
 from anabranch.protocol._generated import pulsar_api_pb2 as pb
 from anabranch.storage.api import Entry, Position
@@ -167,7 +181,7 @@ def _range_start(entry: tuple[int, int, Any]) -> int:
 class KeySharedDispatcher(SharedDispatcher):
     """Key_Shared over the Shared machinery (replay set, permits); see the module doc."""
 
-    delayed_delivery = False
+    delayed_delivery = True
 
     def __init__(self, subscription: Subscription) -> None:
         super().__init__(subscription)
@@ -176,6 +190,15 @@ class KeySharedDispatcher(SharedDispatcher):
         self._owners: dict[int, tuple[Consumer, int]] = {}
         """slot -> (consumer holding unacked entries of it, how many)."""
         self._replay_slots: Counter[int] = Counter()
+        self._mixed: dict[Position, tuple[int, ...]] = {}
+        """Mixed-key batches out, waiting or delayed: their distinct slots."""
+        self._parts: dict[Position, dict[Consumer, tuple[int, tuple[int, ...]]]] = {}
+        """Mixed-key batches out: each holder's part (index bit mask, slots)."""
+        self._replay_held: dict[Position, tuple[int, ...]] = {}
+        """The slots each waiting entry holds (a mixed batch: those of its unsent part)."""
+        self._delayed_slots: dict[Position, int] = {}
+        """The slot of each entry held for delayed delivery (it joins the replay set when
+        due, keyed like any other)."""
 
     # --- consumers ------------------------------------------------------------------------
 
@@ -206,44 +229,198 @@ class KeySharedDispatcher(SharedDispatcher):
 
     # --- slot bookkeeping -----------------------------------------------------------------
 
-    def _add_replay(self, position: Position, slot: int | None) -> None:
-        if position not in self.replay and slot is not None:
-            self._replay_slots[slot] += 1
+    def _slots(self, position: Position, slot: int) -> tuple[int, ...]:
+        """Every slot the entry at ``position`` holds: all of a mixed batch's, else ``slot``."""
+        return self._mixed.get(position) or (slot,)
+
+    def _add_replay(
+        self, position: Position, slot: int | None, slots: Iterable[int] | None = None
+    ) -> None:
+        """Put ``position`` in the replay set holding ``slots`` (default: all the entry's):
+        later entries of those slots wait behind it. Already there, it holds the union (a
+        mixed batch's returning part joins its waiting remainder)."""
+        if slot is None:
+            self.replay[position] = None
+            return
+        held = set(self._slots(position, slot) if slots is None else slots)
+        if position in self.replay:
+            before = self._replay_held.get(position, ())
+            if held <= set(before):
+                return
+            held.update(before)
+            self._take_replay(position)
+        for s in held:
+            self._replay_slots[s] += 1
         self.replay[position] = slot
+        self._replay_held[position] = tuple(sorted(held))
 
     def _take_replay(self, position: Position) -> None:
         if position in self.replay:
-            slot = self.replay.pop(position)
-            if slot is not None:
-                self._replay_slots[slot] -= 1
-                if self._replay_slots[slot] <= 0:
-                    del self._replay_slots[slot]
+            self.replay.pop(position)
+            for s in self._replay_held.pop(position, ()):
+                self._replay_slots[s] -= 1
+                if self._replay_slots[s] <= 0:
+                    del self._replay_slots[s]
+
+    def _held(self, position: Position, slot: int) -> tuple[int, ...]:
+        """The slots a waiting entry holds (what later entries of those slots wait for)."""
+        return self._replay_held.get(position) or self._slots(position, slot)
+
+    def _settle(self, position: Position) -> None:
+        """Forget a mixed batch's slots once nothing of it is waiting or out."""
+        if (
+            position in self._mixed
+            and position not in self.replay
+            and position not in self._parts
+            and position not in self._delayed_slots
+        ):
+            del self._mixed[position]
+
+    def part_of(self, consumer: Consumer, position: Position) -> int | None:
+        parts = self._parts.get(position)
+        part = parts.get(consumer) if parts is not None else None
+        return part[0] if part is not None else None
+
+    def is_split(self, position: Position) -> bool:
+        return position in self._mixed
 
     def forgotten(self, consumer: Consumer, position: Position, entry: PendingEntry) -> None:
-        slot = entry.slot
-        if slot is None:
+        parts = self._parts.get(position)
+        part = parts.pop(consumer, None) if parts is not None else None
+        if parts is not None and not parts:
+            del self._parts[position]
+        if part is not None:
+            slots: Sequence[int] = part[1]
+        elif entry.slot is None:
             return
-        owner = self._owners.get(slot)
-        if owner is not None and owner[0] is consumer:
-            if owner[1] <= 1:
-                del self._owners[slot]
-            else:
-                self._owners[slot] = (consumer, owner[1] - 1)
+        else:
+            slots = self._slots(position, entry.slot)
+        for s in slots:
+            owner = self._owners.get(s)
+            if owner is not None and owner[0] is consumer:
+                if owner[1] <= 1:
+                    del self._owners[s]
+                else:
+                    self._owners[s] = (consumer, owner[1] - 1)
 
-    def _can_send(self, consumer: Consumer | None, slot: int) -> bool:
+    def _can_send(self, consumer: Consumer | None, slots: Sequence[int]) -> bool:
         if consumer is None or not self.available(consumer):
             return False
-        owner = self._owners.get(slot)
-        if owner is None or owner[0] is consumer:
-            return True
         meta = consumer.key_shared_meta
-        return meta is not None and meta.allowOutOfOrderDelivery
+        if meta is not None and meta.allowOutOfOrderDelivery:
+            return True
+        for slot in slots:
+            owner = self._owners.get(slot)
+            if owner is not None and owner[0] is not consumer:
+                return False
+        return True
+
+    def _ready(self, position: Position, slot: int, blocked: set[int]) -> bool:
+        """Whether the entry could go now, at least in part (before reading it): one of a
+        mixed batch's waiting slots to its consumer, else the entry's slot."""
+        if position not in self._mixed:
+            return slot not in blocked and self._can_send(self._select(slot), (slot,))
+        return any(
+            s not in blocked and self._can_send(self._select(s), (s,))
+            for s in self._held(position, slot)
+        )
+
+    def _own(self, consumer: Consumer, slots: Sequence[int]) -> None:
+        for s in slots:
+            owner = self._owners.get(s)
+            count = owner[1] if owner is not None and owner[0] is consumer else 0
+            self._owners[s] = (consumer, count + 1)
 
     def _send_keyed(self, consumer: Consumer, entry: Entry, slot: int) -> None:
         self.send(consumer, entry, entry_info(entry.data), slot)
-        owner = self._owners.get(slot)
-        count = owner[1] if owner is not None and owner[0] is consumer else 0
-        self._owners[slot] = (consumer, count + 1)
+        self._own(consumer, (slot,))
+
+    # --- mixed-key batches: one part per consumer -----------------------------------------
+
+    def _plan(
+        self, position: Position, index_slots: Sequence[int], blocked: Container[int]
+    ) -> tuple[dict[Consumer, tuple[int, tuple[int, ...]]], set[int]]:
+        """Split a mixed batch's messages not yet acknowledged and not out with a consumer
+        by the consumer of their slot: (consumer -> (index mask, slots) of the parts that
+        can go now, the slots of the rest). A part waits when one of its slots is
+        ``blocked`` (an earlier waiting entry holds it) or held by another consumer, its
+        consumer has no room, or still holds an earlier part of this entry."""
+        acked_bits = self.sub.cursor.batch_ack_state(position)
+        done = int.from_bytes(acked_bits, "little") if acked_bits else 0
+        parts = self._parts.get(position, {})
+        for mask, _ in parts.values():
+            done |= mask
+        chosen: dict[int, Consumer | None] = {}
+        masks: dict[Consumer, int] = {}
+        slots: dict[Consumer, set[int]] = {}
+        rest: set[int] = set()
+        for index, slot in enumerate(index_slots):
+            if done >> index & 1:
+                continue
+            if slot in chosen:
+                consumer = chosen[slot]
+            else:
+                consumer = chosen[slot] = self._select(slot)
+            if consumer is None or consumer in parts:
+                rest.add(slot)
+                continue
+            masks[consumer] = masks.get(consumer, 0) | 1 << index
+            slots.setdefault(consumer, set()).add(slot)
+        plan: dict[Consumer, tuple[int, tuple[int, ...]]] = {}
+        for consumer, mask in masks.items():
+            mine = slots[consumer]
+            if any(s in blocked for s in mine) or not self._can_send(consumer, tuple(mine)):
+                rest.update(mine)
+            else:
+                plan[consumer] = (mask, tuple(sorted(mine)))
+        return plan, rest
+
+    def _send_parts(
+        self, entry: Entry, info: EntryInfo, plan: dict[Consumer, tuple[int, tuple[int, ...]]]
+    ) -> None:
+        """Send each consumer its part: the stored bytes, with an ack set that leaves only
+        its indexes unacknowledged (the client skips the others)."""
+        size = info.batch_size
+        full = (1 << size) - 1
+        position = entry.position
+        for consumer, (mask, slots) in plan.items():
+            ack_set: list[int] = []
+            unacked = size
+            if mask != full:  # else all of it to one consumer: the plain frame, no ack set
+                acked = (full & ~mask).to_bytes((size + 7) // 8, "little")
+                ack_set, unacked = acked_to_wire(acked, size)
+            consumer.send_entry(
+                position,
+                entry.data,
+                batch_size=size,
+                redelivery_count=self.redelivery_counts.get(position, 0),
+                ack_set=ack_set,
+                unacked_in_batch=unacked if ack_set else None,
+                slot=slots[0],
+                permits_cost=size,
+            )
+            self.sub.count_out(unacked, len(entry.data))
+            self._parts.setdefault(position, {})[consumer] = (mask, slots)
+            self._own(consumer, slots)
+
+    def _send_mixed(self, entry: Entry, info: EntryInfo, blocked: Container[int]) -> set[int]:
+        """Send the parts of a mixed batch that can go now; returns the slots of the rest
+        (empty: nothing of it waits any more)."""
+        plan, rest = self._plan(entry.position, info.key_slots, blocked)
+        self._send_parts(entry, info, plan)
+        return rest
+
+    def acked(self, consumer: Consumer, positions: Iterable[Position]) -> None:
+        positions = list(positions)
+        super().acked(consumer, positions)
+        for pos in positions:
+            self._settle(pos)
+
+    def settled(self, positions: Iterable[Position], upto: Position | None) -> None:
+        positions = list(positions)
+        super().settled(positions, upto)
+        for pos in positions:
+            self._settle(pos)
 
     # --- dispatch -------------------------------------------------------------------------
 
@@ -259,10 +436,9 @@ class KeySharedDispatcher(SharedDispatcher):
         for pos in sorted(self.replay):
             slot = self.replay[pos]
             assert slot is not None
-            if slot in blocked:
-                continue
-            if not self._can_send(self._select(slot), slot):
-                blocked.add(slot)  # later entries of the slot must wait behind this one
+            slots = self._held(pos, slot)
+            if not self._ready(pos, slot, blocked):
+                blocked.update(slots)  # later entries of the slots must wait behind this one
                 continue
             chosen.append(pos)
             if len(chosen) >= self._read_budget_replay():
@@ -277,28 +453,81 @@ class KeySharedDispatcher(SharedDispatcher):
         for pos in chosen:
             if pos not in live:
                 self._take_replay(pos)
+                self._settle(pos)
         if aborted:
             await self.sub.cursor.acknowledge(aborted)
         sent = False
         for entry in fresh:
-            slot = self.replay.get(entry.position)
-            if slot is None or slot in blocked:
+            pos = entry.position
+            slot = self.replay.get(pos)
+            if slot is None:
+                continue
+            slots = self._held(pos, slot)
+            if pos in self._mixed:
+                info = entry_info(entry.data)
+                if len(info.key_slots) != info.batch_size:  # cannot happen: it was mixed
+                    blocked.update(slots)
+                    continue
+                out = len(self._parts.get(pos, ()))
+                rest = self._send_mixed(entry, info, blocked)
+                sent = sent or len(self._parts.get(pos, ())) > out
+                self._take_replay(pos)
+                if rest:
+                    self._add_replay(pos, min(rest), rest)
+                    blocked.update(rest)
+                else:
+                    self._settle(pos)
+                continue
+            if any(s in blocked for s in slots):
+                blocked.update(slots)  # its other slots' later entries wait behind it too
                 continue
             consumer = self._select(slot)
-            if consumer is None or not self._can_send(consumer, slot):
-                blocked.add(slot)
+            if consumer is None or not self._can_send(consumer, slots):
+                blocked.update(slots)
                 continue
-            self._take_replay(entry.position)
+            self._take_replay(pos)
             self._send_keyed(consumer, entry, slot)
             sent = True
         return sent
 
+    def _before_pass(self) -> None:
+        now = self.sub.clock.wall_ms()
+        while self._delayed and self._delayed[0][0] <= now:
+            _, pos = heapq.heappop(self._delayed)
+            slot = self._delayed_slots.pop(pos, None)
+            if slot is not None:
+                self._add_replay(pos, slot)
+
     def _dispatch_new(self, entries: Sequence[Entry]) -> None:
+        now = self.sub.clock.wall_ms()
         for entry in entries:
-            slot = hash_slot(entry_info(entry.data).sticky_key)
+            pos = entry.position
+            info = entry_info(entry.data)
+            mixed = len(info.key_slots) == info.batch_size > 1
+            if mixed:
+                self._mixed[pos] = tuple(sorted(set(info.key_slots)))
+                slot = self._mixed[pos][0]
+            else:
+                slot = hash_slot(info.sticky_key)
+            if info.deliver_at_ms is not None and info.deliver_at_ms > now:
+                # Held until due, then replayed under the per-key rule; a key's later
+                # undelayed messages do not wait for it (upstream's Key_Shared too).
+                heapq.heappush(self._delayed, (info.deliver_at_ms, pos))
+                self._delayed_slots[pos] = slot
+                continue
+            slots = self._slots(pos, slot)
+            if mixed:
+                rest = self._send_mixed(entry, info, self._replay_slots)
+                if rest:
+                    self._add_replay(pos, min(rest), rest)
+                self._settle(pos)
+                continue
+            if any(s in self._replay_slots for s in slots):
+                self._add_replay(pos, slot)
+                continue
             consumer = self._select(slot)
-            if slot in self._replay_slots or not self._can_send(consumer, slot):
-                self._add_replay(entry.position, slot)
+            if not self._can_send(consumer, slots):
+                self._add_replay(pos, slot)
                 continue
             assert consumer is not None
             self._send_keyed(consumer, entry, slot)
@@ -306,6 +535,10 @@ class KeySharedDispatcher(SharedDispatcher):
     def reset(self) -> None:
         self._owners.clear()
         self._replay_slots.clear()
+        self._mixed.clear()
+        self._parts.clear()
+        self._replay_held.clear()
+        self._delayed_slots.clear()
         super().reset()
 
     def stats(self) -> dict[str, Any]:

@@ -182,6 +182,8 @@ class NamespacePolicies(msgspec.Struct, kw_only=True):
     offload_policies: OffloadPoliciesRecord | None = None
     schema_compatibility_strategy: str = "UNDEFINED"
     """Pulsar's ``SchemaCompatibilityStrategy`` name; UNDEFINED: the broker's default."""
+    scalable_topic_enabled: bool | None = msgspec.field(default=None, name="scalableTopicEnabled")
+    """Scalable topics in this namespace (None: the broker's ``scalable_topic_enabled``)."""
     deleted: bool = False
     """Set while a namespace delete is in progress (Pulsar's flag); topics cannot register."""
 

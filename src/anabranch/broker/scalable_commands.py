@@ -37,7 +37,12 @@ lookup, when allowed; TopicNotFound otherwise). A missing subscription is create
 consumer's type: STREAM puts a cursor at EARLIEST on every segment of the DAG and assigns
 a child segment only once its ancestors are drained for the subscription (drained sealed
 segments then leave the assignment); CHECKPOINT (a group of checkpoint readers) creates no
-cursors and deals every segment of the DAG, sealed ones included. The answer is
+cursors and deals every segment of the DAG, sealed ones included. A STREAM consumer with
+``key_shared_dispatch`` (our field 100) makes it a STREAM_KEY_SHARED subscription: consumers
+beyond the segment count share segments, each subscribing Key_Shared to them; every
+consumer of a subscription uses the same mode (NotAllowed otherwise, unless nobody consumes
+it: then it takes the newcomer's). Where scalable topics are switched off (broker setting
+or namespace policy) lookups and subscribes fail with NotAllowed. The answer is
 ``SCALABLE_TOPIC_SUBSCRIBE_RESPONSE{request_id, assignment}`` with ``assignment{layout_epoch,
 segments[{segment_id, hash_start, hash_end, segment_topic}]}``: the segments this consumer
 reads, as ``segment://`` topics to subscribe to (in deal order). Later changes of that
@@ -115,7 +120,7 @@ from anabranch.metadata.api import EventKind
 from anabranch.protocol import commands
 from anabranch.protocol._generated import pulsar_api_pb2 as pb
 from anabranch.protocol.checksum import crc32c
-from anabranch.scalable.controller import CHECKPOINT, STREAM
+from anabranch.scalable.controller import CHECKPOINT, KEY_SHARED_STREAM, STREAM
 from anabranch.scalable.dag_watch import ListenerHandle
 from anabranch.scalable.paths import namespace_path
 from anabranch.scalable.service import scalable_topic_name
@@ -320,6 +325,7 @@ class _Consumer:
     name: str
     consumer_id: int
     consumer_type: int
+    key_shared: bool = False
 
 
 @dataclass(eq=False)
@@ -407,6 +413,7 @@ class ScalableEndpoint:
             await self._end_watch(watch)
 
     async def _ensure_topic(self, topic: TopicName, create_if_missing: bool) -> None:
+        await self.service.check_scalable_enabled(topic)
         scalable = self.service.scalable
         try:
             await scalable.get_metadata(topic)
@@ -641,7 +648,12 @@ class ScalableEndpoint:
             )
             return
         consumer = _Consumer(
-            topic, cmd.subscription, cmd.consumer_name, consumer_id, int(cmd.consumer_type)
+            topic,
+            cmd.subscription,
+            cmd.consumer_name,
+            consumer_id,
+            int(cmd.consumer_type),
+            cmd.key_shared_dispatch,
         )
         conn.consumers[consumer_id] = consumer  # reserved before any await
         try:
@@ -649,6 +661,8 @@ class ScalableEndpoint:
             controller = await self.service.scalable.controller(topic)
             controller.add_leadership_listener(self.controller_lost)
             kind = CHECKPOINT if consumer.consumer_type == pb.CHECKPOINT else STREAM
+            if kind == STREAM and consumer.key_shared:
+                kind = KEY_SHARED_STREAM
             segments = await controller.register_consumer(
                 consumer.subscription, consumer.name, consumer_id, kind=kind
             )

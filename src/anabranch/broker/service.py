@@ -71,6 +71,7 @@ from anabranch.errors import (
     NotAllowed,
     NotFound,
     ResourceLimitReached,
+    ScalableTopicsDisabled,
 )
 from anabranch.metadata.api import MetadataStore
 from anabranch.scalable.dag_watch import DagWatcher
@@ -289,7 +290,10 @@ class BrokerService:
         is off); InvalidArgument for an invalid name, before anything is written."""
         parsed = canonical_topic(name)
         if isinstance(parsed, TopicName) and parsed.domain is TopicDomain.TOPIC:
-            raise NotAllowed(f"{parsed} is a scalable topic: produce to its segments")
+            raise NotAllowed(
+                f"{parsed} is a scalable topic (PIP-460): a v4 client cannot produce to or "
+                "consume from it; use a client with scalable-topic support"
+            )
         if isinstance(parsed, TopicName) and not parsed.is_persistent:
             raise NonPersistentUnsupported(f"this operation on {parsed}")
         key = str(parsed)
@@ -525,6 +529,21 @@ class BrokerService:
             return await self.policies.namespace_policies(ns_text)
         except NotFound:
             raise NotFound(f"namespace {ns_text} of topic {key}") from None
+
+    async def check_scalable_enabled(self, topic: TopicName) -> None:
+        """Raise ScalableTopicsDisabled unless scalable topics are on for ``topic``: its
+        namespace's ``scalableTopicEnabled`` policy, else the broker's setting.
+
+        Example:
+            >>> async def demo(service: BrokerService) -> None:
+            ...     await service.check_scalable_enabled(TopicName.parse("topic://t/ns/x"))
+        """
+        ns = f"{topic.tenant}/{topic.namespace}"
+        policy = (await self._namespace_policies(ns, str(topic))).scalable_topic_enabled
+        if policy is False:
+            raise ScalableTopicsDisabled(str(topic), f"namespace {ns}")
+        if policy is None and not self.config.scalable_topic_enabled:
+            raise ScalableTopicsDisabled(str(topic), "this broker")
 
     async def check_exists(self, name: TopicName, *, create: bool) -> bool:
         """Whether ``name`` exists (True) or would be auto-created by a load with

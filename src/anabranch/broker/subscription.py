@@ -278,6 +278,20 @@ class Subscription:
         full: list[Position] = []
         for msg_id in cmd.message_id:
             pos = position_of(msg_id)
+            part = self.dispatcher.part_of(consumer, pos)
+            if part is not None:
+                if txn is not None:
+                    raise NotAllowed(
+                        "transactional acks of a split Key_Shared batch are not supported"
+                    )
+                if await self._ack_part(consumer, pos, msg_id, part):
+                    full.append(pos)
+                continue
+            if not msg_id.ack_set and self.dispatcher.is_split(pos):
+                # A whole-entry ack from a consumer holding no part of a split batch (an
+                # ack sent after its part moved, e.g. across a reconnect) would acknowledge
+                # the other consumers' messages: ignored, its part is redelivered instead.
+                continue
             if msg_id.ack_set and txn is None:
                 if await self._ack_batch_indexes(consumer, pos, msg_id):
                     full.append(pos)
@@ -316,6 +330,31 @@ class Subscription:
         if acked_count(merged, size) >= size:
             return True
         await self.cursor.set_batch_ack_state(pos, merged)
+        return False
+
+    async def _ack_part(
+        self, consumer: Consumer, pos: Position, msg_id: pb.MessageIdData, part: int
+    ) -> bool:
+        """An ack from a consumer that was sent only ``part`` (index mask) of a batch
+        (Key_Shared's mixed-key batches): it covers those indexes only (an ack without an
+        ack set: all of them). True when the whole entry is now acknowledged; the consumer
+        stops holding its part once every index of it is."""
+        if self.cursor.is_acknowledged(pos):
+            self.dispatcher.acked(consumer, [pos])
+            return False
+        size = await self._batch_size(consumer, pos, msg_id)
+        if msg_id.ack_set:
+            mine = int.from_bytes(wire_to_acked(msg_id.ack_set, size), "little") & part
+        else:
+            mine = part
+        merged = merge_acked(
+            self.cursor.batch_ack_state(pos), mine.to_bytes((size + 7) // 8, "little")
+        )
+        if acked_count(merged, size) >= size:
+            return True
+        await self.cursor.set_batch_ack_state(pos, merged)
+        if part & ~int.from_bytes(merged, "little") == 0:
+            self.dispatcher.acked(consumer, [pos])
         return False
 
     async def _ack_cumulative(

@@ -379,6 +379,26 @@ def namespaces_set_dedup(
          f"deduplication {'enabled' if enable else 'disabled'} on {namespace}")  # fmt: skip
 
 
+@namespaces_app.command("set-scalable-topics")
+def namespaces_set_scalable(
+    namespace: str,
+    enable: Annotated[bool, typer.Option("--enable/--disable")] = True,
+    remove: Annotated[bool, typer.Option("--remove", help="use the broker's setting")] = False,
+    output: OutputOpt = None,
+) -> None:
+    """Enable or disable scalable (topic://) topics in a namespace."""
+    state = "reset to the broker's setting" if remove else ("enabled" if enable else "disabled")
+    _run(lambda c: c.set_scalable_topic_enabled(namespace, None if remove else enable),
+         output, f"scalable topics {state} on {namespace}")  # fmt: skip
+
+
+@namespaces_app.command("get-scalable-topics")
+def namespaces_get_scalable(namespace: str, output: OutputOpt = None) -> None:
+    """Are scalable (topic://) topics enabled in a namespace?"""
+    _run(lambda c: c.get_scalable_topic_enabled(namespace), output,
+         f"scalable topics of {namespace}")  # fmt: skip
+
+
 @namespaces_app.command("get-deduplication")
 def namespaces_get_dedup(namespace: str, output: OutputOpt = None) -> None:
     """Is deduplication enabled for a namespace?"""
@@ -820,7 +840,9 @@ def scalable_merge(topic: str, first_id: int, second_id: int, output: OutputOpt 
 
 @scalable_app.command("stats")
 def scalable_stats(topic: str, output: OutputOpt = None) -> None:
-    """Per-segment state, range, backlog and message counters."""
+    """Per-segment state, range, backlog and message counters; per subscription, which
+    consumer holds which segments (shared ones in Key_Shared dispatch mode) and the grace
+    time left of disconnected consumers."""
     data = _call(lambda c: c.scalable_stats(topic))
     if (output or _settings.output) is Output.json:
         typer.echo(json.dumps(data, indent=2, sort_keys=True))
@@ -841,6 +863,35 @@ def scalable_stats(topic: str, output: OutputOpt = None) -> None:
             ", ".join(f"{k}={v:.0f}" for k, v in rates.items() if v),
             str(entry.get("intent", "")),
         )
+    stdout.print(table)
+    _print_subscription_states(topic, data.get("subscriptionStates", {}))
+
+
+def _print_subscription_states(topic: str, states: dict[str, Any]) -> None:
+    """One row per consumer of each subscription: its segments, whether it shares them
+    (Key_Shared dispatch mode), and the grace time left of a disconnected one."""
+    table = Table(title=f"{topic} assignments")
+    for column in ("subscription", "type", "consumer", "state", "segments", "shared", "grace"):
+        table.add_column(column)
+    for sub, state in sorted(states.items()):
+        if not state.get("leader"):
+            table.add_row(sub, "", "", "(state is on the controller leader)", "", "", "")
+            continue
+        shared = state.get("sharedSegments", {})
+        for name, consumer in state.get("consumers", {}).items():
+            segments = consumer.get("segments", [])
+            grace = consumer.get("graceRemainingMs")
+            table.add_row(
+                sub,
+                str(state.get("type")),
+                name,
+                "connected" if consumer.get("connected") else "disconnected",
+                ", ".join(str(s) for s in segments),
+                "yes" if any(str(s) in shared for s in segments) else "",
+                "" if grace is None else f"{grace / 1000:.1f}s",
+            )
+        if not state.get("consumers"):
+            table.add_row(sub, str(state.get("type")), "", "no consumers", "", "", "")
     stdout.print(table)
 
 

@@ -272,7 +272,9 @@ class Client:
         ordered receive queue, cumulative acks (parent segments before children).
 
         Options are the fields of ``StreamConsumerOptions`` (``consumer_name``: the
-        identity kept for the grace period; ``receiver_queue_size``; ``properties``).
+        identity kept for the grace period; ``receiver_queue_size``; ``properties``;
+        ``dispatch_mode="key_shared"``: more consumers than segments share segments by
+        key hash, acknowledged one by one with ``acknowledge``).
 
         Example::
 

@@ -168,8 +168,11 @@ class ControllerRegistration:
         consumer_name: str,
         consumer_type: int,
         on_assignment: Callable[[pb.ScalableConsumerAssignment], None],
+        *,
+        key_shared: bool = False,
     ) -> None:
         self._pool = pool
+        self.key_shared = key_shared
         self._session = session
         self.topic = str(session.topic)
         self.subscription = subscription
@@ -274,6 +277,8 @@ class ControllerRegistration:
                 consumer_id=consumer_id,
                 consumer_type=self.consumer_type,  # type: ignore[arg-type]
             )
+            if self.key_shared:
+                body.key_shared_dispatch = True
             conn.register_consumer(consumer_id, self)
             self._registering, self._registering_closed = conn, False
             try:

@@ -46,6 +46,7 @@ from anabranch.client.errors import MessageTooBig, from_server_error
 from anabranch.client.message_id import MessageId
 from anabranch.client.pending_bound import PendingBound
 from anabranch.client.routing import Hashing, Router
+from anabranch.core.batch_keys import KEY_SLOTS_PROPERTY, NONE_KEY, encode_key_slots
 from anabranch.core.txn_id import BRANCH_PROPERTY, TxnId
 from anabranch.errors import AnabranchError, Closed, InvalidArgument
 from anabranch.limits import (
@@ -151,6 +152,26 @@ class _Pending:
     event_time: int | None
     properties: tuple[tuple[str, str], ...]
     txn: TxnId | None = None
+    deliver_at: int | None = None
+
+
+def deliver_time_ms(deliver_at: int | None, deliver_after: float | None) -> int | None:
+    """The ``deliver_at_time`` of a send: ``deliver_at`` (ms since the epoch) or now plus
+    ``deliver_after`` seconds; None for immediate delivery. Giving both is an error.
+
+    Example:
+        >>> deliver_time_ms(1_700_000_000_000, None), deliver_time_ms(None, None)
+        (1700000000000, None)
+    """
+    if deliver_at is not None and deliver_after is not None:
+        raise InvalidArgument("give deliver_at or deliver_after, not both")
+    if deliver_after is not None:
+        if deliver_after < 0:
+            raise InvalidArgument(f"deliver_after {deliver_after} s is negative")
+        return _now_ms() + int(deliver_after * 1000)
+    if deliver_at is not None and deliver_at < 0:
+        raise InvalidArgument(f"deliver_at {deliver_at} is negative")
+    return deliver_at
 
 
 def _as_bytes(value: bytes | bytearray | memoryview) -> bytes:
@@ -275,12 +296,16 @@ class Producer(ReconnectingHandler):
         event_time: int | None = None,
         sequence_id: int | None = None,
         txn: Transaction | None = None,
+        deliver_at: int | None = None,
+        deliver_after: float | None = None,
     ) -> MessageId:
         """Send one message and wait until the broker stored it; returns its id.
 
         ``event_time`` is milliseconds since the epoch. Errors are typed exceptions, e.g.
         ``MessageTooBig``, ``TopicTerminated``, ``Closed``. With ``txn`` the message is
         part of that transaction: readers see it once the transaction commits.
+        ``deliver_at`` (ms since the epoch) or ``deliver_after`` (seconds) delay its
+        delivery to Shared and Key_Shared subscriptions (sent unbatched, as upstream).
         """
         fut = await self.send_async(
             value,
@@ -289,6 +314,8 @@ class Producer(ReconnectingHandler):
             event_time=event_time,
             sequence_id=sequence_id,
             txn=txn,
+            deliver_at=deliver_at,
+            deliver_after=deliver_after,
         )
         return await fut
 
@@ -301,6 +328,8 @@ class Producer(ReconnectingHandler):
         event_time: int | None = None,
         sequence_id: int | None = None,
         txn: Transaction | None = None,
+        deliver_at: int | None = None,
+        deliver_after: float | None = None,
     ) -> asyncio.Future[MessageId]:
         """Queue one message; returns a future of its id once there is room in the queue.
 
@@ -309,10 +338,15 @@ class Producer(ReconnectingHandler):
         message joins the transaction (which raises at once, sending nothing, when it is
         no longer open); its commit waits for this send.
         """
+        due = deliver_time_ms(deliver_at, deliver_after)
         if txn is None:
-            return await self._send_async(value, key, properties, event_time, sequence_id, None)
+            return await self._send_async(
+                value, key, properties, event_time, sequence_id, None, deliver_at=due
+            )
         return await txn._queue(
-            lambda: self._send_async(value, key, properties, event_time, sequence_id, txn.id)
+            lambda: self._send_async(
+                value, key, properties, event_time, sequence_id, txn.id, deliver_at=due
+            )
         )
 
     async def _send_async(  # noqa: PLR0917 (private)
@@ -323,9 +357,13 @@ class Producer(ReconnectingHandler):
         event_time: int | None,
         sequence_id: int | None,
         txn_id: TxnId | None,
+        *,
+        deliver_at: int | None = None,
     ) -> asyncio.Future[MessageId]:
         """``send_async`` with the wire transaction id (the scalable producer's entry)."""
-        fut = self._send_nowait(value, key, properties, event_time, sequence_id, txn_id)
+        fut = self._send_nowait(
+            value, key, properties, event_time, sequence_id, txn_id, deliver_at=deliver_at
+        )
         if fut is not None:
             return fut
         await self._bound.enter(block=self.options.block_if_queue_full, owner=self)
@@ -336,7 +374,9 @@ class Producer(ReconnectingHandler):
             self._bound.leave(1)
             fut.set_exception(err)
             return fut
-        self._submit(fut, _as_bytes(value), key, properties, event_time, sequence_id, txn_id)
+        self._submit(
+            fut, _as_bytes(value), key, properties, event_time, sequence_id, txn_id, deliver_at
+        )
         return fut
 
     def _send_nowait(  # noqa: PLR0917 (private)
@@ -347,6 +387,8 @@ class Producer(ReconnectingHandler):
         event_time: int | None,
         sequence_id: int | None,
         txn_id: TxnId | None = None,
+        *,
+        deliver_at: int | None = None,
     ) -> asyncio.Future[MessageId] | None:
         """``send_async`` without waiting: None when the queue is full (nothing queued)."""
         self._check_open()
@@ -354,7 +396,7 @@ class Producer(ReconnectingHandler):
         if not self._bound.try_enter():
             return None
         fut: asyncio.Future[MessageId] = asyncio.get_running_loop().create_future()
-        self._submit(fut, value, key, properties, event_time, sequence_id, txn_id)
+        self._submit(fut, value, key, properties, event_time, sequence_id, txn_id, deliver_at)
         return fut
 
     def _offer(  # noqa: PLR0917 (private)
@@ -366,13 +408,23 @@ class Producer(ReconnectingHandler):
         event_time: int | None,
         sequence_id: int,
         txn_id: TxnId | None,
+        deliver_at: int | None = None,
     ) -> bool:
         """Queue a message answered through ``completion`` if there is room now; False
         (nothing queued) when the queue is full. Raises Closed when closed."""
         self._check_open()
         if not self._bound.try_enter():
             return False
-        self._submit(completion, _as_bytes(value), key, properties, event_time, sequence_id, txn_id)
+        self._submit(
+            completion,
+            _as_bytes(value),
+            key,
+            properties,
+            event_time,
+            sequence_id,
+            txn_id,
+            deliver_at,
+        )
         return True
 
     async def _offer_waiting(  # noqa: PLR0917 (private)
@@ -384,6 +436,7 @@ class Producer(ReconnectingHandler):
         event_time: int | None,
         sequence_id: int,
         txn_id: TxnId | None,
+        deliver_at: int | None = None,
     ) -> None:
         """``_offer`` that waits for room (Closed if the producer closes meanwhile)."""
         await self._bound.enter(block=self.options.block_if_queue_full, owner=self)
@@ -392,7 +445,16 @@ class Producer(ReconnectingHandler):
         except Closed:
             self._bound.leave(1)
             raise
-        self._submit(completion, _as_bytes(value), key, properties, event_time, sequence_id, txn_id)
+        self._submit(
+            completion,
+            _as_bytes(value),
+            key,
+            properties,
+            event_time,
+            sequence_id,
+            txn_id,
+            deliver_at,
+        )
 
     def _submit(  # noqa: PLR0917 (private)
         self,
@@ -403,6 +465,7 @@ class Producer(ReconnectingHandler):
         event_time: int | None,
         sequence_id: int | None,
         txn_id: TxnId | None = None,
+        deliver_at: int | None = None,
     ) -> None:
         """Queue a message that holds a slot of the bound; its answer resolves ``fut``."""
         bound = self._bound
@@ -416,8 +479,8 @@ class Producer(ReconnectingHandler):
             fut.set_exception(MessageTooBig("message", len(value), self._size_limit))
             return
         props = tuple(properties.items()) if properties else ()
-        item = _Pending(value, fut, sequence_id, key, event_time, props, txn_id)
-        if self.options.batching:
+        item = _Pending(value, fut, sequence_id, key, event_time, props, txn_id, deliver_at)
+        if self.options.batching and deliver_at is None:
             self._add_to_batch(item)
         else:
             self._enqueue(self._single_op(item))
@@ -437,6 +500,8 @@ class Producer(ReconnectingHandler):
             md.partition_key = item.key
         if item.event_time:
             md.event_time = item.event_time
+        if item.deliver_at is not None:
+            md.deliver_at_time = item.deliver_at
         for k, v in item.properties:
             md.properties.add(key=k, value=v)
         _mark_txn(md, item.txn)
@@ -491,6 +556,14 @@ class Producer(ReconnectingHandler):
         if first_key is not None and all(i.key == first_key for i in live):
             # A one-key batch carries its key, so key-based dispatch can route the entry.
             md.partition_key = first_key
+        else:
+            # A mixed one names its messages' key slots, so Key_Shared routes each message
+            # to its key's consumer without opening the batch (core/batch_keys).
+            slots = encode_key_slots(
+                NONE_KEY if i.key is None else i.key.encode("utf-8") for i in live
+            )
+            if slots is not None:
+                md.properties.add(key=KEY_SLOTS_PROPERTY, value=slots)
         payload = join_batch(
             (
                 single_metadata(len(i.value), i.sequence_id, i.key, i.event_time, i.properties),
@@ -717,6 +790,8 @@ class PartitionedProducer:
         event_time: int | None = None,
         sequence_id: int | None = None,
         txn: Transaction | None = None,
+        deliver_at: int | None = None,
+        deliver_after: float | None = None,
     ) -> MessageId:
         """Send to the partition the router picks; returns the stored message's id."""
         fut = await self.send_async(
@@ -726,6 +801,8 @@ class PartitionedProducer:
             event_time=event_time,
             sequence_id=sequence_id,
             txn=txn,
+            deliver_at=deliver_at,
+            deliver_after=deliver_after,
         )
         return await fut
 
@@ -738,6 +815,8 @@ class PartitionedProducer:
         event_time: int | None = None,
         sequence_id: int | None = None,
         txn: Transaction | None = None,
+        deliver_at: int | None = None,
+        deliver_after: float | None = None,
     ) -> asyncio.Future[MessageId]:
         """Queue on the routed partition's producer (see ``Producer.send_async``)."""
         producer = self.producers[self._router.partition(key)]
@@ -748,6 +827,8 @@ class PartitionedProducer:
             event_time=event_time,
             sequence_id=sequence_id,
             txn=txn,
+            deliver_at=deliver_at,
+            deliver_after=deliver_after,
         )
 
     async def flush(self) -> None:

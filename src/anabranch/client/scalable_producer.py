@@ -65,7 +65,7 @@ from anabranch.client.connection import ConnectionPool
 from anabranch.client.dag_session import DagSession
 from anabranch.client.message_id import MessageId
 from anabranch.client.pending_bound import PendingBound
-from anabranch.client.producer import Producer, ProducerOptions
+from anabranch.client.producer import Producer, ProducerOptions, deliver_time_ms
 from anabranch.core.hash_range import segment_hash
 from anabranch.core.segment_layout import Segment, SegmentLayout, segment_name
 from anabranch.core.txn_id import TxnId
@@ -227,6 +227,8 @@ class _Entry:
     segment_id: int = -1
     txn: TxnId | None = None
     """The transaction the message belongs to: kept when it is re-routed."""
+    deliver_at: int | None = None
+    """Delayed delivery time (ms since the epoch): kept when it is re-routed."""
     released: bool = False
     """Whether its slot of the producer's bound was given back (once, at its end)."""
 
@@ -330,11 +332,17 @@ class ScalableProducer:
         event_time: int | None = None,
         sequence_id: int | None = None,
         txn: Transaction | None = None,
+        deliver_at: int | None = None,
+        deliver_after: float | None = None,
     ) -> MessageId:
         """Send one message and wait until a segment stored it; the id names the segment.
 
         With ``txn`` the message joins that transaction (on whichever segment it lands,
         also after a re-route); readers see it once the transaction commits.
+        ``deliver_at`` (ms since the epoch) or ``deliver_after`` (seconds) delay it: the
+        segment that stores it holds it back from queue consumers and Key_Shared stream
+        consumers until then (also once that segment is sealed by a split: its children
+        wait for it to drain, so a key's delayed messages still come first).
 
         Example::
 
@@ -348,6 +356,8 @@ class ScalableProducer:
             event_time=event_time,
             sequence_id=sequence_id,
             txn=txn,
+            deliver_at=deliver_at,
+            deliver_after=deliver_after,
         )
         return await fut
 
@@ -360,6 +370,8 @@ class ScalableProducer:
         event_time: int | None = None,
         sequence_id: int | None = None,
         txn: Transaction | None = None,
+        deliver_at: int | None = None,
+        deliver_after: float | None = None,
     ) -> asyncio.Future[MessageId]:
         """Queue one message; returns a future of its id once there is room.
 
@@ -369,11 +381,14 @@ class ScalableProducer:
         """
         if sequence_id is not None:
             raise InvalidArgument("a scalable-topic producer assigns sequence ids itself")
-        if txn is None:
+        due = deliver_time_ms(deliver_at, deliver_after)
+        if txn is None and due is None:
             fut = self._send_fast(value, key, properties, event_time)
             if fut is not None:
                 return fut
-        (fut,) = await self.send_many([(value, key, properties, event_time)], txn=txn)
+        (fut,) = await self.send_many(
+            [(value, key, properties, event_time)], txn=txn, _deliver_at=due
+        )
         return fut
 
     def _send_fast(
@@ -435,6 +450,7 @@ class ScalableProducer:
         messages: Iterable[tuple[bytes, str | None, Mapping[str, str] | None, int | None]],
         *,
         txn: Transaction | None = None,
+        _deliver_at: int | None = None,
     ) -> list[asyncio.Future[MessageId]]:
         """Queue ``(value, key, properties, event time)`` messages in order; returns their
         futures. Like ``send_async`` per message, without a coroutine per message (what a
@@ -449,12 +465,12 @@ class ScalableProducer:
         for value, *_rest in items:  # a bad value refuses the whole call, nothing queued
             self._check_sendable(value)
         if txn is None:
-            return await self._send_many(items, None)
+            return await self._send_many(items, None, _deliver_at)
         txn._check_usable()  # nothing queued for a transaction that cannot take it
         for _ in items:
             txn._begin_op()
         try:
-            out = await self._send_many(items, txn.id)
+            out = await self._send_many(items, txn.id, _deliver_at)
         except BaseException as err:
             for _ in items:
                 txn._end_op(err)
@@ -467,13 +483,16 @@ class ScalableProducer:
         self,
         items: list[tuple[bytes, str | None, Mapping[str, str] | None, int | None]],
         txn_id: TxnId | None,
+        deliver_at: int | None = None,
     ) -> list[asyncio.Future[MessageId]]:
         out: list[asyncio.Future[MessageId]] = []
         for value, key, properties, event_time in items:
             if not self._bound.try_enter():
                 await self._dispatch()  # hand over what is queued, then wait for room
                 await self._bound.enter(block=self.options.block_if_queue_full, owner=self)
-            out.append(self._enqueue(value, key, properties, event_time, txn_id))
+            out.append(
+                self._enqueue(value, key, properties, event_time, txn_id, deliver_at=deliver_at)
+            )
         await self._dispatch()
         return out
 
@@ -497,6 +516,8 @@ class ScalableProducer:
         properties: Mapping[str, str] | None,
         event_time: int | None,
         txn_id: TxnId | None = None,
+        *,
+        deliver_at: int | None = None,
     ) -> asyncio.Future[MessageId]:
         """Queue a message that holds a slot of the bound."""
         fut: asyncio.Future[MessageId] = self._loop.create_future()
@@ -509,6 +530,7 @@ class ScalableProducer:
             event_time,
             fut,
             txn=txn_id,
+            deliver_at=deliver_at,
         )
         if self._closing:
             self._fail(entry, Closed(f"{self} is closed"))
@@ -584,7 +606,7 @@ class ScalableProducer:
         try:
             handed = producer._offer(
                 entry, entry.value, entry.key, entry.properties, entry.event_time,
-                sequence_id, entry.txn,
+                sequence_id, entry.txn, entry.deliver_at,
             )  # fmt: skip
         except AnabranchError as err:
             self._send_failed(producer, segment_id, entry, err)
@@ -600,7 +622,7 @@ class ScalableProducer:
         try:
             await producer._offer_waiting(
                 entry, entry.value, entry.key, entry.properties, entry.event_time,
-                sequence_id, entry.txn,
+                sequence_id, entry.txn, entry.deliver_at,
             )  # fmt: skip
         except AnabranchError as err:
             self._send_failed(producer, segment_id, entry, err)

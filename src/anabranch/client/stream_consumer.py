@@ -31,6 +31,18 @@ message acknowledges, on *every* segment, everything delivered up to that messag
 (upstream's position vector, kept here by :class:`DeliveryLog`). A sealed segment is thus
 drained once the application has acknowledged a message received after its last one.
 
+Key_Shared dispatch mode (PIP-460 "Scaling Reads beyond the Segment Count"): with
+``dispatch_mode="key_shared"`` the subscription's consumers may outnumber its segments.
+The controller then gives every consumer one segment and several consumers the same one
+(:mod:`anabranch.core.assignment`); each joined segment gets an internal **Key_Shared**
+consumer instead, so the segment's broker splits the segment's keys among its consumers
+(``dispatcher_key_shared``: a key goes to one consumer at a time, in order, and a departed
+consumer's keys move to the others with its unacknowledged messages). Acknowledgements are
+individual (:meth:`StreamConsumer.acknowledge`); a cumulative ack has no meaning when a
+segment's messages are spread over several consumers. Every consumer of a subscription
+uses the same mode (a stream subscription nobody consumes takes the mode of its next
+consumer).
+
 Example (with a client)::
 
     stream = await client.subscribe_stream("topic://public/default/orders",
@@ -45,6 +57,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import logging
 import uuid
 from collections import deque
@@ -76,30 +89,58 @@ log = logging.getLogger(__name__)
 T = pb.BaseCommand
 
 
+class StreamDispatchMode(enum.StrEnum):
+    """How a stream subscription's segments reach its consumers."""
+
+    EXCLUSIVE = "exclusive"
+    """One consumer per segment (the default): consumers beyond the segment count idle."""
+    KEY_SHARED = "key_shared"
+    """Consumers beyond the segment count share segments by key hash (see module doc)."""
+
+
 @dataclass(frozen=True, slots=True)
 class StreamConsumerOptions:
     """Stream consumer settings (the keyword arguments of ``subscribe_stream``).
 
     ``consumer_name`` is the session identity the controller keeps for the grace period
-    (a random one if not given).
+    (a random one if not given). ``dispatch_mode`` is ``"exclusive"`` (default) or
+    ``"key_shared"`` (fan-out within a segment; individual acks).
 
     Example:
         >>> StreamConsumerOptions(consumer_name="worker-1").receiver_queue_size
         1000
+        >>> StreamConsumerOptions(dispatch_mode="key_shared").key_shared
+        True
     """
 
     consumer_name: str | None = None
     receiver_queue_size: int = CONSUMER_RECEIVER_QUEUE_MESSAGES
     properties: Mapping[str, str] = field(default_factory=dict)
+    dispatch_mode: StreamDispatchMode | str = StreamDispatchMode.EXCLUSIVE
 
     def __post_init__(self) -> None:
         if self.receiver_queue_size < 1:
             raise InvalidArgument("receiver_queue_size must be >= 1")
+        try:
+            mode = StreamDispatchMode(str(self.dispatch_mode).lower())
+        except ValueError:
+            raise InvalidArgument(
+                f"dispatch_mode {self.dispatch_mode!r} is not one of "
+                f"{[m.value for m in StreamDispatchMode]}"
+            ) from None
+        object.__setattr__(self, "dispatch_mode", mode)
+
+    @property
+    def key_shared(self) -> bool:
+        """Whether segments are shared by key hash (Key_Shared dispatch mode)."""
+        return self.dispatch_mode == StreamDispatchMode.KEY_SHARED
 
     def segment_options(self, consumer_name: str) -> ConsumerOptions:
-        """The Exclusive options of one segment's consumer."""
+        """The options of one segment's consumer: Exclusive, or Key_Shared in fan-out mode."""
         return ConsumerOptions(
-            subscription_type=SubscriptionType.EXCLUSIVE,
+            subscription_type=(
+                SubscriptionType.KEY_SHARED if self.key_shared else SubscriptionType.EXCLUSIVE
+            ),
             consumer_name=consumer_name,
             initial_position=InitialPosition.EARLIEST,
             receiver_queue_size=self.receiver_queue_size,
@@ -190,6 +231,9 @@ class DeliveryLog:
 class StreamConsumer:
     """A controller-assigned, ordered consumer of a scalable topic (module docstring)."""
 
+    _key_shared = False
+    """Key_Shared dispatch mode (``options.key_shared``)."""
+
     def __init__(
         self,
         pool: ConnectionPool,
@@ -203,6 +247,7 @@ class StreamConsumer:
         self.subscription = subscription
         self.options = options
         self.consumer_name = options.consumer_name or uuid.uuid4().hex[:16]
+        self._key_shared = options.key_shared
         self._inbox = CountingInbox()
         self._log = DeliveryLog()
         self._topics: dict[int, str] = {}
@@ -214,7 +259,13 @@ class StreamConsumer:
         self.layout_epoch = -1
         self.assignment_updates = 0
         self._registration = ControllerRegistration(
-            pool, session, subscription, self.consumer_name, pb.STREAM, self._assign
+            pool,
+            session,
+            subscription,
+            self.consumer_name,
+            pb.STREAM,
+            self._assign,
+            key_shared=options.key_shared,
         )
         self._closing = False
 
@@ -335,8 +386,28 @@ class StreamConsumer:
                 return None
         raw, segment_id = got
         self._segments[segment_id]._on_dequeued(raw)
-        self._log.delivered(segment_id, raw.message_id)
+        if not self._key_shared:  # individual acks need no position vector
+            self._log.delivered(segment_id, raw.message_id)
         return raw  # its consumer stamped the segment id and the topic:// name
+
+    async def acknowledge(
+        self, message: Message | MessageId, txn: Transaction | None = None
+    ) -> None:
+        """Acknowledge this one message (on its segment); the way to acknowledge in
+        Key_Shared dispatch mode. A message of a segment this consumer no longer holds is
+        ignored: the segment's new owner gets it again.
+
+        Example::
+
+            msg = await stream.receive()
+            await stream.acknowledge(msg)
+        """
+        mid = message.message_id if isinstance(message, Message) else message
+        if mid.segment_id is None:
+            raise InvalidArgument(f"{mid} names no segment of {self.topic}")
+        consumer = self._segments.get(mid.segment_id)
+        if consumer is not None:  # its ids carry their segment (``_segment_stamp``)
+            await consumer.acknowledge(mid, txn)
 
     async def acknowledge_cumulative(
         self, message: Message | MessageId, txn: Transaction | None = None
@@ -356,6 +427,10 @@ class StreamConsumer:
         mid = message.message_id if isinstance(message, Message) else message
         if mid.segment_id is None:
             raise InvalidArgument(f"{mid} names no segment of {self.topic}")
+        if self._key_shared:
+            raise InvalidArgument(
+                "a cumulative ack is not allowed in Key_Shared dispatch mode: use acknowledge"
+            )
         if txn is not None:
             txn._check_usable()  # before the delivery log forgets what the ack covers
         inner = mid  # segment consumers' ids carry their segment (``_segment_stamp``)
@@ -406,6 +481,7 @@ __all__ = [
     "DeliveryLog",
     "StreamConsumer",
     "StreamConsumerOptions",
+    "StreamDispatchMode",
     "diff_assignment",
     "leader_url",
 ]

@@ -206,9 +206,12 @@ class Producer(_Facade[AsyncProducer | PartitionedProducer | ScalableProducer]):
         event_time: int | None = None,
         sequence_id: int | None = None,
         txn: Transaction | None = None,
+        deliver_at: int | None = None,
+        deliver_after: float | None = None,
     ) -> MessageId:
         """Send and wait until stored; returns the message id (``txn``: in that
-        transaction)."""
+        transaction; ``deliver_at`` ms since the epoch or ``deliver_after`` seconds: delayed
+        delivery)."""
         return self._portal.call(
             self.inner.send,
             value,
@@ -217,6 +220,8 @@ class Producer(_Facade[AsyncProducer | PartitionedProducer | ScalableProducer]):
             event_time=event_time,
             sequence_id=sequence_id,
             txn=_txn(txn),
+            deliver_at=deliver_at,
+            deliver_after=deliver_after,
         )
 
     def send_async(
@@ -228,6 +233,8 @@ class Producer(_Facade[AsyncProducer | PartitionedProducer | ScalableProducer]):
         event_time: int | None = None,
         sequence_id: int | None = None,
         txn: Transaction | None = None,
+        deliver_at: int | None = None,
+        deliver_after: float | None = None,
     ) -> concurrent.futures.Future[MessageId]:
         """Queue a message (blocking while the queue is full); returns a future of its id."""
         result: concurrent.futures.Future[MessageId] = concurrent.futures.Future()
@@ -235,7 +242,8 @@ class Producer(_Facade[AsyncProducer | PartitionedProducer | ScalableProducer]):
         async def queue() -> None:
             fut = await self.inner.send_async(
                 value, key=key, properties=properties, event_time=event_time,
-                sequence_id=sequence_id, txn=_txn(txn),
+                sequence_id=sequence_id, txn=_txn(txn), deliver_at=deliver_at,
+                deliver_after=deliver_after,
             )  # fmt: skip
             _chain(fut, result)
 
@@ -327,6 +335,10 @@ class StreamConsumer(_Facade[AsyncStreamConsumer]):
         """Acknowledge this message and everything received before it, on every segment
         (``txn``: as part of that transaction)."""
         self._portal.call(self.inner.acknowledge_cumulative, message, _txn(txn))
+
+    def acknowledge(self, message: Message | MessageId, txn: Transaction | None = None) -> None:
+        """Acknowledge this one message (the way to ack in Key_Shared dispatch mode)."""
+        self._portal.call(self.inner.acknowledge, message, _txn(txn))
 
     def close(self, *, leave: bool = True) -> None:
         """Close the consumer; ``leave=False`` keeps its segments for the grace period."""

@@ -23,7 +23,13 @@ subscription). With ``ordered=False`` (CHECKPOINT, or unknown type) every non-re
 segment is assignable.
 
 *Deterministic assignment.* Assignable segments sorted by (range start, range end, id) are
-dealt round-robin to the sessions sorted by name. The assignment is a pure function of
+dealt round-robin to the sessions sorted by name. With ``fan_out=True`` (a STREAM
+subscription in Key_Shared dispatch mode, PIP-460 "Scaling Reads beyond the Segment
+Count") and more sessions than assignable segments, session ``i`` gets segment
+``i mod n``: every consumer holds one segment, and the consumers of one segment share it by
+key hash (the segment's broker runs Key_Shared dispatch among them, so a key's messages
+still go to one consumer at a time, in order). With as many segments as sessions or more,
+the deal is the plain one. The assignment is a pure function of
 (layout, drained, session names), so a new leader computes the same one and it need not be
 persisted. Disconnected sessions inside their grace period keep their share, but nothing
 is pushed to them until they reconnect.
@@ -227,6 +233,8 @@ class SubscriptionAssignment:
     sessions: Mapping[str, ConsumerSession] = dataclasses.field(default_factory=dict)
     drained: frozenset[int] = frozenset()
     assignment: Mapping[str, tuple[int, ...]] = dataclasses.field(default_factory=dict)
+    fan_out: bool = False
+    """Consumers beyond the assignable segment count share segments (see the module doc)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "sessions", MappingProxyType(dict(self.sessions)))
@@ -236,11 +244,23 @@ class SubscriptionAssignment:
 
     @classmethod
     def create(
-        cls, subscription: str, layout: SegmentLayout, grace_period_ms: int, ordered: bool = True
+        cls,
+        subscription: str,
+        layout: SegmentLayout,
+        grace_period_ms: int,
+        ordered: bool = True,
+        *,
+        fan_out: bool = False,
     ) -> tuple[SubscriptionAssignment, list[Instruction]]:
         """A subscription with no consumers yet; instructions say which drains to poll."""
         return cls.restore(
-            subscription, layout, (), now_ms=0, grace_period_ms=grace_period_ms, ordered=ordered
+            subscription,
+            layout,
+            (),
+            now_ms=0,
+            grace_period_ms=grace_period_ms,
+            ordered=ordered,
+            fan_out=fan_out,
         )
 
     @classmethod
@@ -254,6 +274,7 @@ class SubscriptionAssignment:
         grace_period_ms: int,
         ordered: bool = True,
         drained: Iterable[int] = (),
+        fan_out: bool = False,
     ) -> tuple[SubscriptionAssignment, list[Instruction]]:
         """A new leader's state: every persisted session DISCONNECTED with a fresh deadline.
 
@@ -273,7 +294,7 @@ class SubscriptionAssignment:
             validate_component("consumer", name)
             sessions[name] = ConsumerSession(name, None, deadline)
         sealed = {s.segment_id for s in layout.sealed_segments()}
-        empty = cls(subscription, layout, grace_period_ms, ordered)
+        empty = cls(subscription, layout, grace_period_ms, ordered, fan_out=fan_out)
         state = dataclasses.replace(empty, sessions=sessions, drained=frozenset(drained) & sealed)
         state = dataclasses.replace(state, assignment=state._compute())
         out: list[Instruction] = []
@@ -308,11 +329,22 @@ class SubscriptionAssignment:
         )
 
     def owner_of(self, segment_id: int) -> str | None:
-        """The consumer that owns ``segment_id`` (None if unassigned)."""
-        for name, segments in self.assignment.items():
-            if segment_id in segments:
-                return name
-        return None
+        """The consumer that owns ``segment_id`` (None if unassigned; the first by name
+        when several share it in fan-out mode)."""
+        owners = self.owners_of(segment_id)
+        return owners[0] if owners else None
+
+    def owners_of(self, segment_id: int) -> tuple[str, ...]:
+        """The consumers holding ``segment_id``, by name (several only in fan-out mode).
+
+        Example:
+            >>> from anabranch.core.segment_layout import SegmentLayout
+            >>> s, _ = SubscriptionAssignment.restore("s", SegmentLayout.initial(1, 0),
+            ...     ["a", "b", "c"], now_ms=0, grace_period_ms=10, fan_out=True)
+            >>> s.owners_of(0)
+            ('a', 'b', 'c')
+        """
+        return tuple(sorted(n for n, ids in self.assignment.items() if segment_id in ids))
 
     def next_deadline_ms(self) -> int | None:
         """The earliest grace deadline, or None when every session is connected."""
@@ -333,8 +365,12 @@ class SubscriptionAssignment:
     def _compute(self) -> dict[str, tuple[int, ...]]:
         names = sorted(self.sessions)
         dealt: dict[str, list[int]] = {name: [] for name in names}
-        if names:
-            for i, segment in enumerate(self.assignable_segments()):
+        segments = self.assignable_segments()
+        if names and segments and self.fan_out and len(names) > len(segments):
+            for i, name in enumerate(names):
+                dealt[name].append(segments[i % len(segments)].segment_id)
+        elif names:
+            for i, segment in enumerate(segments):
                 dealt[names[i % len(names)]].append(segment.segment_id)
         return {name: tuple(ids) for name, ids in dealt.items()}
 
@@ -483,7 +519,9 @@ class SubscriptionAssignment:
         - the layout is valid; drained segments are sealed segments of the layout;
         - each session is stored under its name; ``grace_period_ms`` is non-negative;
         - the assignment has one entry per session, and (with any session) every
-          assignable segment is assigned to exactly one session, nothing else is;
+          assignable segment is assigned to exactly one session (fan-out with more
+          sessions than segments: to at least one, and each session holds exactly one),
+          nothing else is;
         - no retired segment, and (ordered) no segment with an undrained ancestor, is
           assigned; no hash is in two assignable segments (ordered);
         - the assignment equals the deterministic deal (what a new leader would compute).
@@ -503,14 +541,20 @@ class SubscriptionAssignment:
             f"assignment names {sorted(self.assignment)} != sessions {sorted(self.sessions)}",
         )
         assigned = [i for ids in self.assignment.values() for i in ids]
-        _check(len(assigned) == len(set(assigned)), f"a segment is assigned twice: {assigned}")
         assignable = self.assignable_segments()
+        if self.fan_out and len(self.sessions) > len(assignable) > 0:
+            _check(
+                all(len(ids) == 1 for ids in self.assignment.values()),
+                f"a fan-out consumer holds other than one segment: {dict(self.assignment)}",
+            )
+        else:
+            _check(len(assigned) == len(set(assigned)), f"a segment is assigned twice: {assigned}")
         expected = {s.segment_id for s in assignable} if self.sessions else set()
         _check(
             set(assigned) == expected,
             f"assigned {sorted(assigned)} but assignable {sorted(expected)}",
         )
-        for segment_id in assigned:
+        for segment_id in set(assigned):
             ancestors = self.layout.ancestors(segment_id)
             _check(segment_id not in self.drained, f"retired segment {segment_id} is assigned")
             _check(

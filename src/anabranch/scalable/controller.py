@@ -69,6 +69,7 @@ from anabranch.core.assignment import (
     PushAssignment,
     SubscriptionAssignment,
 )
+from anabranch.core.assignment_stats import subscription_type
 from anabranch.core.names import SegmentName, TopicName, validate_component
 from anabranch.core.segment_layout import SegmentLayout, segment_name
 from anabranch.errors import (
@@ -156,16 +157,22 @@ class ScalableCounters:
 
 STREAM = "STREAM"
 CHECKPOINT = "CHECKPOINT"
-"""Subscription kinds (the wire's ``ScalableConsumerType``), kept in the subscription record."""
+KEY_SHARED_STREAM = "STREAM_KEY_SHARED"
+"""Subscription kinds (the wire's ``ScalableConsumerType``; a STREAM subscription in
+Key_Shared dispatch mode is its own kind), kept in the subscription record."""
 
 
 def subscription_kind(record: bytes) -> str:
-    """``STREAM`` or ``CHECKPOINT`` from a subscription record (STREAM if unreadable)."""
+    """The kind of a subscription record (STREAM if unreadable).
+
+    >>> subscription_kind(b'{"type": "STREAM_KEY_SHARED"}'), subscription_kind(b"?")
+    ('STREAM_KEY_SHARED', 'STREAM')
+    """
     try:
         kind = json.loads(record).get("type", STREAM)
     except (ValueError, AttributeError):
         return STREAM
-    return CHECKPOINT if kind == CHECKPOINT else STREAM
+    return kind if kind in (CHECKPOINT, KEY_SHARED_STREAM) else STREAM
 
 
 def _ignore_assignment(subscription: str, push: PushAssignment) -> None:
@@ -655,7 +662,8 @@ class ScalableTopicController:
                 consumers,
                 now_ms=self._now_ms(),
                 grace_period_ms=self.grace_period_ms,
-                ordered=kind == STREAM,
+                ordered=kind != CHECKPOINT,
+                fan_out=kind == KEY_SHARED_STREAM,
             )
             await self._add_coordinator(state, instructions)
 
@@ -719,7 +727,7 @@ class ScalableTopicController:
         layout, _ = await self._read_layout()
         if await self.store.get(self.paths.subscription(name)) is not None:
             raise AlreadyExists(f"{self.topic} subscription {name}")
-        if kind == STREAM:  # a checkpoint group keeps its positions itself: no cursors
+        if kind != CHECKPOINT:  # a checkpoint group keeps its positions itself: no cursors
             for segment in layout:
                 await self.ops.create_segment(segment_name(self.topic, segment), [name])
         record = json.dumps({"createdAtMs": self.clock.wall_ms(), "type": kind}).encode()
@@ -728,7 +736,11 @@ class ScalableTopicController:
         except BadVersion:
             raise AlreadyExists(f"{self.topic} subscription {name}") from None
         state, instructions = SubscriptionAssignment.create(
-            name, layout, self.grace_period_ms, ordered=kind == STREAM
+            name,
+            layout,
+            self.grace_period_ms,
+            ordered=kind != CHECKPOINT,
+            fan_out=kind == KEY_SHARED_STREAM,
         )
         await self._add_coordinator(state, instructions)
 
@@ -759,9 +771,18 @@ class ScalableTopicController:
                     # Subscribing to a missing subscription creates it, as in Pulsar.
                     await self._create_subscription(subscription, kind)
                     coordinator = self._coordinators[subscription]
-        if coordinator.state.ordered != (kind == STREAM):
-            other = STREAM if coordinator.state.ordered else CHECKPOINT
-            raise NotAllowed(f"{self.topic} subscription {subscription} is a {other} subscription")
+        other = subscription_type(coordinator.state)
+        if other != kind and CHECKPOINT not in (other, kind) and not coordinator.state.sessions:
+            # A stream subscription nobody consumes takes the dispatch mode of its next
+            # consumer, as a Pulsar subscription without consumers takes the next type.
+            await coordinator.set_fan_out(kind == KEY_SHARED_STREAM)
+            record = json.dumps({"createdAtMs": self.clock.wall_ms(), "type": kind}).encode()
+            await self._commit([Put(self.paths.subscription(subscription), record)])
+            other = kind
+        if other != kind:
+            raise NotAllowed(
+                f"{self.topic} subscription {subscription} is a {other} subscription, not {kind}"
+            )
         return coordinator
 
     async def register_consumer(
@@ -776,7 +797,9 @@ class ScalableTopicController:
         whose share changed also gets a push through ``on_assignment``.
 
         ``kind`` is ``"STREAM"`` (per-segment cursors; a child is assigned once its
-        ancestors are drained for the subscription; drained sealed segments retire) or
+        ancestors are drained for the subscription; drained sealed segments retire),
+        ``"STREAM_KEY_SHARED"`` (the same, and consumers beyond the segment count share
+        segments by key hash) or
         ``"CHECKPOINT"`` (a consumer group of checkpoint readers: no cursors, every segment
         of the DAG is dealt, the readers order parents before children themselves). A
         subscription keeps the kind it was created with (NotAllowed otherwise)."""

@@ -32,6 +32,7 @@ from typing import Any
 from anabranch import failpoints, limits
 from anabranch.clock import Clock
 from anabranch.core.assignment import PushAssignment, SubscriptionAssignment
+from anabranch.core.assignment_stats import assignment_stats
 from anabranch.core.names import NamespaceName, SegmentName, TopicDomain, TopicName
 from anabranch.core.segment_layout import SegmentLayout, segment_name
 from anabranch.errors import Closed, InvalidArgument, MetadataError, NotFound, NotLeader
@@ -202,6 +203,21 @@ class ScalableTopicService:
         """The local leader's assignment state of ``subscription`` (None if not leading it)."""
         controller = self._controllers.get(topic)
         return controller.assignment(subscription) if controller is not None else None
+
+    def assignment_stats(self, topic: TopicName, subscriptions: list[str]) -> dict[str, Any]:
+        """Each subscription's assignment state (``core/assignment_stats``) from the local
+        controller leader; ``{"leader": False}`` per subscription elsewhere (the state lives
+        on the leader: ``controllerBrokerUrl`` names it)."""
+        controller = self._controllers.get(topic)
+        out: dict[str, Any] = {}
+        for sub in subscriptions:
+            state = controller.assignment(sub) if controller is not None else None
+            if state is None or controller is None or not controller.is_leader:
+                out[sub] = {"leader": False}
+            else:
+                now_ms = int(self.clock.monotonic() * 1000)
+                out[sub] = {"leader": True, **assignment_stats(state, now_ms)}
+        return out
 
     async def _leader(self, topic: str | TopicName) -> ScalableTopicController:
         controller = await self.controller(topic)

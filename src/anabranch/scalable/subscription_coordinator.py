@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 from collections.abc import Awaitable, Callable, Sequence
@@ -108,6 +109,12 @@ class SubscriptionCoordinator:
             self.state, instructions = self.state.handle(event)
             await self._perform(instructions)
             return instructions
+
+    async def set_fan_out(self, fan_out: bool) -> None:
+        """Switch the Key_Shared dispatch mode of a subscription with no sessions."""
+        async with self._lock:
+            if not self.state.sessions:
+                self.state = dataclasses.replace(self.state, fan_out=fan_out)
 
     async def _perform(self, instructions: list[Instruction]) -> None:
         for instruction in instructions:

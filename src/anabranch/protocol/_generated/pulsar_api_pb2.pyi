@@ -1345,20 +1345,22 @@ class ScalableConsumerAssignment(_message.Message):
     def __init__(self, layout_epoch: _Optional[int] = ..., segments: _Optional[_Iterable[_Union[ScalableAssignedSegment, _Mapping]]] = ...) -> None: ...
 
 class CommandScalableTopicSubscribe(_message.Message):
-    __slots__ = ("request_id", "topic", "subscription", "consumer_name", "consumer_id", "consumer_type")
+    __slots__ = ("request_id", "topic", "subscription", "consumer_name", "consumer_id", "consumer_type", "key_shared_dispatch")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     SUBSCRIPTION_FIELD_NUMBER: _ClassVar[int]
     CONSUMER_NAME_FIELD_NUMBER: _ClassVar[int]
     CONSUMER_ID_FIELD_NUMBER: _ClassVar[int]
     CONSUMER_TYPE_FIELD_NUMBER: _ClassVar[int]
+    KEY_SHARED_DISPATCH_FIELD_NUMBER: _ClassVar[int]
     request_id: int
     topic: str
     subscription: str
     consumer_name: str
     consumer_id: int
     consumer_type: ScalableConsumerType
-    def __init__(self, request_id: _Optional[int] = ..., topic: _Optional[str] = ..., subscription: _Optional[str] = ..., consumer_name: _Optional[str] = ..., consumer_id: _Optional[int] = ..., consumer_type: _Optional[_Union[ScalableConsumerType, str]] = ...) -> None: ...
+    key_shared_dispatch: bool
+    def __init__(self, request_id: _Optional[int] = ..., topic: _Optional[str] = ..., subscription: _Optional[str] = ..., consumer_name: _Optional[str] = ..., consumer_id: _Optional[int] = ..., consumer_type: _Optional[_Union[ScalableConsumerType, str]] = ..., key_shared_dispatch: _Optional[bool] = ...) -> None: ...
 
 class CommandScalableTopicSubscribeResponse(_message.Message):
     __slots__ = ("request_id", "error", "message", "assignment")
