@@ -39,6 +39,7 @@ from prometheus_client import CollectorRegistry
 
 from anabranch.admin import (
     routes_cluster,
+    routes_compaction,
     routes_messages,
     routes_permissions,
     routes_retention,
@@ -94,6 +95,7 @@ def all_routes() -> list[Route]:
         *routes_permissions.ROUTES,
         *routes_schemas.ROUTES,
         *routes_messages.ROUTES,
+        *routes_compaction.ROUTES,
         *OWN_ROUTES,
     ]
 

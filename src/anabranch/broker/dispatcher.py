@@ -41,7 +41,7 @@ import mmh3
 
 from anabranch import limits
 from anabranch.broker.consumer import Consumer, PendingEntry
-from anabranch.broker.dispatcher_entries import EntryInfo, acked_to_wire, entry_info
+from anabranch.broker.dispatcher_entries import EntryInfo, acked_to_wire, entry_info, merge_acked
 from anabranch.errors import Closed, ConsumerBusy
 from anabranch.protocol._generated import pulsar_api_pb2 as pb
 from anabranch.storage.api import Entry, Position
@@ -79,6 +79,9 @@ class Dispatcher:
         across idle periods while it still waits (no task per pass)."""
         self._task: asyncio.Task[None] | None = None
         self._closed = False
+        self.compacted_acks: dict[Position, bytes] = {}
+        """Batch indexes compaction removed from the entries of the last read (set =
+        acknowledged): sent as acked so that readers skip them. Bounded by one read."""
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -169,7 +172,7 @@ class Dispatcher:
         if self.read_position > max_read:
             self._check_end()
             return progressed
-        entries = await self.sub.ledger.read(self.read_position, budget)
+        entries = await self._read(self.read_position, budget)
         if generation != self.generation or self._closed:
             return True
         usable = [e for e in entries if e.position <= max_read]
@@ -184,6 +187,23 @@ class Dispatcher:
             await self.sub.cursor.acknowledge(aborted)
         self._dispatch_new(fresh)
         return True
+
+    async def _read(self, position: Position, budget: int) -> list[Entry]:
+        """New entries from ``position``: the topic's compacted view (then its tail) for a
+        ``read_compacted`` consumer at or before the compaction horizon, else the ledger."""
+        self.compacted_acks.clear()
+        compaction: Any = getattr(self.sub.topic, "compaction", None)
+        if compaction is not None and self._reads_compacted():
+            got: list[tuple[Entry, bytes]] | None = await compaction.read(position, budget)
+            if got is not None:
+                for entry, removed in got:
+                    if removed:
+                        self.compacted_acks[entry.position] = removed
+                return [entry for entry, _ in got]
+        return await self.sub.ledger.read(position, budget)
+
+    def _reads_compacted(self) -> bool:
+        return False
 
     def _filter(self, entries: Iterable[Entry]) -> tuple[list[Entry], list[Position]]:
         fresh: list[Entry] = []
@@ -214,6 +234,9 @@ class Dispatcher:
         ack_set: list[int] = []
         unacked: int | None = None
         acked = self.sub.cursor.batch_ack_state(entry.position) if info.batch_size > 1 else None
+        removed = self.compacted_acks.get(entry.position) if info.batch_size > 1 else None
+        if removed:
+            acked = merge_acked(acked, removed)
         if acked:
             ack_set, unacked = acked_to_wire(acked, info.batch_size)
         consumer.send_entry(
@@ -416,6 +439,9 @@ class SingleActiveDispatcher(Dispatcher):
         self.generation += 1
         self.read_position = self.sub.cursor.read_position
         self.kick()
+
+    def _reads_compacted(self) -> bool:
+        return self.active is not None and self.active.read_compacted
 
     def _read_budget(self) -> int:
         active = self.active

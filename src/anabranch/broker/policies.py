@@ -150,6 +150,9 @@ class NamespacePolicies(msgspec.Struct, kw_only=True):
     auth_policies: AuthPolicies = msgspec.field(default_factory=AuthPolicies)
     schema_compatibility_strategy: str = "UNDEFINED"
     """Pulsar's ``SchemaCompatibilityStrategy`` name; UNDEFINED: the broker's default."""
+    compaction_threshold: int | None = None
+    """Backlog bytes past which a topic is compacted automatically (None: the broker's
+    default; 0: never)."""
     deleted: bool = False
     """Set while a namespace delete is in progress (Pulsar's flag); topics cannot register."""
 

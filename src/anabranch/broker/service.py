@@ -37,6 +37,7 @@ from typing import Protocol
 from urllib.parse import quote
 
 from anabranch.broker.authorization import Authorizer
+from anabranch.broker.compaction import Compactions
 from anabranch.broker.config import BrokerConfig
 from anabranch.broker.metrics import BrokerCounters
 from anabranch.broker.policies import NamespacePolicies, Policies
@@ -172,6 +173,8 @@ class BrokerService:
         self.counters = BrokerCounters()
         """Broker-wide counters for /metrics; the server and sessions bump them."""
         self.sweeps = RetentionSweeps(self)
+        self.compactions = Compactions(self)
+        """Topic compaction: per-topic runs and the periodic threshold check."""
         """Retention, message TTL, backlog quotas and segment pruning (periodic)."""
         self.ownership: OwnershipGate | None = None
         """Set in cluster mode: topics are loaded only once this broker owns them."""
@@ -205,6 +208,7 @@ class BrokerService:
         path = await self.store.create_sequential(PRODUCER_NAME_COUNTER_PREFIX, b"")
         self._broker_index = int(path.rsplit("-", 1)[1])
         self.sweeps.start()
+        self.compactions.start()
         if self.txn_outcomes is not None and self.txn_coordinator is not None:
             await self.txn_outcomes.start()
             await self.txn_coordinator.start()
@@ -488,7 +492,9 @@ class BrokerService:
         """Close and delete a topic's ledger, subscriptions and registration."""
         topic = await self.get_topic(name, create=False)
         self._topics.pop(topic.name, None)
+        compaction = self.compactions.of(topic)
         await topic.close()
+        await compaction.delete()
         parsed = canonical_topic(topic.name)
         ledger = await self.ledgers.open(managed_ledger_name(parsed))
         await ledger.delete()
@@ -504,6 +510,7 @@ class BrokerService:
         in-flight appends finish, dedup snapshots are written."""
         self._closed = True
         await self.sweeps.close()
+        await self.compactions.close()
         if self.txn_keys is not None:
             await self.txn_keys.close()
         if self.txn_coordinator is not None:

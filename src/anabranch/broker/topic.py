@@ -144,6 +144,8 @@ class PersistentTopic:
         self.dedup: DedupState | None = DedupState() if dedup_enabled else None
         self.topic_epoch = 0
         self.quota = QuotaGate(name, clock, quota_hold_max_s)
+        self.compaction: Any = None
+        """The topic's ``broker.compaction.TopicCompaction`` once compaction was used."""
         """Refuses or holds producers while the backlog is over quota (the sweep sets it)."""
         self._exclusive: str | None = None
         self._waiting: deque[tuple[Producer, asyncio.Future[None]]] = deque()
@@ -594,6 +596,8 @@ class PersistentTopic:
                 fut.set_exception(Closed(f"{self.name} is closing"))
         self._waiting.clear()
         await self.quota.close()
+        if self.compaction is not None:
+            await self.compaction.close()
         await self.wait_inflight()
         if self._snapshot_task is not None:
             await asyncio.wait([self._snapshot_task])

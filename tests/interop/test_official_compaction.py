@@ -1,0 +1,277 @@
+"""Topic compaction with the official pulsar-client: compacted readers and consumers see
+the latest value per key, tombstones delete keys, the read goes on from the compacted view
+to the live tail without gaps or duplicates, the view survives a restart, the namespace
+threshold compacts by itself, and Shared + read_compacted is refused.
+
+The broker runs on the test's event loop; client work runs in ``asyncio.to_thread``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pulsar
+import pytest
+
+from anabranch.admin.client import AdminClient, AdminHttpError
+from anabranch.aio import Client
+from anabranch.errors import NotAllowed
+from anabranch.testing.broker import InProcessBroker
+
+R = TypeVar("R")
+TOPIC = "persistent://public/default/compacted"
+HANG_GUARD_S = 60
+
+
+@contextmanager
+def client(url: str) -> Iterator[pulsar.Client]:
+    logger = logging.getLogger("pulsar-client")
+    logger.setLevel(logging.WARNING)
+    c = pulsar.Client(url, operation_timeout_seconds=15, logger=logger)
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+async def run(fn: Callable[[], R]) -> R:
+    return await asyncio.to_thread(fn)
+
+
+def produce(c: pulsar.Client, pairs: list[tuple[str, bytes]], *, batching: bool = False) -> None:
+    producer = c.create_producer(TOPIC, batching_enabled=batching, batching_max_messages=7)
+    for key, value in pairs:
+        producer.send_async(value, None, partition_key=key)
+    producer.flush()
+    producer.close()
+
+
+def read_all(c: pulsar.Client, *, compacted: bool = True) -> list[tuple[str, bytes]]:
+    reader = c.create_reader(TOPIC, pulsar.MessageId.earliest, is_read_compacted=compacted)
+    out = []
+    while reader.has_message_available():
+        msg = reader.read_next(5000)
+        out.append((msg.partition_key(), msg.data()))
+    reader.close()
+    return out
+
+
+async def until(check: Callable[[], Awaitable[bool]], what: str) -> None:
+    """Poll ``check`` (a hang guard, not a time limit on the behaviour)."""
+    for _ in range(HANG_GUARD_S * 20):
+        if await check():
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"{what}: still not after {HANG_GUARD_S}s")
+
+
+async def compact(admin: AdminClient, topic: str = TOPIC) -> None:
+    await admin.compact(topic)
+
+    async def done() -> bool:
+        return (await admin.compaction_status(topic))["status"] != "RUNNING"
+
+    await until(done, "compaction finished")
+    assert await admin.compaction_status(topic) == {"status": "SUCCESS", "lastError": ""}
+
+
+def history() -> list[tuple[str, bytes]]:
+    """Ten keys written three times each; k3 deleted by a tombstone; k5 deleted then
+    written again."""
+    pairs = [(f"k{i}", b"v%d-%d" % (i, r)) for r in range(3) for i in range(10)]
+    pairs += [("k3", b""), ("k5", b""), ("k5", b"v5-again")]
+    return pairs
+
+
+def expected(pairs: list[tuple[str, bytes]]) -> dict[str, bytes]:
+    state: dict[str, bytes] = {}
+    for key, value in pairs:
+        if value:
+            state[key] = value
+        else:
+            state.pop(key, None)
+    return state
+
+
+@pytest.mark.parametrize("batching", [False, True])
+async def test_latest_value_per_key_and_tombstones_delete(tmp_path: Path, batching: bool) -> None:
+    pairs = history()
+    async with InProcessBroker(tmp_path) as broker, AdminClient(broker.http_url) as admin:
+        with pytest.raises(AdminHttpError):
+            await admin.compaction_status(TOPIC)  # no such topic yet: 404
+        await run(lambda: _produce_at(broker.service_url, pairs, batching))
+        assert (await admin.compaction_status(TOPIC))["status"] == "NOT_RUN"
+        await compact(admin)
+
+        def reads() -> tuple[list[tuple[str, bytes]], list[tuple[str, bytes]]]:
+            with client(broker.service_url) as c:
+                return read_all(c), read_all(c, compacted=False)
+
+        compacted, full = await run(reads)
+    assert dict(compacted) == expected(pairs)
+    assert len(compacted) == len(expected(pairs))  # one message per live key
+    assert full == pairs  # readers without read_compacted see the whole topic
+
+
+def _produce_at(url: str, pairs: list[tuple[str, bytes]], batching: bool = False) -> None:
+    with client(url) as c:
+        produce(c, pairs, batching=batching)
+
+
+async def test_compacted_view_then_live_tail_without_gaps_or_duplicates(tmp_path: Path) -> None:
+    first = history()
+    later = [(f"k{i % 4}", b"tail-%d" % i) for i in range(40)]
+    async with InProcessBroker(tmp_path) as broker, AdminClient(broker.http_url) as admin:
+        await run(lambda: _produce_at(broker.service_url, first))
+        await compact(admin)
+
+        def work() -> tuple[list[tuple[str, bytes]], list[Any]]:
+            with client(broker.service_url) as c:
+                consumer = c.subscribe(
+                    TOPIC, "table", is_read_compacted=True,
+                    initial_position=pulsar.InitialPosition.Earliest,
+                    consumer_type=pulsar.ConsumerType.Exclusive, receiver_queue_size=5,
+                )  # fmt: skip
+                got: list[tuple[str, bytes]] = []
+                ids: list[Any] = []
+                for _ in range(len(expected(first))):
+                    msg = consumer.receive(5000)
+                    got.append((msg.partition_key(), msg.data()))
+                    ids.append(msg.message_id())
+                    consumer.acknowledge_cumulative(msg)
+                # producing goes on while this consumer reads the tail
+                produce(c, later)
+                for _ in range(len(later)):
+                    msg = consumer.receive(5000)
+                    got.append((msg.partition_key(), msg.data()))
+                    ids.append(msg.message_id())
+                    consumer.acknowledge_cumulative(msg)
+                try:
+                    extra = consumer.receive(300)
+                    got.append((extra.partition_key(), extra.data()))
+                except pulsar.Timeout:
+                    pass
+                consumer.close()
+                return got, ids
+
+        got, ids = await run(work)
+        stats = await admin.stats(TOPIC)
+    head = len(expected(first))
+    assert dict(got[:head]) == expected(first)
+    assert got[head:] == later  # the tail in order, nothing missing, nothing twice
+    assert len(got) == head + len(later)
+    order = [(i.ledger_id(), i.entry_id(), i.batch_index()) for i in ids]
+    assert order == sorted(order) and len(set(order)) == len(order)
+    assert stats["subscriptions"]["table"]["msgBacklog"] == 0
+    assert "__compaction" in stats["subscriptions"]
+
+
+async def test_compacted_view_survives_a_restart(tmp_path: Path) -> None:
+    pairs = history()
+    async with (
+        InProcessBroker(tmp_path, metadata="sqlite") as broker,
+        AdminClient(broker.http_url) as admin,
+    ):
+        await run(lambda: _produce_at(broker.service_url, pairs))
+        await compact(admin)
+        await run(lambda: _produce_at(broker.service_url, [("k1", b"after")]))
+    async with (
+        InProcessBroker(tmp_path, metadata="sqlite") as broker,
+        AdminClient(broker.http_url) as admin,
+    ):
+        status = await admin.compaction_status(TOPIC)
+
+        def reads() -> list[tuple[str, bytes]]:
+            with client(broker.service_url) as c:
+                return read_all(c)
+
+        compacted = await run(reads)
+        # a second compaction builds on the first one's view
+        await compact(admin)
+        again = await run(reads)
+    assert status["status"] == "SUCCESS"
+    want = expected(pairs)
+    assert compacted[-1] == ("k1", b"after")  # the tail after the horizon follows the view
+    assert dict(compacted[:-1]) == want
+    assert len(compacted) == len(want) + 1
+    assert dict(again) == want | {"k1": b"after"}
+    assert len(again) == len(want)
+
+
+async def test_namespace_threshold_compacts_automatically(tmp_path: Path) -> None:
+    async with (
+        InProcessBroker(tmp_path, compaction_check_interval_s=0.1) as broker,
+        AdminClient(broker.http_url) as admin,
+    ):
+        assert await admin.get_compaction_threshold("public/default") is None
+        await admin.set_compaction_threshold("public/default", 1_000_000)
+        await run(lambda: _produce_at(broker.service_url, [("a", b"x" * 100)] * 5))
+        assert await broker.service.compactions.check() == []  # under the threshold
+        assert (await admin.compaction_status(TOPIC))["status"] == "NOT_RUN"
+        await admin.set_compaction_threshold("public/default", 300)
+        assert await admin.get_compaction_threshold("public/default") == 300
+
+        async def succeeded() -> bool:
+            return (await admin.compaction_status(TOPIC))["status"] == "SUCCESS"
+
+        await until(succeeded, "automatic compaction")
+        await admin.remove_compaction_threshold("public/default")
+        assert await admin.get_compaction_threshold("public/default") is None
+
+        def reads() -> list[tuple[str, bytes]]:
+            with client(broker.service_url) as c:
+                return read_all(c)
+
+        assert await run(reads) == [("a", b"x" * 100)]
+        # a topic-level override wins over the namespace
+        await admin.set_compaction_threshold(TOPIC, 5)
+        assert await admin.get_compaction_threshold(TOPIC) == 5
+        assert await admin.get_compaction_threshold(TOPIC, applied=True) == 5
+        await admin.remove_compaction_threshold(TOPIC)
+        assert await admin.get_compaction_threshold(TOPIC) is None
+
+
+async def test_shared_read_compacted_is_refused_and_a_second_run_conflicts(
+    tmp_path: Path,
+) -> None:
+    async with InProcessBroker(tmp_path) as broker, AdminClient(broker.http_url) as admin:
+
+        def shared() -> str:
+            with client(broker.service_url) as c:
+                try:
+                    c.subscribe(
+                        TOPIC, "s", consumer_type=pulsar.ConsumerType.Shared,
+                        is_read_compacted=True,
+                    )  # fmt: skip
+                except Exception as err:
+                    return type(err).__name__
+            return "subscribed"
+
+        official = await run(shared)
+        pairs = [(f"k{i % 50}", b"v%d" % i) for i in range(500)]
+        await run(lambda: _produce_at(broker.service_url, pairs))
+        async with Client(broker.service_url) as ours:
+            # the official client refuses this itself; the broker refuses it too
+            with pytest.raises(NotAllowed):
+                await ours.subscribe(TOPIC, "s", subscription_type="shared", read_compacted=True)
+            topic = broker.service.loaded_topic(TOPIC)
+            assert topic is not None
+            running = broker.service.compactions.of(topic)
+            await running.trigger()
+            with pytest.raises(AdminHttpError) as err:
+                await admin.compact(TOPIC)
+            await running.wait()
+            assert running.status == "SUCCESS"
+            # our client's compacted reader: one message per key, the latest
+            reader = await ours.create_reader(TOPIC, "earliest", read_compacted=True)
+            seen = [await reader.read_next(timeout=5) for _ in range(50)]
+            await reader.close()
+    assert official == "InvalidConfiguration"  # as the client does against Pulsar
+    assert err.value.status == 409
+    assert all(m is not None for m in seen)
+    assert {m.key: m.value for m in seen if m is not None} == dict(pairs)
