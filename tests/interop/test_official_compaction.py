@@ -39,6 +39,11 @@ def client(url: str) -> Iterator[pulsar.Client]:
         c.close()
 
 
+def http(broker: InProcessBroker) -> str:
+    assert broker.http_url is not None
+    return broker.http_url
+
+
 async def run(fn: Callable[[], R]) -> R:
     return await asyncio.to_thread(fn)
 
@@ -101,7 +106,7 @@ def expected(pairs: list[tuple[str, bytes]]) -> dict[str, bytes]:
 @pytest.mark.parametrize("batching", [False, True])
 async def test_latest_value_per_key_and_tombstones_delete(tmp_path: Path, batching: bool) -> None:
     pairs = history()
-    async with InProcessBroker(tmp_path) as broker, AdminClient(broker.http_url) as admin:
+    async with InProcessBroker(tmp_path) as broker, AdminClient(http(broker)) as admin:
         with pytest.raises(AdminHttpError):
             await admin.compaction_status(TOPIC)  # no such topic yet: 404
         await run(lambda: _produce_at(broker.service_url, pairs, batching))
@@ -126,7 +131,7 @@ def _produce_at(url: str, pairs: list[tuple[str, bytes]], batching: bool = False
 async def test_compacted_view_then_live_tail_without_gaps_or_duplicates(tmp_path: Path) -> None:
     first = history()
     later = [(f"k{i % 4}", b"tail-%d" % i) for i in range(40)]
-    async with InProcessBroker(tmp_path) as broker, AdminClient(broker.http_url) as admin:
+    async with InProcessBroker(tmp_path) as broker, AdminClient(http(broker)) as admin:
         await run(lambda: _produce_at(broker.service_url, first))
         await compact(admin)
 
@@ -175,14 +180,14 @@ async def test_compacted_view_survives_a_restart(tmp_path: Path) -> None:
     pairs = history()
     async with (
         InProcessBroker(tmp_path, metadata="sqlite") as broker,
-        AdminClient(broker.http_url) as admin,
+        AdminClient(http(broker)) as admin,
     ):
         await run(lambda: _produce_at(broker.service_url, pairs))
         await compact(admin)
         await run(lambda: _produce_at(broker.service_url, [("k1", b"after")]))
     async with (
         InProcessBroker(tmp_path, metadata="sqlite") as broker,
-        AdminClient(broker.http_url) as admin,
+        AdminClient(http(broker)) as admin,
     ):
         status = await admin.compaction_status(TOPIC)
 
@@ -206,7 +211,7 @@ async def test_compacted_view_survives_a_restart(tmp_path: Path) -> None:
 async def test_namespace_threshold_compacts_automatically(tmp_path: Path) -> None:
     async with (
         InProcessBroker(tmp_path, compaction_check_interval_s=0.1) as broker,
-        AdminClient(broker.http_url) as admin,
+        AdminClient(http(broker)) as admin,
     ):
         assert await admin.get_compaction_threshold("public/default") is None
         await admin.set_compaction_threshold("public/default", 1_000_000)
@@ -239,7 +244,7 @@ async def test_namespace_threshold_compacts_automatically(tmp_path: Path) -> Non
 async def test_shared_read_compacted_is_refused_and_a_second_run_conflicts(
     tmp_path: Path,
 ) -> None:
-    async with InProcessBroker(tmp_path) as broker, AdminClient(broker.http_url) as admin:
+    async with InProcessBroker(tmp_path) as broker, AdminClient(http(broker)) as admin:
 
         def shared() -> str:
             with client(broker.service_url) as c:
