@@ -20,6 +20,7 @@ import pytest
 
 from anabranch.admin.client import AdminClient, AdminHttpError
 from anabranch.aio import Client
+from anabranch.broker.metrics import broker_registry, render
 from anabranch.errors import NotAllowed
 from anabranch.testing.broker import InProcessBroker
 
@@ -118,6 +119,12 @@ async def test_latest_value_per_key_and_tombstones_delete(tmp_path: Path, batchi
                 return read_all(c), read_all(c, compacted=False)
 
         compacted, full = await run(reads)
+        metrics = render(broker_registry(broker.service)).decode()
+    assert 'anabranch_compaction_succeeded_total{cluster="standalone"} 1.0' in metrics
+    removed = len(pairs) - len(expected(pairs))
+    assert f'anabranch_compaction_removed_messages_total{{cluster="standalone"}} {removed}.0' in (
+        metrics
+    )
     assert dict(compacted) == expected(pairs)
     assert len(compacted) == len(expected(pairs))  # one message per live key
     assert full == pairs  # readers without read_compacted see the whole topic

@@ -50,7 +50,7 @@ from urllib.parse import quote
 
 from anabranch.admin.messages import split_batch, split_entry
 from anabranch.broker.dispatcher_entries import entry_info
-from anabranch.broker.retention import ledger_spans
+from anabranch.broker.retention import COMPACTION_CURSOR, ledger_spans
 from anabranch.core.compaction import CompactionPlan, Message, removed_bits
 from anabranch.core.names import TopicName, parse_name
 from anabranch.core.retention import backlog_bytes
@@ -82,7 +82,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 COMPACTION_PREFIX = "/compaction/"
-CURSOR_NAME = "__compaction"
+CURSOR_NAME = COMPACTION_CURSOR
 """The topic's compaction cursor (upstream's ``__compaction`` subscription)."""
 READ_BATCH_ENTRIES = 256
 WRITE_BATCH_ENTRIES = 128
