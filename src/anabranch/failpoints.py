@@ -45,8 +45,13 @@ BREAK_CONNECTION_TIMER = "break-connection-timer"
 """The broker's connection timer loop raises on every tick: its supervisor restarts it
 until it gives up and the broker process exits non-zero (the supervision tests)."""
 
+COMPACTION_CRASH_BEFORE_SWITCH = "compaction-crash-before-switch"
+"""The broker SIGKILLs itself once a compaction wrote its new compacted ledger and before
+it switched the record to it (the crash-safety test: the previous view stays in force)."""
+
 KNOWN: frozenset[str] = frozenset(
     {
+        COMPACTION_CRASH_BEFORE_SWITCH,
         BREAK_CONNECTION_TIMER,
         TXN_HOLD_OUTCOMES,
         SKIP_PARENT_CURSOR_FLUSH,

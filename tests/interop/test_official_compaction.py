@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -22,7 +23,8 @@ from anabranch.admin.client import AdminClient, AdminHttpError
 from anabranch.aio import Client
 from anabranch.broker.metrics import broker_registry, render
 from anabranch.errors import NotAllowed
-from anabranch.testing.broker import InProcessBroker
+from anabranch.failpoints import COMPACTION_CRASH_BEFORE_SWITCH
+from anabranch.testing.broker import BrokerProcess, InProcessBroker
 
 R = TypeVar("R")
 TOPIC = "persistent://public/default/compacted"
@@ -287,3 +289,45 @@ async def test_shared_read_compacted_is_refused_and_a_second_run_conflicts(
     assert err.value.status == 409
     assert all(m is not None for m in seen)
     assert {m.key: m.value for m in seen if m is not None} == dict(pairs)
+
+
+async def test_a_crash_mid_compaction_leaves_the_previous_view_in_force(tmp_path: Path) -> None:
+    """SIGKILL after the next compacted ledger is written and before the switch: after a
+    restart the first compaction's view (and then the tail) is what compacted readers
+    see, and the next run succeeds over the leftover ledger."""
+    first = history()
+    second = [(f"k{i}", b"second-%d" % i) for i in range(4)]
+    broker = BrokerProcess(tmp_path / "data")
+    await broker.start()
+    try:
+        async with AdminClient(f"http://127.0.0.1:{broker.http_port}") as admin:
+            await run(lambda: _produce_at(broker.service_url, first))
+            await compact(admin)
+            await run(lambda: _produce_at(broker.service_url, second))
+        broker.kill()
+        broker.failpoints = COMPACTION_CRASH_BEFORE_SWITCH
+        await broker.start()
+        async with AdminClient(f"http://127.0.0.1:{broker.http_port}") as admin:
+            await admin.compact(TOPIC)
+            assert broker.process is not None
+            code = await asyncio.to_thread(broker.process.wait, HANG_GUARD_S)
+        assert code == -signal.SIGKILL  # the failpoint's crash, before the switch
+        broker.failpoints = ""
+        await broker.start()
+
+        def reads() -> list[tuple[str, bytes]]:
+            with client(broker.service_url) as c:
+                return read_all(c)
+
+        after_crash = await run(reads)
+        async with AdminClient(f"http://127.0.0.1:{broker.http_port}") as admin:
+            assert (await admin.compaction_status(TOPIC))["status"] == "SUCCESS"
+            await compact(admin)
+        recompacted = await run(reads)
+    finally:
+        await broker.stop()
+    view = expected(first)
+    assert dict(after_crash[: len(view)]) == view  # the first view, whole
+    assert after_crash[len(view) :] == second  # then the tail after its horizon
+    assert dict(recompacted) == view | dict(second)
+    assert len(recompacted) == len(view | dict(second))

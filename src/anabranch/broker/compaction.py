@@ -41,6 +41,8 @@ import asyncio
 import functools
 import json
 import logging
+import os
+import signal
 import struct
 from bisect import bisect_right
 from collections.abc import AsyncIterator
@@ -48,6 +50,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import quote
 
+from anabranch import failpoints
 from anabranch.admin.messages import split_batch, split_entry
 from anabranch.broker.dispatcher_entries import entry_info
 from anabranch.broker.retention import COMPACTION_CURSOR, ledger_spans
@@ -398,6 +401,8 @@ class TopicCompaction:
         view = CompactedView(horizon, name, generation, ledger)
         try:
             kept = await self._write(view, old, horizon, keep)
+            if failpoints.enabled(failpoints.COMPACTION_CRASH_BEFORE_SWITCH):
+                os.kill(os.getpid(), signal.SIGKILL)
             record = {"horizon": list(horizon), "ledger": name, "generation": generation}
             stat = await self._store.put(
                 self._path, json.dumps(record).encode(), expected_version=self._version
