@@ -51,10 +51,18 @@ async def run(fn: Callable[[], R]) -> R:
     return await asyncio.to_thread(fn)
 
 
-def produce(c: pulsar.Client, pairs: list[tuple[str, bytes]], *, batching: bool = False) -> None:
-    producer = c.create_producer(TOPIC, batching_enabled=batching, batching_max_messages=7)
+def produce(
+    c: pulsar.Client, pairs: list[tuple[str, bytes]], *, batching: bool = False, lz4: bool = False
+) -> None:
+    producer = c.create_producer(
+        TOPIC, batching_enabled=batching, batching_max_messages=7,
+        compression_type=pulsar.CompressionType.LZ4 if lz4 else pulsar.CompressionType.NONE,
+    )  # fmt: skip
     for key, value in pairs:
-        producer.send_async(value, None, partition_key=key)
+        if key:
+            producer.send_async(value, None, partition_key=key)
+        else:
+            producer.send_async(value, None)  # keyless: not in the compacted view
     producer.flush()
     producer.close()
 
@@ -99,6 +107,8 @@ def history() -> list[tuple[str, bytes]]:
 def expected(pairs: list[tuple[str, bytes]]) -> dict[str, bytes]:
     state: dict[str, bytes] = {}
     for key, value in pairs:
+        if not key:
+            continue
         if value:
             state[key] = value
         else:
@@ -106,13 +116,14 @@ def expected(pairs: list[tuple[str, bytes]]) -> dict[str, bytes]:
     return state
 
 
-@pytest.mark.parametrize("batching", [False, True])
-async def test_latest_value_per_key_and_tombstones_delete(tmp_path: Path, batching: bool) -> None:
+@pytest.mark.parametrize("mode", ["plain", "batched", "batched-lz4"])
+async def test_latest_value_per_key_and_tombstones_delete(tmp_path: Path, mode: str) -> None:
     pairs = history()
+    pairs.insert(5, ("", b"keyless"))
     async with InProcessBroker(tmp_path) as broker, AdminClient(http(broker)) as admin:
         with pytest.raises(AdminHttpError):
             await admin.compaction_status(TOPIC)  # no such topic yet: 404
-        await run(lambda: _produce_at(broker.service_url, pairs, batching))
+        await run(lambda: _produce_at(broker.service_url, pairs, mode))
         assert (await admin.compaction_status(TOPIC))["status"] == "NOT_RUN"
         await compact(admin)
 
@@ -132,9 +143,9 @@ async def test_latest_value_per_key_and_tombstones_delete(tmp_path: Path, batchi
     assert full == pairs  # readers without read_compacted see the whole topic
 
 
-def _produce_at(url: str, pairs: list[tuple[str, bytes]], batching: bool = False) -> None:
+def _produce_at(url: str, pairs: list[tuple[str, bytes]], mode: str = "plain") -> None:
     with client(url) as c:
-        produce(c, pairs, batching=batching)
+        produce(c, pairs, batching=mode != "plain", lz4=mode.endswith("lz4"))
 
 
 async def test_compacted_view_then_live_tail_without_gaps_or_duplicates(tmp_path: Path) -> None:
