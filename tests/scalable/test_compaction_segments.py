@@ -87,6 +87,18 @@ async def test_each_segment_is_compacted_on_its_own(tmp_path: Path) -> None:
 
             await until(home_done, "the segment compacted again")
             recompacted = await read_compacted(client, segments[home])
+            # a split hands the topic's subscriptions to the children, not the compaction cursor
+            await admin.create_scalable_subscription(TOPIC, "billing")
+            after = SegmentLayout.from_dict(
+                await admin.split_segment(TOPIC, list(layout.segments)[home])
+            )
+            children = [s for s in after.segments.values() if s.is_active and s.parent_ids]
+            cursors = set()
+            for child in children:
+                topic = await broker.service.get_topic(
+                    str(segment_name(TopicName.parse(TOPIC), child)), create=False
+                )
+                cursors |= {c.name for c in topic.ledger.cursors()}
     keys = [[k for k, _ in view] for view in views]
     assert all(keys), "every segment holds some keys"
     assert not set(keys[0]) & set(keys[1])  # a key lives in one segment
@@ -94,3 +106,5 @@ async def test_each_segment_is_compacted_on_its_own(tmp_path: Path) -> None:
     assert sum(len(view) for view in views) == len(latest)  # one message per key
     assert dict(recompacted) == {k: v for k, v in views[home]} | {"key-1": b"newest"}
     assert len(recompacted) == len(views[home])
+    assert len(children) == 2
+    assert cursors == {"billing"}

@@ -92,6 +92,8 @@ WRITE_BATCH_ENTRIES = 128
 INDEX_STRIDE = 64
 """Every this many compacted entries one (original, compacted) position is kept in memory,
 so a read seeks with a bisect and at most this many skipped entries."""
+YIELD_EVERY_MESSAGES = 2000
+"""Phase one gives the event loop a turn after parsing this many messages."""
 _HEADER = struct.Struct(">qqH")
 
 Status = Literal["NOT_RUN", "RUNNING", "SUCCESS", "ERROR"]
@@ -390,8 +392,14 @@ class TopicCompaction:
         if horizon[1] < 0 or (old is not None and horizon <= old.horizon):
             return 0  # nothing new since the last run
         plan = CompactionPlan(retain_null_key=self.retain_null_key)
+        parsed = 0
         async for entry, removed in self._scan(old, horizon):
-            plan.add_all(entry_messages(entry, removed))
+            messages = entry_messages(entry, removed)
+            plan.add_all(messages)
+            parsed += len(messages)
+            if parsed >= YIELD_EVERY_MESSAGES:
+                parsed = 0
+                await asyncio.sleep(0)  # parsing is CPU work: let the broker's I/O run
         keep = plan.survivor_map()
         generation = (old.generation if old is not None else 0) + 1
         name = f"{topic.ledger.name}/__compacted-{generation}"
