@@ -274,6 +274,10 @@ DISPATCH_READ_ENTRIES_MAX = 100
 """Entries one dispatcher read asks the ledger for; more permits just mean more reads.
 Upstream's dispatcherMaxReadBatchSize default."""
 
+DISPATCH_CHUNKED_MESSAGES_MAX = 10_000
+"""Chunked messages a Shared subscription tracks mid-delivery (which consumer has their
+first chunks); past it the oldest is forgotten and its remaining chunks go round-robin."""
+
 DISPATCH_REPLAY_ENTRIES_MAX = 10_000
 """Positions a Shared/Key_Shared subscription holds for redelivery (nacked, from closed
 consumers, or Key_Shared entries whose key is busy elsewhere); while over this, no new

@@ -477,6 +477,9 @@ class SharedDispatcher(Dispatcher):
         """Positions to (re)deliver before new reads, with their Key_Shared slot."""
         self._delayed: list[tuple[int, Position]] = []
         self._next = 0
+        self._chunk_owner: dict[str, Consumer] = {}
+        """Chunked messages part-delivered: the consumer holding their first chunks gets
+        the rest (the client reassembles; chunks split over consumers never complete)."""
 
     # --- consumers ------------------------------------------------------------------------
 
@@ -487,6 +490,8 @@ class SharedDispatcher(Dispatcher):
     def remove_consumer(self, consumer: Consumer) -> None:
         if consumer in self.consumers:
             self.consumers.remove(consumer)
+        # Its chunks come back through replay, first chunk first: a new owner is chosen.
+        self._chunk_owner = {m: c for m, c in self._chunk_owner.items() if c is not consumer}
         # Upstream adds a closed consumer's unacked entries to the replay set as they are
         # (no redelivery count bump: the consumer did not ask for them again).
         for pos, entry in consumer.take_pending().items():
@@ -512,6 +517,25 @@ class SharedDispatcher(Dispatcher):
                 self._next = (self._next + step + 1) % n
                 return candidate
         return None
+
+    def _consumer_for(self, info: EntryInfo) -> Consumer | None:
+        """The consumer for an entry: a chunk's message owner (None while it has no room:
+        the chunk waits), else the next in round-robin."""
+        chunk = info.chunk
+        if chunk is not None and chunk.chunk_id > 0:
+            owner = self._chunk_owner.get(chunk.message)
+            if owner is not None:
+                if not self.available(owner):
+                    return None
+                if chunk.last:
+                    del self._chunk_owner[chunk.message]
+                return owner
+        consumer = self._next_consumer()
+        if consumer is not None and chunk is not None and not chunk.last:
+            if len(self._chunk_owner) >= limits.DISPATCH_CHUNKED_MESSAGES_MAX:
+                del self._chunk_owner[next(iter(self._chunk_owner))]
+            self._chunk_owner[chunk.message] = consumer
+        return consumer
 
     # --- replay and delayed ---------------------------------------------------------------
 
@@ -568,11 +592,14 @@ class SharedDispatcher(Dispatcher):
             await self.sub.cursor.acknowledge(aborted)
         sent = False
         for entry in fresh:
-            consumer = self._next_consumer()
-            if consumer is None:
+            if not any(self.available(c) for c in self.consumers):
                 break
+            info = entry_info(entry.data)
+            consumer = self._consumer_for(info)
+            if consumer is None:
+                continue  # a chunk whose owner has no room: it stays in replay
             self._take_replay(entry.position)
-            self.send(consumer, entry, entry_info(entry.data))
+            self.send(consumer, entry, info)
             sent = True
         return sent
 
@@ -587,7 +614,7 @@ class SharedDispatcher(Dispatcher):
             if self.delayed_delivery and due is not None and due > now:
                 heapq.heappush(self._delayed, (due, entry.position))
                 continue
-            consumer = self._next_consumer()
+            consumer = self._consumer_for(info)
             if consumer is None:
                 self._add_replay(entry.position, None)
                 continue

@@ -51,6 +51,22 @@ class EntryInfo(NamedTuple):
     sticky_key: bytes
     deliver_at_ms: int | None
     publish_time_ms: int
+    chunk: Chunk | None = None
+    """Set on the chunks of a chunked message (PIP-37)."""
+
+
+class Chunk(NamedTuple):
+    """Where an entry sits in a chunked message: ``message`` names the message (producer
+    and uuid), ``chunk_id`` counts from 0 to ``chunks`` - 1."""
+
+    message: str
+    chunk_id: int
+    chunks: int
+
+    @property
+    def last(self) -> bool:
+        """Whether this is the message's final chunk."""
+        return self.chunk_id >= self.chunks - 1
 
 
 def entry_metadata(data: bytes) -> pb.MessageMetadata:
@@ -80,11 +96,15 @@ def entry_info(data: bytes) -> EntryInfo:
     except (DecodeError, struct.error, RuntimeError, ValueError):
         return EntryInfo(1, NONE_KEY, None, 0)
     batch = md.num_messages_in_batch if md.HasField("num_messages_in_batch") else 1
+    chunk = None
+    if md.HasField("uuid") and md.num_chunks_from_msg > 1:
+        chunk = Chunk(f"{md.producer_name}/{md.uuid}", md.chunk_id, md.num_chunks_from_msg)
     return EntryInfo(
         min(max(batch, 1), BATCH_MESSAGES_MAX),  # a producer's count, so bounded
         sticky_key(md),
         md.deliver_at_time if md.HasField("deliver_at_time") else None,
         md.publish_time,
+        chunk,
     )
 
 
