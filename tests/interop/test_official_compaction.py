@@ -380,3 +380,39 @@ async def test_a_durable_compacted_subscription_resumes_after_a_restart(tmp_path
     assert dict(head + rest[: view - 4]) == expected(pairs)
     assert len(head + rest) == view + len(tail)  # nothing twice, nothing missing
     assert rest[view - 4 :] == tail
+
+
+CHUNK_MAX = 64 * 1024
+"""The broker's max_message_size in the chunking test: the client cuts chunks of this."""
+
+
+async def test_chunked_messages_are_compacted_whole(tmp_path: Path) -> None:
+    """A chunked message is one message: the latest value of a key survives with every
+    one of its chunks, an older one goes with all of its chunks."""
+    big = {tag: bytes([tag]) * (3 * CHUNK_MAX + 77) for tag in range(3)}
+    pairs = [("k1", big[0]), ("k2", big[1]), ("k3", b"small"), ("k1", big[2])]
+
+    def produce_chunked(url: str) -> None:
+        with client(url) as c:
+            producer = c.create_producer(TOPIC, chunking_enabled=True, batching_enabled=False)
+            for key, value in pairs:
+                producer.send(value, partition_key=key)
+            producer.close()
+
+    async with (
+        InProcessBroker(tmp_path, max_message_size=CHUNK_MAX) as broker,
+        AdminClient(http(broker)) as admin,
+    ):
+        await run(lambda: produce_chunked(broker.service_url))
+        await compact(admin)
+
+        def reads() -> list[tuple[str, bytes]]:
+            with client(broker.service_url) as c:
+                return read_all(c)
+
+        compacted = await run(reads)
+        topic = broker.service.loaded_topic(TOPIC)
+        assert topic is not None and topic.compaction is not None
+        view = await topic.compaction.view()
+    assert compacted == [("k2", big[1]), ("k3", b"small"), ("k1", big[2])]
+    assert view is not None and view.entries == 4 + 4 + 1  # two 4-chunk messages + one

@@ -50,9 +50,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import quote
 
+from google.protobuf.message import DecodeError  # type: ignore[import-untyped]
+
 from anabranch import failpoints
 from anabranch.admin.messages import split_batch, split_entry
-from anabranch.broker.dispatcher_entries import entry_info
+from anabranch.broker.dispatcher_entries import Chunk, entry_info, entry_metadata
 from anabranch.broker.retention import COMPACTION_CURSOR, ledger_spans
 from anabranch.core.compaction import CompactionPlan, Message, removed_bits
 from anabranch.core.names import TopicName, parse_name
@@ -94,6 +96,9 @@ INDEX_STRIDE = 64
 so a read seeks with a bisect and at most this many skipped entries."""
 YIELD_EVERY_MESSAGES = 2000
 """Phase one gives the event loop a turn after parsing this many messages."""
+CHUNKED_MESSAGE_ENTRIES_MAX = 10_000
+"""A chunked message whose first chunk is more entries than this before the horizon and
+that is still unfinished is abandoned, not in progress."""
 _HEADER = struct.Struct(">qqH")
 
 Status = Literal["NOT_RUN", "RUNNING", "SUCCESS", "ERROR"]
@@ -199,6 +204,79 @@ class CompactedView:
                 original, removed, data = decode_compacted(entry.data)
                 yield Entry(original, data), removed
             at = entries[-1].position.next()
+
+
+class ChunkGroups:
+    """The chunks of chunked messages (PIP-37) seen by phase one: a chunked message is one
+    message, keyed and judged at its last chunk, and survives with all its chunks. Memory:
+    a position per chunk of the chunked messages up to the horizon (each chunk is up to a
+    whole max-size message, so this is small next to the data).
+
+    >>> from anabranch.broker.dispatcher_entries import Chunk
+    >>> from anabranch.protocol.frames import encode_entry
+    >>> md = pb.MessageMetadata(producer_name="p", sequence_id=1, publish_time=0,
+    ...                         partition_key="k")
+    >>> groups = ChunkGroups()
+    >>> groups.add(Entry(Position(1, 0), encode_entry(md, b"a")), Chunk("p/u", 0, 2))
+    []
+    >>> [m.position for m in groups.add(Entry(Position(1, 1), encode_entry(md, b"b")),
+    ...                                  Chunk("p/u", 1, 2))]
+    [Position(ledger_id=1, entry_id=1)]
+    >>> sorted(tuple(p) for p in groups.with_earlier_chunks({(1, 1): frozenset({0})}))
+    [(1, 0), (1, 1)]
+    """
+
+    def __init__(self) -> None:
+        self._open: dict[str, list[Position]] = {}
+        self._earlier: dict[Position, list[Position]] = {}
+
+    def add(self, entry: Entry, chunk: Chunk) -> list[Message]:
+        """One chunk; the message (at the last chunk's position) once it is complete."""
+        positions = self._open.setdefault(chunk.message, [])
+        if chunk.chunk_id != len(positions):
+            positions.clear()  # a producer's resend restarts its message: keep the new one
+            if chunk.chunk_id != 0:
+                self._open.pop(chunk.message, None)
+                return []  # the start of this message is gone (trimmed): not readable
+        positions.append(entry.position)
+        if not chunk.last:
+            return []
+        del self._open[chunk.message]
+        self._earlier[entry.position] = positions[:-1]
+        key: bytes | None = None
+        try:
+            md = entry_metadata(entry.data)
+            if md.HasField("partition_key") and not md.null_partition_key:
+                key = str(md.partition_key).encode()
+        except (DecodeError, struct.error, ValueError):
+            pass
+        return [Message(entry.position, -1, key, False)]
+
+    def unfinished_before(self, horizon: Position, ledger: ManagedLedger) -> Position | None:
+        """Where to stop instead of ``horizon`` when a chunked message is still being
+        written across it (None: nothing is). One that started more than
+        ``CHUNKED_MESSAGE_ENTRIES_MAX`` entries earlier is abandoned (its producer died) and
+        dropped instead, so it cannot hold compaction back for ever."""
+        starts = [
+            group[0]
+            for group in self._open.values()
+            if group and ledger.backlog(group[0], horizon) < CHUNKED_MESSAGE_ENTRIES_MAX
+        ]
+        if not starts:
+            return None
+        first = min(starts)
+        return Position(first[0], first[1] - 1)
+
+    def with_earlier_chunks(
+        self, keep: dict[tuple[int, int], frozenset[int]]
+    ) -> dict[tuple[int, int], frozenset[int]]:
+        """``keep`` plus the earlier chunks of every surviving chunked message."""
+        out = dict(keep)
+        for last, earlier in self._earlier.items():
+            if last in keep:
+                for position in earlier:
+                    out[position] = frozenset({0})
+        return out
 
 
 @dataclass(slots=True)
@@ -391,16 +469,17 @@ class TopicCompaction:
         horizon = min(topic.ledger.last_confirmed, topic.transaction_buffer.max_read_position())
         if horizon[1] < 0 or (old is not None and horizon <= old.horizon):
             return 0  # nothing new since the last run
-        plan = CompactionPlan(retain_null_key=self.retain_null_key)
-        parsed = 0
-        async for entry, removed in self._scan(old, horizon):
-            messages = entry_messages(entry, removed)
-            plan.add_all(messages)
-            parsed += len(messages)
-            if parsed >= YIELD_EVERY_MESSAGES:
-                parsed = 0
-                await asyncio.sleep(0)  # parsing is CPU work: let the broker's I/O run
-        keep = plan.survivor_map()
+        while True:
+            plan, chunks = await self._phase_one(old, horizon)
+            held = chunks.unfinished_before(horizon, topic.ledger)
+            if held is None:
+                break
+            # A chunked message still being written at the horizon: compact up to just
+            # before its first chunk, so that its chunks stay together in the tail.
+            horizon = held
+            if old is not None and horizon <= old.horizon:
+                return 0
+        keep = chunks.with_earlier_chunks(plan.survivor_map())
         generation = (old.generation if old is not None else 0) + 1
         name = f"{topic.ledger.name}/__compacted-{generation}"
         stale = await self._factory.open(name, self._config)  # left by a crashed run?
@@ -435,6 +514,27 @@ class TopicCompaction:
             topic.name, horizon, kept, plan.messages_seen,
         )  # fmt: skip
         return plan.messages_seen - kept
+
+    async def _phase_one(
+        self, old: CompactedView | None, horizon: Position
+    ) -> tuple[CompactionPlan, ChunkGroups]:
+        """Fold every message up to ``horizon`` into a plan; chunked messages count once,
+        at their last chunk."""
+        plan = CompactionPlan(retain_null_key=self.retain_null_key)
+        chunks = ChunkGroups()
+        parsed = 0
+        async for entry, removed in self._scan(old, horizon):
+            chunk = entry_info(entry.data).chunk
+            if chunk is not None:
+                messages = chunks.add(entry, chunk)
+            else:
+                messages = entry_messages(entry, removed)
+            plan.add_all(messages)
+            parsed += len(messages)
+            if parsed >= YIELD_EVERY_MESSAGES:
+                parsed = 0
+                await asyncio.sleep(0)  # parsing is CPU work: let the broker's I/O run
+        return plan, chunks
 
     async def _write(
         self,
