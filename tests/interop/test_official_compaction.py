@@ -416,3 +416,66 @@ async def test_chunked_messages_are_compacted_whole(tmp_path: Path) -> None:
         view = await topic.compaction.view()
     assert compacted == [("k2", big[1]), ("k3", b"small"), ("k1", big[2])]
     assert view is not None and view.entries == 4 + 4 + 1  # two 4-chunk messages + one
+
+
+async def test_a_partitioned_topic_compacts_each_partition(tmp_path: Path) -> None:
+    name = "persistent://public/default/parted"
+    pairs = [(f"k{i % 6}", b"v%d" % i) for i in range(60)]
+
+    def work(url: str) -> list[tuple[str, bytes]]:
+        with client(url) as c:
+            consumer = c.subscribe(
+                name, "table", is_read_compacted=True,
+                initial_position=pulsar.InitialPosition.Earliest,
+            )  # fmt: skip
+            got = []
+            for _ in range(6):
+                msg = consumer.receive(5000)
+                got.append((msg.partition_key(), msg.data()))
+            consumer.close()
+            return got
+
+    def produce_parted(url: str) -> None:
+        with client(url) as c:
+            producer = c.create_producer(name, batching_enabled=False)
+            for key, value in pairs:
+                producer.send(value, partition_key=key)
+            producer.close()
+
+    async with InProcessBroker(tmp_path) as broker, AdminClient(http(broker)) as admin:
+        await admin.create_partitioned_topic(name, 2)
+        await run(lambda: produce_parted(broker.service_url))
+        await admin.compact(name)  # each partition
+
+        async def both_done() -> bool:
+            states = [
+                (await admin.compaction_status(f"{name}-partition-{i}"))["status"] for i in range(2)
+            ]
+            return states == ["SUCCESS", "SUCCESS"]
+
+        await until(both_done, "both partitions compacted")
+        got = await run(lambda: work(broker.service_url))
+    assert sorted(got) == sorted(expected(pairs).items())
+
+
+async def test_deleting_a_topic_deletes_its_compacted_view(tmp_path: Path) -> None:
+    async with InProcessBroker(tmp_path) as broker, AdminClient(http(broker)) as admin:
+        await run(lambda: _produce_at(broker.service_url, history()))
+        await compact(admin)
+        records = await broker.service.store.list_children("/compaction")
+        before = await broker.service.store.list_children("/managed-ledgers")
+        await admin.delete_topic(TOPIC, force=True)
+        after = await broker.service.store.list_children("/compaction")
+        ledgers = await broker.service.store.list_children("/managed-ledgers")
+        await run(lambda: _produce_at(broker.service_url, [("k1", b"new life")]))
+        await compact(admin)
+
+        def reads() -> list[tuple[str, bytes]]:
+            with client(broker.service_url) as c:
+                return read_all(c)
+
+        again = await run(reads)
+    assert len(records) == 1 and after == []
+    assert [name for name in before if "__compacted" in name]
+    assert not [name for name in ledgers if "__compacted" in name]  # its ledger went too
+    assert again == [("k1", b"new life")]  # a new topic of that name starts from nothing
