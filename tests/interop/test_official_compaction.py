@@ -193,6 +193,8 @@ async def test_compacted_view_then_live_tail_without_gaps_or_duplicates(tmp_path
     order = [(i.ledger_id(), i.entry_id(), i.batch_index()) for i in ids]
     assert order == sorted(order) and len(set(order)) == len(order)
     assert stats["subscriptions"]["table"]["msgBacklog"] == 0
+    assert stats["compaction"]["lastCompactionRemovedEventCount"] == len(first) - head
+    assert stats["compaction"]["lastCompactionSucceedTimestamp"] > 0
     assert "__compaction" in stats["subscriptions"]
 
 

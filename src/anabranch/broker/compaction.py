@@ -310,6 +310,10 @@ class TopicCompaction:
         self.counters = counters or CompactionCounters()
         self.status: Status = "NOT_RUN"
         self.last_error = ""
+        self.last_removed = 0
+        self.last_success_ms = 0
+        self.last_failed_ms = 0
+        self.last_duration_ms = 0
         self._store: MetadataStore = topic.store
         self._path = COMPACTION_PREFIX + quote(topic.ledger.name, safe="")
         self._version: int = MUST_NOT_EXIST
@@ -427,14 +431,28 @@ class TopicCompaction:
         except Exception as err:
             self.status = "ERROR"
             self.counters.failures += 1
+            self.last_failed_ms = self.topic.clock.wall_ms()
             # Clients see the kind of failure, never a path or a trace.
             self.last_error = str(err) if isinstance(err, AnabranchError) else type(err).__name__
             log.exception("%s: compaction failed", self.topic.name)
             return
+        elapsed = asyncio.get_running_loop().time() - started
         self.status = "SUCCESS"
         self.counters.runs += 1
         self.counters.removed_messages += removed
-        self.counters.duration_s += asyncio.get_running_loop().time() - started
+        self.counters.duration_s += elapsed
+        self.last_removed = removed
+        self.last_success_ms = self.topic.clock.wall_ms()
+        self.last_duration_ms = round(elapsed * 1000)
+
+    def stats(self) -> dict[str, int]:
+        """Upstream's ``CompactionStats`` of the topic stats (0: never)."""
+        return {
+            "lastCompactionRemovedEventCount": self.last_removed,
+            "lastCompactionSucceedTimestamp": self.last_success_ms,
+            "lastCompactionFailedTimestamp": self.last_failed_ms,
+            "lastCompactionDurationTimeInMills": self.last_duration_ms,
+        }
 
     async def _scan(
         self, old: CompactedView | None, horizon: Position

@@ -69,6 +69,13 @@ DUPLICATE_POSITION = Position(-1, -1)
 """What a duplicate send is acknowledged with (upstream answers (-1, -1))."""
 
 DEDUP_SNAPSHOTS_PREFIX = "/dedup-snapshots/"
+NEVER_COMPACTED = {
+    "lastCompactionRemovedEventCount": 0,
+    "lastCompactionSucceedTimestamp": 0,
+    "lastCompactionFailedTimestamp": 0,
+    "lastCompactionDurationTimeInMills": 0,
+}
+"""The ``compaction`` stats of a topic no compaction ran on here (upstream's zeros)."""
 
 Mode = pb.ProducerAccessMode
 _U16 = struct.Struct(">H")
@@ -583,6 +590,9 @@ class PersistentTopic:
             "deduplicationEnabled": self.dedup is not None,
             "topicEpoch": self.topic_epoch,
             "terminated": self.ledger.is_terminated,
+            "compaction": (
+                self.compaction.stats() if self.compaction is not None else dict(NEVER_COMPACTED)
+            ),
         }
 
     async def close(self) -> None:
