@@ -24,6 +24,7 @@ from anabranch.aio import Client
 from anabranch.broker.metrics import broker_registry, render
 from anabranch.errors import NotAllowed
 from anabranch.failpoints import COMPACTION_CRASH_BEFORE_SWITCH
+from anabranch.storage.api import EARLIEST
 from anabranch.testing.broker import BrokerProcess, InProcessBroker
 
 R = TypeVar("R")
@@ -481,3 +482,67 @@ async def test_deleting_a_topic_deletes_its_compacted_view(tmp_path: Path) -> No
     assert [name for name in before if "__compacted" in name]
     assert not [name for name in ledgers if "__compacted" in name]  # its ledger went too
     assert again == [("k1", b"new life")]  # a new topic of that name starts from nothing
+
+
+async def test_compacted_reads_resume_over_ledgers_retention_deleted(tmp_path: Path) -> None:
+    """The compacted view keeps ids of ledgers that retention deleted since: a consumer
+    that reconnects, and a reader that starts from an id there, go on through the view
+    without skipping to the first ledger still stored."""
+    # k0's last value is the 8th message, k1's the 16th, ...: spread over many ledgers
+    pairs = [(f"k{i // 8}", b"v%d" % i) for i in range(40)]
+    view = expected(pairs)
+
+    def drain_all(url: str) -> None:
+        with client(url) as c:
+            consumer = c.subscribe(TOPIC, "drain", initial_position=pulsar.InitialPosition.Earliest)
+            for _ in range(len(pairs)):
+                consumer.acknowledge(consumer.receive(5000))
+            consumer.close()
+
+    def resume(url: str) -> tuple[list[tuple[str, bytes]], list[tuple[str, bytes]]]:
+        with client(url) as c:
+
+            def subscribe() -> pulsar.Consumer:
+                return c.subscribe(
+                    TOPIC, "table", is_read_compacted=True,
+                    initial_position=pulsar.InitialPosition.Earliest,
+                )  # fmt: skip
+
+            consumer = subscribe()
+            first = [consumer.receive(5000) for _ in range(2)]
+            consumer.acknowledge_cumulative(first[-1])
+            consumer.close()
+            consumer = subscribe()  # goes on after the acknowledged one
+            rest = [consumer.receive(5000) for _ in range(len(view) - 2)]
+            consumer.close()
+            reader = c.create_reader(TOPIC, first[0].message_id(), is_read_compacted=True)
+            after_first = []
+            while reader.has_message_available():
+                after_first.append(reader.read_next(5000))
+            reader.close()
+            as_pairs = [(m.partition_key(), m.data()) for m in first + rest]
+            return as_pairs, [(m.partition_key(), m.data()) for m in after_first]
+
+    def produce_one_by_one(url: str) -> None:
+        with client(url) as c:
+            producer = c.create_producer(TOPIC, batching_enabled=False)
+            for key, value in pairs:
+                producer.send(value, partition_key=key)  # one append each: small ledgers
+            producer.close()
+
+    async with (
+        InProcessBroker(tmp_path, managed_ledger_max_entries_per_ledger=5) as broker,
+        AdminClient(http(broker)) as admin,
+    ):
+        await run(lambda: produce_one_by_one(broker.service_url))
+        await compact(admin)
+        await run(lambda: drain_all(broker.service_url))
+        topic = broker.service.loaded_topic(TOPIC)
+        assert topic is not None
+        await broker.service.sweeps.sweep_retention()
+        kept = [i.ledger_id for i in topic.ledger.ledgers]  # type: ignore[attr-defined]
+        view_ledgers = {e.position[0] for e, _ in await topic.compaction.read(EARLIEST, 100)}
+        consumed, from_reader = await run(lambda: resume(broker.service_url))
+    assert len(view_ledgers - set(kept)) >= 3  # the view points into deleted ledgers
+    assert consumed == list(view.items())  # in order, each once, none skipped
+    assert from_reader == consumed[1:]

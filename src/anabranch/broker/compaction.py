@@ -14,8 +14,11 @@ Theory of operation
   return once fsynced) before the record is compare-and-set to point at it; only then is
   the previous compacted ledger deleted. A crash before the switch leaves the previous
   view in force (a half-written ledger of the next generation is deleted by the next run).
-* **The ``__compaction`` cursor** of the topic sits at the horizon, so retention never
-  trims what the next compaction still has to read. A run reads the previous compacted
+* **The ``__compaction`` cursor** of the topic sits just before the horizon entry, so
+  retention never trims what the next compaction still has to read, and keeps the ledger
+  holding the horizon: the topic's last confirmed position (which a restart recomputes from
+  the stored ledgers) then never falls behind the view, and acknowledgements of its ids stay
+  valid once everything before it was trimmed. A run reads the previous compacted
   view and then the live topic after the previous horizon up to the new one, twice (phase
   one keeps key -> position only, phase two copies the survivors), in bounded reads.
 * **Reads.** A consumer or reader with ``read_compacted`` (Exclusive/Failover only) at a
@@ -102,6 +105,16 @@ that is still unfinished is abandoned, not in progress."""
 _HEADER = struct.Struct(">qqH")
 
 Status = Literal["NOT_RUN", "RUNNING", "SUCCESS", "ERROR"]
+
+
+def holding(horizon: Position) -> Position:
+    """Where the ``__compaction`` cursor goes after a run up to ``horizon``: just before the
+    horizon entry (see the module docstring).
+
+    >>> holding(Position(7, 4)), holding(Position(7, -1))
+    (Position(ledger_id=7, entry_id=3), Position(ledger_id=7, entry_id=-1))
+    """
+    return Position(horizon[0], horizon[1] - 1) if horizon[1] >= 0 else horizon
 
 
 def encode_compacted(position: Position, removed: bytes, data: bytes) -> bytes:
@@ -520,7 +533,7 @@ class TopicCompaction:
                 log.exception("%s: deleting an unfinished compacted ledger failed", topic.name)
             raise
         self._view = view
-        await sub.cursor.acknowledge_cumulative(horizon)
+        await sub.cursor.acknowledge_cumulative(holding(horizon))
         await sub.cursor.flush()
         if old is not None:
             try:

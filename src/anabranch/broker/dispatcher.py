@@ -168,7 +168,9 @@ class Dispatcher:
         budget = min(self._read_budget(), limits.DISPATCH_READ_ENTRIES_MAX)
         if budget <= 0:
             return progressed
-        max_read = self.sub.transaction_buffer.max_read_position()
+        max_read = await self._max_read()
+        if generation != self.generation or self._closed:
+            return True
         if self.read_position > max_read:
             self._check_end()
             return progressed
@@ -204,6 +206,28 @@ class Dispatcher:
 
     def _reads_compacted(self) -> bool:
         return False
+
+    async def _max_read(self) -> Position:
+        """The last position dispatch may read: the transaction buffer's bound, or for a
+        compacted read the compaction horizon if that is further (the view is committed
+        up to it, also once retention has deleted every ledger under it)."""
+        max_read = self.sub.transaction_buffer.max_read_position()
+        compaction: Any = getattr(self.sub.topic, "compaction", None)
+        if compaction is not None and self._reads_compacted():
+            horizon: Position | None = await compaction.horizon()
+            if horizon is not None and horizon > max_read:
+                return horizon
+        return max_read
+
+    def _resume_position(self) -> Position:
+        """Where reading starts again from the cursor (after a seek, rewind or new active
+        consumer). A compacted read resumes just after the mark-delete position: the view
+        keeps the ids of ledgers retention has deleted since, which the ledger's successor
+        of the mark-delete would jump over."""
+        if self._reads_compacted():
+            mark_delete = self.sub.cursor.mark_delete_position
+            return Position(mark_delete[0], mark_delete[1] + 1)
+        return self.sub.cursor.read_position
 
     def _filter(self, entries: Iterable[Entry]) -> tuple[list[Entry], list[Position]]:
         fresh: list[Entry] = []
@@ -354,7 +378,7 @@ class Dispatcher:
         for consumer in self.consumers:
             consumer.take_pending()
         self.redelivery_counts.clear()
-        self.read_position = self.sub.cursor.read_position
+        self.read_position = self._resume_position()
         self.kick()
 
     def _bump_counts(self, positions: Iterable[Position]) -> None:
@@ -437,7 +461,7 @@ class SingleActiveDispatcher(Dispatcher):
 
     def _rewind(self) -> None:
         self.generation += 1
-        self.read_position = self.sub.cursor.read_position
+        self.read_position = self._resume_position()
         self.kick()
 
     def _reads_compacted(self) -> bool:
