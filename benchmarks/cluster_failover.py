@@ -18,15 +18,33 @@ publish throughput of a 4-segment scalable topic on a 3-broker vs a 1-broker clu
    runs on one machine, so no gain is expected from 3 brokers: the ratio shows the cost
    (or not) of routing.
 
+``--jetstream`` measures the across-machines cluster instead (3 brokers with their own
+data directories + a 3-node NATS JetStream cluster, R3 streams, ``sync_interval: always``
++ etcd; ``LocalCluster(storage="jetstream")``):
+
+3. **Stream leader kill**: per repetition a fresh topic, one producer (batching off, one
+   send at a time) through a broker that does not own it; after ``WARM_ACKS`` acks the
+   NATS node leading the topic's stream is SIGKILLed. Write pause = the longest gap
+   between two acknowledgements from the kill on (target ≤ 6 s); failed sends (expected
+   0). The node is restarted between repetitions.
+4. **Broker failover** on JetStream: as in 1 (target: session TTL + 2 s).
+5. **Publish rate through a broker**, JetStream vs files in the same run: one producer
+   (batching on, ``send_async``) of ``--messages`` messages of ``--size`` bytes to a
+   persistent topic, on the JetStream cluster and on a file-backed 3-broker cluster
+   (``LocalCluster`` default, one shared data dir), alternating, ``--tput-reps`` times
+   each; medians, with the owning broker's peak RSS.
+
 The last printed line is one JSON object.
 
-Usage: ``python benchmarks/cluster_failover.py [--reps 5] [--session-ttl 3] [--quick]``
+Usage: ``python benchmarks/cluster_failover.py [--reps 5] [--session-ttl 3] [--quick]
+[--jetstream]``
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import statistics
@@ -35,6 +53,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from _common import peak_rss_bytes
 
 from anabranch.aio import Client
 from anabranch.testing.cluster import ClusterBroker, LocalCluster
@@ -240,6 +260,137 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
+async def leader_kill_once(cluster: LocalCluster, rep: int) -> dict[str, float]:
+    """Write pause of one producer when its topic's stream leader is SIGKILLed."""
+    assert cluster.nats is not None
+    topic = f"persistent://public/default/js-leader-{rep}-{time.time_ns() % 10**6}"
+    owner = await cluster.owner_of(topic)
+    bootstrap = next(b for b in cluster.brokers if b is not owner)
+    acks: list[float] = []
+    failed = 0
+    stop = asyncio.Event()
+    warm = asyncio.Event()
+    async with Client(bootstrap.service_url) as client:
+        producer = await client.create_producer(topic, batching=False)
+
+        async def send_loop() -> None:
+            nonlocal failed
+            i = 0
+            while not stop.is_set():
+                try:
+                    await producer.send(f"m{i}".encode())
+                except Exception as err:  # counted: the figure says how many failed
+                    failed += 1
+                    print(f"send failed: {err!r}", file=sys.stderr)
+                    continue
+                acks.append(time.monotonic())
+                i += 1
+                if i >= WARM_ACKS:
+                    warm.set()
+
+        task = asyncio.ensure_future(send_loop())
+        await warm.wait()
+        leader = await cluster.stream_leader(topic)
+        leader.kill()
+        killed = time.monotonic()
+        deadline = killed + RECOVERY_TIMEOUT_S
+        # Sends must be flowing again for a while after the kill: the pause is over.
+        while sum(t > killed for t in acks) < WARM_ACKS:
+            if task.done():
+                task.result()
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no publish within {RECOVERY_TIMEOUT_S}s of the kill")
+            await asyncio.sleep(0.01)
+        stop.set()
+        await task
+    last_before = max((t for t in acks if t <= killed), default=killed)
+    after = [t for t in acks if t > killed]
+    gaps = [b - a for a, b in itertools.pairwise([last_before, *after])]
+    cluster.nats.start_node(leader.name)
+    await asyncio.to_thread(cluster.nats.wait_ready)
+    return {"pause_s": max(gaps), "failed": float(failed)}
+
+
+async def publish_rate_once(cluster: LocalCluster, messages: int, size: int) -> dict[str, Any]:
+    """Messages/s of one batching producer through the broker owning a fresh topic."""
+    topic = f"persistent://public/default/js-tput-{time.time_ns() % 10**9}"
+    owner = await cluster.owner_of(topic)
+    payload = os.urandom(size)
+    async with Client(owner.service_url) as client:
+        producer = await client.create_producer(topic)
+        await producer.send(payload)  # topic loaded, ledger open
+        started = time.perf_counter()
+        futures = [await producer.send_async(payload) for _ in range(messages)]
+        await asyncio.gather(*futures)
+        elapsed = time.perf_counter() - started
+    return {
+        "msgs_per_s": messages / elapsed,
+        "mb_per_s": messages * size / elapsed / 1e6,
+        "broker_peak_rss_bytes": peak_rss_bytes(owner.pid) if owner.pid else None,
+    }
+
+
+async def main_jetstream(args: argparse.Namespace) -> dict[str, Any]:
+    root = Path(tempfile.mkdtemp(prefix="cluster-bench-js-"))
+    result: dict[str, Any] = {
+        "mode": "jetstream",
+        "session_ttl_s": args.session_ttl,
+        "cpus": os.cpu_count(),
+        "loadavg_start": os.getloadavg()[0],
+        "replicas": 3,
+    }
+    js = LocalCluster(
+        root / "js", 3, session_ttl_s=args.session_ttl, storage="jetstream", nats_nodes=3
+    )
+    files = LocalCluster(root / "files", 3, session_ttl_s=args.session_ttl)
+    await js.start()
+    try:
+        status, body = await js.http(
+            "POST", "/admin/v2/namespaces/public/default/deduplication", json=True
+        )
+        assert status == 204, body
+        pauses, failed = [], []
+        for rep in range(args.reps):
+            sample = await leader_kill_once(js, rep)
+            pauses.append(sample["pause_s"])
+            failed.append(sample["failed"])
+            print(f"stream leader kill {rep}: {sample}", file=sys.stderr, flush=True)
+        result["stream_leader_kill_pause_s"] = summary(pauses, 6.0)
+        result["stream_leader_kill_failed_sends"] = sum(failed)
+        takeovers = []
+        for rep in range(args.reps):
+            sample = await takeover_once(js, rep)
+            takeovers.append(sample["takeover_s"])
+            print(f"broker takeover {rep}: {sample['takeover_s']:.2f} s", file=sys.stderr)
+        result["broker_failover_s"] = summary(takeovers, args.session_ttl + 2.0)
+        await files.start()
+        tput: dict[str, list[dict[str, Any]]] = {"jetstream": [], "file": []}
+        for rep in range(args.tput_reps):
+            order = [("jetstream", js), ("file", files)]
+            if rep % 2:
+                order.reverse()
+            for name, cluster in order:
+                sample = await publish_rate_once(cluster, args.messages, args.size)
+                tput[name].append(sample)
+                print(f"publish {name} {rep}: {sample}", file=sys.stderr, flush=True)
+        for name, samples in tput.items():
+            result[f"publish_{name}"] = {
+                "msgs_per_s": median([s["msgs_per_s"] for s in samples]),
+                "mb_per_s": median([s["mb_per_s"] for s in samples]),
+                "broker_peak_rss_bytes": max((s["broker_peak_rss_bytes"] or 0) for s in samples),
+            }
+        result["jetstream_vs_file"] = (
+            result["publish_jetstream"]["msgs_per_s"] / result["publish_file"]["msgs_per_s"]
+        )
+        result["messages"] = args.messages
+        result["size_bytes"] = args.size
+        result["loadavg_end"] = os.getloadavg()[0]
+    finally:
+        await js.stop()
+        await files.stop()
+    return result
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=5)
@@ -248,7 +399,11 @@ if __name__ == "__main__":
     parser.add_argument("--messages", type=int, default=40_000)
     parser.add_argument("--size", type=int, default=256)
     parser.add_argument("--quick", action="store_true", help="2 takeovers, 1 throughput rep")
+    parser.add_argument(
+        "--jetstream", action="store_true", help="the JetStream cluster (see the docstring)"
+    )
     ns = parser.parse_args()
     if ns.quick:
         ns.reps, ns.tput_reps, ns.messages = 2, 1, 8_000
-    print(json.dumps(asyncio.run(main(ns)), sort_keys=True))
+    run = main_jetstream if ns.jetstream else main
+    print(json.dumps(asyncio.run(run(ns)), sort_keys=True))

@@ -659,6 +659,70 @@ WIRE_CODES.update({c: c.wire_code for c in all_error_classes()})
 HTTP_STATUS.update({c: c.http_status for c in all_error_classes()})
 
 
+# --- tiered storage (offload to an object store) --------------------------------------------
+
+
+class TieredStorageError(StorageError):
+    """The object store (S3) tiered storage offloads sealed ledgers to failed us."""
+
+
+class ObjectStoreUnavailable(TieredStorageError):
+    """The object store did not answer or answered with a server error; the operation may
+    succeed later (the offloader retries, the ledger stays in the hot tier meanwhile).
+
+    Example:
+        >>> err = ObjectStoreUnavailable("put", "connection refused")
+        >>> (err.retriable, err.http_status, str(err))
+        (True, 503, 'object store unavailable during put: connection refused')
+    """
+
+    retriable = True
+    http_status = 503
+
+    def __init__(self, operation: str, reason: str) -> None:
+        super().__init__(f"object store unavailable during {operation}: {reason}")
+        self.operation = operation
+        self.reason = reason
+
+
+class ObjectStoreAccessDenied(TieredStorageError):
+    """The object store refused our credentials (wrong access key or secret, or no right
+    on the bucket): fix ``s3_access_key_id`` / ``s3_secret_access_key``.
+
+    Example:
+        >>> ObjectStoreAccessDenied("put").http_status
+        403
+    """
+
+    http_status = 403
+
+    def __init__(self, operation: str) -> None:
+        super().__init__(
+            f"object store refused the credentials during {operation}: check"
+            " s3_access_key_id / s3_secret_access_key and the bucket's permissions"
+        )
+        self.operation = operation
+
+
+class OffloadNotConfigured(NotAllowed):
+    """An offload request to a broker without an offload driver (Pulsar answers 409
+    ``offload is not configured`` too).
+
+    Example:
+        >>> OffloadNotConfigured().http_status
+        409
+    """
+
+    http_status = 409
+
+    def __init__(self) -> None:
+        super().__init__("offload is not configured: set offload_driver (and the s3_ settings)")
+
+
+WIRE_CODES.update({c: c.wire_code for c in all_error_classes()})
+HTTP_STATUS.update({c: c.http_status for c in all_error_classes()})
+
+
 # --- topic compaction -----------------------------------------------------------------------
 
 

@@ -45,6 +45,11 @@ BREAK_CONNECTION_TIMER = "break-connection-timer"
 """The broker's connection timer loop raises on every tick: its supervisor restarts it
 until it gives up and the broker process exits non-zero (the supervision tests)."""
 
+STALE_OWNER_SERVES = "stale-owner-serves"
+"""A cluster broker whose metadata session ran out keeps serving the topics it owned
+(no unload, no refusal of SENDs): only the storage fence can stop its appends (the
+JetStream cluster tests show it does)."""
+
 COMPACTION_CRASH_BEFORE_SWITCH = "compaction-crash-before-switch"
 """The broker SIGKILLs itself once a compaction wrote its new compacted ledger and before
 it switched the record to it (the crash-safety test: the previous view stays in force)."""
@@ -52,6 +57,7 @@ it switched the record to it (the crash-safety test: the previous view stays in 
 KNOWN: frozenset[str] = frozenset(
     {
         COMPACTION_CRASH_BEFORE_SWITCH,
+        STALE_OWNER_SERVES,
         BREAK_CONNECTION_TIMER,
         TXN_HOLD_OUTCOMES,
         SKIP_PARENT_CURSOR_FLUSH,

@@ -317,6 +317,10 @@ SCALABLE_DRAIN_POLL_INTERVAL_S = 1.0
 """How often the controller re-reads the backlog of sealed, undrained segments; children of
 a split wait for it, so a drained parent hands over within about this long."""
 
+SCALABLE_AUTOSCALE_SAMPLES_MAX = 256
+"""Rate samples the autoscaler keeps per active segment: at the default 5 s interval,
+about 21 minutes, more than the default merge window; bounds its memory per topic."""
+
 SCALABLE_WATCH_RETRY_S = 0.5
 """Pause before a layout watch or election loop retries after an unexpected store error,
 so a failing store is not hammered in a tight loop."""
@@ -570,3 +574,16 @@ KEY_SHARED_STICKY_RANGES_MAX = 1_000
 """Hash ranges one STICKY Key_Shared consumer may declare in SUBSCRIBE; more is refused
 (ConsumerAssignError). Upstream clients declare a handful; each range costs a comparison
 when consumers join."""
+
+OFFLOAD_READ_CACHE_BYTES_MAX = 64 * 1024 * 1024
+"""Offloaded-ledger indexes and read-ahead entries one broker keeps in memory (tiered
+storage, ``storage/tiered.py``); least recently used ones leave first."""
+
+OFFLOAD_READ_AHEAD_BYTES = 4 * 1024 * 1024
+"""A read of an offloaded ledger fetches up to this much past what it asked for (one
+ranged GET serves a sequential consumer for a while)."""
+
+OFFLOAD_OBJECT_BYTES_MAX = 1024 * 1024 * 1024
+"""Largest ledger offloaded: its object is built in memory and uploaded in one
+create-only put (multipart uploads cannot be create-only). The default ledger rollover
+(256 MB) stays well under it."""

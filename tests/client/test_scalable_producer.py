@@ -230,6 +230,29 @@ async def test_keyed_messages_land_on_the_segment_owning_their_hash(world: World
     await producer.close()
 
 
+async def test_a_full_bound_sends_the_open_batches_instead_of_waiting_out_their_delay(
+    world: World,
+) -> None:
+    # The bound (10) fills long before any segment's batch (1000 messages) does: waiting
+    # for room must send the open batches, or nothing is answered for the batch delay (an
+    # hour here: the send loop below would hang until the test's own timeout).
+    topic = "topic://public/default/bounded"
+    await world.admin.create_scalable_topic(topic, 4)
+    producer = await _producer(world, topic, pending_messages_max=10, batch_delay_s=3600.0)
+    plain = await world.client.create_producer(
+        "persistent://public/default/bounded", pending_messages_max=10, batch_delay_s=3600.0
+    )
+    for sender in (producer, plain):
+        futures = [await sender.send_async(b"x", key=KEYS[i % 16]) for i in range(200)]
+        assert sum(f.done() for f in futures) >= 190  # all but the last open batches
+        await sender.flush()
+        ids = await asyncio.gather(*futures)
+        assert len(set(ids)) == 200
+    assert {mid.segment_id for mid in ids} == {None}
+    await producer.close()
+    await plain.close()
+
+
 async def test_keyless_messages_spread_over_the_active_segments(world: World) -> None:
     topic = "topic://public/default/keyless"
     await world.admin.create_scalable_topic(topic, 3)

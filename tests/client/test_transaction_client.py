@@ -23,7 +23,8 @@ from anabranch.client.errors import (
     from_server_error,
 )
 from anabranch.client.message_id import MessageId
-from anabranch.client.producer import ProducerOptions
+from anabranch.client.pending_bound import PendingBound
+from anabranch.client.producer import Completion, ProducerOptions
 from anabranch.client.scalable_producer import ScalableProducer
 from anabranch.client.stream_consumer import DeliveryLog, StreamConsumer
 from anabranch.client.transaction import (
@@ -339,17 +340,25 @@ async def test_a_stream_consumer_acks_every_segment_in_the_transaction() -> None
 
 
 class _SegmentProducerStub:
+    """The segment producer's hand-off surface (``_offer`` / ``_submit``): records what
+    it was given; the test answers through the completions."""
+
     _closing = False
 
     def __init__(self) -> None:
         self.sent: list[tuple[bytes, TxnId | None]] = []
-        self.futures: list[asyncio.Future[MessageId]] = []
+        self.futures: list[Completion] = []
+        self._bound = PendingBound(100)
+        self._batch: list[Any] = []
 
-    def _send_nowait(self, value: bytes, *args: Any) -> asyncio.Future[MessageId]:
+    def _submit(self, completion: Completion, value: bytes, *args: Any) -> None:
         self.sent.append((value, args[-1]))
-        fut: asyncio.Future[MessageId] = asyncio.get_running_loop().create_future()
-        self.futures.append(fut)
-        return fut
+        self.futures.append(completion)
+
+    def _offer(self, completion: Completion, value: bytes, *args: Any) -> bool:
+        self._bound.try_enter()
+        self._submit(completion, value, *args)
+        return True
 
 
 async def test_a_scalable_producer_hands_the_txn_to_the_segment_producer() -> None:
@@ -370,6 +379,7 @@ async def test_a_scalable_producer_hands_the_txn_to_the_segment_producer() -> No
     stub.futures[1].set_result(MessageId(1, 1))
     await fut
     await plain
+    await asyncio.sleep(0)  # the futures were already done: their callbacks run next
     assert txn._inflight == 0
     producer._closing = True
 

@@ -316,3 +316,37 @@ async def test_sigkill_of_a_hot_segment_owner_with_keyed_traffic(
             if k == key and number not in firsts:
                 firsts.append(number)
         assert firsts == list(range(len(firsts))), f"{key} delivered out of order"
+
+
+async def test_autoscale_splits_a_hot_segment_another_broker_owns(
+    three_brokers: LocalCluster,
+) -> None:
+    """The controller leader reads segment 0's load from its owner over the wire
+    (``GET .../cluster/segments/.../load``) and splits it once it is hot."""
+    cluster = three_brokers
+    topic, leader = await create_topic(cluster, 1)
+    _, owner = await remote_segment_owner(cluster, topic, leader)
+    assert owner is not leader
+    short = topic.split("://", 1)[1]
+    policy = {"enabled": True, "splitMsgRateIn": 20, "splitThroughputIn": 0,
+              "splitSustainMs": 0, "splitCooldownMs": 0, "maxSegments": 2}  # fmt: skip
+    other = next(b for b in cluster.brokers if b not in (leader, owner))
+    status, body = await cluster.http(
+        "POST", f"/admin/v2/scalable/{short}/autoscale", via=other, json=policy
+    )
+    assert status == 204, body
+    async with Client(cluster.brokers[0].service_url) as client:
+        producer = await client.create_producer(topic, batch_delay_s=0.002)
+        for round_ in itertools.count():
+            assert round_ < 600, "the hot segment was never split"  # hang guard (~2 min)
+            await asyncio.gather(*[await producer.send_async(b"v", key=f"k{i}") for i in range(20)])
+            await asyncio.sleep(0.2)
+            if (await layout_of(cluster, topic, leader))["epoch"] >= 1:
+                break
+        await producer.close()
+    layout = await layout_of(cluster, topic, leader)
+    assert layout["segments"]["0"]["state"] == "SEALED"
+    assert sorted(layout["segments"]["0"]["childIds"]) == [1, 2]
+    status, metrics = await cluster.http("GET", "/metrics", via=leader)
+    assert status == 200
+    assert 'action="split",cluster=' in metrics and 'reason="msgRateIn"' in metrics

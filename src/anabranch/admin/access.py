@@ -124,6 +124,20 @@ ROUTE_ACCESS: dict[tuple[str, str], Need] = {
             ("DELETE", "backlogQuota"),
         )
     },
+    # Tiered storage (admin/routes_offload.py): namespace offload policies and the topic
+    # trigger/status, the tenant's admins' as in Pulsar.
+    **{
+        (method, f"{NS}/{policy}"): N.TENANT_ADMIN
+        for policy in ("offloadThreshold", "offloadThresholdInSeconds", "offloadDeletionLagMs")
+        for method in ("GET", "PUT", "POST", "DELETE")
+    },
+    **{
+        (method, f"{base}/offloadPolicies"): N.TENANT_ADMIN
+        for base in (NS, TOPIC)
+        for method in ("GET", "POST", "DELETE")
+    },
+    ("PUT", f"{TOPIC}/offload"): N.TENANT_ADMIN,
+    ("GET", f"{TOPIC}/offload"): N.TENANT_ADMIN,
     # Stored messages (admin/routes_messages.py): what a consumer may read or acknowledge.
     ("GET", f"{SUB}/position/{{messagePosition}}"): N.CONSUME,
     ("GET", f"{TOPIC}/examinemessage"): N.CONSUME,
@@ -196,6 +210,12 @@ ROUTE_ACCESS: dict[tuple[str, str], Need] = {
     ("GET", f"{SC}/{{topic}}/permissions"): N.TENANT_ADMIN,
     ("POST", f"{SC}/{{topic}}/permissions/{{role}}"): N.TENANT_ADMIN,
     ("DELETE", f"{SC}/{{topic}}/permissions/{{role}}"): N.TENANT_ADMIN,
+    ("GET", f"{SC}/{{topic}}/autoscale"): N.TENANT_ADMIN,
+    ("POST", f"{SC}/{{topic}}/autoscale"): N.TENANT_ADMIN,
+    ("DELETE", f"{SC}/{{topic}}/autoscale"): N.TENANT_ADMIN,
+    ("GET", f"{NS}/scalableAutoscale"): N.TENANT_ADMIN,
+    ("POST", f"{NS}/scalableAutoscale"): N.TENANT_ADMIN,
+    ("DELETE", f"{NS}/scalableAutoscale"): N.TENANT_ADMIN,
     # segment topics: the data under a scalable topic's layout
     ("PUT", SEG): N.SUPERUSER,
     ("POST", f"{SEG}/terminate"): N.SUPERUSER,
@@ -210,6 +230,7 @@ ROUTE_ACCESS: dict[tuple[str, str], Need] = {
     ("GET", f"{OWNED}/backlog/{{subscription}}"): N.CLUSTER,
     ("DELETE", f"{OWNED}/subscriptions/{{subscription}}"): N.CLUSTER,
     ("DELETE", OWNED): N.CLUSTER,
+    ("GET", f"{OWNED}/load"): N.CLUSTER,
     # transactions
     **_txn(f"{V2}/transactions"),
     **_txn("/admin/v3/transactions"),

@@ -98,6 +98,20 @@ def _scalable_path(topic: str) -> str:
     return f"/admin/v2/scalable/{_q(name.tenant)}/{_q(name.namespace)}/{_q(name.local_name)}"
 
 
+def _autoscale_path(target: str) -> str:
+    """A namespace's ``scalableAutoscale`` for ``tenant/ns``, else the scalable topic's.
+
+    Example:
+        >>> _autoscale_path("public/default")
+        '/admin/v2/namespaces/public/default/scalableAutoscale'
+        >>> _autoscale_path("topic://public/default/t")
+        '/admin/v2/scalable/public/default/t/autoscale'
+    """
+    if "://" not in target and target.count("/") == 1:
+        return _ns_path(target) + "/scalableAutoscale"
+    return _scalable_path(target) + "/autoscale"
+
+
 def _permissions_path(topic: str) -> str:
     """``.../permissions`` of a persistent (partition: its topic) or scalable topic.
 
@@ -554,6 +568,26 @@ class AdminClient:
     async def terminate(self, topic: str) -> dict[str, Any]:
         return dict(await self.request("POST", _topic_path(topic) + "/terminate"))
 
+    async def offload(self, topic: str, message_id: tuple[int, int]) -> None:
+        """Offload the topic's sealed ledgers before ``message_id`` (tiered storage)."""
+        body = {"ledgerId": message_id[0], "entryId": message_id[1]}
+        await self.request("PUT", _topic_path(topic) + "/offload", body)
+
+    async def offload_status(self, topic: str) -> dict[str, Any]:
+        """``{"status", "lastError", "firstUnoffloadedMessage"}`` of the last offload."""
+        return dict(await self.request("GET", _topic_path(topic) + "/offload"))
+
+    async def get_offload_value(self, namespace: str, policy: str) -> int | None:
+        """``offloadThreshold``, ``offloadThresholdInSeconds`` or ``offloadDeletionLagMs``."""
+        answer = await self.request("GET", f"{_ns_path(namespace)}/{policy}")
+        return None if answer is None else int(answer)
+
+    async def set_offload_value(self, namespace: str, policy: str, value: int) -> None:
+        await self.request("PUT", f"{_ns_path(namespace)}/{policy}", value)
+
+    async def remove_offload_value(self, namespace: str, policy: str) -> None:
+        await self.request("DELETE", f"{_ns_path(namespace)}/{policy}")
+
     async def subscriptions(self, topic: str) -> list[str]:
         return list(await self.request("GET", _topic_path(topic) + "/subscriptions"))
 
@@ -632,6 +666,21 @@ class AdminClient:
         """Merge two adjacent active segments; answers the new layout."""
         path = f"{_scalable_path(topic)}/merge/{first_id}/{second_id}"
         return dict(await self.request("POST", path))
+
+    # ``target`` is a namespace (``tenant/ns``) or a scalable topic (``topic://t/ns/x``).
+
+    async def get_scalable_autoscale(self, target: str, applied: bool = False) -> Any:
+        """The level's autoscale overrides (None when unset), or with ``applied`` the
+        whole policy in force there (camelCase ``AutoscalePolicy`` fields)."""
+        query = "?applied=true" if applied else ""
+        return await self.request("GET", _autoscale_path(target) + query)
+
+    async def set_scalable_autoscale(self, target: str, overrides: dict[str, Any]) -> None:
+        """Set the level's overrides (what is left out is inherited)."""
+        await self.request("POST", _autoscale_path(target), overrides)
+
+    async def remove_scalable_autoscale(self, target: str) -> None:
+        await self.request("DELETE", _autoscale_path(target))
 
     async def create_segment(self, segment: str, subscriptions: list[str] | None = None) -> None:
         await self.request("PUT", _segment_path(segment), list(subscriptions or []))

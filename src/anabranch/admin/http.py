@@ -38,9 +38,11 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from anabranch.admin import (
+    routes_autoscale,
     routes_cluster,
     routes_compaction,
     routes_messages,
+    routes_offload,
     routes_permissions,
     routes_retention,
     routes_scalable,
@@ -89,10 +91,12 @@ def all_routes() -> list[Route]:
     return [
         *routes_v2.ROUTES,
         *routes_retention.ROUTES,
+        *routes_offload.ROUTES,
         *routes_scalable.ROUTES,
         *routes_cluster.ROUTES,
         *routes_transactions.ROUTES,
         *routes_permissions.ROUTES,
+        *routes_autoscale.ROUTES,
         *routes_schemas.ROUTES,
         *routes_messages.ROUTES,
         *routes_compaction.ROUTES,

@@ -24,6 +24,7 @@ from anabranch.core.segment_layout import SegmentLayout, segment_is_active, segm
 from anabranch.errors import (
     AlreadyExists,
     InvalidArgument,
+    LedgerFenced,
     NotEmpty,
     NotFound,
     NotOwner,
@@ -157,17 +158,23 @@ class AdminService:
 
     async def delete_topic(self, text: str, *, force: bool = False) -> None:
         """Delete a topic; NotEmpty (409) while it has producers or consumers, unless
-        ``force`` (which disconnects them)."""
-        topic = await self._existing_topic(text)
-        if not force:
-            consumers = sum(_consumer_count(sub) for sub in topic.subscriptions.values())
-            if topic.producers or consumers:
-                raise NotEmpty(
-                    topic.name,
-                    f"{len(topic.producers)} producers and {consumers} consumers are connected",
-                )
-        await self.broker.delete_topic(topic.name)
-        deleted = parse_name(topic.name)
+        ``force`` (which disconnects them). A topic whose ledger's storage was lost never
+        loads (LedgerFenced), so it has no clients: the broker deletes what is left."""
+        try:
+            topic = await self._existing_topic(text)
+        except LedgerFenced:
+            name = str(persistent_topic(text))
+        else:
+            name = topic.name
+            if not force:
+                consumers = sum(_consumer_count(sub) for sub in topic.subscriptions.values())
+                if topic.producers or consumers:
+                    raise NotEmpty(
+                        topic.name,
+                        f"{len(topic.producers)} producers and {consumers} consumers are connected",
+                    )
+        await self.broker.delete_topic(name)
+        deleted = parse_name(name)
         if isinstance(deleted, TopicName) and deleted.partition is None:
             await self.policies.forget_topic_permissions(deleted)
 
@@ -259,7 +266,7 @@ class AdminService:
                 "ledgerId": getattr(info, "ledger_id", 0),
                 "entries": getattr(info, "entries", 0),
                 "size": getattr(info, "size", 0),
-                "offloaded": False,
+                "offloaded": getattr(info, "offload", None) is not None,
             }
             for info in getattr(ledger, "ledgers", [])
         ]
@@ -404,6 +411,12 @@ class AdminService:
                     entry[key] = stats.get(key, 0)
             segments[str(segment.segment_id)] = entry
         summary["segments"] = segments
+        # The autoscaler's view (rates, next intent) lives on the controller leader only.
+        autoscale = self.broker.autoscaler.topic_stats(name)
+        for sid, view in (autoscale or {}).get("segments", {}).items():
+            if sid in segments:
+                segments[sid].update(view)
+        summary["autoscale"] = autoscale
         return summary
 
     async def scalable_layout(self, topic: str) -> SegmentLayout:

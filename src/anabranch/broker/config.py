@@ -92,6 +92,35 @@ class BrokerConfig(BaseSettings):
     load_report_interval_s: float = Field(5.0, gt=0)
     """How often a cluster broker rewrites its registry record with its load."""
     consumer_grace_period_s: float = Field(60.0, ge=0)
+    scalable_autoscale_enabled: bool = False
+    """Load-driven split and merge of scalable topics by their controller (namespaces and
+    topics override it). Off by default: a split seals segments, reroutes producers and
+    reassigns consumers, so an operator opts in where traffic really varies."""
+    scalable_autoscale_interval_s: float = Field(5.0, gt=0)
+    """How often a controller leader samples its segments' load and evaluates the policy."""
+    scalable_autoscale_split_msg_rate_in: float = Field(5_000.0, ge=0)
+    """A segment splits above this many messages/s in, sustained (0: off)."""
+    scalable_autoscale_split_throughput_in: float = Field(5.0 * 1024 * 1024, ge=0)
+    """... or above this many bytes/s in (0: off)."""
+    scalable_autoscale_split_msg_rate_out: float = Field(0.0, ge=0)
+    """... or messages/s out to consumers (0: off)."""
+    scalable_autoscale_split_throughput_out: float = Field(0.0, ge=0)
+    """... or bytes/s out (0: off)."""
+    scalable_autoscale_split_backlog: float = Field(0.0, ge=0)
+    """... or its slowest subscription's backlog in messages (0: off)."""
+    scalable_autoscale_min_segments: int = Field(1, ge=1)
+    scalable_autoscale_max_segments: int = Field(16, ge=1)
+    scalable_autoscale_target_segments: int = Field(0, ge=0)
+    """The resting size: grown to without load, never merged below (0: none)."""
+    scalable_autoscale_merge_low_water: float = Field(0.3, gt=0, lt=1)
+    """Two buddies merge when their loads, as fractions of the split thresholds, add up to
+    less than this (the hysteresis band lies between it and 1)."""
+    scalable_autoscale_split_sustain_s: float = Field(30.0, ge=0)
+    scalable_autoscale_merge_sustain_s: float = Field(120.0, ge=0)
+    scalable_autoscale_split_cooldown_s: float = Field(60.0, ge=0)
+    """A segment is not split until it is this old (a merge's child waits)."""
+    scalable_autoscale_merge_cooldown_s: float = Field(300.0, ge=0)
+    """A split's children are not merged back until they are this old."""
     cursor_persist_interval_ms: int = Field(200, ge=0, le=60_000)
     """A subscription's acknowledgements are saved at most this often (Pulsar's
     mark-delete rate limit); a crash redelivers what was acknowledged since. Draining a
@@ -165,6 +194,24 @@ class BrokerConfig(BaseSettings):
         limits.STORAGE_OPEN_FILES_MAX, gt=0, le=limits.STORAGE_OPEN_FILES_MAX
     )
     """Ledger files held open at once; the least recently used idle one is closed past it."""
+    # Tiered storage (storage/tiered.py, broker/offload.py): sealed ledgers to S3.
+    offload_driver: Literal["", "aws-s3", "s3"] = ""
+    """``""``: no offload (the offload admin calls answer 409). ``aws-s3``/``s3``: an S3
+    bucket (AWS or any S3-compatible server), through obstore (the ``tiered`` extra)."""
+    s3_endpoint: str = ""
+    """The S3 endpoint URL (``http://host:port`` for a local server; empty: AWS)."""
+    s3_bucket: str = ""
+    """The bucket offloaded ledgers go to (required with an offload driver)."""
+    s3_region: str = "us-east-1"
+    s3_access_key_id: str = ""
+    s3_secret_access_key: SecretStr | None = None
+    offload_deletion_lag_ms: int = Field(4 * 3600 * 1000, ge=-1)
+    """How long the hot copy of an offloaded ledger stays (Pulsar's
+    ``managedLedgerOffloadDeletionLagMs``; a namespace's ``offloadDeletionLagMs`` wins;
+    -1: keep hot copies)."""
+    offload_check_interval_s: float = Field(60.0, gt=0)
+    """How often namespace offload thresholds and deletion lags are applied, and failed
+    offloads retried (at most this long apart; failures back off up to it)."""
     max_topics_per_namespace: int = Field(0, ge=0)
     """Topics a namespace may hold before auto-creation stops (lookups of new names then
     answer NotAllowed and write nothing); 0: no cap (upstream's maxTopicsPerNamespace
@@ -299,6 +346,8 @@ class BrokerConfig(BaseSettings):
             self.advertised_address = self.bind_address
         if self.storage == "jetstream" and not self.jetstream_urls:
             raise ValueError('storage = "jetstream" needs jetstream_urls')
+        if self.offload_driver and not self.s3_bucket:
+            raise ValueError("offload_driver needs s3_bucket")
         if self.authentication_enabled and not self.authentication_providers:
             raise ValueError("authentication_enabled needs at least one authentication_provider")
         if self.tls_enabled and not (self.tls_certificate_file_path and self.tls_key_file_path):

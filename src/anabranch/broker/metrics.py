@@ -65,6 +65,10 @@ class BrokerCounters:
     """Cursors moved forward by a consumer_backlog_eviction quota."""
     cleanup_failures: int = 0
     """Retention/TTL/quota sweeps (or one topic's step) that raised and were logged."""
+    ledgers_offloaded: int = 0
+    """Sealed ledgers copied to the object store (tiered storage)."""
+    offload_failures: int = 0
+    """Offload attempts that failed (the ledger stayed hot; retried)."""
     connections_refused: int = 0
     """Connections refused over ``max_connections`` or ``max_connections_per_ip``."""
     lookups_refused: int = 0
@@ -225,6 +229,10 @@ class BrokerCollector(Collector):
              c.backlog_evictions),
             ("cleanup_failures", "Retention/TTL/quota sweep steps that failed (logged).",
              c.cleanup_failures),
+            ("ledgers_offloaded", "Sealed ledgers offloaded to the object store "
+             "(brk_ledgeroffloader_*).", c.ledgers_offloaded),
+            ("offload_failures", "Offload attempts that failed; the ledger stayed hot.",
+             c.offload_failures),
             ("connections_refused", "Connections refused over max_connections(_per_ip).",
              c.connections_refused),
             ("lookups_refused", "Lookups refused over the pending-lookup bounds.",
@@ -305,6 +313,7 @@ class ScalableCollector(Collector):
             counter = CounterMetricFamily(f"{prefix}_{name}", text, labels=["cluster"])
             counter.add_metric([cluster], value)
             yield counter
+        yield from self._autoscale(prefix, cluster)
         endpoint = self.service.scalable_endpoint
         for name, text, value in (
             ("watch_sessions", "Open DAG-watch sessions.", endpoint.watch_count()),
@@ -314,6 +323,30 @@ class ScalableCollector(Collector):
             gauge = GaugeMetricFamily(f"{prefix}_{name}", text, labels=["cluster"])
             gauge.add_metric([cluster], value)
             yield gauge
+
+    def _autoscale(self, prefix: str, cluster: str) -> Iterator[Metric]:
+        autoscaler = getattr(self.service, "autoscaler", None)
+        if autoscaler is None:
+            return
+        c = autoscaler.counters
+        decisions = CounterMetricFamily(
+            f"{prefix}_autoscale_decisions",
+            "Splits and merges the autoscaler made, by action and reason (the metric that "
+            "crossed its threshold, target or lowWater).",
+            labels=["cluster", "action", "reason"],
+        )
+        for (action, reason), value in sorted(c.decisions.items()):
+            decisions.add_metric([cluster, action, reason], value)
+        yield decisions
+        for name, text, value in (
+            ("autoscale_evaluations", "Policy evaluations of led scalable topics.",
+             c.evaluations),
+            ("autoscale_failures", "Autoscale evaluations or actions that failed (retried).",
+             c.failures),
+        ):  # fmt: skip
+            counter = CounterMetricFamily(f"{prefix}_{name}", text, labels=["cluster"])
+            counter.add_metric([cluster], value)
+            yield counter
 
 
 def broker_registry(service: BrokerService) -> CollectorRegistry:

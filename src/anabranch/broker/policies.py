@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import msgspec
 
@@ -104,6 +104,24 @@ class BacklogQuotaRecord(msgspec.Struct, kw_only=True):
     policy: str = "producer_request_hold"
 
 
+class OffloadPoliciesRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """Pulsar's ``OffloadPolicies`` (the subset that applies here: thresholds and the
+    deletion lag; the driver and bucket are the broker's). None: not set."""
+
+    managed_ledger_offload_driver: str | None = msgspec.field(
+        default=None, name="managedLedgerOffloadDriver"
+    )
+    managed_ledger_offload_threshold_in_bytes: int | None = msgspec.field(
+        default=None, name="managedLedgerOffloadThresholdInBytes"
+    )
+    managed_ledger_offload_threshold_in_seconds: int | None = msgspec.field(
+        default=None, name="managedLedgerOffloadThresholdInSeconds"
+    )
+    managed_ledger_offload_deletion_lag_in_millis: int | None = msgspec.field(
+        default=None, name="managedLedgerOffloadDeletionLagInMillis"
+    )
+
+
 class AutoTopicCreationOverride(msgspec.Struct, rename="camel", kw_only=True):
     """Per-namespace override of the broker's ``allow_auto_topic_creation``."""
 
@@ -148,6 +166,16 @@ class NamespacePolicies(msgspec.Struct, kw_only=True):
     max_consumers_per_subscription: int | None = None
     properties: dict[str, str] = msgspec.field(default_factory=dict)
     auth_policies: AuthPolicies = msgspec.field(default_factory=AuthPolicies)
+    scalable_autoscale: dict[str, Any] | None = msgspec.field(
+        default=None, name="scalableAutoscale"
+    )
+    """Overrides of the broker's ``scalable_autoscale_*`` defaults (camelCase keys of
+    :class:`~anabranch.core.autoscale.AutoscalePolicy`); None: the broker's."""
+    offload_threshold: int = -1
+    """Bytes of hot data past which sealed ledgers are offloaded (-1: disabled)."""
+    offload_threshold_in_seconds: int = -1
+    offload_deletion_lag_ms: int | None = None
+    offload_policies: OffloadPoliciesRecord | None = None
     schema_compatibility_strategy: str = "UNDEFINED"
     """Pulsar's ``SchemaCompatibilityStrategy`` name; UNDEFINED: the broker's default."""
     compaction_threshold: int | None = None

@@ -30,7 +30,11 @@ from anabranch import failpoints
 from anabranch.broker.retention import COMPACTION_CURSOR
 from anabranch.core.names import SegmentName
 from anabranch.protocol._generated import pulsar_api_pb2 as pb
-from anabranch.scalable.segment_ops import decode_dedup_snapshot, encode_dedup_snapshot
+from anabranch.scalable.segment_ops import (
+    SegmentLoad,
+    decode_dedup_snapshot,
+    encode_dedup_snapshot,
+)
 from anabranch.storage.api import EARLIEST
 
 if TYPE_CHECKING:
@@ -88,6 +92,20 @@ class BrokerSegmentOps:
                     await cursor.flush()
                 return backlog
         return 0
+
+    async def segment_load(self, segment: SegmentName) -> SegmentLoad:
+        # Only a loaded topic counts: loading one to read zeros would be wasted work.
+        topic = self.service.loaded_topic(str(segment))
+        if topic is None:
+            return SegmentLoad()
+        backlog = max((c.backlog() for c in topic.ledger.cursors()), default=0)
+        return SegmentLoad(
+            topic.msg_in_counter,
+            topic.bytes_in_counter,
+            topic.msg_out_counter,
+            topic.bytes_out_counter,
+            backlog,
+        )
 
     async def remove_subscription(self, segment: SegmentName, subscription: str) -> None:
         topic = await self._topic(segment)

@@ -37,9 +37,11 @@ from typing import Protocol
 from urllib.parse import quote
 
 from anabranch.broker.authorization import Authorizer
+from anabranch.broker.autoscale import broker_autoscaler
 from anabranch.broker.compaction import Compactions
 from anabranch.broker.config import BrokerConfig
 from anabranch.broker.metrics import BrokerCounters
+from anabranch.broker.offload import Offloader
 from anabranch.broker.policies import NamespacePolicies, Policies
 from anabranch.broker.retention import RetentionSweeps, retention_of
 from anabranch.broker.scalable_commands import ScalableEndpoint
@@ -52,7 +54,7 @@ from anabranch.clock import Clock, SystemClock
 from anabranch.core.names import SegmentName, TopicDomain, TopicName, parse_name
 from anabranch.core.schema_compat import Strategy
 from anabranch.core.segment_layout import SegmentLayout
-from anabranch.errors import Closed, NotAllowed, NotFound, ResourceLimitReached
+from anabranch.errors import Closed, LedgerFenced, NotAllowed, NotFound, ResourceLimitReached
 from anabranch.metadata.api import MetadataStore
 from anabranch.scalable.dag_watch import DagWatcher
 from anabranch.scalable.paths import TopicPaths
@@ -161,6 +163,8 @@ class BrokerService:
             on_assignment=self.scalable_endpoint.deliver_assignment,
             on_give_up=self.fatal.fail,
         )
+        self.autoscaler = broker_autoscaler(self)
+        """Load-driven split and merge of the scalable topics this broker's controllers lead."""
         self.dag_watcher = DagWatcher(store, self.clock)
         self.segment_broker_url: SegmentBrokerResolver = self._local_segment_broker
         """Which broker serves a segment; cluster mode replaces this function."""
@@ -173,9 +177,11 @@ class BrokerService:
         self.counters = BrokerCounters()
         """Broker-wide counters for /metrics; the server and sessions bump them."""
         self.sweeps = RetentionSweeps(self)
+        """Retention, message TTL, backlog quotas and segment pruning (periodic)."""
         self.compactions = Compactions(self)
         """Topic compaction: per-topic runs and the periodic threshold check."""
-        """Retention, message TTL, backlog quotas and segment pruning (periodic)."""
+        self.offloader = Offloader(self)
+        """Tiered storage: offload policies and the manual offload trigger."""
         self.ownership: OwnershipGate | None = None
         """Set in cluster mode: topics are loaded only once this broker owns them."""
         self.txn_outcomes: TxnOutcomes | None = None
@@ -209,6 +215,8 @@ class BrokerService:
         self._broker_index = int(path.rsplit("-", 1)[1])
         self.sweeps.start()
         self.compactions.start()
+        self.autoscaler.start()
+        self.offloader.start()
         if self.txn_outcomes is not None and self.txn_coordinator is not None:
             await self.txn_outcomes.start()
             await self.txn_coordinator.start()
@@ -489,18 +497,29 @@ class BrokerService:
         return strategy
 
     async def delete_topic(self, name: str) -> None:
-        """Close and delete a topic's ledger, subscriptions and registration."""
-        topic = await self.get_topic(name, create=False)
-        self._topics.pop(topic.name, None)
-        compaction = self.compactions.of(topic)
-        await topic.close()
-        await compaction.delete()
-        parsed = canonical_topic(topic.name)
-        ledger = await self.ledgers.open(managed_ledger_name(parsed))
-        await ledger.delete()
-        await self.store.delete(f"/dedup-snapshots/{quote(ledger.name, safe='')}")
+        """Close and delete a topic's ledger, subscriptions and registration; also a topic
+        whose replicated ledger was lost (its stream deleted behind our back), which never
+        loads again: its metadata goes, so the name can start afresh."""
+        try:
+            topic = await self.get_topic(name, create=False)
+        except LedgerFenced:
+            parsed = canonical_topic(name)
+            delete_lost = getattr(self.ledgers, "delete_lost", None)
+            if delete_lost is None or not await delete_lost(managed_ledger_name(parsed)):
+                raise
+            log.warning("%s: deleted; its ledger's storage was gone", name)
+        else:
+            self._topics.pop(topic.name, None)
+            compaction = self.compactions.of(topic)
+            await topic.close()
+            await compaction.delete()
+            parsed = canonical_topic(topic.name)
+            ledger = await self.ledgers.open(managed_ledger_name(parsed))
+            await ledger.delete()
+        ledger_name = managed_ledger_name(parsed)
+        await self.store.delete(f"/dedup-snapshots/{quote(ledger_name, safe='')}")
         if not isinstance(parsed, SegmentName):  # segments are never registered
-            await self.policies.unregister_topic(topic.name)
+            await self.policies.unregister_topic(str(parsed))
             if parsed.partition is None:  # a partitioned topic's are its parent's
                 await TopicPolicyStore(self.store).delete(parsed)
                 await self.schemas.delete(parsed, force=True)
@@ -511,6 +530,8 @@ class BrokerService:
         self._closed = True
         await self.sweeps.close()
         await self.compactions.close()
+        await self.autoscaler.close()
+        await self.offloader.close()
         if self.txn_keys is not None:
             await self.txn_keys.close()
         if self.txn_coordinator is not None:

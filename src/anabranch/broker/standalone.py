@@ -21,7 +21,7 @@ import logging
 import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from anabranch import limits
 from anabranch.broker.config import BrokerConfig
@@ -35,6 +35,9 @@ from anabranch.metadata.etcd_channel import EtcdOptions
 from anabranch.metadata.factory import open_metadata_store
 from anabranch.security.tls import server_ssl_context
 from anabranch.storage.api import ManagedLedgerFactory
+
+if TYPE_CHECKING:
+    from anabranch.storage.tiered import TieredStorage
 
 log = logging.getLogger(__name__)
 
@@ -81,8 +84,10 @@ class Standalone:
         clock = clock or SystemClock()
         config.data_dir.mkdir(parents=True, exist_ok=True)
         store = await open_store(config.metadata_url, clock, config.etcd_options())
+        ledgers: ManagedLedgerFactory | None = None
         try:
             ledgers = _ledger_factory(ledger_backend, config, store, clock)
+            await _connect_storage(ledgers)
             policies = Policies(store)
             await policies.ensure_standalone_defaults(
                 config.cluster_name,
@@ -109,7 +114,11 @@ class Standalone:
             )
             await server.start(serving=False)
         except BaseException:
-            await store.close()
+            try:
+                if ledgers is not None:
+                    await ledgers.close()
+            finally:
+                await store.close()
             raise
         node = cls(config, store, ledgers, service, server, ssl_context=ssl_context)
         service.set_addresses(
@@ -189,9 +198,17 @@ class Standalone:
         """One line for the operator."""
         http = self.http_url or "admin HTTP not built"
         tls = f"{self.service_url_tls}, {self.https_url}, " if self.service_url_tls else ""
+        cfg = self.config
+        ledgers = ""
+        if cfg.storage == "jetstream":
+            # Imported here: nats-py is an optional extra (loaded already when in use).
+            from anabranch.storage.jetstream_client import redact_url
+
+            urls = ", ".join(map(redact_url, cfg.jetstream_urls))
+            ledgers = f"ledgers on JetStream R{cfg.jetstream_replicas} at {urls}, "
         return (
-            f"broker {self.service_url}, {http}, {tls}metadata {self.config.metadata_url}, "
-            f"data {self.config.data_dir}"
+            f"broker {self.service_url}, {http}, {tls}metadata {cfg.metadata_url}, "
+            f"{ledgers}data {cfg.data_dir}"
         )
 
     async def failed(self) -> str:
@@ -241,16 +258,54 @@ def _ledger_factory(
             raise InvalidArgument(
                 "storage = 'jetstream' needs nats-py: pip install 'anabranch[jetstream]'"
             ) from err
-        return jetstream_factory(config, store, clock)
+        made = jetstream_factory(config, store, clock)
+        if config.offload_driver:
+            made.tiered = _tiered_storage(config)
+        return made
     from anabranch.storage.ledger import FileManagedLedgerFactory
 
-    return FileManagedLedgerFactory(
+    factory = FileManagedLedgerFactory(
         config.data_dir / "ledgers",
         store,
         clock=clock,
         writer_threads=config.storage_writer_threads,
         open_files_max=config.storage_open_files_max,
     )
+    if config.offload_driver:
+        factory.tiered = _tiered_storage(config)
+    return factory
+
+
+def _tiered_storage(config: BrokerConfig) -> TieredStorage:
+    """The object store of ``offload_driver`` (obstore, the ``tiered`` extra)."""
+    try:
+        from anabranch.storage.object_store import S3Settings
+        from anabranch.storage.tiered import TieredStorage
+    except ModuleNotFoundError as err:
+        if err.name is None or not err.name.startswith("obstore"):
+            raise
+        raise InvalidArgument(
+            "offload_driver needs obstore: pip install 'anabranch[tiered]'"
+        ) from err
+    secret = config.s3_secret_access_key
+    return TieredStorage.s3(
+        S3Settings(
+            config.s3_endpoint,
+            config.s3_bucket,
+            config.s3_region,
+            config.s3_access_key_id,
+            secret.get_secret_value() if secret is not None else "",
+        )
+    )
+
+
+async def _connect_storage(ledgers: ManagedLedgerFactory) -> None:
+    """Replicated storage connects at start (wrong credentials stop the broker here;
+    unreachable servers are retried in the background: see ``JetStreamManagedLedgerFactory
+    .connect_at_start``). Local files need nothing."""
+    connect = getattr(ledgers, "connect_at_start", None)
+    if connect is not None:
+        await connect()
 
 
 def _bound_ports(runner: Any) -> list[int]:

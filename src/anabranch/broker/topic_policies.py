@@ -23,7 +23,12 @@ from collections.abc import Callable
 import msgspec
 
 from anabranch import limits
-from anabranch.broker.policies import BacklogQuotaRecord, NamespacePolicies, RetentionPolicies
+from anabranch.broker.policies import (
+    BacklogQuotaRecord,
+    NamespacePolicies,
+    OffloadPoliciesRecord,
+    RetentionPolicies,
+)
 from anabranch.core.names import TopicName
 from anabranch.errors import BadVersion, InvalidArgument
 from anabranch.metadata.api import MUST_NOT_EXIST, MetadataStore
@@ -43,6 +48,9 @@ class TopicPolicies(msgspec.Struct, kw_only=True):
         default=None, name="schemaCompatibilityStrategy"
     )
     compaction_threshold: int | None = msgspec.field(default=None, name="compactionThreshold")
+    offload_policies: OffloadPoliciesRecord | None = msgspec.field(
+        default=None, name="offloadPolicies"
+    )
 
     def over(self, namespace: NamespacePolicies) -> NamespacePolicies:
         """The namespace's policies with this topic's overrides applied.
@@ -71,7 +79,24 @@ class TopicPolicies(msgspec.Struct, kw_only=True):
                 if self.compaction_threshold is not None
                 else namespace.compaction_threshold
             ),
+            **_offload_over(self.offload_policies, namespace),
         )
+
+
+def _offload_over(
+    topic: OffloadPoliciesRecord | None, namespace: NamespacePolicies
+) -> dict[str, object]:
+    """A topic's ``offloadPolicies`` win over every namespace offload setting it sets."""
+    if topic is None:
+        return {}
+    out: dict[str, object] = {"offload_policies": topic}
+    if topic.managed_ledger_offload_threshold_in_bytes is not None:
+        out["offload_threshold"] = -1
+    if topic.managed_ledger_offload_threshold_in_seconds is not None:
+        out["offload_threshold_in_seconds"] = -1
+    if topic.managed_ledger_offload_deletion_lag_in_millis is not None:
+        out["offload_deletion_lag_ms"] = None
+    return out
 
 
 def topic_policies_path(topic: TopicName) -> str:

@@ -826,10 +826,11 @@ def scalable_stats(topic: str, output: OutputOpt = None) -> None:
         typer.echo(json.dumps(data, indent=2, sort_keys=True))
         return
     table = Table(title=f"{topic} epoch {data.get('epoch')}")
-    for column in ("id", "range", "state", "backlog", "msgIn", "msgOut"):
+    for column in ("id", "range", "state", "backlog", "msgIn", "msgOut", "rates", "intent"):
         table.add_column(column)
     for entry in data.get("segments", {}).values():
         backlog = entry.get("backlog", {})
+        rates = entry.get("rates") or {}
         table.add_row(
             str(entry.get("segmentId")),
             str(entry.get("hashRange")),
@@ -837,8 +838,55 @@ def scalable_stats(topic: str, output: OutputOpt = None) -> None:
             ", ".join(f"{sub}={n}" for sub, n in backlog.items()),
             str(entry.get("msgInCounter", "")),
             str(entry.get("msgOutCounter", "")),
+            ", ".join(f"{k}={v:.0f}" for k, v in rates.items() if v),
+            str(entry.get("intent", "")),
         )
     stdout.print(table)
+
+
+def parse_settings(pairs: list[str]) -> dict[str, Any]:
+    """``name=value`` pairs to a JSON object (values parsed as JSON, else kept as text).
+
+    Example:
+        >>> parse_settings(["enabled=true", "maxSegments=8", "mergeLowWater=0.25"])
+        {'enabled': True, 'maxSegments': 8, 'mergeLowWater': 0.25}
+    """
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        name, sep, text = pair.partition("=")
+        if not sep or not name:
+            raise typer.BadParameter(f"{pair!r} is not name=value")
+        try:
+            out[name] = json.loads(text)
+        except ValueError:
+            out[name] = text
+    return out
+
+
+@scalable_app.command("get-autoscale")
+def scalable_get_autoscale(
+    target: str,
+    applied: Annotated[bool, typer.Option(help="The whole policy in force there.")] = False,
+    output: OutputOpt = None,
+) -> None:
+    """A namespace's (tenant/ns) or scalable topic's autoscale overrides."""
+    _run(lambda c: c.get_scalable_autoscale(target, applied), output, f"autoscale of {target}")
+
+
+@scalable_app.command("set-autoscale")
+def scalable_set_autoscale(target: str, settings: list[str], output: OutputOpt = None) -> None:
+    """Override autoscale settings: name=value ... (enabled, splitMsgRateIn,
+    splitThroughputIn, splitMsgRateOut, splitThroughputOut, splitBacklog, minSegments,
+    maxSegments, targetSegments, mergeLowWater, splitSustainMs, mergeSustainMs,
+    splitCooldownMs, mergeCooldownMs)."""
+    body = parse_settings(settings)
+    _run(lambda c: c.set_scalable_autoscale(target, body), output, f"autoscale of {target} set")
+
+
+@scalable_app.command("remove-autoscale")
+def scalable_remove_autoscale(target: str, output: OutputOpt = None) -> None:
+    """Remove the level's autoscale overrides (the next level's apply)."""
+    _run(lambda c: c.remove_scalable_autoscale(target), output, f"autoscale of {target} removed")
 
 
 @scalable_app.command("subscriptions")

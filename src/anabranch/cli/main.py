@@ -22,12 +22,14 @@ from anabranch.broker.config import BrokerConfig
 from anabranch.cli import (
     admin_compaction,  # noqa: F401  (registers its commands)
     admin_messages,  # noqa: F401  (registers its commands)
+    admin_offload,  # noqa: F401  (registers its commands)
     admin_permissions,  # noqa: F401  (registers its commands)
     admin_schemas,  # noqa: F401  (registers its commands)
     messages,
 )
 from anabranch.cli.admin import admin_app
 from anabranch.cli.tokens import tokens_app
+from anabranch.errors import AnabranchError
 
 app = typer.Typer(no_args_is_help=True, help="anabranch: elastic, key-ordered streams.")
 
@@ -74,7 +76,13 @@ async def _serve(label: str, starting: Awaitable[_Node]) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    node = await starting
+    try:
+        node = await starting
+    except AnabranchError as err:
+        # A typed start-up failure (wrong storage credentials, a bad setting): one line
+        # for the operator, no traceback.
+        console.print(f"[red]anabranch {label} cannot start: {err}[/]")
+        raise SystemExit(1) from None
     # What start-up created lives as long as the process: out of the collector's way, so a
     # full collection (a pause every client sees as latency) scans only the working set.
     gc.freeze()

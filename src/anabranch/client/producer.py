@@ -38,7 +38,7 @@ import time
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from anabranch.client._reconnect import ReconnectingHandler
 from anabranch.client.connection import ClientConnection, ConnectionPool
@@ -115,15 +115,27 @@ class ProducerOptions:
             raise InvalidArgument(f"bad producer option: {err}") from err
 
 
+class Completion(Protocol):
+    """What a sent message's answer resolves: an ``asyncio.Future`` or, for a scalable
+    topic's producer, its own per-message record (one completion per message instead of
+    a future here plus one there and a callback between them)."""
+
+    def done(self) -> bool: ...
+
+    def set_result(self, result: MessageId, /) -> None: ...
+
+    def set_exception(self, exception: BaseException, /) -> None: ...
+
+
 @dataclass(slots=True)
 class _Op:
-    """One SEND: a message or a batch, with a future per message."""
+    """One SEND: a message or a batch, with a completion per message."""
 
     sequence_id: int
     highest_sequence_id: int
     metadata: pb.MessageMetadata
     payload: bytes
-    futures: list[asyncio.Future[MessageId]]
+    futures: list[Completion]
     batched: bool
     txn: TxnId | None = None
 
@@ -133,7 +145,7 @@ class _Pending:
     """One message waiting in the open batch (plain fields: no protobuf object per message)."""
 
     value: bytes
-    future: asyncio.Future[MessageId]
+    future: Completion
     sequence_id: int
     key: str | None
     event_time: int | None
@@ -180,6 +192,9 @@ class Producer(ReconnectingHandler):
         super().__init__(pool, topic)
         self.options = options
         self.partition = partition
+        self.segment_id: int | None = None
+        """Set by a scalable topic's producer: the segment this producer writes, named in
+        the message ids it answers."""
         self.producer_name = options.producer_name or ""
         self._id = pool.new_handler_id()
         self._epoch = 0
@@ -205,6 +220,8 @@ class Producer(ReconnectingHandler):
         self._watched: tuple[_Op, ClientConnection | None, float] | None = None
         """The head op, its connection, and since when the pair has not changed."""
         self._probing: asyncio.Task[None] | None = None
+        self._flush_waiters: list[tuple[int, asyncio.Future[None]]] = []
+        """``flush`` calls waiting until the op with this highest sequence id is answered."""
 
     def __repr__(self) -> str:
         return f"Producer({self.topic!r}, name={self.producer_name!r})"
@@ -319,7 +336,8 @@ class Producer(ReconnectingHandler):
             self._bound.leave(1)
             fut.set_exception(err)
             return fut
-        return self._submit(fut, _as_bytes(value), key, properties, event_time, sequence_id, txn_id)
+        self._submit(fut, _as_bytes(value), key, properties, event_time, sequence_id, txn_id)
+        return fut
 
     def _send_nowait(  # noqa: PLR0917 (private)
         self,
@@ -336,19 +354,57 @@ class Producer(ReconnectingHandler):
         if not self._bound.try_enter():
             return None
         fut: asyncio.Future[MessageId] = asyncio.get_running_loop().create_future()
-        return self._submit(fut, value, key, properties, event_time, sequence_id, txn_id)
+        self._submit(fut, value, key, properties, event_time, sequence_id, txn_id)
+        return fut
+
+    def _offer(  # noqa: PLR0917 (private)
+        self,
+        completion: Completion,
+        value: bytes,
+        key: str | None,
+        properties: Mapping[str, str] | None,
+        event_time: int | None,
+        sequence_id: int,
+        txn_id: TxnId | None,
+    ) -> bool:
+        """Queue a message answered through ``completion`` if there is room now; False
+        (nothing queued) when the queue is full. Raises Closed when closed."""
+        self._check_open()
+        if not self._bound.try_enter():
+            return False
+        self._submit(completion, _as_bytes(value), key, properties, event_time, sequence_id, txn_id)
+        return True
+
+    async def _offer_waiting(  # noqa: PLR0917 (private)
+        self,
+        completion: Completion,
+        value: bytes,
+        key: str | None,
+        properties: Mapping[str, str] | None,
+        event_time: int | None,
+        sequence_id: int,
+        txn_id: TxnId | None,
+    ) -> None:
+        """``_offer`` that waits for room (Closed if the producer closes meanwhile)."""
+        await self._bound.enter(block=self.options.block_if_queue_full, owner=self)
+        try:
+            self._check_open()
+        except Closed:
+            self._bound.leave(1)
+            raise
+        self._submit(completion, _as_bytes(value), key, properties, event_time, sequence_id, txn_id)
 
     def _submit(  # noqa: PLR0917 (private)
         self,
-        fut: asyncio.Future[MessageId],
+        fut: Completion,
         value: bytes,
         key: str | None,
         properties: Mapping[str, str] | None,
         event_time: int | None,
         sequence_id: int | None,
         txn_id: TxnId | None = None,
-    ) -> asyncio.Future[MessageId]:
-        """Queue a message that holds a slot of the bound; its future is ``fut``."""
+    ) -> None:
+        """Queue a message that holds a slot of the bound; its answer resolves ``fut``."""
         bound = self._bound
         if sequence_id is None:
             sequence_id = self._next_sequence_id
@@ -358,14 +414,13 @@ class Producer(ReconnectingHandler):
         if len(value) > self._size_limit:
             bound.leave(1)
             fut.set_exception(MessageTooBig("message", len(value), self._size_limit))
-            return fut
+            return
         props = tuple(properties.items()) if properties else ()
         item = _Pending(value, fut, sequence_id, key, event_time, props, txn_id)
         if self.options.batching:
             self._add_to_batch(item)
         else:
             self._enqueue(self._single_op(item))
-        return fut
 
     def _check_open(self) -> None:
         if self._closing:
@@ -403,7 +458,13 @@ class Producer(ReconnectingHandler):
             batch = self._batch
         batch.append(item)
         self._batch_bytes += size
-        if len(batch) >= self._batch_messages_max or self._batch_bytes >= self._batch_bytes_max:
+        if (
+            len(batch) >= self._batch_messages_max
+            or self._batch_bytes >= self._batch_bytes_max
+            # A full bound: room comes only from receipts, so send now rather than after
+            # the batch delay (pending_messages_max below batch_messages_max would stall).
+            or self._bound.count >= self._bound.limit
+        ):
             self._flush_batch()
         elif self._batch_timer is None:
             loop = asyncio.get_running_loop()
@@ -497,18 +558,19 @@ class Producer(ReconnectingHandler):
         self._pending.popleft()
         self._bound.leave(len(op.futures))
         wire = body.message_id
+        ledger_id, entry_id = int(wire.ledgerId), int(wire.entryId)
+        partition, segment_id = self.partition, self.segment_id
+        size = len(op.futures) if op.batched else 0
         for index, fut in enumerate(op.futures):
             if fut.done():
                 continue
             fut.set_result(
                 MessageId(
-                    int(wire.ledgerId),
-                    int(wire.entryId),
-                    index if op.batched else -1,
-                    self.partition,
-                    batch_size=len(op.futures) if op.batched else 0,
+                    ledger_id, entry_id, index if op.batched else -1, partition, segment_id, size
                 )
             )
+        if self._flush_waiters:
+            self._wake_flushers()
 
     def _on_send_error(self, body: pb.CommandSendError) -> None:
         err = from_server_error(int(body.error), body.message)
@@ -521,6 +583,8 @@ class Producer(ReconnectingHandler):
             for fut in op.futures:
                 if not fut.done():
                     fut.set_exception(err)
+            if self._flush_waiters:
+                self._wake_flushers()
 
     # --- stuck sends -----------------------------------------------------------------------
 
@@ -572,6 +636,19 @@ class Producer(ReconnectingHandler):
         for fut in futures:
             if not fut.done():
                 fut.set_exception(error)
+        self._wake_flushers()
+
+    def _wake_flushers(self) -> None:
+        """Release the ``flush`` calls whose last op left the queue (answered or failed)."""
+        head = self._pending[0].sequence_id if self._pending else None
+        waiting = []
+        for upto, fut in self._flush_waiters:
+            if head is None or upto < head:
+                if not fut.done():
+                    fut.set_result(None)
+            else:
+                waiting.append((upto, fut))
+        self._flush_waiters = waiting
 
     # --- flush and close -------------------------------------------------------------------
 
@@ -581,9 +658,12 @@ class Producer(ReconnectingHandler):
         Failed sends are not raised here: their own futures carry the errors.
         """
         self._flush_batch()
-        futures = [f for op in self._pending for f in op.futures]
-        if futures:
-            await asyncio.wait(futures)
+        if not self._pending:
+            return
+        # Not the ops' own completions: they need not be futures (see ``Completion``).
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._flush_waiters.append((self._pending[-1].highest_sequence_id, done))
+        await done
 
     async def close(self) -> None:
         """Flush (bounded by the operation timeout), then close; later sends raise Closed."""

@@ -213,9 +213,9 @@ class RerouteState(Generic[E]):
 
 @dataclass(eq=False, slots=True)
 class _Entry:
-    """One message until it has its answer. It is also the done-callback of both its own
-    future and the segment producer's one: one object per message instead of three (the
-    garbage collector's work grows with the objects of every pending message)."""
+    """One message until it has its answer. It is also the segment producer's completion
+    of the message (see ``producer.Completion``): the receipt resolves it directly, so a
+    message costs one future (the caller's) and no scheduled callback in between."""
 
     owner: ScalableProducer
     serial: int
@@ -227,12 +227,42 @@ class _Entry:
     segment_id: int = -1
     txn: TxnId | None = None
     """The transaction the message belongs to: kept when it is re-routed."""
+    released: bool = False
+    """Whether its slot of the producer's bound was given back (once, at its end)."""
 
-    def __call__(self, fut: asyncio.Future[MessageId]) -> None:
-        if fut is self.future:
-            self.owner._bound.leave(1)
-        else:
-            self.owner._on_answer(self.segment_id, self, fut)
+    def done(self) -> bool:
+        # Every hand-off to a segment gets its answer, even after the caller's future
+        # ended (cancelled): the re-route state must hear it.
+        return False
+
+    def set_result(self, result: MessageId, /) -> None:
+        owner = self.owner
+        future = self.future
+        state = owner._state
+        sends = state.inflight.get(self.segment_id)
+        if (
+            future.done()
+            or sends is None
+            or owner._closing
+            or state.sealed
+            or state.retry
+            or owner._recovery is not None
+        ):
+            owner._on_answer(self.segment_id, self, result, None)
+            return
+        # The common case of ``_on_answer``, inline (it runs once per message).
+        sends.pop(self.serial, None)
+        if not sends:
+            del state.inflight[self.segment_id]
+        if not self.released:
+            self.released = True
+            owner._bound.leave(1)
+        future.set_result(result)
+        if self.segment_id not in owner._active[1]:
+            owner._after_answer(self.segment_id)
+
+    def set_exception(self, exception: BaseException, /) -> None:
+        self.owner._on_answer(self.segment_id, self, None, exception)
 
 
 def _active_ids(layout: SegmentLayout) -> frozenset[int]:
@@ -264,6 +294,7 @@ class ScalableProducer:
         self._router = SegmentRouter()
         self._bound = PendingBound(options.pending_messages_max)
         self._serials = itertools.count()
+        self._loop = asyncio.get_running_loop()
         self._dispatching = False
         self._recovery: asyncio.Task[None] | None = None
         self._settled = asyncio.Event()
@@ -338,8 +369,66 @@ class ScalableProducer:
         """
         if sequence_id is not None:
             raise InvalidArgument("a scalable-topic producer assigns sequence ids itself")
+        if txn is None:
+            fut = self._send_fast(value, key, properties, event_time)
+            if fut is not None:
+                return fut
         (fut,) = await self.send_many([(value, key, properties, event_time)], txn=txn)
         return fut
+
+    def _send_fast(
+        self,
+        value: bytes,
+        key: str | None,
+        properties: Mapping[str, str] | None,
+        event_time: int | None,
+    ) -> asyncio.Future[MessageId] | None:
+        """The common case in one step, what ``_enqueue`` + ``_dispatch`` do otherwise:
+        nothing queued or held, the DAG as last seen, the key's segment has a producer with
+        room. None (nothing taken) sends the message the general way."""
+        if self._queue or self._dispatching or self._closing or type(value) is not bytes:
+            return None
+        state = self._state
+        layout = self._session.layout
+        seen, active = self._active
+        if (
+            state.sealed
+            or state.retry
+            or seen is not layout
+            or active is not self._clear_under
+            or self._retired_for is not layout
+        ):
+            return None
+        segment_id = self._router.route(layout, key).segment_id
+        producer = self._producers.get(segment_id)
+        if producer is None or producer._closing or not self._bound.try_enter():
+            return None
+        if not producer._bound.try_enter():
+            self._bound.leave(1)
+            return None
+        fut: asyncio.Future[MessageId] = self._loop.create_future()
+        props = dict(properties) if properties else None
+        entry = _Entry(self, next(self._serials), value, key, props, event_time, fut, segment_id)
+        sequence_id = self._next_sequence_id
+        self._next_sequence_id = sequence_id + 1
+        sends = state.inflight.get(segment_id)
+        if sends is None:
+            sends = state.inflight[segment_id] = {}
+        sends[entry.serial] = entry
+        producer._submit(entry, value, key, props, event_time, sequence_id, None)
+        self.last_sequence_id = sequence_id
+        if self._bound.count >= self._bound.limit:
+            self._flush_if_full()
+        return fut
+
+    def _flush_if_full(self) -> None:
+        """With the bound full, room comes only from receipts, and the held messages sit
+        spread over the segments' open batches, none of them full: send those now rather
+        than after their batch delay."""
+        if self._bound.count >= self._bound.limit:
+            for producer in self._producers.values():
+                if producer._batch:
+                    producer._flush_batch()
 
     async def send_many(
         self,
@@ -388,11 +477,18 @@ class ScalableProducer:
         await self._dispatch()
         return out
 
-    def _check_sendable(self, value: bytes) -> None:
+    def _check_sendable(self, value: bytes, *, entered: bool = False) -> None:
+        """Raise for a closed producer or a value that is not bytes (``entered``: the
+        caller holds a slot of the bound, given back when it raises)."""
+        err: AnabranchError | None = None
         if self._closing:
-            raise Closed(f"{self} is closed")
-        if not isinstance(value, bytes | bytearray | memoryview):
-            raise InvalidArgument(f"message value must be bytes, not {type(value).__name__}")
+            err = Closed(f"{self} is closed")
+        elif not isinstance(value, bytes | bytearray | memoryview):
+            err = InvalidArgument(f"message value must be bytes, not {type(value).__name__}")
+        if err is not None:
+            if entered:
+                self._bound.leave(1)
+            raise err
 
     def _enqueue(
         self,
@@ -403,23 +499,34 @@ class ScalableProducer:
         txn_id: TxnId | None = None,
     ) -> asyncio.Future[MessageId]:
         """Queue a message that holds a slot of the bound."""
-        fut: asyncio.Future[MessageId] = asyncio.get_running_loop().create_future()
+        fut: asyncio.Future[MessageId] = self._loop.create_future()
         entry = _Entry(
             self,
             next(self._serials),
-            bytes(value),
+            value if type(value) is bytes else bytes(value),
             key,
             dict(properties) if properties else None,
             event_time,
             fut,
             txn=txn_id,
         )
-        fut.add_done_callback(entry)
         if self._closing:
-            fut.set_exception(Closed(f"{self} is closed"))
+            self._fail(entry, Closed(f"{self} is closed"))
         else:
             self._queue.append(entry)
         return fut
+
+    def _release(self, entry: _Entry) -> None:
+        """Give back ``entry``'s slot of the bound (once)."""
+        if not entry.released:
+            entry.released = True
+            self._bound.leave(1)
+
+    def _fail(self, entry: _Entry, err: BaseException) -> None:
+        """End ``entry`` with ``err`` (unless its future already ended)."""
+        self._release(entry)
+        if not entry.future.done():
+            entry.future.set_exception(err)
 
     async def _dispatch(self) -> None:
         """Hand queued messages to segment producers, in order, while nothing holds."""
@@ -427,70 +534,78 @@ class ScalableProducer:
             return  # the running loop will take what was just queued
         self._dispatching = True
         try:
-            state = self._state
-            while self._queue and not self._closing:
-                layout, active = self._current()
-                # In-flight sends only go to active segments: while the active set and the
-                # seal state are unchanged, a NONE answer stays NONE (no check per message).
-                if state.sealed or state.retry or active is not self._clear_under:
-                    if state.hold(active) is not Hold.NONE:
-                        self._ensure_recovery()
-                        return
-                    self._clear_under = active
-                if self._retired_for is not layout:
-                    self._retire_stale(active)
-                    self._retired_for = layout
-                entry = self._queue[0]
-                segment = self._router.route(layout, entry.key)
-                producer = self._producers.get(segment.segment_id)
-                if producer is None:
-                    self._ensure_creating(segment)
+            while True:
+                blocked = self._pump()
+                if blocked is None:
+                    self._flush_if_full()
                     return
-                self._queue.popleft()
-                waiting = self._send_now(producer, segment.segment_id, entry)
-                if waiting is not None:  # the segment's queue is full: wait for room there
-                    await self._send_waiting(producer, segment.segment_id, entry, waiting)
+                await self._send_waiting(*blocked)  # the segment's queue is full: wait there
         finally:
             self._dispatching = False
+
+    def _pump(self) -> tuple[Producer, int, _Entry, int] | None:
+        """Hand queued messages over without waiting, until the queue is empty or something
+        holds; returns the send that must wait for room in a segment producer, if any."""
+        state = self._state
+        while self._queue and not self._closing:
+            layout, active = self._current()
+            # In-flight sends only go to active segments: while the active set and the
+            # seal state are unchanged, a NONE answer stays NONE (no check per message).
+            if state.sealed or state.retry or active is not self._clear_under:
+                if state.hold(active) is not Hold.NONE:
+                    self._ensure_recovery()
+                    return None
+                self._clear_under = active
+            if self._retired_for is not layout:
+                self._retire_stale(active)
+                self._retired_for = layout
+            entry = self._queue[0]
+            segment = self._router.route(layout, entry.key)
+            producer = self._producers.get(segment.segment_id)
+            if producer is None:
+                self._ensure_creating(segment)
+                return None
+            self._queue.popleft()
+            waiting = self._send_now(producer, segment.segment_id, entry)
+            if waiting is not None:
+                return producer, segment.segment_id, entry, waiting
+        return None
 
     def _send_now(self, producer: Producer, segment_id: int, entry: _Entry) -> int | None:
         """Hand ``entry`` to a segment producer without waiting. Returns the sequence id to
         send it with once that producer has room, or None when it was handed (or failed)."""
-        if entry.future.done():
+        if entry.future.done():  # cancelled by the caller (or failed) while queued
+            self._release(entry)
             return None
         sequence_id = self._next_sequence_id
         self._next_sequence_id += 1
         self._state.sent(segment_id, entry.serial, entry)
+        entry.segment_id = segment_id  # before the hand-off: it may answer at once
         try:
-            inner = producer._send_nowait(
-                entry.value, entry.key, entry.properties, entry.event_time, sequence_id, entry.txn
-            )
+            handed = producer._offer(
+                entry, entry.value, entry.key, entry.properties, entry.event_time,
+                sequence_id, entry.txn,
+            )  # fmt: skip
         except AnabranchError as err:
             self._send_failed(producer, segment_id, entry, err)
             return None
-        if inner is None:
+        if not handed:
             return sequence_id
-        self._handed(segment_id, entry, sequence_id, inner)
+        self.last_sequence_id = sequence_id
         return None
 
     async def _send_waiting(
         self, producer: Producer, segment_id: int, entry: _Entry, sequence_id: int
     ) -> None:
         try:
-            inner = await producer._send_async(
-                entry.value, entry.key, entry.properties, entry.event_time, sequence_id, entry.txn
-            )
+            await producer._offer_waiting(
+                entry, entry.value, entry.key, entry.properties, entry.event_time,
+                sequence_id, entry.txn,
+            )  # fmt: skip
         except AnabranchError as err:
             self._send_failed(producer, segment_id, entry, err)
             return
-        self._handed(segment_id, entry, sequence_id, inner)
-
-    def _handed(
-        self, segment_id: int, entry: _Entry, sequence_id: int, inner: asyncio.Future[MessageId]
-    ) -> None:
         self.last_sequence_id = sequence_id
-        entry.segment_id = segment_id
-        inner.add_done_callback(entry)
 
     def _send_failed(
         self, producer: Producer, segment_id: int, entry: _Entry, err: AnabranchError
@@ -500,32 +615,33 @@ class ScalableProducer:
             self._drop_producer(segment_id)
             return
         self._state.answered(segment_id, entry.serial)
-        entry.future.set_exception(err)
+        self._fail(entry, err)
         if producer._closing:
             self._drop_producer(segment_id)  # failed for good: the next send makes a new one
 
-    def _on_answer(self, segment_id: int, entry: _Entry, inner: asyncio.Future[MessageId]) -> None:
-        err: BaseException | None = (
-            Closed(f"{self}: send cancelled") if inner.cancelled() else inner.exception()
-        )
+    def _on_answer(
+        self, segment_id: int, entry: _Entry, mid: MessageId | None, err: BaseException | None
+    ) -> None:
+        """A segment producer's answer to ``entry`` (its id, or ``err``)."""
         if entry.future.done():
             self._state.answered(segment_id, entry.serial)  # already failed (given up)
+            self._release(entry)
             return
         if err is None:
+            assert mid is not None
             self._state.answered(segment_id, entry.serial)
-            if not entry.future.done():
-                r = inner.result()
-                mid = MessageId(
-                    r.ledger_id, r.entry_id, r.batch_index, r.partition, segment_id, r.batch_size
-                )
-                entry.future.set_result(mid)
+            self._release(entry)
+            entry.future.set_result(mid)
         elif isinstance(err, REROUTE_ERRORS) and not self._closing:
             log.debug("%s: segment %d refused a send (%s); re-routing", self, segment_id, err)
             self._state.refused(segment_id, entry.serial)
         else:
             self._state.answered(segment_id, entry.serial)
-            if not entry.future.done():
-                entry.future.set_exception(err)
+            self._fail(entry, err)
+        self._after_answer(segment_id)
+
+    def _after_answer(self, segment_id: int) -> None:
+        """Wake what waits for answers (a seal settling), if anything holds."""
         state = self._state
         if self._closing or not (
             state.sealed or state.retry or self._recovery or segment_id not in self._active[1]
@@ -590,8 +706,7 @@ class ScalableProducer:
                 self._state.answered(segment_id, serial)
             self._drop_producer(segment_id)
         for entry in [*held, *self._state.give_up()]:
-            if not entry.future.done():
-                entry.future.set_exception(err)
+            self._fail(entry, err)
 
     # --- segment producers -----------------------------------------------------------------
 
@@ -603,6 +718,7 @@ class ScalableProducer:
     async def _create(self, segment: Segment) -> None:
         name = str(segment_name(self._session.topic, segment))
         producer = Producer(self._pool, name, self._segment_options)
+        producer.segment_id = segment.segment_id
         try:
             await producer._start()
         except REROUTE_ERRORS as err:
@@ -614,8 +730,7 @@ class ScalableProducer:
             await producer.close()
             queued, self._queue = list(self._queue), deque()
             for entry in queued:
-                if not entry.future.done():
-                    entry.future.set_exception(err)
+                self._fail(entry, err)
         else:
             if self._closing:
                 await producer.close()
@@ -682,8 +797,7 @@ class ScalableProducer:
         )
         err = Closed(f"{self} was closed")
         for entry in list(self._unanswered()):
-            if not entry.future.done():
-                entry.future.set_exception(err)
+            self._fail(entry, err)
         self._queue.clear()
         await self._session.close()
 

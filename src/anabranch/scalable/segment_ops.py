@@ -28,7 +28,8 @@ import json
 import logging
 import struct
 from collections.abc import Mapping
-from typing import Protocol
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from google.protobuf.message import DecodeError  # type: ignore[import-untyped]
 
@@ -44,6 +45,49 @@ _U16 = struct.Struct(">H")
 _I32 = struct.Struct(">i")
 _REPLAY_BATCH_ENTRIES = 1000
 """Entries read per call while rebuilding a sealed segment's dedup snapshot."""
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentLoad:
+    """A segment's load as its owner counts it: cumulative messages and bytes in and out
+    since its topic was loaded (plain counters the data path already keeps), and the
+    backlog of its slowest subscription. The autoscaler turns readings into rates.
+
+    Example:
+        >>> SegmentLoad.from_dict(SegmentLoad(1, 2, 3, 4, 5).to_dict())
+        SegmentLoad(msg_in=1, bytes_in=2, msg_out=3, bytes_out=4, backlog=5)
+    """
+
+    msg_in: int = 0
+    bytes_in: int = 0
+    msg_out: int = 0
+    bytes_out: int = 0
+    backlog: int = 0
+
+    def counters(self) -> tuple[int, int, int, int]:
+        """The cumulative counters, in and out."""
+        return (self.msg_in, self.bytes_in, self.msg_out, self.bytes_out)
+
+    def to_dict(self) -> dict[str, int]:
+        """The JSON form owners answer the controller with."""
+        return {
+            "msgInCounter": self.msg_in,
+            "bytesInCounter": self.bytes_in,
+            "msgOutCounter": self.msg_out,
+            "bytesOutCounter": self.bytes_out,
+            "backlog": self.backlog,
+        }
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> SegmentLoad:
+        """Inverse of :meth:`to_dict` (missing values are 0)."""
+        return cls(
+            int(doc.get("msgInCounter", 0)),
+            int(doc.get("bytesInCounter", 0)),
+            int(doc.get("msgOutCounter", 0)),
+            int(doc.get("bytesOutCounter", 0)),
+            int(doc.get("backlog", 0)),
+        )
 
 
 class SegmentOps(Protocol):
@@ -77,6 +121,10 @@ class SegmentOps(Protocol):
 
     async def remove_subscription(self, segment: SegmentName, subscription: str) -> None:
         """Delete the subscription's cursor on the segment, if any."""
+        ...
+
+    async def segment_load(self, segment: SegmentName) -> SegmentLoad:
+        """The segment's load counters on its owner (zeros while nobody has it loaded)."""
         ...
 
     async def delete_segment(self, segment: SegmentName) -> None:
@@ -206,6 +254,11 @@ class StorageSegmentOps:
                     await cursor.flush()  # the contract: drained means durably drained
                 return backlog
         return 0
+
+    async def segment_load(self, segment: SegmentName) -> SegmentLoad:
+        # No topic counts traffic here; only the backlog is known.
+        ledger = await self._ledger(segment)
+        return SegmentLoad(backlog=max((c.backlog() for c in ledger.cursors()), default=0))
 
     async def remove_subscription(self, segment: SegmentName, subscription: str) -> None:
         ledger = await self._ledger(segment)

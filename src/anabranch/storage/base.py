@@ -16,16 +16,24 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from anabranch import limits
 from anabranch.clock import Clock
 from anabranch.core.ack_state import AckState
 from anabranch.core.retention import LedgerSpan, Retention, trimmable_ledgers
-from anabranch.errors import Closed, InvalidArgument, StorageError
+from anabranch.errors import (
+    Closed,
+    InvalidArgument,
+    LedgerFenced,
+    NotAllowed,
+    StorageError,
+    StorageIOError,
+)
 from anabranch.storage.api import (
     EARLIEST,
     LATEST,
@@ -34,6 +42,48 @@ from anabranch.storage.api import (
     Position,
 )
 from anabranch.storage.cursor import ManagedCursor
+
+if TYPE_CHECKING:
+    from anabranch.storage.tiered import TieredStorage
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class OffloadState:
+    """Where a sealed ledger's offloaded copy lives (Pulsar's ``OffloadContext``): the
+    object ``key`` in ``bucket`` (unique per offload attempt), when it completed, from
+    when the hot copy may be deleted and whether it has been.
+
+    >>> OffloadState.from_json(OffloadState("k", "b", 5, 10).to_json())
+    OffloadState(key='k', bucket='b', offloaded_ms=5, delete_hot_after_ms=10, hot_deleted=False)
+    """
+
+    key: str
+    bucket: str
+    offloaded_ms: int
+    delete_hot_after_ms: int
+    hot_deleted: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "complete": True,
+            "key": self.key,
+            "bucket": self.bucket,
+            "offloadedMs": self.offloaded_ms,
+            "deleteHotAfterMs": self.delete_hot_after_ms,
+            "hotDeleted": self.hot_deleted,
+        }
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> OffloadState:
+        return cls(
+            str(obj["key"]),
+            str(obj["bucket"]),
+            int(obj["offloadedMs"]),
+            int(obj["deleteHotAfterMs"]),
+            bool(obj.get("hotDeleted", False)),
+        )
 
 
 @dataclass(slots=True)
@@ -47,18 +97,39 @@ class LedgerInfo:
     """Payload bytes of the confirmed entries."""
     closed_ms: int | None = None
     """Wall time the ledger was closed; None while it is the open, writable ledger."""
+    offload: OffloadState | None = None
+    """Set once a complete copy is in the object store (tiered storage)."""
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        obj: dict[str, Any] = {
             "id": self.ledger_id,
             "entries": self.entries,
             "size": self.size,
             "closedMs": self.closed_ms,
         }
+        if self.offload is not None:
+            obj["offload"] = self.offload.to_json()
+        return obj
 
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> LedgerInfo:
-        return cls(int(obj["id"]), int(obj["entries"]), int(obj["size"]), obj.get("closedMs"))
+        offload = obj.get("offload")
+        return cls(
+            int(obj["id"]),
+            int(obj["entries"]),
+            int(obj["size"]),
+            obj.get("closedMs"),
+            OffloadState.from_json(offload) if offload else None,
+        )
+
+    @property
+    def hot(self) -> bool:
+        """The entries are still in the hot tier (local files / JetStream)."""
+        return self.offload is None or not self.offload.hot_deleted
+
+
+class _Superseded(Exception):
+    """The ledger changed while its copy was uploaded (trimmed or offloaded already)."""
 
 
 def check_name(kind: str, name: str) -> str:
@@ -88,6 +159,9 @@ class ManagedLedgerBase:
         """Set once fenced or once the disk failed: every later append raises it."""
         self._meta_lock = asyncio.Lock()
         """Serialises metadata changes (rollover, trim, cursor persist, terminate)."""
+        self.tiered: TieredStorage | None = None
+        """The object store offloaded ledgers live in (set by the factory when an offload
+        driver is configured)."""
 
     # --- ledger list --------------------------------------------------------------------------
 
@@ -118,7 +192,16 @@ class ManagedLedgerBase:
     @property
     def ledgers(self) -> list[LedgerInfo]:
         """A copy of the ledger list (for stats and tests)."""
-        return [LedgerInfo(i.ledger_id, i.entries, i.size, i.closed_ms) for i in self._ledgers]
+        return [
+            LedgerInfo(
+                i.ledger_id,
+                i.entries,
+                i.size,
+                i.closed_ms,
+                dataclasses.replace(i.offload) if i.offload else None,
+            )
+            for i in self._ledgers
+        ]
 
     @property
     def last_confirmed(self) -> Position:
@@ -203,7 +286,7 @@ class ManagedLedgerBase:
                 first = 0
             count = min(info.entries - first, max_entries - len(out))
             if count > 0:
-                datas = await self._read_ledger(info, first, count, max_bytes - used, not out)
+                datas = await self._read_either(info, first, count, max_bytes - used, not out)
                 for k, data in enumerate(datas):
                     out.append(Entry(Position(info.ledger_id, first + k), data))
                     used += len(data)
@@ -287,10 +370,127 @@ class ManagedLedgerBase:
             remaining = self._ledgers[len(doomed) :]
             await self._commit_trim(doomed, remaining)
             self._set_ledgers(remaining)
-            return len(doomed)
+        for info in doomed:
+            if info.offload is not None:
+                await self._delete_offloaded_object(info.offload)
+        return len(doomed)
 
     async def _commit_trim(self, doomed: list[LedgerInfo], remaining: list[LedgerInfo]) -> None:
         raise NotImplementedError
+
+    # --- tiered storage ----------------------------------------------------------------------
+
+    def _tiered(self) -> TieredStorage:
+        if self.tiered is None:
+            raise StorageIOError(
+                f"{self._name}: a ledger is offloaded but no offload driver is configured"
+            )
+        return self.tiered
+
+    async def _read_offloaded(
+        self, info: LedgerInfo, first: int, count: int, max_bytes: int, at_least_one: bool
+    ) -> list[bytes]:
+        assert info.offload is not None
+        return await self._tiered().read(
+            info.offload, info.ledger_id, info.entries, first, count, max_bytes, at_least_one
+        )
+
+    async def _read_either(
+        self, info: LedgerInfo, first: int, count: int, max_bytes: int, at_least_one: bool
+    ) -> list[bytes]:
+        """From the hot tier while the ledger is there, else from the object store; a hot
+        read that fails because the hot copy was deleted under it is served cold."""
+        if not info.hot:
+            return await self._read_offloaded(info, first, count, max_bytes, at_least_one)
+        try:
+            return await self._read_ledger(info, first, count, max_bytes, at_least_one)
+        except StorageError:
+            if info.hot:
+                raise
+        return await self._read_offloaded(info, first, count, max_bytes, at_least_one)
+
+    def _find(self, ledger_id: int) -> LedgerInfo | None:
+        i = bisect_left(self._ids, ledger_id)
+        if i < len(self._ids) and self._ids[i] == ledger_id:
+            return self._ledgers[i]
+        return None
+
+    async def offload_ledger(self, ledger_id: int, deletion_lag_ms: int) -> bool:
+        """Copy sealed ledger ``ledger_id`` to the object store and record it in the
+        metadata; the hot copy stays until :meth:`delete_offloaded_hot`. False when there
+        is nothing to do (already offloaded, empty, open, or trimmed meanwhile). On an
+        object store error nothing changes here and the error propagates."""
+        self.check_open()
+        tiered = self._tiered()
+        info = self._find(ledger_id)
+        if info is None or info.closed_ms is None or info.offload is not None or not info.entries:
+            return False
+        payloads: list[bytes] = []
+        while len(payloads) < info.entries:  # a backend may answer a long read in parts
+            got = await self._read_ledger(
+                info, len(payloads), info.entries - len(payloads), 2**62, True
+            )
+            if not got:
+                raise StorageIOError(f"{self._name}: ledger {ledger_id} read short for offload")
+            payloads += got
+        key = await tiered.offload(self._name, ledger_id, payloads)
+        now = self.clock.wall_ms()
+        state = OffloadState(key, tiered.bucket, now, now + max(deletion_lag_ms, 0))
+        try:
+            async with self._meta_lock:
+                self.check_open()
+                info = self._find(ledger_id)
+                if info is None or info.offload is not None:
+                    raise _Superseded()
+                info.offload = state
+                try:
+                    await self._persist_ledger_list()
+                except BaseException:
+                    info.offload = None
+                    raise
+        except _Superseded:
+            await self._delete_offloaded_object(state)
+            return False
+        except LedgerFenced:  # the commit surely failed: nothing will ever point at it
+            await self._delete_offloaded_object(state)
+            raise
+        # Any other failure may have committed (an unanswered metadata write): the object
+        # stays, as an orphan at worst, never deleted under a record that points at it.
+        return True
+
+    async def delete_offloaded_hot(self, ledger_id: int) -> bool:
+        """Drop the hot copy of an offloaded ledger (reads go to the object store from
+        now on); the metadata is committed first, so a crash in between leaves only
+        unreferenced files. False when the ledger is not offloaded or already cold."""
+        self.check_open()
+        async with self._meta_lock:
+            info = self._find(ledger_id)
+            if info is None or info.offload is None or info.offload.hot_deleted:
+                return False
+            info.offload.hot_deleted = True
+            try:
+                await self._persist_ledger_list()
+            except BaseException:
+                info.offload.hot_deleted = False
+                raise
+        await self._delete_hot_ledger(ledger_id)
+        return True
+
+    async def _delete_offloaded_object(self, state: OffloadState) -> None:
+        if self.tiered is None:
+            return
+        try:
+            await self.tiered.delete(state.key)
+        except StorageError as err:  # an orphan object costs space, not correctness
+            log.warning("%s: offloaded object not deleted: %s", self._name, err)
+
+    async def _persist_ledger_list(self) -> None:
+        """Write the ledger list (with its offload states) to the metadata store."""
+        raise NotAllowed(f"{self._name}: this storage backend cannot offload")
+
+    async def _delete_hot_ledger(self, ledger_id: int) -> None:
+        """Remove one ledger's entries from the hot tier."""
+        raise NotAllowed(f"{self._name}: this storage backend cannot offload")
 
     # --- lifecycle -------------------------------------------------------------------------------
 

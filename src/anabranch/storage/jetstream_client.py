@@ -37,7 +37,9 @@ import itertools
 import json
 import logging
 import ssl
+import time
 import uuid
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -47,6 +49,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.errors import Error as NatsError
 
+from anabranch.core.log_throttle import LogThrottle
 from anabranch.errors import StorageIOError
 
 log = logging.getLogger(__name__)
@@ -60,6 +63,12 @@ ERR_NO_MESSAGE_FOUND = 10037
 ERR_STREAM_NAME_IN_USE = 10058
 ERR_NO_SUITABLE_PEERS = 10005
 ERR_STREAM_SEALED = 10109
+
+CONNECTION_ERROR_LOG_INTERVAL_S = 10.0
+"""At most one log line per kind of connection error this often (an outage would log
+every reconnect attempt, four a second)."""
+CONNECTION_ERRORS_KEPT = 16
+"""Connection errors remembered for the message of a failed connect."""
 
 BATCH_MESSAGES_MAX = 1000
 """Messages per atomic batch (the server's default limit)."""
@@ -202,20 +211,24 @@ class JetStreamClient:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + connect_timeout_s
         delay = 0.1
+        # One for the connection's life: nats-py reports every refused reconnect.
+        throttle = LogThrottle(CONNECTION_ERROR_LOG_INTERVAL_S)
         while True:
             nc = Client()
-            seen: list[Exception] = []
+            # The callback outlives the connect (it sees every later reconnect error):
+            # only the latest few are kept, for the connect's error message.
+            seen: deque[Exception] = deque(maxlen=CONNECTION_ERRORS_KEPT)
             refused: asyncio.Future[None] = loop.create_future()
 
             async def on_error(
                 err: Exception,
-                seen: list[Exception] = seen,
+                seen: deque[Exception] = seen,
                 refused: asyncio.Future[None] = refused,
             ) -> None:
                 seen.append(err)
                 if _is_auth(err) and not refused.done():
                     refused.set_result(None)  # stop nats-py's own retrying at once
-                await _log_error(err)
+                _log_error(err, throttle)
 
             try:
                 options: dict[str, Any] = {
@@ -514,8 +527,14 @@ class JetStreamClient:
         return reads.msgs
 
 
-async def _log_error(err: Exception) -> None:
-    log.warning("NATS connection: %r", err)
+def _log_error(err: Exception, throttle: LogThrottle) -> None:
+    left_out = throttle.admit(type(err).__name__, time.monotonic())
+    if left_out is None:
+        return
+    if left_out:
+        log.warning("NATS connection: %r (and %d more errors since the last line)", err, left_out)
+    else:
+        log.warning("NATS connection: %r", err)
 
 
 __all__ = [

@@ -29,6 +29,16 @@ Theory of operation.
   (``next_by_subj``), which gives its entry count; it is closed, empty ones dropped, and
   the record is CASed again with the new ledger's first sequence.
 
+* **A stream deleted behind our back.** The open ledger's next append, read or marker
+  finds the stream gone: LedgerFenced. Reopening checks the stream still exists when the
+  record names ledger markers (so it was created before) and is LedgerFenced otherwise,
+  instead of creating an empty stream under a history that vanished;
+  :meth:`JetStreamManagedLedgerFactory.delete_lost` then removes what is left of it.
+
+* **Connecting.** A broker calls :meth:`JetStreamManagedLedgerFactory.connect_at_start`:
+  refused credentials stop it; unreachable servers are retried in the background with
+  backoff while topic loads fail retriably.
+
 * **Appends** queue on the loop; one writer task takes everything queued (up to
   ``BATCH_MESSAGES_MAX`` entries and ``STORAGE_GROUP_COMMIT_BYTES_MAX`` bytes, never past
   the current ledger's entry bound) and publishes it as one atomic batch whose first
@@ -92,15 +102,18 @@ from anabranch.storage.jetstream_client import (
     ERR_STREAM_SEALED,
     ApiError,
     JetStreamClient,
+    NatsAuthError,
     PubAck,
     StreamNotFound,
     WrongLastSequence,
+    redact_url,
 )
 from anabranch.storage.ledger import LEDGER_ID_COUNTER, disk_name
 from anabranch.storage.tail_cache import TailCache
 
 if TYPE_CHECKING:
     from anabranch.broker.config import BrokerConfig
+    from anabranch.storage.tiered import TieredStorage
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +126,18 @@ _HEADER_ALLOWANCE = 256
 """Bytes of batch headers per message, kept free under the server's max_payload."""
 
 SEALED_MARKER = "sealed"
+
+START_CONNECT_TIMEOUT_S = 3.0
+"""How long a starting broker tries to reach JetStream before it serves anyway and keeps
+trying in the background."""
+UNAVAILABLE_WAIT_S = 5.0
+"""How long a topic load waits for the background connection before it fails (retriable):
+below a client's operation timeout, so the client retries instead of giving up."""
+CONNECT_ATTEMPT_S = 2.0
+"""One background connection attempt (the client library retries within it)."""
+CONNECT_BACKOFF_MIN_S = 0.5
+CONNECT_BACKOFF_MAX_S = 10.0
+"""Pause between background attempts: doubling from the minimum up to the maximum."""
 
 
 def stream_name(prefix: str, name: str) -> str:
@@ -255,16 +280,27 @@ class JetStreamManagedLedger(ManagedLedgerBase):
 
     async def _recover(self) -> None:
         deadline = self._deadline()
-        while True:
-            try:
-                await self._client.create_stream(self._factory.stream_config(self._stream))
-                break
-            except StorageIOError as err:  # no leader yet, peers not yet known, a timeout
-                await self._backoff(deadline, err)
         record = await self._store.get(self._path)
         info: dict[str, Any] = (
             json.loads(record.value) if record else {"ledgers": [], "terminatedAt": None}
         )
+        # A record naming ledger markers means the stream was created before it: if the
+        # stream is missing now, it was deleted behind our back. Creating an empty one
+        # would serve a topic whose history silently vanished; fence it instead.
+        had_stream = any(obj.get("firstSeq") is not None for obj in info["ledgers"])
+        while True:
+            try:
+                if had_stream:
+                    await self._client.stream_info(self._stream)
+                await self._client.create_stream(self._factory.stream_config(self._stream))
+                break
+            except StreamNotFound as err:
+                raise LedgerFenced(
+                    f"{self.name}: its JetStream stream {self._stream} was deleted behind"
+                    " our back (deleting the topic clears it)"
+                ) from err
+            except StorageIOError as err:  # no leader yet, peers not yet known, a timeout
+                await self._backoff(deadline, err)
         expected = record.stat.version if record else 0
         ledgers = [LedgerInfo.from_json(obj) for obj in info["ledgers"]]
         for obj in info["ledgers"]:
@@ -833,6 +869,26 @@ class JetStreamManagedLedger(ManagedLedgerBase):
             except StorageIOError as err:  # the next trim purges up to its own first ledger
                 log.warning("%s: purge below %d failed: %s", self.name, keep_from, err)
 
+    async def _persist_ledger_list(self) -> None:
+        [self._ml_version] = await self._commit(
+            [Put(self._path, self._ml_info(), self._ml_version)]
+        )
+
+    async def _delete_hot_ledger(self, ledger_id: int) -> None:
+        """A stream only drops a prefix: purge below the oldest ledger still hot (a cold
+        ledger behind a hot one keeps its messages until the older ones go cold too;
+        its reads go to the object store already)."""
+        keep_from = next((self._first_seq.get(i.ledger_id) for i in self._ledgers if i.hot), None)
+        if keep_from is None:
+            return
+        try:
+            await self._client.purge_below(self._stream, keep_from)
+        except ApiError as err:
+            if err.err_code != ERR_STREAM_SEALED:
+                raise
+        except StorageIOError as err:  # the next hot deletion or trim purges it
+            log.warning("%s: purge below %d failed: %s", self.name, keep_from, err)
+
     async def terminate(self) -> Position:
         if self._terminated_at is not None:
             return self._terminated_at
@@ -888,6 +944,9 @@ class JetStreamManagedLedger(ManagedLedgerBase):
                 await self._commit(ops[start : start + limits.METADATA_TXN_OPS_MAX])
         self._mark_closed()
         await self._stop_writer()
+        for info in self._ledgers:
+            if info.offload is not None:
+                await self._delete_offloaded_object(info.offload)
         deadline = self._deadline()
         while True:  # the record is gone: the stream must go too (an unanswered delete
             try:  # may have worked: deleting a missing stream succeeds)
@@ -967,6 +1026,11 @@ class JetStreamManagedLedgerFactory:
         self._connect_timeout_s = connect_timeout_s
         self._client: JetStreamClient | None = None
         self._connecting = asyncio.Lock()
+        self.tiered: TieredStorage | None = None
+        """Where offloaded ledgers live (set when an offload driver is configured)."""
+        self._connector: asyncio.Task[JetStreamClient] | None = None
+        self.start_connect_timeout_s = START_CONNECT_TIMEOUT_S
+        self.unavailable_wait_s = UNAVAILABLE_WAIT_S
         self._open: list[JetStreamManagedLedger] = []
         self._closed = False
 
@@ -986,20 +1050,117 @@ class JetStreamManagedLedgerFactory:
             "allow_atomic": True,
         }
 
+    async def _connect(self, timeout_s: float) -> JetStreamClient:
+        return await JetStreamClient.connect(
+            self.urls,
+            user=self._user,
+            password=self._password,
+            token=self._token,
+            credentials_file=self._credentials_file,
+            tls=self._tls,
+            connect_timeout_s=timeout_s,
+        )
+
+    def _where(self) -> str:
+        return ", ".join(redact_url(u) for u in self.urls)
+
+    async def connect_at_start(self) -> None:
+        """Connect when the broker starts (what a broker does, not what a library does).
+
+        Refused credentials raise NatsAuthError: they never heal, so the broker does not
+        start. Servers that do not answer within ``start_connect_timeout_s`` are logged
+        and tried again in the background with backoff; the broker serves meanwhile
+        (lookups, admin), topic loads fail with a retriable StorageIOError (clients see
+        PersistenceError and retry, as with Pulsar while its bookies are down), and
+        topics load as soon as JetStream answers.
+
+        Example:
+            >>> async def demo(factory: JetStreamManagedLedgerFactory) -> None:
+            ...     await factory.connect_at_start()  # NatsAuthError: wrong credentials
+        """
+        try:
+            self._client = await self._connect(self.start_connect_timeout_s)
+        except NatsAuthError:
+            raise
+        except StorageIOError as err:
+            log.warning(
+                "NATS JetStream at %s unreachable at start (%s): serving anyway, topics"
+                " load once it answers; retrying in the background",
+                self._where(),
+                err,
+            )
+            self._connector = asyncio.get_running_loop().create_task(
+                self._connect_with_backoff(), name="jetstream-connect"
+            )
+
+    async def _connect_with_backoff(self) -> JetStreamClient:
+        delay = CONNECT_BACKOFF_MIN_S
+        while True:
+            try:
+                client = await self._connect(CONNECT_ATTEMPT_S)
+            except NatsAuthError as err:
+                log.critical("%s; no topic can load until the credentials are fixed", err)
+                raise
+            except StorageIOError as err:
+                log.warning(
+                    "NATS JetStream at %s still unreachable (%s); next try in %.1fs",
+                    self._where(),
+                    err,
+                    delay,
+                )
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, CONNECT_BACKOFF_MAX_S)
+                continue
+            log.info("connected to NATS JetStream at %s", self._where())
+            self._client = client
+            return client
+
     async def client(self) -> JetStreamClient:
-        """The shared connection (connecting on first use, with retries)."""
+        """The shared connection: made by :meth:`connect_at_start` or its background retries (a
+        topic load waits ``unavailable_wait_s`` for them, then StorageIOError), or on
+        first use when ``connect_at_start`` was not called (with retries)."""
+        if self._client is not None:
+            return self._client
+        connector = self._connector
+        if connector is not None:
+            done, _ = await asyncio.wait((connector,), timeout=self.unavailable_wait_s)
+            if not done:
+                raise StorageIOError(
+                    f"NATS JetStream at {self._where()} unreachable; retrying in the background"
+                )
+            return connector.result()  # NatsAuthError when the credentials were refused
         async with self._connecting:
             if self._client is None:
-                self._client = await JetStreamClient.connect(
-                    self.urls,
-                    user=self._user,
-                    password=self._password,
-                    token=self._token,
-                    credentials_file=self._credentials_file,
-                    tls=self._tls,
-                    connect_timeout_s=self._connect_timeout_s,
-                )
+                self._client = await self._connect(self._connect_timeout_s)
             return self._client
+
+    async def delete_lost(self, name: str) -> bool:
+        """Delete the metadata (record and cursors) of managed ledger ``name`` whose stream
+        is gone (deleted behind our back: the ledger can never open again); False, and
+        nothing deleted, while the stream exists.
+
+        Example:
+            >>> async def demo(factory: JetStreamManagedLedgerFactory) -> None:
+            ...     assert not await factory.delete_lost("public/default/persistent/ok")
+        """
+        client = await self.client()
+        try:
+            await client.stream_info(stream_name(self.prefix, name))
+            return False
+        except StreamNotFound:
+            pass
+        path = JS_MANAGED_LEDGERS_PREFIX + disk_name(name)
+        while True:
+            page = await self.store.list_prefix(f"{path}/cursors/")
+            if not page.records:
+                break
+            ops: list[Put | Delete | Check] = [Delete(r.path) for r in page.records]
+            for start in range(0, len(ops), limits.METADATA_TXN_OPS_MAX):
+                await self.store.commit(ops[start : start + limits.METADATA_TXN_OPS_MAX])
+        record = await self.store.get(path)
+        if record is not None:
+            await self.store.commit([Delete(path, record.stat.version)])
+        return True
 
     async def allocate_ledger_id(self) -> int:
         """The next cluster-wide ledger id (CAS on ``/ledger-id-counter``)."""
@@ -1023,6 +1184,7 @@ class JetStreamManagedLedgerFactory:
             raise Closed("managed ledger factory is closed")
         client = await self.client()
         ml = JetStreamManagedLedger(self, client, name, config or ManagedLedgerConfig())
+        ml.tiered = self.tiered
         try:
             await ml._recover()
         except BaseException:
@@ -1035,6 +1197,10 @@ class JetStreamManagedLedgerFactory:
 
     async def close(self) -> None:
         self._closed = True
+        if self._connector is not None:
+            self._connector.cancel()
+            await asyncio.gather(self._connector, return_exceptions=True)
+            self._connector = None
         errors: list[BaseException] = []
         for ml in self._open:
             try:

@@ -65,7 +65,7 @@ import uuid
 from collections import deque
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import quote, unquote
 
 from anabranch import failpoints, limits
@@ -88,6 +88,9 @@ from anabranch.storage.base import LedgerInfo, ManagedLedgerBase
 from anabranch.storage.files import FileOpener, open_os_file
 from anabranch.storage.segment_file import FileHandles, SegmentFile, delete_ledger_files
 from anabranch.storage.tail_cache import TailCache
+
+if TYPE_CHECKING:
+    from anabranch.storage.tiered import TieredStorage
 
 LEDGER_ID_COUNTER = "/ledger-id-counter"
 LEDGERS_PREFIX = "/ledgers/"
@@ -894,6 +897,17 @@ class FileManagedLedger(ManagedLedgerBase):
     def _delete_segment_files(self, ledger_id: int) -> None:
         delete_ledger_files(self._dir, ledger_id)
 
+    async def _persist_ledger_list(self) -> None:
+        [self._ml_version] = await self._commit(
+            [Put(self._path, self._ml_info(), self._ml_version)]
+        )
+
+    async def _delete_hot_ledger(self, ledger_id: int) -> None:
+        segment = self._segments.pop(ledger_id, None)
+        if segment is not None:
+            await _in_thread(segment.close, what=self.name)
+        await _in_thread(self._delete_segment_files, ledger_id, what=self.name)
+
     async def terminate(self) -> Position:
         if self._terminated_at is not None:
             return self._terminated_at
@@ -950,6 +964,9 @@ class FileManagedLedger(ManagedLedgerBase):
         self._mark_closed()
         await self._release_files()
         await _in_thread(shutil.rmtree, self._dir, True, what=self.name)
+        for info in self._ledgers:
+            if info.offload is not None:
+                await self._delete_offloaded_object(info.offload)
 
     async def _drain_quietly(self) -> None:
         if not self._drained.is_set():
@@ -1005,6 +1022,8 @@ class FileManagedLedgerFactory:
         """The writer threads every ledger of this factory shares."""
         self.handles = FileHandles(open_files_max)
         """Bounds the ledger files held open (least recently used ones are closed)."""
+        self.tiered: TieredStorage | None = None
+        """Where offloaded ledgers live (set when an offload driver is configured)."""
         self._open: list[FileManagedLedger] = []
         self._prune_at = 64
         self._id_lock = asyncio.Lock()
@@ -1034,6 +1053,7 @@ class FileManagedLedgerFactory:
         if self._closed:
             raise Closed("managed ledger factory is closed")
         ml = FileManagedLedger(self, name, config or ManagedLedgerConfig())
+        ml.tiered = self.tiered
         try:
             await ml._recover()
         except BaseException:

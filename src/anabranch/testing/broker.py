@@ -265,7 +265,10 @@ class BrokerProcess(BrokerSubprocess):
         fsync: str = "always",
         security: BrokerSecurity | None = None,
         failpoints: str = "",
+        env: dict[str, str] | None = None,
     ) -> None:
+        self.extra_env = dict(env or {})
+        """More ``ANABRANCH_*`` settings for the broker (say short autoscale intervals)."""
         self.failpoints = failpoints
         """Comma-separated failpoints (:mod:`anabranch.failpoints`) for the next start."""
         self.data_dir = Path(data_dir)
@@ -288,6 +291,7 @@ class BrokerProcess(BrokerSubprocess):
         if self.failpoints:
             env[FAILPOINTS_ENV] = self.failpoints
         env.update(self.security_env)
+        env.update(self.extra_env)
         args = [
             sys.executable, "-m", "anabranch.cli.main", "standalone",
             "--data-dir", str(self.data_dir),

@@ -1,10 +1,25 @@
-"""A real cluster for tests: one etcd and N ``anabranch broker`` subprocesses.
+"""A real cluster for tests: one etcd, N ``anabranch broker`` subprocesses and, with
+``storage="jetstream"``, a NATS JetStream cluster.
 
-Every process runs on free loopback ports; the brokers share one data directory (ledgers)
-and the etcd store. Faults are signals to one PID: :meth:`ClusterBroker.kill` (SIGKILL),
-:meth:`~ClusterBroker.pause` / :meth:`~ClusterBroker.resume` (SIGSTOP / SIGCONT), and
-:meth:`~ClusterBroker.restart` (the same command line, ports and data). ``start`` waits
-until every broker answers CONNECT *and* is listed in the cluster's broker registry.
+Two storage layouts:
+
+* ``storage="file"`` (the default) is **one-machine mode**: the brokers share one data
+  directory (``root/data``, the file ledgers) besides the etcd store, which is how a
+  takeover finds the previous owner's ledgers. It cannot span machines.
+* ``storage="jetstream"`` is **across-machines mode**: ``nats_nodes`` ``nats-server``
+  processes (:class:`~anabranch.testing.nats.NatsCluster`, ``sync_interval: always``) start
+  beside etcd, every broker gets the JetStream settings (R``jetstream_replicas`` streams,
+  3 by default) and its *own* data directory ``root/broker-<i>/``; nothing is shared but
+  etcd and JetStream, as on three hosts. :meth:`LocalCluster.add_broker` starts one more
+  broker on an empty data directory (a "fresh machine"), :meth:`LocalCluster.stream_leader`
+  names the NATS node leading a topic's stream (so a test can SIGKILL it).
+
+Every process runs on free loopback ports. Faults are signals to one PID:
+:meth:`ClusterBroker.kill` (SIGKILL), :meth:`~ClusterBroker.pause` /
+:meth:`~ClusterBroker.resume` (SIGSTOP / SIGCONT), and :meth:`~ClusterBroker.restart` (the
+same command line, ports and data); NATS nodes likewise (``cluster.nats.nodes``). ``start``
+waits until every broker answers CONNECT *and* is listed in the cluster's broker registry;
+``stop`` stops the brokers, NATS and etcd.
 
 Each broker's settings are a TOML file under ``root`` (``broker-<i>.toml``), its output
 ``broker-<i>.log``; short ``session_ttl_s`` make failover tests quick. ``env`` is added to
@@ -19,6 +34,11 @@ Example:
     ...         owner = await cluster.owner_of("persistent://public/default/t")
     ...         owner.kill()
     ...         await cluster.wait_registered(2)
+    >>> async def across_machines(tmp_path: Path) -> None:
+    ...     async with LocalCluster(tmp_path, storage="jetstream", nats_nodes=3) as cluster:
+    ...         leader = await cluster.stream_leader("persistent://public/default/t")
+    ...         leader.kill()                      # the stream elects another leader
+    ...         fresh = await cluster.add_broker()  # an empty data directory
 """
 
 from __future__ import annotations
@@ -33,8 +53,11 @@ from typing import Any
 
 import aiohttp
 
+from anabranch.broker.service import managed_ledger_name
+from anabranch.core.names import parse_name
 from anabranch.testing.broker import BrokerSubprocess, free_port
 from anabranch.testing.etcd import EtcdServer
+from anabranch.testing.nats import NatsCluster, NatsNode
 from anabranch.testing.security import BrokerSecurity
 
 READY_TIMEOUT_S = 60.0
@@ -108,6 +131,11 @@ class ClusterBroker(BrokerSubprocess):
 class LocalCluster:
     """etcd + ``brokers`` cluster brokers under ``root`` (see the module docstring).
 
+    ``storage`` is ``"file"`` (one shared data directory: one machine) or ``"jetstream"``
+    (``nats_nodes`` NATS servers, R``jetstream_replicas`` streams, one data directory per
+    broker; ``nats_auth`` = (user, password) makes the servers require a login, which the
+    brokers are given).
+
     ``broker_settings`` are extra BrokerConfig fields written into every broker's TOML.
     ``security`` (a :class:`~anabranch.testing.security.TokenAuth`, a
     :class:`~anabranch.testing.certificates.TlsSetup`, ...) adds authentication/TLS
@@ -127,9 +155,24 @@ class LocalCluster:
         host: str = "127.0.0.1",
         env: dict[str, str] | None = None,
         security: BrokerSecurity | None = None,
+        storage: str = "file",
+        nats_nodes: int = 3,
+        jetstream_replicas: int | None = None,
+        nats_auth: tuple[str, str] | None = None,
+        nats_urls: list[str] | None = None,
         **broker_settings: Any,
     ) -> None:
+        if storage not in ("file", "jetstream"):
+            raise ValueError(f"storage must be 'file' or 'jetstream', not {storage!r}")
         self.root = Path(root)
+        self.storage = storage
+        self.nats_nodes = nats_nodes
+        self.nats_auth = nats_auth
+        self.nats_urls = nats_urls
+        self.jetstream_replicas = (
+            min(3, nats_nodes) if jetstream_replicas is None else jetstream_replicas
+        )
+        self.nats: NatsCluster | None = None
         self.security = security
         self.http_headers: dict[str, str] = {}
         token = getattr(security, "superuser_token", None)
@@ -141,6 +184,8 @@ class LocalCluster:
         self.session_ttl_s = session_ttl_s
         self.host = host
         self.data_dir = self.root / "data"
+        """The shared data directory of file mode (unused with JetStream: see
+        :meth:`data_dir_of`)."""
         self.etcd: EtcdServer | None = None
         self._count = brokers
         self.env = dict(env or {})
@@ -158,26 +203,91 @@ class LocalCluster:
         self.brokers: list[ClusterBroker] = []
 
     async def start(self) -> None:
-        """Start etcd, then every broker; wait until all are registered."""
+        """Start etcd (and NATS), then every broker; wait until all are registered."""
         self.etcd = await asyncio.to_thread(EtcdServer.start, self.root / "etcd")
         try:
+            if self.storage == "jetstream" and self.nats_urls is None:
+                self.nats = await asyncio.to_thread(
+                    NatsCluster.start,
+                    self.root / "nats",
+                    nodes=self.nats_nodes,
+                    auth=self.nats_auth,
+                )
             for index in range(self._count):
-                settings = {
-                    **self._settings,
-                    "metadata_url": f"etcd://{await self._etcd_endpoint_for(index)}",
-                    "port": free_port(self.host),
-                    "http_port": free_port(self.host),
-                }
-                if settings.get("tls_enabled"):
-                    settings["broker_service_port_tls"] = free_port(self.host)
-                    settings["web_service_port_tls"] = free_port(self.host)
-                settings.update(await self._fronts_for(index, settings))
-                self.brokers.append(self._make_broker(index, settings))
+                self.brokers.append(await self._new_broker(index))
             await asyncio.gather(*(broker.start() for broker in self.brokers))
             await self.wait_registered(self._count)
         except BaseException:
             await self.stop()
             raise
+
+    def data_dir_of(self, index: int) -> Path:
+        """Broker ``index``'s data directory: its own with JetStream, the shared one with
+        files."""
+        if self.storage == "jetstream":
+            return self.root / f"broker-{index}"
+        return self.data_dir
+
+    def jetstream_settings(self) -> dict[str, Any]:
+        """The JetStream part of a broker's settings (empty in file mode)."""
+        if self.storage != "jetstream":
+            return {}
+        urls = self.nats_urls
+        if urls is None:
+            assert self.nats is not None
+            urls = self.nats.urls
+        out: dict[str, Any] = {
+            "storage": "jetstream",
+            "jetstream_urls": urls,
+            "jetstream_replicas": self.jetstream_replicas,
+        }
+        if self.nats_auth is not None:
+            out["jetstream_username"], out["jetstream_password"] = self.nats_auth
+        return out
+
+    async def _new_broker(self, index: int) -> ClusterBroker:
+        settings = {
+            **self.jetstream_settings(),
+            **self._settings,  # a caller's jetstream_* settings win (a wrong password)
+            "data_dir": str(self.data_dir_of(index)),
+            "metadata_url": f"etcd://{await self._etcd_endpoint_for(index)}",
+            "port": free_port(self.host),
+            "http_port": free_port(self.host),
+        }
+        if settings.get("tls_enabled"):
+            settings["broker_service_port_tls"] = free_port(self.host)
+            settings["web_service_port_tls"] = free_port(self.host)
+        settings.update(await self._fronts_for(index, settings))
+        return self._make_broker(index, settings)
+
+    async def add_broker(self) -> ClusterBroker:
+        """Start one more broker (the next index) on an empty data directory, as on a
+        freshly installed machine, and wait until it is registered.
+
+        With files the new broker shares the one data directory (there is no other
+        machine); with JetStream its directory ``root/broker-<i>/`` is new and empty, so
+        whatever it serves comes from JetStream and etcd."""
+        index = len(self.brokers)
+        broker = await self._new_broker(index)
+        self.brokers.append(broker)
+        await broker.start()
+        await self.wait_registered(len(self.live()))
+        return broker
+
+    async def stream_leader(self, topic: str) -> NatsNode:
+        """The NATS node leading the JetStream stream of ``topic`` (a ``persistent://``
+        topic or ``segment://`` name; the topic must have been loaded once)."""
+        if self.nats is None:
+            raise RuntimeError("stream_leader needs storage='jetstream'")
+        return await asyncio.to_thread(self.nats.stream_leader, self.stream_of(topic))
+
+    def stream_of(self, topic: str) -> str:
+        """The JetStream stream name of ``topic``'s managed ledger."""
+        # Imported here: nats-py is an optional extra, file-mode clusters run without it.
+        from anabranch.storage.jetstream_ledger import stream_name
+
+        prefix = str(self._settings.get("jetstream_stream_prefix", "ab"))
+        return stream_name(prefix, managed_ledger_name(parse_name(topic)))
 
     async def _etcd_endpoint_for(self, index: int) -> str:
         """``host:port`` broker ``index`` reaches etcd at (here: etcd itself)."""
@@ -198,6 +308,11 @@ class LocalCluster:
         for broker in self.brokers:
             broker.resume()
             broker.kill()
+        if self.nats is not None:
+            for node in self.nats.nodes:
+                node.resume()
+            await asyncio.to_thread(self.nats.kill)
+            self.nats = None
         if self.etcd is not None:
             await asyncio.to_thread(self.etcd.stop)
             self.etcd = None

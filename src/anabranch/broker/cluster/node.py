@@ -1,13 +1,15 @@
 """A cluster broker: a standalone broker wired to the shared store, plus ownership.
 
 It starts like :class:`~anabranch.broker.standalone.Standalone` (the metadata URL is
-``etcd://...``; ledgers live under ``data_dir``, which every broker of a one-machine
-cluster shares), creates the cluster, tenant ``public`` and namespace ``public/default``
-idempotently (create-if-absent, so whichever broker starts first wins and the others
-leave the records alone), and installs a :class:`ClusterOwnership` as the service's
-ownership gate *before* the binary server accepts connections, so no topic is ever served
-unowned. Segments of scalable topics are owned like any topic: the DAG watch reports
-each segment's owner (``service.segment_broker_url``).
+``etcd://...``; file ledgers live under ``data_dir``, which every broker of a one-machine
+cluster shares; with ``storage = "jetstream"`` they are NATS JetStream streams and each
+broker's ``data_dir`` is its own, so the brokers may run on different machines),
+creates the cluster, tenant ``public`` and namespace ``public/default`` idempotently
+(create-if-absent, so whichever broker starts first wins and the others leave the records
+alone), and installs a :class:`ClusterOwnership` as the service's ownership gate *before*
+the binary server accepts connections, so no topic is ever served unowned. Segments of
+scalable topics are owned like any topic: the DAG watch reports each segment's owner
+(``service.segment_broker_url``).
 
 Shutdown hands every owned topic back (closing it, then deleting the records with the
 session) before the standalone shutdown runs, so clients move on at once instead of after

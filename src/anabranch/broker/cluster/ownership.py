@@ -56,7 +56,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from anabranch import limits
+from anabranch import failpoints, limits
 from anabranch.broker.cluster.placement import broker_load, choose_broker, smoothed_rate
 from anabranch.broker.cluster.records import (
     BROKERS_PREFIX,
@@ -206,6 +206,8 @@ class ClusterOwnership:
     def serving(self, topic: str) -> bool:
         session = self._session
         if topic in self._owned and session is not None and not session.expired:
+            return True
+        if topic in self._owned and failpoints.enabled(failpoints.STALE_OWNER_SERVES):
             return True
         self.sends_refused += 1
         return False
@@ -609,13 +611,14 @@ class ClusterOwnership:
             self.sessions_lost += 1
             self._ready.clear()
             lost = list(self._owned)
-            self._owned.clear()
             log.warning(
                 "broker %s lost its metadata session: unloading %d topics",
                 self.me.broker_id,
                 len(lost),
             )
-            await self._unload_all(lost)
+            if not failpoints.enabled(failpoints.STALE_OWNER_SERVES):
+                self._owned.clear()
+                await self._unload_all(lost)
             self._session = await self._reopen_session()
             with contextlib.suppress(MetadataError, Closed):
                 await self._register()

@@ -35,7 +35,12 @@ from anabranch.errors import (
     NotFound,
     NotOwner,
 )
-from anabranch.scalable.segment_ops import SegmentOps, decode_dedup_snapshot, encode_dedup_snapshot
+from anabranch.scalable.segment_ops import (
+    SegmentLoad,
+    SegmentOps,
+    decode_dedup_snapshot,
+    encode_dedup_snapshot,
+)
 
 log = logging.getLogger(__name__)
 
@@ -141,6 +146,14 @@ class ClusterSegmentOps:
             return await self.local.segment_backlog(segment, subscription)
         path = f"{segment_path(segment)}/backlog/{subscription}"
         return int(await self._remote(owner, "GET", path) or 0)
+
+    async def segment_load(self, segment: SegmentName) -> SegmentLoad:
+        owner = await self._owner_http(segment)
+        if owner is None:
+            return await self.local.segment_load(segment)
+        return SegmentLoad.from_dict(
+            await self._remote(owner, "GET", segment_path(segment) + "/load") or {}
+        )
 
     async def remove_subscription(self, segment: SegmentName, subscription: str) -> None:
         owner = await self._owner_http(segment)
