@@ -26,6 +26,7 @@ from anabranch.errors import NotAllowed
 from anabranch.failpoints import COMPACTION_CRASH_BEFORE_SWITCH
 from anabranch.storage.api import EARLIEST
 from anabranch.testing.broker import BrokerProcess, InProcessBroker
+from anabranch.testing.nats import NatsCluster
 
 R = TypeVar("R")
 TOPIC = "persistent://public/default/compacted"
@@ -546,3 +547,34 @@ async def test_compacted_reads_resume_over_ledgers_retention_deleted(tmp_path: P
     assert len(view_ledgers - set(kept)) >= 3  # the view points into deleted ledgers
     assert consumed == list(view.items())  # in order, each once, none skipped
     assert from_reader == consumed[1:]
+
+
+async def test_compaction_on_the_jetstream_backend_survives_a_restart(tmp_path: Path) -> None:
+    """The compacted ledger is a managed ledger of the topic's backend: on JetStream it is
+    a stream too, and the view is there after a restart."""
+    nats = NatsCluster.start(tmp_path / "nats", nodes=1)
+    try:
+        options: dict[str, Any] = {
+            "metadata": "sqlite",
+            "storage": "jetstream",
+            "jetstream_urls": nats.urls,
+            "jetstream_replicas": 1,
+        }
+        pairs = history()
+        async with (
+            InProcessBroker(tmp_path / "broker", **options) as broker,
+            AdminClient(http(broker)) as admin,
+        ):
+            await run(lambda: _produce_at(broker.service_url, pairs, "batched"))
+            await compact(admin)
+        async with InProcessBroker(tmp_path / "broker", **options) as broker:
+
+            def reads() -> list[tuple[str, bytes]]:
+                with client(broker.service_url) as c:
+                    return read_all(c)
+
+            compacted = await run(reads)
+    finally:
+        nats.stop()
+    assert dict(compacted) == expected(pairs) and len(compacted) == len(expected(pairs))
+    assert not any((tmp_path / "broker" / "ledgers").rglob("*.log"))  # all in JetStream
