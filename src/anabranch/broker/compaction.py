@@ -58,7 +58,9 @@ from google.protobuf.message import DecodeError  # type: ignore[import-untyped]
 from anabranch import failpoints
 from anabranch.admin.messages import split_batch, split_entry
 from anabranch.broker.dispatcher_entries import Chunk, entry_info, entry_metadata
+from anabranch.broker.policies import NamespacePolicies
 from anabranch.broker.retention import COMPACTION_CURSOR, ledger_spans
+from anabranch.broker.topic_policies import TopicPolicyStore
 from anabranch.core.compaction import CompactionPlan, Message, removed_bits
 from anabranch.core.names import TopicName, parse_name
 from anabranch.core.retention import backlog_bytes
@@ -643,6 +645,7 @@ class Compactions:
         self.service = service
         self.counters = CompactionCounters()
         self._loop: Supervised | None = None
+        self._topic_policies = TopicPolicyStore(service.store)
 
     def of(self, topic: PersistentTopic) -> TopicCompaction:
         """``topic``'s compaction state (made on first use; it lives as long as the topic)."""
@@ -679,19 +682,32 @@ class Compactions:
             except Exception:
                 log.exception("the compaction threshold check failed")
 
-    async def threshold(self, topic: PersistentTopic) -> int:
-        """The topic's compaction threshold in bytes (0: off)."""
-        from anabranch.broker.topic_policies import TopicPolicyStore
-
+    async def threshold(
+        self,
+        topic: PersistentTopic,
+        cache: dict[str, tuple[NamespacePolicies | None, frozenset[str]]] | None = None,
+    ) -> int:
+        """The topic's compaction threshold in bytes (0: off): its override, else its
+        namespace's, else the broker's. ``cache`` keeps each namespace's policies and the
+        names of its topics with overrides over one check (one listing, not a read per
+        topic, as the retention sweeps do)."""
+        cache = {} if cache is None else cache
         name = parse_name(topic.name)
         base = name.topic if not isinstance(name, TopicName) else name
         ns = f"{base.tenant}/{base.namespace}"
-        try:
-            policies = await self.service.policies.namespace_policies(ns)
-        except NotFound:
+        if ns not in cache:
+            try:
+                namespace: (
+                    NamespacePolicies | None
+                ) = await self.service.policies.namespace_policies(ns)
+            except NotFound:
+                namespace = None
+            cache[ns] = (namespace, await self._topic_policies.overridden(ns))
+        policies, overridden = cache[ns]
+        if policies is None:
             return 0
-        if isinstance(name, TopicName):
-            policies = (await TopicPolicyStore(self.service.store).get(name)).over(policies)
+        if isinstance(name, TopicName) and name.base.local_name in overridden:
+            policies = (await self._topic_policies.get(name)).over(policies)
         if policies.compaction_threshold is not None:
             return policies.compaction_threshold
         return self.service.config.compaction_threshold_default_bytes
@@ -699,9 +715,10 @@ class Compactions:
     async def check(self) -> list[str]:
         """Start a compaction of every loaded topic over its threshold; their names."""
         started: list[str] = []
+        cache: dict[str, tuple[NamespacePolicies | None, frozenset[str]]] = {}
         for topic in self.service.loaded_topics():
             try:
-                threshold = await self.threshold(topic)
+                threshold = await self.threshold(topic, cache)
                 if threshold <= 0:
                     continue
                 run = self.of(topic)
