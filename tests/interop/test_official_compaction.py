@@ -264,12 +264,13 @@ async def test_namespace_threshold_compacts_automatically(tmp_path: Path) -> Non
         assert await admin.get_compaction_threshold(TOPIC, applied=True) == 5
         await run(lambda: _produce_at(broker.service_url, [("b", b"y")]))
         counters = broker.service.compactions.counters
-
-        async def ran_again() -> bool:
-            return counters.runs >= 2 and not broker.service.compactions.of(topic).running
-
         topic = broker.service.loaded_topic(TOPIC)
         assert topic is not None
+        compaction = broker.service.compactions.of(topic)
+
+        async def ran_again() -> bool:
+            return counters.runs >= 2 and not compaction.running
+
         await until(ran_again, "automatic compaction by the topic's threshold")
         assert await run(reads) == [("a", b"x" * 100), ("b", b"y")]
         await admin.remove_compaction_threshold(TOPIC)
