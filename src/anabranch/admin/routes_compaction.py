@@ -26,12 +26,12 @@ import msgspec
 from aiohttp import web
 
 from anabranch.admin.routes import Route, flag, json_body, namespace_param, topic_param
-from anabranch.admin.routes_retention import _applied, _topic
 from anabranch.admin.routes_scalable import scalable_topic, segment_param
 from anabranch.broker.compaction import TopicCompaction
+from anabranch.broker.policies import NamespacePolicies
 from anabranch.broker.topic_policies import TopicPolicies, TopicPolicyStore
 from anabranch.core.names import SegmentName, TopicName
-from anabranch.errors import CompactionInProgress, InvalidArgument
+from anabranch.errors import CompactionInProgress, InvalidArgument, NotFound
 
 if TYPE_CHECKING:
     from anabranch.admin.service import AdminService
@@ -48,6 +48,20 @@ STATUS = {
         "lastError": {"type": "string"},
     },
 }
+
+
+async def _topic(admin: AdminService, request: web.Request) -> TopicName:
+    """The topic of the path; NotFound unless it (or its partitioned topic) exists."""
+    name = TopicName.parse(topic_param(request))
+    if await admin.policies.get_partitions(name) == 0 and not await admin.topic_exists(name):
+        raise NotFound(f"topic {name}")
+    return name
+
+
+async def _applied(admin: AdminService, topic: TopicName) -> NamespacePolicies:
+    """The policies in force for ``topic``: its overrides over its namespace's."""
+    namespace = await admin.policies.namespace_policies(f"{topic.tenant}/{topic.namespace}")
+    return (await TopicPolicyStore(admin.broker.store).get(topic)).over(namespace)
 
 
 def status_of(run: TopicCompaction) -> dict[str, str]:
