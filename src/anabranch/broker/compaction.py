@@ -337,6 +337,8 @@ class TopicCompaction:
         self._load_lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
         self._closed = False
+        self._swept = False
+        """Whether a leftover ledger of the generation before the view was deleted."""
 
     # --- the view -------------------------------------------------------------------------
 
@@ -517,6 +519,12 @@ class TopicCompaction:
         name = f"{topic.ledger.name}/__compacted-{generation}"
         stale = await self._factory.open(name, self._config)  # left by a crashed run?
         await stale.delete()
+        if old is not None and old.generation > 1 and not self._swept:
+            # A crash between a switch and the deletion it is followed by leaves the
+            # generation before the view in force behind: delete it once per load.
+            previous = f"{topic.ledger.name}/__compacted-{old.generation - 1}"
+            await (await self._factory.open(previous, self._config)).delete()
+            self._swept = True
         ledger = await self._factory.open(name, self._config)
         view = CompactedView(horizon, name, generation, ledger)
         try:
