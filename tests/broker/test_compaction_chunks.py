@@ -4,7 +4,7 @@ that restarts a message keeps the new chunks."""
 
 from __future__ import annotations
 
-from anabranch.broker.compaction import CHUNKED_MESSAGE_ENTRIES_MAX, ChunkGroups
+from anabranch.broker.compaction_messages import CHUNKED_MESSAGE_ENTRIES_MAX, ChunkGroups
 from anabranch.broker.dispatcher_entries import Chunk
 from anabranch.protocol._generated import pulsar_api_pb2 as pb
 from anabranch.protocol.frames import encode_entry

@@ -46,22 +46,24 @@ import json
 import logging
 import os
 import signal
-import struct
-from bisect import bisect_right
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
 from urllib.parse import quote
 
-from google.protobuf.message import DecodeError  # type: ignore[import-untyped]
-
 from anabranch import failpoints
-from anabranch.admin.messages import split_batch, split_entry
-from anabranch.broker.dispatcher_entries import Chunk, entry_info, entry_metadata
+from anabranch.broker.compacted_ledger import (
+    READ_BATCH_ENTRIES,
+    CompactedView,
+    decode_compacted,
+    encode_compacted,
+)
+from anabranch.broker.compaction_messages import ChunkGroups, entry_messages
+from anabranch.broker.dispatcher_entries import entry_info
 from anabranch.broker.policies import NamespacePolicies
 from anabranch.broker.retention import COMPACTION_CURSOR, ledger_spans
 from anabranch.broker.topic_policies import TopicPolicyStore
-from anabranch.core.compaction import CompactionPlan, Message, removed_bits
+from anabranch.core.compaction import CompactionPlan, removed_bits
 from anabranch.core.names import TopicName, parse_name
 from anabranch.core.retention import backlog_bytes
 from anabranch.errors import (
@@ -69,7 +71,6 @@ from anabranch.errors import (
     BadVersion,
     Closed,
     CompactionInProgress,
-    InvalidMessage,
     NotFound,
     StorageError,
 )
@@ -78,7 +79,6 @@ from anabranch.protocol._generated import pulsar_api_pb2 as pb
 from anabranch.storage.api import (
     EARLIEST,
     Entry,
-    ManagedLedger,
     ManagedLedgerConfig,
     ManagedLedgerFactory,
     Position,
@@ -94,17 +94,9 @@ log = logging.getLogger(__name__)
 COMPACTION_PREFIX = "/compaction/"
 CURSOR_NAME = COMPACTION_CURSOR
 """The topic's compaction cursor (upstream's ``__compaction`` subscription)."""
-READ_BATCH_ENTRIES = 256
 WRITE_BATCH_ENTRIES = 128
-INDEX_STRIDE = 64
-"""Every this many compacted entries one (original, compacted) position is kept in memory,
-so a read seeks with a bisect and at most this many skipped entries."""
 YIELD_EVERY_MESSAGES = 2000
 """Phase one gives the event loop a turn after parsing this many messages."""
-CHUNKED_MESSAGE_ENTRIES_MAX = 10_000
-"""A chunked message whose first chunk is more entries than this before the horizon and
-that is still unfinished is abandoned, not in progress."""
-_HEADER = struct.Struct(">qqH")
 
 Status = Literal["NOT_RUN", "RUNNING", "SUCCESS", "ERROR"]
 
@@ -117,181 +109,6 @@ def holding(horizon: Position) -> Position:
     (Position(ledger_id=7, entry_id=3), Position(ledger_id=7, entry_id=-1))
     """
     return Position(horizon[0], horizon[1] - 1) if horizon[1] >= 0 else horizon
-
-
-def encode_compacted(position: Position, removed: bytes, data: bytes) -> bytes:
-    """One compacted-ledger entry (see the module docstring).
-
-    >>> decode_compacted(encode_compacted(Position(3, 4), b"\\x01", b"xy"))
-    (Position(ledger_id=3, entry_id=4), b'\\x01', b'xy')
-    """
-    return _HEADER.pack(position[0], position[1], len(removed)) + removed + data
-
-
-def decode_compacted(data: bytes) -> tuple[Position, bytes, bytes]:
-    """(original position, removed-index bits, original entry) of a compacted entry."""
-    ledger_id, entry_id, size = _HEADER.unpack_from(data, 0)
-    start = _HEADER.size
-    return Position(ledger_id, entry_id), data[start : start + size], data[start + size :]
-
-
-def entry_messages(entry: Entry, removed: bytes = b"") -> list[Message]:
-    """The messages of a stored entry as the compaction plan sees them (indexes set in
-    ``removed`` were compacted away before and are skipped). An entry that cannot be
-    parsed has no key anyone could rely on: it counts as one keyless message.
-
-    >>> from anabranch.protocol.frames import encode_entry
-    >>> md = pb.MessageMetadata(producer_name="p", sequence_id=1, publish_time=0,
-    ...                         partition_key="k")
-    >>> entry_messages(Entry(Position(1, 0), encode_entry(md, b"")))
-    [Message(position=Position(ledger_id=1, entry_id=0), batch_index=-1, key=b'k', tombstone=True)]
-    """
-    try:
-        stored = split_entry(entry)
-        singles = split_batch(stored)
-    except (InvalidMessage, struct.error):
-        return [Message(entry.position, -1, None, False)]
-    batched = stored.metadata.HasField("num_messages_in_batch")
-    gone = int.from_bytes(removed, "little")
-    out: list[Message] = []
-    for index, (single, payload) in enumerate(singles):
-        if gone >> index & 1:
-            continue
-        meta: Any = single if single is not None else stored.metadata
-        key: bytes | None = None
-        if meta.HasField("partition_key") and not meta.null_partition_key:
-            key = str(meta.partition_key).encode()
-        tombstone = bool(meta.null_value) or not payload
-        out.append(Message(entry.position, index if batched else -1, key, tombstone))
-    return out
-
-
-@dataclass(slots=True)
-class CompactedView:
-    """An opened compacted ledger and its sparse position index."""
-
-    horizon: Position
-    name: str
-    generation: int
-    ledger: ManagedLedger
-    originals: list[Position] = field(default_factory=list)
-    compacted: list[Position] = field(default_factory=list)
-    entries: int = 0
-    last: Position | None = None
-    """The last original position in the view (None: the view is empty)."""
-    last_removed: bytes = b""
-
-    def note(self, original: Position, at: Position, removed: bytes) -> None:
-        """Index one compacted entry (called in order, while writing or loading)."""
-        if self.entries % INDEX_STRIDE == 0:
-            self.originals.append(original)
-            self.compacted.append(at)
-        self.entries += 1
-        self.last = original
-        self.last_removed = removed
-
-    async def read_from(self, start: Position, max_entries: int) -> list[tuple[Entry, bytes]]:
-        """Compacted entries at or after original position ``start``."""
-        i = bisect_right(self.originals, start) - 1
-        at = self.compacted[i] if i >= 0 else EARLIEST
-        out: list[tuple[Entry, bytes]] = []
-        while len(out) < max_entries:
-            entries = await self.ledger.read(at, READ_BATCH_ENTRIES)
-            if not entries:
-                break
-            for entry in entries:
-                original, removed, data = decode_compacted(entry.data)
-                if original < start:
-                    continue
-                out.append((Entry(original, data), removed))
-                if len(out) >= max_entries:
-                    break
-            at = entries[-1].position.next()
-        return out
-
-    async def scan(self) -> AsyncIterator[tuple[Entry, bytes]]:
-        at = EARLIEST
-        while True:
-            entries = await self.ledger.read(at, READ_BATCH_ENTRIES)
-            if not entries:
-                return
-            for entry in entries:
-                original, removed, data = decode_compacted(entry.data)
-                yield Entry(original, data), removed
-            at = entries[-1].position.next()
-
-
-class ChunkGroups:
-    """The chunks of chunked messages (PIP-37) seen by phase one: a chunked message is one
-    message, keyed and judged at its last chunk, and survives with all its chunks. Memory:
-    a position per chunk of the chunked messages up to the horizon (each chunk is up to a
-    whole max-size message, so this is small next to the data).
-
-    >>> from anabranch.broker.dispatcher_entries import Chunk
-    >>> from anabranch.protocol.frames import encode_entry
-    >>> md = pb.MessageMetadata(producer_name="p", sequence_id=1, publish_time=0,
-    ...                         partition_key="k")
-    >>> groups = ChunkGroups()
-    >>> groups.add(Entry(Position(1, 0), encode_entry(md, b"a")), Chunk("p/u", 0, 2))
-    []
-    >>> [m.position for m in groups.add(Entry(Position(1, 1), encode_entry(md, b"b")),
-    ...                                  Chunk("p/u", 1, 2))]
-    [Position(ledger_id=1, entry_id=1)]
-    >>> sorted(tuple(p) for p in groups.with_earlier_chunks({(1, 1): frozenset({0})}))
-    [(1, 0), (1, 1)]
-    """
-
-    def __init__(self) -> None:
-        self._open: dict[str, list[Position]] = {}
-        self._earlier: dict[Position, list[Position]] = {}
-
-    def add(self, entry: Entry, chunk: Chunk) -> list[Message]:
-        """One chunk; the message (at the last chunk's position) once it is complete."""
-        positions = self._open.setdefault(chunk.message, [])
-        if chunk.chunk_id != len(positions):
-            positions.clear()  # a producer's resend restarts its message: keep the new one
-            if chunk.chunk_id != 0:
-                self._open.pop(chunk.message, None)
-                return []  # the start of this message is gone (trimmed): not readable
-        positions.append(entry.position)
-        if not chunk.last:
-            return []
-        del self._open[chunk.message]
-        self._earlier[entry.position] = positions[:-1]
-        key: bytes | None = None
-        try:
-            md = entry_metadata(entry.data)
-            if md.HasField("partition_key") and not md.null_partition_key:
-                key = str(md.partition_key).encode()
-        except (DecodeError, struct.error, ValueError):
-            pass
-        return [Message(entry.position, -1, key, False)]
-
-    def unfinished_before(self, horizon: Position, ledger: ManagedLedger) -> Position | None:
-        """Where to stop instead of ``horizon`` when a chunked message is still being
-        written across it (None: nothing is). One that started more than
-        ``CHUNKED_MESSAGE_ENTRIES_MAX`` entries earlier is abandoned (its producer died) and
-        dropped instead, so it cannot hold compaction back for ever."""
-        starts = [
-            group[0]
-            for group in self._open.values()
-            if group and ledger.backlog(group[0], horizon) < CHUNKED_MESSAGE_ENTRIES_MAX
-        ]
-        if not starts:
-            return None
-        first = min(starts)
-        return Position(first[0], first[1] - 1)
-
-    def with_earlier_chunks(
-        self, keep: dict[tuple[int, int], frozenset[int]]
-    ) -> dict[tuple[int, int], frozenset[int]]:
-        """``keep`` plus the earlier chunks of every surviving chunked message."""
-        out = dict(keep)
-        for last, earlier in self._earlier.items():
-            if last in keep:
-                for position in earlier:
-                    out[position] = frozenset({0})
-        return out
 
 
 @dataclass(slots=True)
