@@ -590,3 +590,60 @@ async def test_compaction_on_the_jetstream_backend_survives_a_restart(tmp_path: 
         nats.stop()
     assert dict(compacted) == expected(pairs) and len(compacted) == len(expected(pairs))
     assert not any((tmp_path / "broker" / "ledgers").rglob("*.log"))  # all in JetStream
+
+
+async def test_producing_goes_on_through_compaction_and_the_compacted_read(
+    tmp_path: Path,
+) -> None:
+    """A producer keeps sending while the topic is compacted and while a compacted consumer
+    reads: the consumer gets the latest value of each key up to the horizon, then every
+    message after it, in order, each once."""
+    total = 1000
+    sent: list[tuple[tuple[int, int], str, bytes]] = []
+
+    def produce_all(url: str) -> None:
+        with client(url) as c:
+            producer = c.create_producer(TOPIC, batching_enabled=False)
+            for i in range(total):
+                key, value = f"k{i % 7}", b"%d" % i
+                mid = producer.send(value, partition_key=key)
+                sent.append(((mid.ledger_id(), mid.entry_id()), key, value))
+            producer.close()
+
+    def consume_all(url: str) -> list[tuple[str, bytes]]:
+        with client(url) as c:
+            consumer = c.subscribe(
+                TOPIC, "table", is_read_compacted=True,
+                initial_position=pulsar.InitialPosition.Earliest,
+            )  # fmt: skip
+            got: list[tuple[str, bytes]] = []
+            while not got or got[-1][1] != b"%d" % (total - 1):
+                msg = consumer.receive(10_000)
+                got.append((msg.partition_key(), msg.data()))
+                consumer.acknowledge_cumulative(msg)
+            consumer.close()
+            return got
+
+    async with InProcessBroker(tmp_path) as broker, AdminClient(http(broker)) as admin:
+        producing = asyncio.ensure_future(run(lambda: produce_all(broker.service_url)))
+
+        async def some_sent() -> bool:
+            return len(sent) >= 100
+
+        await until(some_sent, "the producer got going")
+        await compact(admin)  # while producing goes on
+        sent_at_switch = len(sent)
+        consumed = await run(lambda: consume_all(broker.service_url))
+        await producing
+        topic = broker.service.loaded_topic(TOPIC)
+        assert topic is not None and topic.compaction is not None
+        horizon = await topic.compaction.horizon()
+    assert horizon is not None and sent_at_switch < total  # compacted mid-stream
+    latest: dict[str, tuple[tuple[int, int], bytes]] = {}
+    for position, key, value in sent:
+        if position <= tuple(horizon):
+            latest[key] = (position, value)
+    view = [(k, v) for k, (_, v) in sorted(latest.items(), key=lambda kv: kv[1][0])]
+    tail = [(k, v) for position, k, v in sent if position > tuple(horizon)]
+    assert len(view) == 7 and len(tail) > 0
+    assert consumed == view + tail  # the view, then the tail: no gap, nothing twice
