@@ -647,3 +647,23 @@ async def test_producing_goes_on_through_compaction_and_the_compacted_read(
     tail = [(k, v) for position, k, v in sent if position > tuple(horizon)]
     assert len(view) == 7 and len(tail) > 0
     assert consumed == view + tail  # the view, then the tail: no gap, nothing twice
+
+
+async def test_a_reader_ends_when_the_topic_ends_with_a_tombstone(tmp_path: Path) -> None:
+    """The topic's last entry is compacted away: GET_LAST_MESSAGE_ID answers a compacted
+    reader with the view's last message, so hasMessageAvailable turns false once that was
+    read (else the reader would wait for an entry it never gets); an empty view ends at once."""
+    async with InProcessBroker(tmp_path) as broker, AdminClient(http(broker)) as admin:
+        await run(lambda: _produce_at(broker.service_url, [("a", b"1"), ("b", b"2"), ("b", b"")]))
+        await compact(admin)
+
+        def reads() -> list[tuple[str, bytes]]:
+            with client(broker.service_url) as c:
+                return read_all(c)
+
+        ends_with_a = await run(reads)
+        await run(lambda: _produce_at(broker.service_url, [("a", b"")]))
+        await compact(admin)
+        empty = await run(reads)
+    assert ends_with_a == [("a", b"1")]
+    assert empty == []
