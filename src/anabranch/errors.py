@@ -655,6 +655,25 @@ class AuthenticationError(AnabranchError):
         self.reason = reason
 
 
+class ListenerNotFound(AnabranchError):
+    """A lookup named an advertised listener the broker does not have (upstream's
+    ServiceNotReady "the broker do not have <name> listener"; never a silent fallback to
+    the default address).
+
+    Example:
+        >>> err = ListenerNotFound("external")
+        >>> (err.wire_code, err.http_status, str(err))
+        ('ServiceNotReady', 404, 'the broker do not have external listener')
+    """
+
+    wire_code = "ServiceNotReady"
+    http_status = 404
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"the broker do not have {name} listener")
+        self.name = name
+
+
 WIRE_CODES.update({c: c.wire_code for c in all_error_classes()})
 HTTP_STATUS.update({c: c.http_status for c in all_error_classes()})
 

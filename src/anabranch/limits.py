@@ -575,6 +575,19 @@ KEY_SHARED_STICKY_RANGES_MAX = 1_000
 (ConsumerAssignError). Upstream clients declare a handful; each range costs a comparison
 when consumers join."""
 
+TOPICS_PATTERN_LENGTH_MAX = 50
+"""Longest regex-subscription pattern the broker evaluates (upstream's
+``subscriptionPatternMaxLength``): longer ones get an unfiltered GET_TOPICS_OF_NAMESPACE
+answer (the client filters) and a refused WATCH_TOPIC_LIST."""
+
+TOPICS_PATTERN_UNBOUNDED_QUANTIFIERS_MAX = 2
+"""Unbounded quantifiers (``*``, ``+``, ``{n,}``) a pattern the broker evaluates may hold:
+a failing match of ``k`` of them tries about ``len(name) ** k`` splits (ReDoS)."""
+
+TOPIC_LIST_WATCHERS_PER_CONNECTION_MAX = 1_000
+"""Topic-list watchers (WATCH_TOPIC_LIST, PIP-145) one connection may hold; each costs a
+metadata watch and a task (NotAllowedError past it)."""
+
 OFFLOAD_READ_CACHE_BYTES_MAX = 64 * 1024 * 1024
 """Offloaded-ledger indexes and read-ahead entries one broker keeps in memory (tiered
 storage, ``storage/tiered.py``); least recently used ones leave first."""

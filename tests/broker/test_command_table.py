@@ -54,11 +54,12 @@ def test_creation_commands_check_what_pulsar_checks() -> None:
     for kind in (T.LOOKUP, T.PARTITIONED_METADATA, T.SCALABLE_TOPIC_LOOKUP, T.GET_SCHEMA):
         assert TABLE[kind].need is Need.LOOKUP
     assert TABLE[T.GET_TOPICS_OF_NAMESPACE].need is Need.NAMESPACE
+    assert TABLE[T.WATCH_TOPIC_LIST].need is Need.NAMESPACE
     assert {TABLE[k].need for k in (T.CONNECT, T.PING, T.PONG)} == {Need.NONE}
 
 
 def test_close_hooks_are_functions() -> None:
-    assert len(CLOSE_HOOKS) == 3 and all(callable(h) for h in CLOSE_HOOKS)
+    assert len(CLOSE_HOOKS) == 4 and all(callable(h) for h in CLOSE_HOOKS)
 
 
 @pytest.fixture

@@ -213,20 +213,31 @@ async def test_subscribe_follows_a_non_leader_redirect(world: World) -> None:
         await fake.stop()
 
 
-def test_a_segment_message_keeps_every_field_but_topic_and_segment() -> None:
-    import dataclasses
+def test_a_stream_segment_consumer_stamps_its_segment_and_the_topic_name() -> None:
+    import random
+    from types import SimpleNamespace
 
-    from anabranch.client.message import Message
-    from anabranch.client.stream_consumer import _in_segment
+    from anabranch.client.consumer import Consumer, ConsumerOptions
+    from anabranch.protocol.batch import join_batch, single_metadata
 
-    raw = Message(
-        b"v", "k", {"a": "1"}, MessageId(3, 4, 1, -1, batch_size=2), "segment://t/n/x/0000-ffff-0",
-        publish_time=5, event_time=6, redelivery_count=7, producer_name="p", sequence_id=8,
-        _consumer_id=9,
-    )  # fmt: skip
-    out = _in_segment(raw, 0, "topic://t/n/x")
-    assert out.message_id == MessageId(3, 4, 1, -1, 0) and out.message_id.batch_size == 2
-    assert out.topic == "topic://t/n/x"
-    for f in dataclasses.fields(Message):
-        if f.name not in ("message_id", "topic"):
-            assert getattr(out, f.name) == getattr(raw, f.name), f.name
+    pool = SimpleNamespace(new_handler_id=lambda: 9, random=random.Random(1))
+    consumer = Consumer(pool, "segment://t/n/x/0000-ffff-3", "s", ConsumerOptions())  # type: ignore[arg-type]
+    consumer._segment_stamp = 3
+    consumer._display_topic = "topic://t/n/x"
+    body = pb.CommandMessage(consumer_id=9, message_id=pb.MessageIdData(ledgerId=4, entryId=5))
+    single = pb.MessageMetadata(producer_name="p", sequence_id=1, publish_time=7)
+    batched = pb.MessageMetadata(producer_name="p", sequence_id=1, publish_time=7)
+    batched.num_messages_in_batch = 2
+    payload = join_batch(
+        (single_metadata(1, i, "k", None, ()), v) for i, v in enumerate([b"a", b"b"])
+    )
+    for md, data, want in ((single, b"v", [(-1, 0)]), (batched, payload, [(0, 2), (1, 2)])):
+        out = consumer._unpack(body, md, data)
+        assert [(m.message_id.batch_index, m.message_id.batch_size) for m in out] == want
+        assert all(m.message_id.segment_id == 3 for m in out)
+        assert all(m.topic == "topic://t/n/x" and m._consumer_id == 9 for m in out)
+    # Its own bookkeeping keys carry the segment too: a cumulative ack by such an id
+    # clears what it covers.
+    for m in consumer._unpack(body, batched, payload):
+        consumer._on_dequeued(m)
+    assert all(k.segment_id == 3 for k in consumer._batches)

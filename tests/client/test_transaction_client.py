@@ -324,12 +324,12 @@ async def test_a_stream_consumer_acks_every_segment_in_the_transaction() -> None
     stream._log = DeliveryLog()
     stubs = {0: _SegmentStub(), 1: _SegmentStub()}
     stream._segments = stubs  # type: ignore[assignment]
-    for seg, entry in [(0, 1), (1, 1), (0, 2), (1, 2)]:
-        stream._log.delivered(seg, MessageId(7, entry))
+    for seg, entry in [(0, 1), (1, 1), (0, 2), (1, 2)]:  # segment consumers stamp their ids
+        stream._log.delivered(seg, MessageId(7, entry, segment_id=seg))
     txn = _local_txn()
     await stream.acknowledge_cumulative(MessageId(7, 2, segment_id=0), txn=txn)
-    assert stubs[0].acks == [(MessageId(7, 2), txn)]
-    assert stubs[1].acks == [(MessageId(7, 1), txn)]
+    assert stubs[0].acks == [(MessageId(7, 2, segment_id=0), txn)]
+    assert stubs[1].acks == [(MessageId(7, 1, segment_id=1), txn)]
     txn._state = TransactionState.ABORTED
     with pytest.raises(InvalidTxnStatus):  # refused before the log forgets anything
         await stream.acknowledge_cumulative(MessageId(7, 2, segment_id=1), txn=txn)

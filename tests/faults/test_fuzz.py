@@ -384,6 +384,6 @@ async def test_a_schema_for_a_namespace_that_does_not_exist_writes_nothing(
                 assert answer.HasField("error_code") != ok, answer
         finally:
             await client.close()
-        page = await broker.service.store.list_prefix("/schemas/nope/")
+        page = await broker.service.store.list_prefix("/schemas/persistent/nope/")
         assert not page.records
-        assert (await broker.service.store.list_prefix("/schemas/public/")).records
+        assert (await broker.service.store.list_prefix("/schemas/persistent/public/")).records

@@ -195,6 +195,17 @@ WIRE: dict[int, tuple[Builder, set[int]]] = {
                        pb.CommandGetTopicsOfNamespace(namespace="acme/ns", request_id=r)),
         {T.GET_TOPICS_OF_NAMESPACE_RESPONSE, T.ERROR},
     ),
+    T.WATCH_TOPIC_LIST: (
+        lambda r, c: _cmd(T.WATCH_TOPIC_LIST, "watchTopicList",
+                       pb.CommandWatchTopicList(request_id=r, watcher_id=r, namespace="acme/ns",
+                                                topics_pattern="acme/ns/.*")),
+        {T.WATCH_TOPIC_LIST_SUCCESS, T.ERROR},
+    ),
+    T.WATCH_TOPIC_LIST_CLOSE: (
+        lambda r, c: _cmd(T.WATCH_TOPIC_LIST_CLOSE, "watchTopicListClose",
+                       pb.CommandWatchTopicListClose(request_id=r, watcher_id=9999)),
+        {T.SUCCESS},
+    ),
     T.GET_SCHEMA: (
         lambda r, c: _cmd(T.GET_SCHEMA, "getSchema",
                           pb.CommandGetSchema(topic=TOPIC, request_id=r)),

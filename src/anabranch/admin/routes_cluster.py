@@ -75,6 +75,8 @@ async def cluster_lookup(
         response.headers["Location"] = (
             f"{answer.http_url.rstrip('/')}{request.path}?authoritative=true"
         )
+        if "listenerName" in request.query:  # as upstream: the redirect keeps it
+            response.headers["Location"] += f"&listenerName={request.query['listenerName']}"
         return response
     tls = answer.pulsar_url_tls or admin.broker.tls_url_for(answer.pulsar_url) or ""
     return LookupData(

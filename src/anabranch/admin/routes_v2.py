@@ -27,6 +27,7 @@ from anabranch.admin.routes import (
     param,
     topic_param,
 )
+from anabranch.admin.routes_listeners import listener_lookup
 from anabranch.broker.policies import ClusterData, NamespacePolicies, TenantInfo
 from anabranch.errors import InvalidArgument
 from anabranch.storage.api import LATEST
@@ -300,9 +301,11 @@ async def lookup(admin: AdminService, request: web.Request) -> object:
     owner = await cluster_lookup(admin, topic, request)
     if isinstance(owner, web.Response):
         return owner
-    if owner is not None:
-        return _struct(owner)
-    return _struct(admin.lookup(topic))
+    data = owner if owner is not None else admin.lookup(topic)
+    name = request.query.get("listenerName") or request.headers.get("X-Pulsar-ListenerName")
+    if name:  # the named listener's URLs, or 404 (never the default ones)
+        data = await listener_lookup(admin, data, name)
+    return _struct(data)
 
 
 async def health(admin: AdminService, request: web.Request) -> object:

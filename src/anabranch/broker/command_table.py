@@ -14,7 +14,9 @@ Every client command the broker serves has one :class:`Command` row in :data:`TA
     SUBSCRIBE                        spawned  CONSUME         topic
     LOOKUP, PARTITIONED_METADATA,    spawned  LOOKUP          topic (produce or consume)
       GET_SCHEMA, GET_OR_CREATE_SCHEMA
-    GET_TOPICS_OF_NAMESPACE          spawned  NAMESPACE       namespace
+    GET_TOPICS_OF_NAMESPACE,         spawned  NAMESPACE       namespace
+      WATCH_TOPIC_LIST
+    WATCH_TOPIC_LIST_CLOSE           inline   OWNED           (a watcher of this connection)
     SCALABLE_TOPIC_LOOKUP            spawned  LOOKUP          topic
     SCALABLE_TOPIC_SUBSCRIBE         spawned  CONSUME         topic
     SCALABLE_TOPIC_UNSUBSCRIBE       spawned  OWNED           (a consumer of this connection)
@@ -47,7 +49,13 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from anabranch.broker import consumer_commands, lookup, scalable_commands, txn_commands
+from anabranch.broker import (
+    consumer_commands,
+    lookup,
+    scalable_commands,
+    topic_list_watchers,
+    txn_commands,
+)
 from anabranch.broker.authorization import Resource
 from anabranch.broker.error_codes import client_message, server_error
 from anabranch.broker.producer import handle_producer
@@ -131,7 +139,7 @@ async def _handle_connect(session: Session, frame: Frame) -> None:
                 "tls" if session.peer_certificate else ""
             )
             session.auth_expires_at = result.expires_at
-    flags = pb.FeatureFlags(supports_scalable_topics=True)
+    flags = pb.FeatureFlags(supports_scalable_topics=True, supports_topic_watchers=True)
     version = session.protocol.negotiate_version()
     max_size = session.service.config.max_message_size
     session.write(commands.connected(SERVER_VERSION, version, max_size, flags))
@@ -339,6 +347,8 @@ TABLE: dict[int, Command] = {
         lookup.handle_partitioned_metadata, N.LOOKUP, _topic, _reject_partitioned_metadata
     ),
     T.GET_TOPICS_OF_NAMESPACE: _row(lookup.handle_get_topics_of_namespace, N.NAMESPACE, _namespace),
+    T.WATCH_TOPIC_LIST: _row(topic_list_watchers.handle_watch_topic_list, N.NAMESPACE, _namespace),
+    T.WATCH_TOPIC_LIST_CLOSE: _inline(topic_list_watchers.handle_watch_topic_list_close),
     T.GET_SCHEMA: _row(lookup.handle_get_schema, N.LOOKUP, _topic, _reject_get_schema),
     T.GET_OR_CREATE_SCHEMA: _row(
         lookup.handle_get_or_create_schema, N.LOOKUP, _topic, _reject_get_or_create_schema
@@ -401,5 +411,6 @@ CLOSE_HOOKS: tuple[Callable[[Session], Awaitable[None] | None], ...] = (
     cc.on_session_closed,
     tc.on_session_closed,
     sc.on_session_closed,
+    topic_list_watchers.on_session_closed,
 )
 """Run once per connection when it closes (consumers detach, keys and watches end)."""

@@ -55,6 +55,12 @@ class BrokerConfig(BaseSettings):
     advertised_http_port: int | None = Field(None, ge=1, le=65535)
     """HTTP port other brokers and redirected admin clients are told; default: the bound
     ``http_port``."""
+    advertised_listeners: str = ""
+    """Named listeners (Pulsar's ``advertisedListeners``):
+    ``"internal:pulsar://10.0.0.1:6650,external:pulsar+ssl://host:16651"``, or a TOML table
+    ``{name = [urls]}``; lookups naming one answer its URLs (``broker.advertised_listeners``)."""
+    internal_listener_name: str = ""
+    """The listener brokers use among themselves; default: the first one named."""
     fsync: Literal["always", "never"] = "always"
     storage: Literal["file", "jetstream"] = "file"
     """Where ledgers live: local files under ``data_dir`` (standalone's default), or
@@ -318,6 +324,16 @@ class BrokerConfig(BaseSettings):
             return [part.strip() for part in value.split(",") if part.strip()]
         return value
 
+    @field_validator("advertised_listeners", mode="before")
+    @classmethod
+    def _listener_table(cls, value: Any) -> Any:
+        # A TOML table {name = [urls]} is accepted too, kept in Pulsar's string form.
+        if isinstance(value, dict):
+            from anabranch.broker.advertised_listeners import canonical_spec
+
+            return canonical_spec(value)
+        return value
+
     @field_validator("schema_compatibility_strategy")
     @classmethod
     def _known_strategy(cls, value: str) -> str:
@@ -354,6 +370,14 @@ class BrokerConfig(BaseSettings):
             raise ValueError("tls_enabled needs tls_certificate_file_path and tls_key_file_path")
         if not self.plaintext_enabled and not self.tls_enabled:
             raise ValueError("plaintext_enabled=false needs tls_enabled=true")
+        from anabranch.broker.advertised_listeners import internal_listener
+
+        try:
+            self.internal_listener_name = internal_listener(
+                self.advertised_listeners, self.internal_listener_name
+            )
+        except InvalidArgument as err:
+            raise ValueError(str(err)) from err
         return self
 
     def etcd_options(self) -> EtcdOptions:

@@ -18,14 +18,18 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from anabranch import limits
+from anabranch.broker.advertised_listeners import from_record, listener_urls, parse_listeners
 from anabranch.broker.cluster.ownership import ClusterOwnership, LookupAnswer
 from anabranch.broker.error_codes import client_message, server_error
+from anabranch.broker.scalable_commands import topics_hash
 from anabranch.broker.service import canonical_topic
+from anabranch.core import topic_patterns
 from anabranch.core.names import NamespaceName, SegmentName, TopicName
 from anabranch.errors import AnabranchError, InvalidArgument, ResourceLimitReached
 from anabranch.protocol import commands
@@ -100,19 +104,26 @@ async def handle_lookup(session: Session, cmd: pb.CommandLookupTopic) -> None:
     try:
         with lookup_slot(session):
             name = str(canonical_topic(cmd.topic))
-            ownership = session.service.ownership
+            listener_name = cmd.advertised_listener_name
+            service = session.service
+            ownership = service.ownership
             if isinstance(ownership, ClusterOwnership):
                 answer = await ownership.lookup(name, authoritative=cmd.authoritative)
                 tls = session.service.tls_url_for(answer.pulsar_url)
+                if listener_name:
+                    published = await ownership.published_listeners(answer.pulsar_url)
+                    chosen = listener_urls(from_record(published), listener_name)
+                    answer = dataclasses.replace(answer, pulsar_url=chosen.pulsar_url)
+                    tls = chosen.pulsar_url_tls
                 session.write(_lookup_answer(cmd.request_id, answer, tls))
                 return
-            service = session.service
+            url, tls_url = service.advertised_url, service.advertised_url_tls
+            if listener_name:
+                listeners = parse_listeners(service.config.advertised_listeners)
+                chosen = listener_urls(listeners, listener_name)
+                url, tls_url = chosen.pulsar_url, chosen.pulsar_url_tls
             session.write(
-                commands.lookup_response(
-                    cmd.request_id,
-                    service.advertised_url,
-                    broker_service_url_tls=service.advertised_url_tls,
-                )
+                commands.lookup_response(cmd.request_id, url, broker_service_url_tls=tls_url)
             )
     except Exception as err:
         _log_unexpected(err, "LOOKUP")
@@ -141,16 +152,43 @@ def _lookup_answer(request_id: int, answer: LookupAnswer, tls_url: str | None) -
 async def handle_get_topics_of_namespace(
     session: Session, cmd: pb.CommandGetTopicsOfNamespace
 ) -> None:
+    """GET_TOPICS_OF_NAMESPACE as upstream answers it: the namespace's topics (partitions
+    included) of the asked mode; with ``topics_pattern`` only the matching ones and
+    ``filtered=true`` (unless the broker will not evaluate the pattern, see
+    ``topic_patterns.compile_safely``: then all, ``filtered=false``, and the client filters);
+    ``topics_hash`` of what is answered, and ``changed=false`` with no topics when the
+    client's ``topics_hash`` is that already."""
     # Errors go through the session's generic ERROR path: upstream answers them so too.
     ns = NamespaceName.parse(cmd.namespace)
     await session.service.policies.namespace_policies(str(ns))
-    topics: list[str] = []
-    if cmd.mode != pb.CommandGetTopicsOfNamespace.NON_PERSISTENT:
-        topics = await session.service.policies.list_topics(str(ns))
-    body = pb.CommandGetTopicsOfNamespaceResponse(request_id=cmd.request_id, topics=topics)
+    topics = await namespace_topics(session, ns, cmd.mode)
+    filtered = False
+    if cmd.HasField("topics_pattern"):
+        pattern = topic_patterns.compile_safely(cmd.topics_pattern)
+        if pattern is not None:
+            topics = topic_patterns.filter_topics(topics, pattern)
+            filtered = True
+    digest = topics_hash(topics)
+    unchanged = cmd.HasField("topics_hash") and cmd.topics_hash == digest
+    body = pb.CommandGetTopicsOfNamespaceResponse(
+        request_id=cmd.request_id,
+        topics=[] if unchanged else topics,
+        filtered=filtered,
+        topics_hash=digest,
+        changed=not unchanged,
+    )
     session.write(
         pb.BaseCommand(type=T.GET_TOPICS_OF_NAMESPACE_RESPONSE, getTopicsOfNamespaceResponse=body)
     )
+
+
+async def namespace_topics(session: Session, ns: NamespaceName, mode: int) -> list[str]:
+    """The registered topics of ``ns`` in ``mode`` (a ``CommandGetTopicsOfNamespace.Mode``),
+    sorted. Only ``persistent://`` topics are registered; NON_PERSISTENT lists none yet."""
+    topics: list[str] = []
+    if mode != pb.CommandGetTopicsOfNamespace.NON_PERSISTENT:
+        topics = await session.service.policies.list_topics(str(ns))
+    return topics
 
 
 async def handle_get_schema(session: Session, cmd: pb.CommandGetSchema) -> None:

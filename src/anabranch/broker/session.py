@@ -124,6 +124,8 @@ class Session:
         self.producers: dict[int, Producer] = {}
         self.creating_producers: set[int] = set()
         self.consumers: dict[int, Any] = {}
+        self.topic_list_watchers: dict[int, Any] = {}
+        """WATCH_TOPIC_LIST watchers by id (``topic_list_watchers``)."""
         self.pending_appends = 0
         self.pending_lookups = 0
         """LOOKUP/PARTITIONED_METADATA being answered (``SESSION_PENDING_LOOKUPS_MAX``)."""

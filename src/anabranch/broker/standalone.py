@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from anabranch import limits
+from anabranch.broker.advertised_listeners import internal_listener_urls
 from anabranch.broker.config import BrokerConfig
 from anabranch.broker.policies import Policies
 from anabranch.broker.server import BrokerServer
@@ -165,16 +166,25 @@ class Standalone:
 
     @property
     def service_url(self) -> str:
-        """The advertised ``pulsar://`` URL (what lookups and the registry name)."""
+        """The advertised ``pulsar://`` URL (what lookups and the registry name): the
+        internal listener's when ``advertised_listeners`` are configured (upstream's
+        ``brokerServiceUrl``), else ``advertised_address`` with the port."""
+        internal = internal_listener_urls(self.config)
+        if internal is not None and internal.pulsar_url:
+            return internal.pulsar_url
         port = self.config.advertised_port or self.port
         return f"pulsar://{self.config.advertised_address}:{port}"
 
     @property
     def service_url_tls(self) -> str | None:
-        """The advertised ``pulsar+ssl://`` URL (None without TLS)."""
+        """The advertised ``pulsar+ssl://`` URL (None without TLS); the internal
+        listener's when it names one."""
         port = self.server.tls_port
         if port is None:
             return None
+        internal = internal_listener_urls(self.config)
+        if internal is not None and internal.pulsar_url_tls:
+            return internal.pulsar_url_tls
         port = self.config.advertised_port_tls or port
         return f"pulsar+ssl://{self.config.advertised_address}:{port}"
 

@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import asyncio
 import random as _random
+import re
 from collections.abc import Callable
 from types import TracebackType
-from typing import Any
+from typing import Any, overload
 
 from anabranch.client.auth import Authentication, AuthenticationToken
 from anabranch.client.checkpoint import Checkpoint
@@ -27,6 +28,11 @@ from anabranch.client.connection import ConnectionPool
 from anabranch.client.consumer import Consumer, ConsumerOptions, PartitionedConsumer, subscribe
 from anabranch.client.dag_session import DagSession, is_scalable_name, scalable_topic_name
 from anabranch.client.message_id import MessageId
+from anabranch.client.pattern_consumer import (
+    DISCOVERY_PERIOD_S,
+    PatternConsumer,
+    subscribe_pattern,
+)
 from anabranch.client.producer import (
     PartitionedProducer,
     Producer,
@@ -85,7 +91,9 @@ class Client:
     :class:`~anabranch.client.auth.AuthenticationToken`, ``AuthenticationBasic`` or
     ``AuthenticationTLS``) or ``auth_token`` (a token string or a callable returning one);
     with a ``pulsar+ssl://`` URL, ``tls_trust_certs_file_path`` (CA bundle),
-    ``tls_allow_insecure_connection`` and ``tls_validate_hostname``.
+    ``tls_allow_insecure_connection`` and ``tls_validate_hostname``; ``listener_name``
+    (the broker's advertised listener whose URLs lookups answer; an unknown one raises
+    ``ListenerNotFound`` at once).
 
     Example (a broker across a slow WAN link: probe later, wait longer for the PONG)::
 
@@ -107,6 +115,7 @@ class Client:
         tls_trust_certs_file_path: str | None = None,
         tls_allow_insecure_connection: bool = False,
         tls_validate_hostname: bool = False,
+        listener_name: str | None = None,
     ) -> None:
         self.service_url = service_url
         if auth_token is not None:
@@ -129,12 +138,14 @@ class Client:
             random=random,
             auth=auth,
             tls=tls,
+            listener_name=listener_name,
         )
         self._handlers: list[
             Producer
             | PartitionedProducer
             | Consumer
             | PartitionedConsumer
+            | PatternConsumer
             | Reader
             | QueueConsumer
             | CheckpointConsumer
@@ -178,16 +189,47 @@ class Client:
         self._handlers.append(producer)
         return producer
 
+    @overload
     async def subscribe(
         self, topic: str, subscription: str, **options: Any
-    ) -> Consumer | PartitionedConsumer:
+    ) -> Consumer | PartitionedConsumer: ...
+
+    @overload
+    async def subscribe(
+        self, topic: re.Pattern[str], subscription: str, **options: Any
+    ) -> PatternConsumer: ...
+
+    async def subscribe(
+        self, topic: str | re.Pattern[str], subscription: str, **options: Any
+    ) -> Consumer | PartitionedConsumer | PatternConsumer:
         """A subscribed consumer; options are the fields of ``ConsumerOptions``.
+
+        A compiled regular expression subscribes to every topic of its namespace whose
+        name matches (a :class:`PatternConsumer`, following topics created and deleted
+        later), with ``regex_subscription_mode`` (``"persistent"``, ``"non-persistent"``
+        or ``"all"``) and ``pattern_auto_discovery_period_s`` (the polling period; the
+        broker's topic-list watcher pushes changes sooner where it offers one).
 
         Example::
 
             consumer = await client.subscribe(topic, "jobs", subscription_type="shared",
                                               ack_timeout_s=30)
+            orders = await client.subscribe(re.compile("persistent://public/default/o-.*"),
+                                            "billing", regex_subscription_mode="all")
         """
+        if isinstance(topic, re.Pattern):
+            mode = options.pop("regex_subscription_mode", "persistent")
+            period = options.pop("pattern_auto_discovery_period_s", DISCOVERY_PERIOD_S)
+            pattern_consumer = await subscribe_pattern(
+                self._pool,
+                topic,
+                subscription,
+                ConsumerOptions.from_kwargs(options),
+                mode=str(mode),
+                discovery_period_s=float(period),
+            )
+            self._handlers.append(pattern_consumer)
+            return pattern_consumer
         opts = ConsumerOptions.from_kwargs(options)
         consumer = await subscribe(self._pool, _persistent_topic(topic), subscription, opts)
         self._handlers.append(consumer)

@@ -58,7 +58,7 @@ from anabranch.client.errors import (
 )
 from anabranch.client.tls import TlsOptions, client_ssl_context
 from anabranch.core.names import SegmentName, parse_name
-from anabranch.errors import AnabranchError, Closed, InvalidArgument
+from anabranch.errors import AnabranchError, Closed, InvalidArgument, ListenerNotFound
 from anabranch.limits import (
     CLIENT_LOOKUP_REDIRECTS_MAX,
     CLIENT_OPERATION_STUCK_S,
@@ -92,6 +92,8 @@ _RESPONSE_BODIES: dict[int, str] = {
     T.TC_CLIENT_CONNECT_RESPONSE: "tcClientConnectResponse",
     T.NEW_TXN_RESPONSE: "newTxnResponse",
     T.END_TXN_RESPONSE: "endTxnResponse",
+    T.GET_TOPICS_OF_NAMESPACE_RESPONSE: "getTopicsOfNamespaceResponse",
+    T.WATCH_TOPIC_LIST_SUCCESS: "watchTopicListSuccess",
 }
 _PRODUCER_BODIES: dict[int, str] = {
     T.SEND_RECEIPT: "send_receipt",
@@ -281,6 +283,11 @@ class ClientConnection:
     def max_message_size(self) -> int:
         """The broker's advertised max message size (CONNECTED)."""
         return self._proto.max_message_size
+
+    @property
+    def supports_topic_watchers(self) -> bool:
+        """Whether the broker advertised topic-list watchers (PIP-145) in CONNECTED."""
+        return bool(self._proto.peer_feature_flags.supports_topic_watchers)
 
     @property
     def protocol_version(self) -> int:
@@ -616,6 +623,9 @@ class ClientConnection:
                 self._consumers.pop(cid, None)
         elif kind in _WATCH_BODIES:
             handler = self._watches.get(int(getattr(frame.command, _WATCH_BODIES[kind]).session_id))
+        elif kind == T.WATCH_TOPIC_UPDATE:
+            # Topic-list watchers share the watch routes: both ids come from new_handler_id.
+            handler = self._watches.get(int(frame.command.watchTopicUpdate.watcher_id))
         else:
             log.debug("ignoring %s from %s", frame.type_name, self._peer())
             return
@@ -662,8 +672,11 @@ class ConnectionPool:
         random: Callable[[], float] = _random.random,
         auth: Authentication | None = None,
         tls: TlsOptions | None = None,
+        listener_name: str | None = None,
     ) -> None:
         self.auth = auth
+        self.listener_name = listener_name or None
+        """The broker's advertised listener lookups ask for (``advertised_listener_name``)."""
         self.use_tls = is_tls_url(service_url)
         self.ssl_context: ssl.SSLContext | None = None
         if self.use_tls:
@@ -781,9 +794,15 @@ class ConnectionPool:
             body = pb.CommandLookupTopic(
                 topic=topic, request_id=request_id, authoritative=authoritative
             )
+            if self.listener_name:
+                body.advertised_listener_name = self.listener_name
             frame = await conn.request(pb.BaseCommand(type=T.LOOKUP, lookupTopic=body), request_id)
             resp = frame.command.lookupTopicResponse
             if resp.response == pb.CommandLookupTopicResponse.Failed:
+                if self.listener_name and resp.message == str(ListenerNotFound(self.listener_name)):
+                    # A configuration error, not a transient state: fail now, not at the
+                    # operation timeout (upstream answers it as a retriable ServiceNotReady).
+                    raise ListenerNotFound(self.listener_name)
                 raise from_server_error(int(resp.error), resp.message)
             if resp.proxy_through_service_url:
                 address = self.service_address

@@ -230,6 +230,11 @@ class Consumer(ReconnectingHandler):
         self.subscription = subscription
         self.options = options
         self.partition = partition
+        self._segment_stamp: int | None = None
+        """Set by a stream consumer: the segment id every message id of this consumer
+        carries (so its messages need no copy to name their segment)."""
+        self._display_topic = topic
+        """The topic name its messages carry (a stream consumer's: the ``topic://`` one)."""
         self.consumer_name = options.consumer_name or ""
         self.is_active: bool | None = None
         self.reached_end_of_topic = False
@@ -364,7 +369,9 @@ class Consumer(ReconnectingHandler):
         payload = decompress(
             int(md.compression), payload, int(md.uncompressed_size), UNCOMPRESSED_BYTES_MAX
         )
-        entry = MessageId.from_proto(body.message_id, partition=self.partition).entry
+        entry = MessageId.from_proto(
+            body.message_id, partition=self.partition, segment_id=self._segment_stamp
+        ).entry
         redeliveries = int(body.redelivery_count)
         if not md.HasField("num_messages_in_batch"):
             mid = entry
@@ -378,16 +385,17 @@ class Consumer(ReconnectingHandler):
         filtering = self._filter_up_to is not None
         # Per-message work is the consumer's cost: what is the same for the whole entry
         # (publish time, producer, topic) is read once, not once per message.
-        topic, publish_time, producer = self.topic, int(md.publish_time), md.producer_name
-        ledger_id, entry_id, partition, consumer_id = (
+        topic, publish_time, producer = self._display_topic, int(md.publish_time), md.producer_name
+        ledger_id, entry_id, partition, segment, consumer_id = (
             entry.ledger_id,
             entry.entry_id,
             self.partition,
+            self._segment_stamp,
             self._id,
         )
         out: list[Message] = []
         for index, (single, value) in enumerate(decode_batch(payload, count)):
-            mid = MessageId(ledger_id, entry_id, index, partition, batch_size=count)
+            mid = MessageId(ledger_id, entry_id, index, partition, segment, count)
             still_unacked = not ack_set or (ack_set[index // 64] >> (index % 64)) & 1
             if not still_unacked or single.compacted_out or (filtering and self._filtered(mid)):
                 self._count_consumed(1)
@@ -426,7 +434,7 @@ class Consumer(ReconnectingHandler):
             key=key,
             properties={p.key: p.value for p in properties},
             message_id=mid,
-            topic=self.topic,
+            topic=self._display_topic,
             publish_time=int(md.publish_time),
             event_time=int(own.event_time) or None,
             redelivery_count=redeliveries,
@@ -516,7 +524,11 @@ class Consumer(ReconnectingHandler):
         entry = mid.entry
         whole = mid.batch_index < 0 or mid.batch_index >= mid.batch_size - 1
         # Inside a batch, ack up to the previous entry: the rest of this batch stays unacked.
-        target = entry if whole else MessageId(mid.ledger_id, mid.entry_id - 1, -1, mid.partition)
+        target = (
+            entry
+            if whole
+            else MessageId(mid.ledger_id, mid.entry_id - 1, -1, mid.partition, mid.segment_id)
+        )
         for tracked in (self._unacked, self._nacked, self._batches):
             for key in [k for k in tracked if k <= target]:
                 del tracked[key]

@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import uuid
 from collections import deque
@@ -132,27 +131,6 @@ def diff_assignment(
     return joined, left
 
 
-def _in_segment(raw: Message, segment_id: int, topic: str) -> Message:
-    """``raw`` as the application sees it (``queue_consumer.in_segment`` without the two
-    ``dataclasses.replace`` calls, which cost more than the rest of a receive)."""
-    mid = raw.message_id
-    return Message(
-        value=raw.value,
-        key=raw.key,
-        properties=raw.properties,
-        message_id=MessageId(
-            mid.ledger_id, mid.entry_id, mid.batch_index, mid.partition, segment_id, mid.batch_size
-        ),
-        topic=topic,
-        publish_time=raw.publish_time,
-        event_time=raw.event_time,
-        redelivery_count=raw.redelivery_count,
-        producer_name=raw.producer_name,
-        sequence_id=raw.sequence_id,
-        _consumer_id=raw._consumer_id,
-    )
-
-
 class DeliveryLog:
     """Messages delivered to the application and not yet acknowledged, per segment, in
     delivery order: the position vector of a cumulative ack (pure).
@@ -170,40 +148,43 @@ class DeliveryLog:
     def __init__(self) -> None:
         self._serial = 0
         self._segments: dict[int, deque[tuple[int, MessageId]]] = {}
-        self._index: dict[tuple[int, MessageId], int] = {}
 
     def delivered(self, segment_id: int, message_id: MessageId) -> int:
         """Record a delivery; returns its serial."""
         self._serial += 1
-        self._segments.setdefault(segment_id, deque()).append((self._serial, message_id))
-        self._index[(segment_id, message_id)] = self._serial
+        queue = self._segments.get(segment_id)
+        if queue is None:
+            queue = self._segments[segment_id] = deque()
+        queue.append((self._serial, message_id))
         return self._serial
 
     def ack_upto(self, segment_id: int, message_id: MessageId) -> dict[int, MessageId]:
         """The cumulative ack per segment that covers everything delivered up to this
         message (which must have been delivered; otherwise just this message's segment)."""
-        serial = self._index.get((segment_id, message_id))
+        serial = None
+        # From the newest: an ack names a recent message, and a redelivery of it that
+        # came later is the delivery meant. Whatever is scanned is then acknowledged.
+        for delivered, mid in reversed(self._segments.get(segment_id, ())):
+            if mid == message_id:
+                serial = delivered
+                break
         if serial is None:
             return {segment_id: message_id}
         out: dict[int, MessageId] = {}
         for seg, queue in list(self._segments.items()):
             while queue and queue[0][0] <= serial:
-                popped, mid = queue.popleft()
-                if self._index.get((seg, mid)) == popped:
-                    del self._index[(seg, mid)]  # else a redelivery of it came later
-                out[seg] = mid
+                out[seg] = queue.popleft()[1]
             if not queue:
                 del self._segments[seg]
         return out
 
     def forget(self, segment_id: int) -> None:
         """The segment left this consumer: its deliveries no longer count."""
-        for _, mid in self._segments.pop(segment_id, ()):
-            self._index.pop((segment_id, mid), None)
+        self._segments.pop(segment_id, None)
 
     def pending(self) -> int:
         """Deliveries not covered by an ack yet."""
-        return len(self._index)
+        return sum(len(queue) for queue in self._segments.values())
 
 
 class StreamConsumer:
@@ -311,6 +292,8 @@ class StreamConsumer:
                     self.options.segment_options(self.consumer_name),
                     inbox=self._inbox,
                 )
+                consumer._segment_stamp = segment_id
+                consumer._display_topic = self.topic
                 try:
                     await consumer._start()
                 except (ConsumerBusy, ServiceNotReady) as err:
@@ -350,7 +333,7 @@ class StreamConsumer:
         raw, segment_id = got
         self._segments[segment_id]._on_dequeued(raw)
         self._log.delivered(segment_id, raw.message_id)
-        return _in_segment(raw, segment_id, self.topic)
+        return raw  # its consumer stamped the segment id and the topic:// name
 
     async def acknowledge_cumulative(
         self, message: Message | MessageId, txn: Transaction | None = None
@@ -372,7 +355,7 @@ class StreamConsumer:
             raise InvalidArgument(f"{mid} names no segment of {self.topic}")
         if txn is not None:
             txn._check_usable()  # before the delivery log forgets what the ack covers
-        inner = dataclasses.replace(mid, segment_id=None)
+        inner = mid  # segment consumers' ids carry their segment (``_segment_stamp``)
         acks = [
             (consumer, upto)
             for segment_id, upto in self._log.ack_upto(mid.segment_id, inner).items()

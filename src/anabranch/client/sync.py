@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import re
 import threading
 from collections.abc import Callable, Coroutine, Mapping
 from types import TracebackType
@@ -34,6 +35,7 @@ from anabranch.client.consumer import Consumer as AsyncConsumer
 from anabranch.client.consumer import PartitionedConsumer
 from anabranch.client.message import Message
 from anabranch.client.message_id import MessageId
+from anabranch.client.pattern_consumer import PatternConsumer
 from anabranch.client.producer import PartitionedProducer
 from anabranch.client.producer import Producer as AsyncProducer
 from anabranch.client.queue_consumer import QueueConsumer as AsyncQueueConsumer
@@ -249,8 +251,8 @@ class Producer(_Facade[AsyncProducer | PartitionedProducer | ScalableProducer]):
         self._portal.call(self.inner.close)
 
 
-class Consumer(_Facade[AsyncConsumer | PartitionedConsumer]):
-    """Blocking twin of the async Consumer (or PartitionedConsumer)."""
+class Consumer(_Facade[AsyncConsumer | PartitionedConsumer | PatternConsumer]):
+    """Blocking twin of the async Consumer (or PartitionedConsumer, PatternConsumer)."""
 
     topic = _InnerStr("The subscribed topic.")
     subscription = _InnerStr("The subscription name.")
@@ -410,9 +412,18 @@ class Client:
         """A connected producer (options as ``anabranch.aio.Client.create_producer``)."""
         return self._open(Producer, self._inner.create_producer, topic, **options)
 
-    def subscribe(self, topic: str, subscription: str, **options: Any) -> Consumer:
-        """A subscribed consumer (options as ``anabranch.aio.Client.subscribe``)."""
-        return self._open(Consumer, self._inner.subscribe, topic, subscription, **options)
+    def subscribe(
+        self, topic: str | re.Pattern[str], subscription: str, **options: Any
+    ) -> Consumer:
+        """A subscribed consumer (options as ``anabranch.aio.Client.subscribe``; a
+        compiled pattern subscribes to every matching topic)."""
+
+        async def make() -> AsyncConsumer | PartitionedConsumer | PatternConsumer:
+            if isinstance(topic, re.Pattern):
+                return await self._inner.subscribe(topic, subscription, **options)
+            return await self._inner.subscribe(topic, subscription, **options)
+
+        return Consumer(self._portal, self._portal.call(make))
 
     def create_reader(
         self, topic: str, start: MessageId | str = "earliest", **options: Any

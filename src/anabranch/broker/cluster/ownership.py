@@ -57,6 +57,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from anabranch import failpoints, limits
+from anabranch.broker.advertised_listeners import parse_listeners, record_form
 from anabranch.broker.cluster.placement import broker_load, choose_broker, smoothed_rate
 from anabranch.broker.cluster.records import (
     BROKERS_PREFIX,
@@ -163,6 +164,7 @@ class ClusterOwnership:
             http_url=http_url,
             cluster=self.cluster,
             pulsar_url_tls=pulsar_url_tls,
+            advertised_listeners=self._own_listeners(),
         )
         self._session = await self._store.open_session(self.session_ttl_s)
         await self._register()
@@ -250,6 +252,25 @@ class ClusterOwnership:
         raise NotOwner(topic, None)
 
     # --- lookup -----------------------------------------------------------------------------
+
+    def _own_listeners(self) -> dict[str, list[str]]:
+        config = getattr(self._service, "config", None)
+        spec = getattr(config, "advertised_listeners", "") or ""
+        return record_form(parse_listeners(spec))
+
+    async def published_listeners(self, pulsar_url: str) -> dict[str, list[str]]:
+        """The advertised listeners the broker known as ``pulsar_url`` publishes in its
+        registry record (empty when it has none or is gone).
+
+        Example:
+            >>> # await ownership.published_listeners("pulsar://b2:6650") -> {"ext": [...]}
+        """
+        if pulsar_url == self.me.pulsar_url:
+            return self.me.advertised_listeners
+        record = await self._store.get(broker_path(pulsar_url.split("://", 1)[-1]))
+        if record is None:
+            return {}
+        return decode_broker(record.value).advertised_listeners
 
     async def lookup(self, topic: str, *, authoritative: bool = False) -> LookupAnswer:
         """Where ``topic`` is served; assigns an unowned topic (module docstring)."""
@@ -532,6 +553,7 @@ class ClusterOwnership:
             http_url=self.me.http_url,
             cluster=self.cluster,
             pulsar_url_tls=self.me.pulsar_url_tls,
+            advertised_listeners=self.me.advertised_listeners,
             owned_topics=len(self._owned),
             loaded_topics=len(topics),
             connections=self._connections(),

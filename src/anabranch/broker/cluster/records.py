@@ -46,6 +46,8 @@ class BrokerRecord(msgspec.Struct, rename="camel", kw_only=True):
     cluster: str
     pulsar_url_tls: str = ""
     """The broker's ``pulsar+ssl://`` URL ("" without a TLS listener)."""
+    advertised_listeners: dict[str, list[str]] = msgspec.field(default_factory=dict)
+    """Its named listeners' URLs (``advertised_listeners``), for lookups naming one."""
     owned_topics: int = 0
     loaded_topics: int = 0
     connections: int = 0

@@ -942,6 +942,52 @@ class CommandGetTopicsOfNamespaceResponse(_message.Message):
     changed: bool
     def __init__(self, request_id: _Optional[int] = ..., topics: _Optional[_Iterable[str]] = ..., filtered: _Optional[bool] = ..., topics_hash: _Optional[str] = ..., changed: _Optional[bool] = ...) -> None: ...
 
+class CommandWatchTopicList(_message.Message):
+    __slots__ = ("request_id", "watcher_id", "namespace", "topics_pattern", "topics_hash")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    WATCHER_ID_FIELD_NUMBER: _ClassVar[int]
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    TOPICS_PATTERN_FIELD_NUMBER: _ClassVar[int]
+    TOPICS_HASH_FIELD_NUMBER: _ClassVar[int]
+    request_id: int
+    watcher_id: int
+    namespace: str
+    topics_pattern: str
+    topics_hash: str
+    def __init__(self, request_id: _Optional[int] = ..., watcher_id: _Optional[int] = ..., namespace: _Optional[str] = ..., topics_pattern: _Optional[str] = ..., topics_hash: _Optional[str] = ...) -> None: ...
+
+class CommandWatchTopicListSuccess(_message.Message):
+    __slots__ = ("request_id", "watcher_id", "topic", "topics_hash")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    WATCHER_ID_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    TOPICS_HASH_FIELD_NUMBER: _ClassVar[int]
+    request_id: int
+    watcher_id: int
+    topic: _containers.RepeatedScalarFieldContainer[str]
+    topics_hash: str
+    def __init__(self, request_id: _Optional[int] = ..., watcher_id: _Optional[int] = ..., topic: _Optional[_Iterable[str]] = ..., topics_hash: _Optional[str] = ...) -> None: ...
+
+class CommandWatchTopicUpdate(_message.Message):
+    __slots__ = ("watcher_id", "new_topics", "deleted_topics", "topics_hash")
+    WATCHER_ID_FIELD_NUMBER: _ClassVar[int]
+    NEW_TOPICS_FIELD_NUMBER: _ClassVar[int]
+    DELETED_TOPICS_FIELD_NUMBER: _ClassVar[int]
+    TOPICS_HASH_FIELD_NUMBER: _ClassVar[int]
+    watcher_id: int
+    new_topics: _containers.RepeatedScalarFieldContainer[str]
+    deleted_topics: _containers.RepeatedScalarFieldContainer[str]
+    topics_hash: str
+    def __init__(self, watcher_id: _Optional[int] = ..., new_topics: _Optional[_Iterable[str]] = ..., deleted_topics: _Optional[_Iterable[str]] = ..., topics_hash: _Optional[str] = ...) -> None: ...
+
+class CommandWatchTopicListClose(_message.Message):
+    __slots__ = ("request_id", "watcher_id")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    WATCHER_ID_FIELD_NUMBER: _ClassVar[int]
+    request_id: int
+    watcher_id: int
+    def __init__(self, request_id: _Optional[int] = ..., watcher_id: _Optional[int] = ...) -> None: ...
+
 class CommandGetSchema(_message.Message):
     __slots__ = ("request_id", "topic", "schema_version")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
@@ -1389,7 +1435,7 @@ class CommandWatchScalableTopicsClose(_message.Message):
     def __init__(self, watch_id: _Optional[int] = ...) -> None: ...
 
 class BaseCommand(_message.Message):
-    __slots__ = ("type", "connect", "connected", "subscribe", "producer", "send", "send_receipt", "send_error", "message", "ack", "flow", "unsubscribe", "success", "error", "close_producer", "close_consumer", "producer_success", "ping", "pong", "redeliverUnacknowledgedMessages", "partitionMetadata", "partitionMetadataResponse", "lookupTopic", "lookupTopicResponse", "reachedEndOfTopic", "seek", "getLastMessageId", "getLastMessageIdResponse", "active_consumer_change", "getTopicsOfNamespace", "getTopicsOfNamespaceResponse", "getSchema", "getSchemaResponse", "authChallenge", "authResponse", "ackResponse", "getOrCreateSchema", "getOrCreateSchemaResponse", "newTxn", "newTxnResponse", "addPartitionToTxn", "addPartitionToTxnResponse", "addSubscriptionToTxn", "addSubscriptionToTxnResponse", "endTxn", "endTxnResponse", "endTxnOnPartition", "endTxnOnPartitionResponse", "endTxnOnSubscription", "endTxnOnSubscriptionResponse", "tcClientConnectRequest", "tcClientConnectResponse", "scalableTopicLookup", "scalableTopicUpdate", "scalableTopicClose", "scalableTopicSubscribe", "scalableTopicSubscribeResponse", "scalableTopicAssignmentUpdate", "watchScalableTopics", "watchScalableTopicsUpdate", "watchScalableTopicsClose", "scalableTopicUnsubscribe")
+    __slots__ = ("type", "connect", "connected", "subscribe", "producer", "send", "send_receipt", "send_error", "message", "ack", "flow", "unsubscribe", "success", "error", "close_producer", "close_consumer", "producer_success", "ping", "pong", "redeliverUnacknowledgedMessages", "partitionMetadata", "partitionMetadataResponse", "lookupTopic", "lookupTopicResponse", "reachedEndOfTopic", "seek", "getLastMessageId", "getLastMessageIdResponse", "active_consumer_change", "getTopicsOfNamespace", "getTopicsOfNamespaceResponse", "getSchema", "getSchemaResponse", "authChallenge", "authResponse", "ackResponse", "getOrCreateSchema", "getOrCreateSchemaResponse", "newTxn", "newTxnResponse", "addPartitionToTxn", "addPartitionToTxnResponse", "addSubscriptionToTxn", "addSubscriptionToTxnResponse", "endTxn", "endTxnResponse", "endTxnOnPartition", "endTxnOnPartitionResponse", "endTxnOnSubscription", "endTxnOnSubscriptionResponse", "tcClientConnectRequest", "tcClientConnectResponse", "watchTopicList", "watchTopicListSuccess", "watchTopicUpdate", "watchTopicListClose", "scalableTopicLookup", "scalableTopicUpdate", "scalableTopicClose", "scalableTopicSubscribe", "scalableTopicSubscribeResponse", "scalableTopicAssignmentUpdate", "watchScalableTopics", "watchScalableTopicsUpdate", "watchScalableTopicsClose", "scalableTopicUnsubscribe")
     class Type(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         CONNECT: _ClassVar[BaseCommand.Type]
@@ -1443,6 +1489,10 @@ class BaseCommand(_message.Message):
         END_TXN_ON_SUBSCRIPTION_RESPONSE: _ClassVar[BaseCommand.Type]
         TC_CLIENT_CONNECT_REQUEST: _ClassVar[BaseCommand.Type]
         TC_CLIENT_CONNECT_RESPONSE: _ClassVar[BaseCommand.Type]
+        WATCH_TOPIC_LIST: _ClassVar[BaseCommand.Type]
+        WATCH_TOPIC_LIST_SUCCESS: _ClassVar[BaseCommand.Type]
+        WATCH_TOPIC_UPDATE: _ClassVar[BaseCommand.Type]
+        WATCH_TOPIC_LIST_CLOSE: _ClassVar[BaseCommand.Type]
         SCALABLE_TOPIC_LOOKUP: _ClassVar[BaseCommand.Type]
         SCALABLE_TOPIC_UPDATE: _ClassVar[BaseCommand.Type]
         SCALABLE_TOPIC_CLOSE: _ClassVar[BaseCommand.Type]
@@ -1504,6 +1554,10 @@ class BaseCommand(_message.Message):
     END_TXN_ON_SUBSCRIPTION_RESPONSE: BaseCommand.Type
     TC_CLIENT_CONNECT_REQUEST: BaseCommand.Type
     TC_CLIENT_CONNECT_RESPONSE: BaseCommand.Type
+    WATCH_TOPIC_LIST: BaseCommand.Type
+    WATCH_TOPIC_LIST_SUCCESS: BaseCommand.Type
+    WATCH_TOPIC_UPDATE: BaseCommand.Type
+    WATCH_TOPIC_LIST_CLOSE: BaseCommand.Type
     SCALABLE_TOPIC_LOOKUP: BaseCommand.Type
     SCALABLE_TOPIC_UPDATE: BaseCommand.Type
     SCALABLE_TOPIC_CLOSE: BaseCommand.Type
@@ -1566,6 +1620,10 @@ class BaseCommand(_message.Message):
     ENDTXNONSUBSCRIPTIONRESPONSE_FIELD_NUMBER: _ClassVar[int]
     TCCLIENTCONNECTREQUEST_FIELD_NUMBER: _ClassVar[int]
     TCCLIENTCONNECTRESPONSE_FIELD_NUMBER: _ClassVar[int]
+    WATCHTOPICLIST_FIELD_NUMBER: _ClassVar[int]
+    WATCHTOPICLISTSUCCESS_FIELD_NUMBER: _ClassVar[int]
+    WATCHTOPICUPDATE_FIELD_NUMBER: _ClassVar[int]
+    WATCHTOPICLISTCLOSE_FIELD_NUMBER: _ClassVar[int]
     SCALABLETOPICLOOKUP_FIELD_NUMBER: _ClassVar[int]
     SCALABLETOPICUPDATE_FIELD_NUMBER: _ClassVar[int]
     SCALABLETOPICCLOSE_FIELD_NUMBER: _ClassVar[int]
@@ -1628,6 +1686,10 @@ class BaseCommand(_message.Message):
     endTxnOnSubscriptionResponse: CommandEndTxnOnSubscriptionResponse
     tcClientConnectRequest: CommandTcClientConnectRequest
     tcClientConnectResponse: CommandTcClientConnectResponse
+    watchTopicList: CommandWatchTopicList
+    watchTopicListSuccess: CommandWatchTopicListSuccess
+    watchTopicUpdate: CommandWatchTopicUpdate
+    watchTopicListClose: CommandWatchTopicListClose
     scalableTopicLookup: CommandScalableTopicLookup
     scalableTopicUpdate: CommandScalableTopicUpdate
     scalableTopicClose: CommandScalableTopicClose
@@ -1638,4 +1700,4 @@ class BaseCommand(_message.Message):
     watchScalableTopicsUpdate: CommandWatchScalableTopicsUpdate
     watchScalableTopicsClose: CommandWatchScalableTopicsClose
     scalableTopicUnsubscribe: CommandScalableTopicUnsubscribe
-    def __init__(self, type: _Optional[_Union[BaseCommand.Type, str]] = ..., connect: _Optional[_Union[CommandConnect, _Mapping]] = ..., connected: _Optional[_Union[CommandConnected, _Mapping]] = ..., subscribe: _Optional[_Union[CommandSubscribe, _Mapping]] = ..., producer: _Optional[_Union[CommandProducer, _Mapping]] = ..., send: _Optional[_Union[CommandSend, _Mapping]] = ..., send_receipt: _Optional[_Union[CommandSendReceipt, _Mapping]] = ..., send_error: _Optional[_Union[CommandSendError, _Mapping]] = ..., message: _Optional[_Union[CommandMessage, _Mapping]] = ..., ack: _Optional[_Union[CommandAck, _Mapping]] = ..., flow: _Optional[_Union[CommandFlow, _Mapping]] = ..., unsubscribe: _Optional[_Union[CommandUnsubscribe, _Mapping]] = ..., success: _Optional[_Union[CommandSuccess, _Mapping]] = ..., error: _Optional[_Union[CommandError, _Mapping]] = ..., close_producer: _Optional[_Union[CommandCloseProducer, _Mapping]] = ..., close_consumer: _Optional[_Union[CommandCloseConsumer, _Mapping]] = ..., producer_success: _Optional[_Union[CommandProducerSuccess, _Mapping]] = ..., ping: _Optional[_Union[CommandPing, _Mapping]] = ..., pong: _Optional[_Union[CommandPong, _Mapping]] = ..., redeliverUnacknowledgedMessages: _Optional[_Union[CommandRedeliverUnacknowledgedMessages, _Mapping]] = ..., partitionMetadata: _Optional[_Union[CommandPartitionedTopicMetadata, _Mapping]] = ..., partitionMetadataResponse: _Optional[_Union[CommandPartitionedTopicMetadataResponse, _Mapping]] = ..., lookupTopic: _Optional[_Union[CommandLookupTopic, _Mapping]] = ..., lookupTopicResponse: _Optional[_Union[CommandLookupTopicResponse, _Mapping]] = ..., reachedEndOfTopic: _Optional[_Union[CommandReachedEndOfTopic, _Mapping]] = ..., seek: _Optional[_Union[CommandSeek, _Mapping]] = ..., getLastMessageId: _Optional[_Union[CommandGetLastMessageId, _Mapping]] = ..., getLastMessageIdResponse: _Optional[_Union[CommandGetLastMessageIdResponse, _Mapping]] = ..., active_consumer_change: _Optional[_Union[CommandActiveConsumerChange, _Mapping]] = ..., getTopicsOfNamespace: _Optional[_Union[CommandGetTopicsOfNamespace, _Mapping]] = ..., getTopicsOfNamespaceResponse: _Optional[_Union[CommandGetTopicsOfNamespaceResponse, _Mapping]] = ..., getSchema: _Optional[_Union[CommandGetSchema, _Mapping]] = ..., getSchemaResponse: _Optional[_Union[CommandGetSchemaResponse, _Mapping]] = ..., authChallenge: _Optional[_Union[CommandAuthChallenge, _Mapping]] = ..., authResponse: _Optional[_Union[CommandAuthResponse, _Mapping]] = ..., ackResponse: _Optional[_Union[CommandAckResponse, _Mapping]] = ..., getOrCreateSchema: _Optional[_Union[CommandGetOrCreateSchema, _Mapping]] = ..., getOrCreateSchemaResponse: _Optional[_Union[CommandGetOrCreateSchemaResponse, _Mapping]] = ..., newTxn: _Optional[_Union[CommandNewTxn, _Mapping]] = ..., newTxnResponse: _Optional[_Union[CommandNewTxnResponse, _Mapping]] = ..., addPartitionToTxn: _Optional[_Union[CommandAddPartitionToTxn, _Mapping]] = ..., addPartitionToTxnResponse: _Optional[_Union[CommandAddPartitionToTxnResponse, _Mapping]] = ..., addSubscriptionToTxn: _Optional[_Union[CommandAddSubscriptionToTxn, _Mapping]] = ..., addSubscriptionToTxnResponse: _Optional[_Union[CommandAddSubscriptionToTxnResponse, _Mapping]] = ..., endTxn: _Optional[_Union[CommandEndTxn, _Mapping]] = ..., endTxnResponse: _Optional[_Union[CommandEndTxnResponse, _Mapping]] = ..., endTxnOnPartition: _Optional[_Union[CommandEndTxnOnPartition, _Mapping]] = ..., endTxnOnPartitionResponse: _Optional[_Union[CommandEndTxnOnPartitionResponse, _Mapping]] = ..., endTxnOnSubscription: _Optional[_Union[CommandEndTxnOnSubscription, _Mapping]] = ..., endTxnOnSubscriptionResponse: _Optional[_Union[CommandEndTxnOnSubscriptionResponse, _Mapping]] = ..., tcClientConnectRequest: _Optional[_Union[CommandTcClientConnectRequest, _Mapping]] = ..., tcClientConnectResponse: _Optional[_Union[CommandTcClientConnectResponse, _Mapping]] = ..., scalableTopicLookup: _Optional[_Union[CommandScalableTopicLookup, _Mapping]] = ..., scalableTopicUpdate: _Optional[_Union[CommandScalableTopicUpdate, _Mapping]] = ..., scalableTopicClose: _Optional[_Union[CommandScalableTopicClose, _Mapping]] = ..., scalableTopicSubscribe: _Optional[_Union[CommandScalableTopicSubscribe, _Mapping]] = ..., scalableTopicSubscribeResponse: _Optional[_Union[CommandScalableTopicSubscribeResponse, _Mapping]] = ..., scalableTopicAssignmentUpdate: _Optional[_Union[CommandScalableTopicAssignmentUpdate, _Mapping]] = ..., watchScalableTopics: _Optional[_Union[CommandWatchScalableTopics, _Mapping]] = ..., watchScalableTopicsUpdate: _Optional[_Union[CommandWatchScalableTopicsUpdate, _Mapping]] = ..., watchScalableTopicsClose: _Optional[_Union[CommandWatchScalableTopicsClose, _Mapping]] = ..., scalableTopicUnsubscribe: _Optional[_Union[CommandScalableTopicUnsubscribe, _Mapping]] = ...) -> None: ...
+    def __init__(self, type: _Optional[_Union[BaseCommand.Type, str]] = ..., connect: _Optional[_Union[CommandConnect, _Mapping]] = ..., connected: _Optional[_Union[CommandConnected, _Mapping]] = ..., subscribe: _Optional[_Union[CommandSubscribe, _Mapping]] = ..., producer: _Optional[_Union[CommandProducer, _Mapping]] = ..., send: _Optional[_Union[CommandSend, _Mapping]] = ..., send_receipt: _Optional[_Union[CommandSendReceipt, _Mapping]] = ..., send_error: _Optional[_Union[CommandSendError, _Mapping]] = ..., message: _Optional[_Union[CommandMessage, _Mapping]] = ..., ack: _Optional[_Union[CommandAck, _Mapping]] = ..., flow: _Optional[_Union[CommandFlow, _Mapping]] = ..., unsubscribe: _Optional[_Union[CommandUnsubscribe, _Mapping]] = ..., success: _Optional[_Union[CommandSuccess, _Mapping]] = ..., error: _Optional[_Union[CommandError, _Mapping]] = ..., close_producer: _Optional[_Union[CommandCloseProducer, _Mapping]] = ..., close_consumer: _Optional[_Union[CommandCloseConsumer, _Mapping]] = ..., producer_success: _Optional[_Union[CommandProducerSuccess, _Mapping]] = ..., ping: _Optional[_Union[CommandPing, _Mapping]] = ..., pong: _Optional[_Union[CommandPong, _Mapping]] = ..., redeliverUnacknowledgedMessages: _Optional[_Union[CommandRedeliverUnacknowledgedMessages, _Mapping]] = ..., partitionMetadata: _Optional[_Union[CommandPartitionedTopicMetadata, _Mapping]] = ..., partitionMetadataResponse: _Optional[_Union[CommandPartitionedTopicMetadataResponse, _Mapping]] = ..., lookupTopic: _Optional[_Union[CommandLookupTopic, _Mapping]] = ..., lookupTopicResponse: _Optional[_Union[CommandLookupTopicResponse, _Mapping]] = ..., reachedEndOfTopic: _Optional[_Union[CommandReachedEndOfTopic, _Mapping]] = ..., seek: _Optional[_Union[CommandSeek, _Mapping]] = ..., getLastMessageId: _Optional[_Union[CommandGetLastMessageId, _Mapping]] = ..., getLastMessageIdResponse: _Optional[_Union[CommandGetLastMessageIdResponse, _Mapping]] = ..., active_consumer_change: _Optional[_Union[CommandActiveConsumerChange, _Mapping]] = ..., getTopicsOfNamespace: _Optional[_Union[CommandGetTopicsOfNamespace, _Mapping]] = ..., getTopicsOfNamespaceResponse: _Optional[_Union[CommandGetTopicsOfNamespaceResponse, _Mapping]] = ..., getSchema: _Optional[_Union[CommandGetSchema, _Mapping]] = ..., getSchemaResponse: _Optional[_Union[CommandGetSchemaResponse, _Mapping]] = ..., authChallenge: _Optional[_Union[CommandAuthChallenge, _Mapping]] = ..., authResponse: _Optional[_Union[CommandAuthResponse, _Mapping]] = ..., ackResponse: _Optional[_Union[CommandAckResponse, _Mapping]] = ..., getOrCreateSchema: _Optional[_Union[CommandGetOrCreateSchema, _Mapping]] = ..., getOrCreateSchemaResponse: _Optional[_Union[CommandGetOrCreateSchemaResponse, _Mapping]] = ..., newTxn: _Optional[_Union[CommandNewTxn, _Mapping]] = ..., newTxnResponse: _Optional[_Union[CommandNewTxnResponse, _Mapping]] = ..., addPartitionToTxn: _Optional[_Union[CommandAddPartitionToTxn, _Mapping]] = ..., addPartitionToTxnResponse: _Optional[_Union[CommandAddPartitionToTxnResponse, _Mapping]] = ..., addSubscriptionToTxn: _Optional[_Union[CommandAddSubscriptionToTxn, _Mapping]] = ..., addSubscriptionToTxnResponse: _Optional[_Union[CommandAddSubscriptionToTxnResponse, _Mapping]] = ..., endTxn: _Optional[_Union[CommandEndTxn, _Mapping]] = ..., endTxnResponse: _Optional[_Union[CommandEndTxnResponse, _Mapping]] = ..., endTxnOnPartition: _Optional[_Union[CommandEndTxnOnPartition, _Mapping]] = ..., endTxnOnPartitionResponse: _Optional[_Union[CommandEndTxnOnPartitionResponse, _Mapping]] = ..., endTxnOnSubscription: _Optional[_Union[CommandEndTxnOnSubscription, _Mapping]] = ..., endTxnOnSubscriptionResponse: _Optional[_Union[CommandEndTxnOnSubscriptionResponse, _Mapping]] = ..., tcClientConnectRequest: _Optional[_Union[CommandTcClientConnectRequest, _Mapping]] = ..., tcClientConnectResponse: _Optional[_Union[CommandTcClientConnectResponse, _Mapping]] = ..., watchTopicList: _Optional[_Union[CommandWatchTopicList, _Mapping]] = ..., watchTopicListSuccess: _Optional[_Union[CommandWatchTopicListSuccess, _Mapping]] = ..., watchTopicUpdate: _Optional[_Union[CommandWatchTopicUpdate, _Mapping]] = ..., watchTopicListClose: _Optional[_Union[CommandWatchTopicListClose, _Mapping]] = ..., scalableTopicLookup: _Optional[_Union[CommandScalableTopicLookup, _Mapping]] = ..., scalableTopicUpdate: _Optional[_Union[CommandScalableTopicUpdate, _Mapping]] = ..., scalableTopicClose: _Optional[_Union[CommandScalableTopicClose, _Mapping]] = ..., scalableTopicSubscribe: _Optional[_Union[CommandScalableTopicSubscribe, _Mapping]] = ..., scalableTopicSubscribeResponse: _Optional[_Union[CommandScalableTopicSubscribeResponse, _Mapping]] = ..., scalableTopicAssignmentUpdate: _Optional[_Union[CommandScalableTopicAssignmentUpdate, _Mapping]] = ..., watchScalableTopics: _Optional[_Union[CommandWatchScalableTopics, _Mapping]] = ..., watchScalableTopicsUpdate: _Optional[_Union[CommandWatchScalableTopicsUpdate, _Mapping]] = ..., watchScalableTopicsClose: _Optional[_Union[CommandWatchScalableTopicsClose, _Mapping]] = ..., scalableTopicUnsubscribe: _Optional[_Union[CommandScalableTopicUnsubscribe, _Mapping]] = ...) -> None: ...
