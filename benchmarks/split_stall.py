@@ -108,17 +108,24 @@ async def consume(
     stream = await client.subscribe_stream(topic, subscription="stall", consumer_name="c1")
     try:
         idle_since = clock()
+        unacked = None
         while len(received) < expected or not done.is_set():
             msg = await stream.receive(timeout=0.5)
             if msg is None:
+                if unacked is not None:
+                    # Idle: ack what is held, or a drained parent's children never come.
+                    await stream.acknowledge_cumulative(unacked)
+                    unacked = None
                 if done.is_set() and clock() - idle_since > IDLE_LIMIT_S * 1e9:
                     break
                 continue
             idle_since = clock()
             key_index, seq, _ = PAYLOAD.unpack_from(msg.value)
             received.append((key_index, seq))
+            unacked = msg
             if len(received) % 256 == 0:
                 await stream.acknowledge_cumulative(msg)
+                unacked = None
             if done.is_set() and len(received) >= expected:
                 break
     finally:
