@@ -600,3 +600,7 @@ OFFLOAD_OBJECT_BYTES_MAX = 1024 * 1024 * 1024
 """Largest ledger offloaded: its object is built in memory and uploaded in one
 create-only put (multipart uploads cannot be create-only). The default ledger rollover
 (256 MB) stays well under it."""
+
+STATS_RATE_WINDOW_MIN_S = 1.0
+"""Admin stats rates (msgRateIn/Out, throughput) are over at least this long: a stats call
+sooner than this after the last mark reuses it rather than measuring a few milliseconds."""

@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 from anabranch.admin.client import AdminClient, AdminHttpError
 from anabranch.cli.main import app
 from anabranch.testing.broker import InProcessBroker
+from anabranch.testing.clock import ManualClock
 
 TOPIC = "persistent://public/default/peek"
 SUB_PATH = "/admin/v2/persistent/public/default/peek/subscription"
@@ -111,9 +112,13 @@ async def test_expire_messages_moves_cursors_forward_only(world: InProcessBroker
         stats = await admin.request("GET", "/admin/v2/persistent/public/default/peek/stats")
         assert stats["subscriptions"]["billing"]["msgBacklog"] == 0
         assert stats["subscriptions"]["audit"]["msgBacklog"] > 0
+        # Pulsar's backlogSize is bytes (the slowest subscription's): 3 entries here.
+        assert stats["backlogEntries"] == 3
+        assert 0 < stats["backlogSize"] <= stats["storageSize"]
         await admin.expire_messages_all_subscriptions(TOPIC, 1)
         stats = await admin.request("GET", "/admin/v2/persistent/public/default/peek/stats")
         assert stats["subscriptions"]["audit"]["msgBacklog"] == 0
+        assert stats["backlogSize"] == stats["backlogEntries"] == 0
 
 
 async def test_cli_prints_peeked_messages(world: InProcessBroker) -> None:
@@ -122,3 +127,21 @@ async def test_cli_prints_peeked_messages(world: InProcessBroker) -> None:
         cli, world.http_url, "topics", "examine-message", TOPIC, "-i", "earliest", "-m", "1"
     )
     assert shown[0]["payload"] == "first" and shown[0]["properties"] == {"source": "test"}
+
+
+async def test_stats_rates_are_shared_by_callers_polling_faster_than_the_window(
+    tmp_path: Path,
+) -> None:
+    clock = ManualClock()
+    async with InProcessBroker(tmp_path, clock=clock) as broker:
+        assert broker.http_url is not None
+        await asyncio.to_thread(produce, broker.service_url)
+        clock.advance(2.0)  # two seconds after the topic was loaded
+        async with AdminClient(broker.http_url) as admin:
+            path = "/admin/v2/persistent/public/default/peek/stats"
+            first, second = [await admin.request("GET", path) for _ in range(2)]
+            # The first call started a new mark; the second, within the window, reuses the
+            # one before it instead of measuring zero messages over no time.
+            assert first["msgRateIn"] == second["msgRateIn"] == 5 / 2.0
+            clock.advance(1.0)
+            assert (await admin.request("GET", path))["msgRateIn"] == 0.0  # nothing new

@@ -231,17 +231,17 @@ async def test_message_ttl_acknowledges_expired_messages(world: World) -> None:
     assert await world.admin.get_message_ttl(NS) == 60
     await world.broker.service.sweeps.sweep_ttl()
     stats = await world.admin.stats(topic)
-    assert stats["backlogSize"] == 20  # not yet expired
+    assert stats["backlogEntries"] == 20  # not yet expired
 
     world.clock.offset_ms += 61_000
     await world.broker.service.sweeps.sweep_ttl()
-    assert (await world.admin.stats(topic))["backlogSize"] == 0
+    assert (await world.admin.stats(topic))["backlogEntries"] == 0
     assert world.broker.service.counters.entries_expired == 20
     # Newer messages are kept; expired ones are then deleted by retention.
     world.clock.offset_ms = 0
     await world.produce(topic, 3, b"fresh")
     await world.broker.service.sweeps.sweep_ttl()
-    assert (await world.admin.stats(topic))["backlogSize"] == 3
+    assert (await world.admin.stats(topic))["backlogEntries"] == 3
     await world.broker.service.sweeps.sweep_retention()
     assert (await world.admin.stats(topic))["storageSize"] < 10 * 1100
     consumer = await world.client.subscribe(topic, "s")
@@ -263,7 +263,7 @@ async def test_ttl_never_expires_an_open_transactions_messages(world: World) -> 
     world.clock.offset_ms += 61_000
     await world.broker.service.sweeps.sweep_ttl()
     # Only what precedes the open transaction expired: the rest waits for its outcome.
-    assert (await world.admin.stats(topic))["backlogSize"] == 2
+    assert (await world.admin.stats(topic))["backlogEntries"] == 2
     await txn.commit()
     world.clock.offset_ms = 0
     consumer = await world.client.subscribe(topic, "s")
@@ -353,9 +353,9 @@ async def test_consumer_backlog_eviction_moves_the_slowest_cursor(world: World) 
     await world.cursor(topic, "slow")
     await world.admin.set_backlog_quota(NS, limit_size=5_000, policy="consumer_backlog_eviction")
     await world.produce(topic, 20)
-    assert (await world.admin.stats(topic))["backlogSize"] == 20
+    assert (await world.admin.stats(topic))["backlogEntries"] == 20
     await world.broker.service.sweeps.sweep_backlog_quotas()
-    backlog = (await world.admin.stats(topic))["backlogSize"]
+    backlog = (await world.admin.stats(topic))["backlogEntries"]
     assert 0 < backlog <= 4  # 90% of 5,000 bytes of 1,000-byte messages
     consumer = await world.client.subscribe(topic, "slow")
     received = 0
@@ -374,10 +374,10 @@ async def test_message_age_quota_evicts_old_messages(world: World) -> None:
     )
     await world.produce(topic, 5)
     await world.broker.service.sweeps.sweep_backlog_quotas()
-    assert (await world.admin.stats(topic))["backlogSize"] == 5
+    assert (await world.admin.stats(topic))["backlogEntries"] == 5
     world.clock.offset_ms += 31_000
     await world.broker.service.sweeps.sweep_backlog_quotas()
-    assert (await world.admin.stats(topic))["backlogSize"] == 0
+    assert (await world.admin.stats(topic))["backlogEntries"] == 0
     assert "message_age" in await world.admin.get_backlog_quotas(NS)
 
 
@@ -420,8 +420,8 @@ async def test_topic_level_overrides_win_over_the_namespace(world: World) -> Non
     )
     world.clock.offset_ms += 11_000
     await world.broker.service.sweeps.sweep_ttl()
-    assert (await world.admin.stats(topic))["backlogSize"] == 0  # its own 10 s TTL
-    assert (await world.admin.stats(other))["backlogSize"] == 20  # the namespace's hour
+    assert (await world.admin.stats(topic))["backlogEntries"] == 0  # its own 10 s TTL
+    assert (await world.admin.stats(other))["backlogEntries"] == 20  # the namespace's hour
 
     await world.admin.request(
         "POST", f"{path}/retention", {"retentionTimeInMinutes": -1, "retentionSizeInMB": -1}

@@ -33,6 +33,7 @@ from anabranch.broker.dispatcher_entries import (
 from anabranch.clock import Clock
 from anabranch.core.ack_state import AckState
 from anabranch.core.names import TopicName
+from anabranch.core.rate_window import RateWindow
 from anabranch.errors import Closed, ConsumerBusy, InvalidArgument, NotAllowed
 from anabranch.protocol._generated import pulsar_api_pb2 as pb
 from anabranch.storage.api import EARLIEST, LATEST, Cursor, ManagedLedger, Position
@@ -169,7 +170,7 @@ class Subscription:
         self.dispatcher: Dispatcher = make_dispatcher(self, sub_type)
         self.messages_out = 0
         self.bytes_out = 0
-        self._rate_mark = (clock.monotonic(), 0, 0)
+        self._rates = RateWindow(limits.STATS_RATE_WINDOW_MIN_S, clock.monotonic(), (0, 0))
         self._closed = False
 
     @property
@@ -407,15 +408,13 @@ class Subscription:
     def stats(self) -> dict[str, Any]:
         """Pulsar-admin-like subscription stats."""
         now = self.clock.monotonic()
-        then, messages, size = self._rate_mark
-        elapsed = max(now - then, 1e-9)
-        self._rate_mark = (now, self.messages_out, self.bytes_out)
+        rate_out, throughput_out = self._rates.rates(now, (self.messages_out, self.bytes_out))
         consumers = self.consumers
         out: dict[str, Any] = {
             "type": TYPE_NAMES.get(self.sub_type, str(self.sub_type)),
             "msgBacklog": self.cursor.backlog(),
-            "msgRateOut": (self.messages_out - messages) / elapsed,
-            "msgThroughputOut": (self.bytes_out - size) / elapsed,
+            "msgRateOut": rate_out,
+            "msgThroughputOut": throughput_out,
             "msgOutCounter": self.messages_out,
             "bytesOutCounter": self.bytes_out,
             "unackedMessages": sum(c.unacked_messages for c in consumers),

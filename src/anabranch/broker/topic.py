@@ -42,6 +42,7 @@ from anabranch import failpoints, limits
 from anabranch.broker.backlog_quota import QuotaGate
 from anabranch.clock import Clock
 from anabranch.core.dedup import DedupState, DedupVerdict
+from anabranch.core.rate_window import RateWindow
 from anabranch.errors import (
     Closed,
     InvalidArgument,
@@ -168,7 +169,7 @@ class PersistentTopic:
         self.bytes_in_counter = 0
         self.msg_out_counter = 0
         self.bytes_out_counter = 0
-        self._rate_mark = (clock.monotonic(), 0, 0, 0, 0)
+        self._rates = RateWindow(limits.STATS_RATE_WINDOW_MIN_S, clock.monotonic(), (0, 0, 0, 0))
 
     # --- loading --------------------------------------------------------------------------
 
@@ -558,32 +559,34 @@ class PersistentTopic:
     def stats(self) -> dict[str, Any]:
         """Pulsar-admin-like topic stats."""
         now = self.clock.monotonic()
-        then, msg_in, bytes_in, msg_out, bytes_out = self._rate_mark
-        elapsed = max(now - then, 1e-9)
-        self._rate_mark = (
-            now,
-            self.msg_in_counter,
-            self.bytes_in_counter,
-            self.msg_out_counter,
+        counters = (
+            self.msg_in_counter, self.bytes_in_counter, self.msg_out_counter,
             self.bytes_out_counter,
-        )
+        )  # fmt: skip
+        rate_in, throughput_in, rate_out, throughput_out = self._rates.rates(now, counters)
         subs: dict[str, Any] = {}
         for name, sub in self.subscriptions.items():
             stats = getattr(sub, "stats", None)
             subs[name] = stats() if stats is not None else {}
         last = self.ledger.last_confirmed
+        storage = sum(getattr(i, "size", 0) for i in getattr(self.ledger, "ledgers", []))
+        entries = self.ledger.entry_count
+        backlog = max((c.backlog() for c in self.ledger.cursors()), default=0)
         return {
-            "msgRateIn": (self.msg_in_counter - msg_in) / elapsed,
-            "msgThroughputIn": (self.bytes_in_counter - bytes_in) / elapsed,
-            "msgRateOut": (self.msg_out_counter - msg_out) / elapsed,
-            "msgThroughputOut": (self.bytes_out_counter - bytes_out) / elapsed,
+            "msgRateIn": rate_in,
+            "msgThroughputIn": throughput_in,
+            "msgRateOut": rate_out,
+            "msgThroughputOut": throughput_out,
             "msgInCounter": self.msg_in_counter,
             "bytesInCounter": self.bytes_in_counter,
             "msgOutCounter": self.msg_out_counter,
             "bytesOutCounter": self.bytes_out_counter,
-            "storageSize": sum(getattr(i, "size", 0) for i in getattr(self.ledger, "ledgers", [])),
-            "entryCount": self.ledger.entry_count,
-            "backlogSize": max((c.backlog() for c in self.ledger.cursors()), default=0),
+            "storageSize": storage,
+            "entryCount": entries,
+            # Pulsar's backlogSize is bytes: the slowest cursor's entries at the average
+            # stored entry size (the ledgers record sizes, not each entry's).
+            "backlogSize": storage * backlog // entries if entries else 0,
+            "backlogEntries": backlog,
             "lastMessageId": f"{last.ledger_id}:{last.entry_id}",
             "publishers": [p.stats() for p in self.producers.values()],
             "subscriptions": subs,
