@@ -54,6 +54,18 @@ class CountingInbox(Inbox):
         from now (None: no deadline)."""
         return None if timeout is None else asyncio.get_running_loop().time() + timeout
 
+    def pop_owned(self, owners: Mapping[int, OwnerT]) -> tuple[Message, OwnerT] | None:
+        """The next queued message whose consumer id is in ``owners``, without waiting
+        (None when none is queued); others are dropped as in :meth:`get_owned`."""
+        items = self._items
+        while items:
+            raw = items.popleft()
+            self.queued[raw._consumer_id] -= 1
+            owner = owners.get(raw._consumer_id)
+            if owner is not None:
+                return raw, owner
+        return None
+
     async def get_owned(
         self, deadline: float | None, owners: Mapping[int, OwnerT]
     ) -> tuple[Message, OwnerT] | None:

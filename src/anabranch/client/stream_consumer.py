@@ -327,9 +327,12 @@ class StreamConsumer:
         """
         if self._closing:
             raise Closed(f"{self} is closed")
-        got = await self._inbox.get_owned(self._inbox.deadline(timeout), self._by_consumer_id)
+        got = self._inbox.pop_owned(self._by_consumer_id)  # what is queued, without a wait
         if got is None:
-            return None
+            deadline = self._inbox.deadline(timeout)
+            got = await self._inbox.get_owned(deadline, self._by_consumer_id)
+            if got is None:
+                return None
         raw, segment_id = got
         self._segments[segment_id]._on_dequeued(raw)
         self._log.delivered(segment_id, raw.message_id)
