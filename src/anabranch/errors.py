@@ -14,7 +14,8 @@
     │   ├── SegmentSealed               split/merge of a sealed segment
     │   ├── SegmentActive               delete of a segment still active (409)
     │   ├── SegmentTooSmall             split of a segment one hash wide
-    │   └── ScalableTopicsDisabled      topic:// names off (broker or namespace)
+    │   ├── ScalableTopicsDisabled      topic:// names off (broker or namespace)
+    │   └── CompactionInProgress        compaction asked for while one runs (409)
     ├── Closed                          the object was closed by its owner
     ├── AuthorizationError              the role lacks the permission  (403)
     ├── AuthenticationError             missing, wrong or expired credentials (401)
@@ -766,6 +767,30 @@ class OffloadNotConfigured(NotAllowed):
 
     def __init__(self) -> None:
         super().__init__("offload is not configured: set offload_driver (and the s3_ settings)")
+
+
+WIRE_CODES.update({c: c.wire_code for c in all_error_classes()})
+HTTP_STATUS.update({c: c.http_status for c in all_error_classes()})
+
+
+# --- topic compaction -----------------------------------------------------------------------
+
+
+class CompactionInProgress(NotAllowed):
+    """A compaction was asked for while one of the same topic is running (upstream's
+    ``ConflictException``, 409).
+
+    Example:
+        >>> err = CompactionInProgress("persistent://a/b/c")
+        >>> (err.http_status, err.topic)
+        (409, 'persistent://a/b/c')
+    """
+
+    http_status = 409
+
+    def __init__(self, topic: str) -> None:
+        super().__init__(f"compaction of {topic} is already in progress")
+        self.topic = topic
 
 
 WIRE_CODES.update({c: c.wire_code for c in all_error_classes()})

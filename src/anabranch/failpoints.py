@@ -50,8 +50,13 @@ STALE_OWNER_SERVES = "stale-owner-serves"
 (no unload, no refusal of SENDs): only the storage fence can stop its appends (the
 JetStream cluster tests show it does)."""
 
+COMPACTION_CRASH_BEFORE_SWITCH = "compaction-crash-before-switch"
+"""The broker SIGKILLs itself once a compaction wrote its new compacted ledger and before
+it switched the record to it (the crash-safety test: the previous view stays in force)."""
+
 KNOWN: frozenset[str] = frozenset(
     {
+        COMPACTION_CRASH_BEFORE_SWITCH,
         STALE_OWNER_SERVES,
         BREAK_CONNECTION_TIMER,
         TXN_HOLD_OUTCOMES,

@@ -28,6 +28,7 @@ from urllib.parse import quote
 
 import numpy as np
 import numpy.typing as npt
+import pyarrow as pa
 import pyarrow.compute as pc
 
 from anabranch.admin.client import AdminClient, AdminHttpError
@@ -165,6 +166,25 @@ def position_after(mid: MessageId) -> int:
     return entry_end(mid.ledger_id, mid.entry_id)
 
 
+def skipped_positions(
+    ledger_id: int, entry_id: int, ack_set: list[int], batch_size: int
+) -> list[int]:
+    """Positions of the batch indexes a MESSAGE's ``ack_set`` marks acknowledged (a set bit
+    is a message to deliver; a missing word: all acknowledged).
+
+    Example:
+        >>> base = encode_position(3, 4, 0)
+        >>> [p - base for p in skipped_positions(3, 4, [0b101], 4)]
+        [1, 3]
+    """
+    out = []
+    for i in range(batch_size):
+        word = ack_set[i // 64] if i // 64 < len(ack_set) else 0
+        if not (word >> (i % 64)) & 1:
+            out.append(encode_position(ledger_id, entry_id, i))
+    return out
+
+
 # --- driver side ------------------------------------------------------------------------------
 
 
@@ -199,13 +219,18 @@ class EndProbe:
     client: Client
     readers: dict[str, Reader] = field(default_factory=dict)
     finals: dict[str, int] = field(default_factory=dict)
+    read_compacted: bool = False
+    """Probe the compacted view's end (its last surviving message when nothing follows the
+    compaction horizon: the topic's last entry may have been compacted away)."""
 
     async def end(self, name: str, sealed: bool) -> int:
         if name in self.finals:
             return self.finals[name]
         reader = self.readers.get(name)
         if reader is None:
-            reader = await self.client.create_reader(name, "latest", receiver_queue_size=1)
+            reader = await self.client.create_reader(
+                name, "latest", receiver_queue_size=1, read_compacted=self.read_compacted
+            )
             self.readers[name] = reader
         last = await reader._consumer.get_last_message_id()
         end = position_after(last)
@@ -254,6 +279,7 @@ class Scanner:
     client: Client
     timeout_s: float
     kept: dict[str, _Scanned] = field(default_factory=dict)
+    read_compacted: bool = False
 
     async def scan(
         self, name: str, lo: int, hi: int, count: int, sizes: bool
@@ -278,7 +304,9 @@ class Scanner:
     async def _read(self, name: str, got: _Scanned, hi: int, count: int) -> None:
         more_pos: list[npt.NDArray[np.int64]] = [got.positions]
         more_sizes: list[npt.NDArray[np.int64]] = [] if got.sizes is None else [got.sizes]
-        async with RangeReader(self.client, name, got.next, hi, self.timeout_s) as reader:
+        async with RangeReader(
+            self.client, name, got.next, hi, self.timeout_s, read_compacted=self.read_compacted
+        ) as reader:
             while count > 0:
                 if got.sizes is None:
                     positions = await reader.positions(count)
@@ -366,10 +394,12 @@ class _EntryConsumer(Consumer):
         topic: str,
         start: MessageId | None,
         queue: int = RANGE_READER_QUEUE_MESSAGES,
+        read_compacted: bool = False,
     ) -> None:
         options = ConsumerOptions(
             initial_position=InitialPosition.EARLIEST,
             receiver_queue_size=queue,
+            read_compacted=read_compacted,
         )
         super().__init__(
             pool,
@@ -382,6 +412,10 @@ class _EntryConsumer(Consumer):
         )
         self.entries: deque[tuple[int, int, pb.MessageMetadata, bytes]] = deque()
         self.arrived = asyncio.Event()
+        self.removed: set[int] = set()
+        """Positions of batch messages the broker marked acknowledged in an entry it sent
+        (compaction removed them from a compacted view): not rows. Bounded by the entries
+        queued; taken out as their rows are filtered."""
 
     def _on_message(self, frame: Frame) -> None:
         body = frame.command.message
@@ -391,6 +425,11 @@ class _EntryConsumer(Consumer):
         if md is None or frame.checksum_ok is False:
             raise AnabranchError(f"{self.topic}: a corrupt entry at {body.message_id}")
         mid = body.message_id
+        if body.ack_set and md.HasField("num_messages_in_batch"):
+            self.removed.update(
+                skipped_positions(int(mid.ledgerId), int(mid.entryId), list(body.ack_set),
+                                  int(md.num_messages_in_batch))
+            )  # fmt: skip
         self.entries.append((int(mid.ledgerId), int(mid.entryId), md, frame.payload))
         self.arrived.set()
 
@@ -444,9 +483,12 @@ class RangeReader:
         end: int,
         timeout_s: float,
         fail_on_data_loss: bool = True,
+        *,
+        read_compacted: bool = False,
     ) -> None:
         self.client = client
         self.fail_on_data_loss = fail_on_data_loss
+        self.read_compacted = read_compacted
         self.name = name
         self.start = start
         self.end = end
@@ -470,7 +512,9 @@ class RangeReader:
             begin = None if entry is None else MessageId(*entry)
             one_entry = entry is not None and entry == self.end_entry
             queue = 1 if one_entry else RANGE_READER_QUEUE_MESSAGES
-            self.consumer = _EntryConsumer(self.client._pool, self.name, begin, queue)
+            self.consumer = _EntryConsumer(
+                self.client._pool, self.name, begin, queue, read_compacted=self.read_compacted
+            )
             await self.consumer._start()
         return self
 
@@ -488,7 +532,7 @@ class RangeReader:
                 if got is None:
                     break
                 builder.add(*got)
-            chunk = builder.finish()
+            chunk = self._without_removed(builder.finish())
             if chunk is not None or self.done:
                 return chunk
 
@@ -504,7 +548,42 @@ class RangeReader:
             got = self.decoder.positions(encode_position(ledger_id, entry_id, -1), md)
             parts.append(got)
             rows += len(got)
-        return np.concatenate(parts) if rows else None
+        if not rows:
+            return None
+        positions = np.concatenate(parts)
+        removed = self._take_removed(positions)
+        return positions[~np.isin(positions, removed)] if len(removed) else positions
+
+    def _take_removed(self, positions: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        """The removed positions among ``positions`` (forgotten once taken)."""
+        assert self.consumer is not None
+        if not self.consumer.removed:
+            return np.zeros(0, np.int64)
+        removed = np.fromiter(self.consumer.removed, np.int64)
+        hit = removed[np.isin(removed, positions)]
+        self.consumer.removed.difference_update(hit.tolist())
+        return hit
+
+    def _without_removed(self, chunk: Chunk | None) -> Chunk | None:
+        """``chunk`` without the rows compaction removed (batch indexes the broker sent as
+        acknowledged); None when nothing is left."""
+        if chunk is None or self.consumer is None:
+            return chunk
+        removed = self._take_removed(chunk.positions)
+        if not len(removed):
+            return chunk
+        keep = ~np.isin(chunk.positions, removed)
+        mask = pa.array(keep)
+        props = chunk.properties
+        filtered = Chunk(
+            chunk.keys.filter(mask),
+            chunk.values.filter(mask),
+            chunk.positions[keep],
+            chunk.publish_ms[keep],
+            chunk.event_ms.filter(mask),
+            None if props is None else props.filter(mask),
+        )
+        return filtered if len(filtered) else None
 
     async def _next_entry(self) -> tuple[int, int, pb.MessageMetadata, bytes] | None:
         """The next entry, or None when the broker skipped the rest of the range (entries of
@@ -532,7 +611,9 @@ class RangeReader:
             entry = resume_entry(self.start)
             # Retention trims whole ledgers: a later entry of the same ledger means the broker
             # passed over entries (aborted ones), not that positions are gone.
-            if entry is not None and (ledger_id, entry_id) != entry and ledger_id != entry[0]:
+            # A compacted view skips whatever compaction removed: never a loss.
+            moved = entry is not None and (ledger_id, entry_id) != entry
+            if moved and entry is not None and ledger_id != entry[0] and not self.read_compacted:
                 problem = (
                     f"{self.name}: position {self.start} is gone (first available entry "
                     f"is {ledger_id}:{entry_id})"

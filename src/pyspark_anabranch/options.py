@@ -124,6 +124,9 @@ class SourceOptions:
     fail_on_data_loss: bool = True
     include_properties: bool = False
     ack_subscription: str | None = None
+    read_compacted: bool = False
+    """``readCompacted``: read each segment's compacted view (the latest message per key)
+    up to its compaction horizon, then its tail (table-like reads)."""
     poll_timeout_s: float = DEFAULT_POLL_TIMEOUT_MS / 1000
     client: Mapping[str, float] = field(default_factory=dict)
 
@@ -164,6 +167,7 @@ class SourceOptions:
             fail_on_data_loss=_bool(options, "failOnDataLoss", True),
             include_properties=_bool(options, "includeProperties", False),
             ack_subscription=_get(options, "ackSubscription") or None,
+            read_compacted=_bool(options, "readCompacted", False),
             poll_timeout_s=poll / 1000,
             client=client,
         )

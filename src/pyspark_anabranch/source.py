@@ -149,6 +149,7 @@ def read_range(opts: SourceOptions, part: SegmentRange) -> Generator[pa.RecordBa
         part.end,
         opts.poll_timeout_s,
         fail_on_data_loss=opts.fail_on_data_loss,
+        read_compacted=opts.read_compacted,
     )
     constants = _Constants(part)
     _io.run(reader.__aenter__())
@@ -219,8 +220,10 @@ class _Driver:
         self.opts = opts
         self.client: Client = _io.client_for(opts.service_url, **opts.client)
         self.admin = _io.admin_for(opts.admin_url)
-        self.probe = _io.EndProbe(self.client)
-        self.scanner = _io.Scanner(self.client, opts.poll_timeout_s)
+        self.probe = _io.EndProbe(self.client, read_compacted=opts.read_compacted)
+        self.scanner = _io.Scanner(
+            self.client, opts.poll_timeout_s, read_compacted=opts.read_compacted
+        )
         self.last_layouts: dict[str, SegmentLayout] = {}
         self.acks: dict[str, Consumer] = {}
         """ackSubscription consumers, one per segment, kept open across commits."""

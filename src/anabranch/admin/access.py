@@ -255,6 +255,17 @@ ROUTE_ACCESS: dict[tuple[str, str], Need] = {
     ("POST", f"{V2}/transactions/batches/{{sinkKey}}/{{batchId}}/commit"): N.AUTHENTICATED,
     ("POST", f"{V2}/transactions/batches/{{sinkKey}}/{{batchId}}/abort"): N.AUTHENTICATED,
     ("GET", f"{V2}/transactions/batches/{{sinkKey}}/{{batchId}}"): N.AUTHENTICATED,
+    # Topic compaction (admin/routes_compaction.py): the tenant's admins', as in Pulsar.
+    ("PUT", f"{TOPIC}/compaction"): N.TENANT_ADMIN,
+    ("GET", f"{TOPIC}/compaction"): N.TENANT_ADMIN,
+    ("PUT", f"{SEG}/compaction"): N.TENANT_ADMIN,
+    ("GET", f"{SEG}/compaction"): N.TENANT_ADMIN,
+    ("PUT", f"{SC}/{{topic}}/compaction"): N.TENANT_ADMIN,
+    **{
+        (method, f"{base}/compactionThreshold"): N.TENANT_ADMIN
+        for base in (NS, TOPIC)
+        for method in ("GET", "POST", "DELETE")
+    },
     # the app's own
     ("GET", "/metrics"): N.NONE,
     ("GET", "/openapi.json"): N.NONE,

@@ -389,6 +389,37 @@ class AdminClient:
     async def remove_message_ttl(self, target: str) -> None:
         await self.request("DELETE", _policy_path(target) + "/messageTTL")
 
+    # --- topic compaction -----------------------------------------------------------------
+
+    @staticmethod
+    def _compaction_path(target: str) -> str:
+        """A ``segment://`` name's path, a scalable ``topic://`` name's, else a topic's."""
+        if target.startswith("segment://"):
+            return _segment_path(target) + "/compaction"
+        if target.startswith("topic://"):
+            return _scalable_path(target) + "/compaction"
+        return _topic_path(target) + "/compaction"
+
+    async def compact(self, target: str) -> None:
+        """Start compacting a topic (each partition), a segment, or every segment of a
+        scalable topic; 409 (AdminError) while one runs."""
+        await self.request("PUT", self._compaction_path(target))
+
+    async def compaction_status(self, target: str) -> dict[str, str]:
+        """``{"status": NOT_RUN|RUNNING|SUCCESS|ERROR, "lastError": ...}``."""
+        return dict(await self.request("GET", self._compaction_path(target)))
+
+    async def get_compaction_threshold(self, target: str, *, applied: bool = False) -> int | None:
+        query = "?applied=true" if applied else ""
+        answer = await self.request("GET", _policy_path(target) + "/compactionThreshold" + query)
+        return None if answer is None else int(answer)
+
+    async def set_compaction_threshold(self, target: str, threshold_bytes: int) -> None:
+        await self.request("POST", _policy_path(target) + "/compactionThreshold", threshold_bytes)
+
+    async def remove_compaction_threshold(self, target: str) -> None:
+        await self.request("DELETE", _policy_path(target) + "/compactionThreshold")
+
     # --- stored messages ------------------------------------------------------------------
 
     async def peek_messages(

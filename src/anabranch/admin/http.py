@@ -40,6 +40,7 @@ from prometheus_client import CollectorRegistry
 from anabranch.admin import (
     routes_autoscale,
     routes_cluster,
+    routes_compaction,
     routes_messages,
     routes_nonpersistent,
     routes_offload,
@@ -100,6 +101,7 @@ def all_routes() -> list[Route]:
         *routes_schemas.ROUTES,
         *routes_messages.ROUTES,
         *routes_nonpersistent.ROUTES,
+        *routes_compaction.ROUTES,
         *OWN_ROUTES,
     ]
 

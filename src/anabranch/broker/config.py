@@ -158,6 +158,15 @@ class BrokerConfig(BaseSettings):
     ``messageExpiryCheckIntervalInMinutes``, in seconds here)."""
     backlog_quota_check_interval_s: float = Field(60.0, gt=0)
     """How often backlog quotas are checked (``backlogQuotaCheckIntervalInSeconds``)."""
+    compaction_check_interval_s: float = Field(60.0, gt=0)
+    """How often topics are checked against their compaction threshold (Pulsar's
+    ``brokerServiceCompactionMonitorIntervalInSeconds``)."""
+    compaction_threshold_default_bytes: int = Field(0, ge=0)
+    """Compaction threshold of a namespace without one (Pulsar's
+    ``brokerServiceCompactionThresholdInBytes``; 0: no automatic compaction)."""
+    compaction_retain_null_key: bool = False
+    """Keep messages without a key in the compacted view (Pulsar's
+    ``topicCompactionRetainNullKey``)."""
     backlog_quota_default_limit_bytes: int = Field(-1, ge=-1)
     """``destination_storage`` quota of a topic whose namespace sets none (Pulsar's
     ``backlogQuotaDefaultLimitBytes``; -1: none)."""

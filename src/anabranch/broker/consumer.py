@@ -151,6 +151,8 @@ class Consumer:
         """Consumer epoch (Exclusive/Failover): messages carry it so that a client drops
         what was in flight before its last redelivery request."""
         self.remote_address = remote_address
+        self.read_compacted = False
+        """Reads the topic's compacted view up to its horizon (Exclusive/Failover)."""
         self.permits = 0
         self.pending: dict[Position, PendingEntry] = {}
         self.unacked_messages = 0

@@ -31,6 +31,7 @@ from anabranch.errors import (
     ConsumerNotFound,
     InvalidArgument,
     NonPersistentUnsupported,
+    NotAllowed,
     ResourceLimitReached,
 )
 from anabranch.protocol import commands
@@ -39,6 +40,7 @@ from anabranch.storage.api import EARLIEST, LATEST, Position
 
 log = logging.getLogger(__name__)
 T = pb.BaseCommand
+SubType = pb.CommandSubscribe
 SUBSCRIPTION_NAME_CHARS_MAX = 1024
 """Longest subscription name accepted; it becomes a cursor name and a metadata key."""
 
@@ -89,6 +91,8 @@ async def handle_subscribe(session: Session, cmd: pb.CommandSubscribe) -> None:
     if len(session.consumers) >= limits.SESSION_CONSUMERS_MAX:
         raise ResourceLimitReached("consumers on this connection", limits.SESSION_CONSUMERS_MAX)
     _check_subscription_name(cmd.subscription)
+    if cmd.read_compacted and cmd.subType not in (SubType.Exclusive, SubType.Failover):
+        raise NotAllowed("readCompacted only allowed on failover or exclusive subscriptions")
     topic_name = parse_name(cmd.topic)
     partition = -1 if isinstance(topic_name, SegmentName) else topic_name.partition
     consumer = Consumer(
@@ -102,6 +106,7 @@ async def handle_subscribe(session: Session, cmd: pb.CommandSubscribe) -> None:
         epoch=cmd.consumer_epoch,
         remote_address=getattr(session, "remote_address", ""),
     )
+    consumer.read_compacted = cmd.read_compacted
     # Claimed before any await, so a concurrent SUBSCRIBE with the same id is refused.
     session.consumers[cmd.consumer_id] = consumer
     try:
@@ -110,6 +115,8 @@ async def handle_subscribe(session: Session, cmd: pb.CommandSubscribe) -> None:
             session.reply_success(cmd.request_id)
             return
         topic = await session.service.get_topic(str(topic_name), create=cmd.force_topic_creation)
+        if cmd.read_compacted:
+            session.service.compactions.of(topic)  # so that dispatch finds the view
         if cmd.HasField("schema"):
             consumers = sum(len(sub.consumers) for sub in topic.subscriptions.values())
             idle = not topic.producers and not consumers and topic.ledger.entry_count == 0
@@ -228,7 +235,10 @@ async def handle_get_last_message_id(session: Session, cmd: pb.CommandGetLastMes
         raise NonPersistentUnsupported("GET_LAST_MESSAGE_ID")
     last = min(sub.transaction_buffer.max_read_position(), sub.ledger.last_confirmed)
     batch_index = -1
-    if last[1] >= 0:
+    compacted = await _last_compacted(consumer, sub, last)
+    if compacted is not None:
+        last, batch_index = compacted
+    elif last[1] >= 0:
         info = await read_info(sub.ledger, last)
         if info is not None and info.batch_size > 1:
             batch_index = info.batch_size - 1
@@ -242,6 +252,22 @@ async def handle_get_last_message_id(session: Session, cmd: pb.CommandGetLastMes
     session.write(
         pb.BaseCommand(type=T.GET_LAST_MESSAGE_ID_RESPONSE, getLastMessageIdResponse=body)
     )
+
+
+async def _last_compacted(
+    consumer: Consumer, sub: Subscription, last: Position
+) -> tuple[Position, int] | None:
+    """A compacted reader whose topic has nothing after the compaction horizon: the last
+    message of the compacted view (the topic's last entry may have been compacted away,
+    and a reader waiting for it would wait forever)."""
+    compaction: Any = getattr(sub.topic, "compaction", None)
+    if not consumer.read_compacted or compaction is None:
+        return None
+    horizon = await compaction.horizon()
+    if horizon is None or last > horizon:
+        return None
+    found: tuple[Position, int] | None = await compaction.last_in_view()
+    return found if found is not None else (EARLIEST, -1)
 
 
 async def handle_unsubscribe(session: Session, cmd: pb.CommandUnsubscribe) -> None:

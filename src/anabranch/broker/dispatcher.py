@@ -42,7 +42,7 @@ import mmh3
 
 from anabranch import limits
 from anabranch.broker.consumer import Consumer, PendingEntry
-from anabranch.broker.dispatcher_entries import EntryInfo, acked_to_wire, entry_info
+from anabranch.broker.dispatcher_entries import EntryInfo, acked_to_wire, entry_info, merge_acked
 from anabranch.errors import Closed, ConsumerBusy
 from anabranch.protocol._generated import pulsar_api_pb2 as pb
 from anabranch.storage.api import Entry, Position
@@ -134,6 +134,9 @@ class Dispatcher:
         across idle periods while it still waits (no task per pass)."""
         self._task: asyncio.Task[None] | None = None
         self._closed = False
+        self.compacted_acks: dict[Position, bytes] = {}
+        """Batch indexes compaction removed from the entries of the last read (set =
+        acknowledged): sent as acked so that readers skip them. Bounded by one read."""
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -220,11 +223,13 @@ class Dispatcher:
         budget = min(self._read_budget(), limits.DISPATCH_READ_ENTRIES_MAX)
         if budget <= 0:
             return progressed
-        max_read = self.sub.transaction_buffer.max_read_position()
+        max_read = await self._max_read()
+        if generation != self.generation or self._closed:
+            return True
         if self.read_position > max_read:
             self._check_end()
             return progressed
-        entries = await self.sub.ledger.read(self.read_position, budget)
+        entries = await self._read(self.read_position, budget)
         if generation != self.generation or self._closed:
             return True
         usable = [e for e in entries if e.position <= max_read]
@@ -239,6 +244,45 @@ class Dispatcher:
             await self.sub.cursor.acknowledge(aborted)
         self._dispatch_new(fresh)
         return True
+
+    async def _read(self, position: Position, budget: int) -> list[Entry]:
+        """New entries from ``position``: the topic's compacted view (then its tail) for a
+        ``read_compacted`` consumer at or before the compaction horizon, else the ledger."""
+        self.compacted_acks.clear()
+        compaction: Any = getattr(self.sub.topic, "compaction", None)
+        if compaction is not None and self._reads_compacted():
+            got: list[tuple[Entry, bytes]] | None = await compaction.read(position, budget)
+            if got is not None:
+                for entry, removed in got:
+                    if removed:
+                        self.compacted_acks[entry.position] = removed
+                return [entry for entry, _ in got]
+        return await self.sub.ledger.read(position, budget)
+
+    def _reads_compacted(self) -> bool:
+        return False
+
+    async def _max_read(self) -> Position:
+        """The last position dispatch may read: the transaction buffer's bound, or for a
+        compacted read the compaction horizon if that is further (the view is committed
+        up to it, also once retention has deleted every ledger under it)."""
+        max_read = self.sub.transaction_buffer.max_read_position()
+        compaction: Any = getattr(self.sub.topic, "compaction", None)
+        if compaction is not None and self._reads_compacted():
+            horizon: Position | None = await compaction.horizon()
+            if horizon is not None and horizon > max_read:
+                return horizon
+        return max_read
+
+    def _resume_position(self) -> Position:
+        """Where reading starts again from the cursor (after a seek, rewind or new active
+        consumer). A compacted read resumes just after the mark-delete position: the view
+        keeps the ids of ledgers retention has deleted since, which the ledger's successor
+        of the mark-delete would jump over."""
+        if self._reads_compacted():
+            mark_delete = self.sub.cursor.mark_delete_position
+            return Position(mark_delete[0], mark_delete[1] + 1)
+        return self.sub.cursor.read_position
 
     def _filter(self, entries: Iterable[Entry]) -> tuple[list[Entry], list[Position]]:
         fresh: list[Entry] = []
@@ -269,6 +313,9 @@ class Dispatcher:
         ack_set: list[int] = []
         unacked: int | None = None
         acked = self.sub.cursor.batch_ack_state(entry.position) if info.batch_size > 1 else None
+        removed = self.compacted_acks.get(entry.position) if info.batch_size > 1 else None
+        if removed:
+            acked = merge_acked(acked, removed)
         if acked:
             ack_set, unacked = acked_to_wire(acked, info.batch_size)
         consumer.send_entry(
@@ -396,7 +443,7 @@ class Dispatcher:
         for consumer in self.consumers:
             consumer.take_pending()
         self.redelivery_counts.clear()
-        self.read_position = self.sub.cursor.read_position
+        self.read_position = self._resume_position()
         self.kick()
 
     def _bump_counts(self, positions: Iterable[Position]) -> None:
@@ -461,8 +508,11 @@ class SingleActiveDispatcher(Dispatcher):
 
     def _rewind(self) -> None:
         self.generation += 1
-        self.read_position = self.sub.cursor.read_position
+        self.read_position = self._resume_position()
         self.kick()
+
+    def _reads_compacted(self) -> bool:
+        return self.active is not None and self.active.read_compacted
 
     def _read_budget(self) -> int:
         active = self.active

@@ -380,6 +380,13 @@ def broker_registry(service: BrokerService) -> CollectorRegistry:
         )
     if getattr(service, "txn_coordinator", None) is not None:
         registry.register(TxnCollector(service))  # the anabranch_txn_* families
+    compactions = getattr(service, "compactions", None)
+    if compactions is not None:
+        from anabranch.broker.compaction_metrics import CompactionCollector
+
+        registry.register(
+            CompactionCollector(lambda: compactions.counters, service.config.cluster_name)
+        )
     return registry
 
 

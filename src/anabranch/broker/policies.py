@@ -184,6 +184,9 @@ class NamespacePolicies(msgspec.Struct, kw_only=True):
     """Pulsar's ``SchemaCompatibilityStrategy`` name; UNDEFINED: the broker's default."""
     scalable_topic_enabled: bool | None = msgspec.field(default=None, name="scalableTopicEnabled")
     """Scalable topics in this namespace (None: the broker's ``scalable_topic_enabled``)."""
+    compaction_threshold: int | None = None
+    """Backlog bytes past which a topic is compacted automatically (None: the broker's
+    default; 0: never)."""
     deleted: bool = False
     """Set while a namespace delete is in progress (Pulsar's flag); topics cannot register."""
 

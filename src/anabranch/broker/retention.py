@@ -75,6 +75,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+COMPACTION_CURSOR = "__compaction"
+"""The compaction cursor (``broker/compaction.py``): message TTL leaves it alone."""
+
 TTL_READ_BATCH_ENTRIES = 100
 """Entries read per step while looking for a subscription's expired prefix."""
 TTL_SCAN_ENTRIES_MAX = 20_000
@@ -306,6 +309,8 @@ class RetentionSweeps:
             if cutoff is None:
                 return
             for cursor in list(topic.ledger.cursors()):
+                if cursor.name == COMPACTION_CURSOR:
+                    continue  # it holds what the next compaction reads (upstream skips it)
                 before = cursor.backlog()
                 upto = topic.transaction_buffer.max_read_position()
                 if await expire_before(topic.ledger, cursor, cutoff, upto) is not None:

@@ -27,6 +27,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from anabranch import failpoints
+from anabranch.broker.retention import COMPACTION_CURSOR
 from anabranch.core.names import SegmentName
 from anabranch.protocol._generated import pulsar_api_pb2 as pb
 from anabranch.scalable.segment_ops import (
@@ -74,7 +75,9 @@ class BrokerSegmentOps:
 
     async def segment_subscriptions(self, segment: SegmentName) -> list[str]:
         topic = await self._topic(segment)
-        return sorted(c.name for c in topic.ledger.cursors())
+        # The compaction cursor is the segment's own, not a subscription of the topic: it
+        # must neither spread to children nor keep a drained segment from being pruned.
+        return sorted(c.name for c in topic.ledger.cursors() if c.name != COMPACTION_CURSOR)
 
     async def segment_backlog(self, segment: SegmentName, subscription: str) -> int:
         topic = await self._topic(segment)

@@ -47,6 +47,7 @@ from anabranch import limits
 from anabranch.broker.authorization import Authorizer
 from anabranch.broker.autoscale import broker_autoscaler
 from anabranch.broker.cluster.ownership import ClusterOwnership
+from anabranch.broker.compaction import Compactions
 from anabranch.broker.config import BrokerConfig
 from anabranch.broker.metrics import BrokerCounters
 from anabranch.broker.nonpersistent import NonPersistentTopic
@@ -199,6 +200,8 @@ class BrokerService:
         """Broker-wide counters for /metrics; the server and sessions bump them."""
         self.sweeps = RetentionSweeps(self)
         """Retention, message TTL, backlog quotas and segment pruning (periodic)."""
+        self.compactions = Compactions(self)
+        """Topic compaction: per-topic runs and the periodic threshold check."""
         self.offloader = Offloader(self)
         """Tiered storage: offload policies and the manual offload trigger."""
         self.ownership: OwnershipGate | None = None
@@ -233,6 +236,7 @@ class BrokerService:
         path = await self.store.create_sequential(PRODUCER_NAME_COUNTER_PREFIX, b"")
         self._broker_index = int(path.rsplit("-", 1)[1])
         self.sweeps.start()
+        self.compactions.start()
         self.autoscaler.start()
         self.offloader.start()
         if self.txn_outcomes is not None and self.txn_coordinator is not None:
@@ -656,7 +660,9 @@ class BrokerService:
             log.warning("%s: deleted; its ledger's storage was gone", name)
         else:
             self._topics.pop(topic.name, None)
+            compaction = self.compactions.of(topic)
             await topic.close()
+            await compaction.delete()
             parsed = canonical_topic(topic.name)
             ledger = await self.ledgers.open(managed_ledger_name(parsed))
             await ledger.delete()
@@ -673,6 +679,7 @@ class BrokerService:
         in-flight appends finish, dedup snapshots are written."""
         self._closed = True
         await self.sweeps.close()
+        await self.compactions.close()
         await self.autoscaler.close()
         await self.offloader.close()
         if self.txn_keys is not None:

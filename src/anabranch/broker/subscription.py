@@ -251,6 +251,12 @@ class Subscription:
         if cumulative and self.sub_type in (SubType.Shared, SubType.Key_Shared):
             raise NotAllowed(f"cumulative ack is not allowed on a {TYPE_NAMES[self.sub_type]}")
         last = self.ledger.last_confirmed
+        compaction: Any = getattr(self.topic, "compaction", None)
+        if compaction is not None:
+            # Ids of a compacted view stay valid once retention deleted their ledgers.
+            horizon: Position | None = await compaction.horizon()
+            if horizon is not None and horizon > last:
+                last = horizon
         for msg_id in cmd.message_id:
             # Only what the topic stored can be acknowledged: a cumulative ack past the end
             # would skip messages not yet written, and ids at the integer extremes could

@@ -70,6 +70,13 @@ DUPLICATE_POSITION = Position(-1, -1)
 """What a duplicate send is acknowledged with (upstream answers (-1, -1))."""
 
 DEDUP_SNAPSHOTS_PREFIX = "/dedup-snapshots/"
+NEVER_COMPACTED = {
+    "lastCompactionRemovedEventCount": 0,
+    "lastCompactionSucceedTimestamp": 0,
+    "lastCompactionFailedTimestamp": 0,
+    "lastCompactionDurationTimeInMills": 0,
+}
+"""The ``compaction`` stats of a topic no compaction ran on here (upstream's zeros)."""
 
 Mode = pb.ProducerAccessMode
 _U16 = struct.Struct(">H")
@@ -145,6 +152,8 @@ class PersistentTopic:
         self.dedup: DedupState | None = DedupState() if dedup_enabled else None
         self.topic_epoch = 0
         self.quota = QuotaGate(name, clock, quota_hold_max_s)
+        self.compaction: Any = None
+        """The topic's ``broker.compaction.TopicCompaction`` once compaction was used."""
         """Refuses or holds producers while the backlog is over quota (the sweep sets it)."""
         self._exclusive: str | None = None
         self._waiting: deque[tuple[Producer, asyncio.Future[None]]] = deque()
@@ -584,6 +593,9 @@ class PersistentTopic:
             "deduplicationEnabled": self.dedup is not None,
             "topicEpoch": self.topic_epoch,
             "terminated": self.ledger.is_terminated,
+            "compaction": (
+                self.compaction.stats() if self.compaction is not None else dict(NEVER_COMPACTED)
+            ),
         }
 
     async def close(self) -> None:
@@ -597,6 +609,8 @@ class PersistentTopic:
                 fut.set_exception(Closed(f"{self.name} is closing"))
         self._waiting.clear()
         await self.quota.close()
+        if self.compaction is not None:
+            await self.compaction.close()
         await self.wait_inflight()
         if self._snapshot_task is not None:
             await asyncio.wait([self._snapshot_task])

@@ -47,6 +47,7 @@ class TopicPolicies(msgspec.Struct, kw_only=True):
     schema_compatibility_strategy: str | None = msgspec.field(
         default=None, name="schemaCompatibilityStrategy"
     )
+    compaction_threshold: int | None = msgspec.field(default=None, name="compactionThreshold")
     offload_policies: OffloadPoliciesRecord | None = msgspec.field(
         default=None, name="offloadPolicies"
     )
@@ -72,6 +73,11 @@ class TopicPolicies(msgspec.Struct, kw_only=True):
                 self.schema_compatibility_strategy
                 if self.schema_compatibility_strategy is not None
                 else namespace.schema_compatibility_strategy
+            ),
+            compaction_threshold=(
+                self.compaction_threshold
+                if self.compaction_threshold is not None
+                else namespace.compaction_threshold
             ),
             **_offload_over(self.offload_policies, namespace),
         )

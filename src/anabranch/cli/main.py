@@ -20,6 +20,7 @@ from rich.console import Console
 
 from anabranch.broker.config import BrokerConfig
 from anabranch.cli import (
+    admin_compaction,  # noqa: F401  (registers its commands)
     admin_messages,  # noqa: F401  (registers its commands)
     admin_offload,  # noqa: F401  (registers its commands)
     admin_permissions,  # noqa: F401  (registers its commands)

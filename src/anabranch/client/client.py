@@ -246,6 +246,7 @@ class Client:
         start_inclusive: bool = False,
         reader_name: str | None = None,
         receiver_queue_size: int | None = None,
+        read_compacted: bool = False,
     ) -> Reader:
         """A reader from ``start``: a MessageId, ``"earliest"`` or ``"latest"``.
 
@@ -260,6 +261,7 @@ class Client:
             start_inclusive=start_inclusive,
             reader_name=reader_name,
             receiver_queue_size=receiver_queue_size,
+            read_compacted=read_compacted,
         )
         await reader._start()
         self._handlers.append(reader)

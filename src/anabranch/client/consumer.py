@@ -109,6 +109,9 @@ class ConsumerOptions:
     nack_redelivery_delay_s: float = NACK_REDELIVERY_DELAY_S
     priority_level: int | None = None
     properties: Mapping[str, str] = field(default_factory=dict)
+    read_compacted: bool = False
+    """Read the topic's compacted view (latest message per key) up to its compaction
+    horizon, then the topic (Exclusive/Failover only: the broker refuses others)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(
@@ -286,6 +289,8 @@ class Consumer(ReconnectingHandler):
         if opts.subscription_type == SubscriptionType.KEY_SHARED:
             body.keySharedMeta.keySharedMode = pb.AUTO_SPLIT
         body.consumer_epoch = self._epoch
+        if opts.read_compacted:
+            body.read_compacted = True
         if not self._durable:
             body.durable = False
             start = self._last_dequeued or self._start_message_id

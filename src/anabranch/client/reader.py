@@ -52,6 +52,7 @@ class Reader:
         start_inclusive: bool = False,
         reader_name: str | None = None,
         receiver_queue_size: int | None = None,
+        read_compacted: bool = False,
     ) -> None:
         self.topic = topic
         self.start = start
@@ -60,6 +61,7 @@ class Reader:
             consumer_name=reader_name,
             initial_position=InitialPosition.EARLIEST if earliest else InitialPosition.LATEST,
             receiver_queue_size=receiver_queue_size or CONSUMER_RECEIVER_QUEUE_MESSAGES,
+            read_compacted=read_compacted,
         )
         subscription = f"reader-{uuid.uuid4().hex[:10]}"
         self._consumer = Consumer(
