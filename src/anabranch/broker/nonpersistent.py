@@ -37,19 +37,16 @@ from typing import TYPE_CHECKING, Any
 from anabranch import limits
 from anabranch.broker.dispatcher_entries import entry_info
 from anabranch.broker.nonpersistent_subscription import NonPersistentSubscription
+from anabranch.broker.producer_access import ProducerAccess
 from anabranch.clock import Clock
 from anabranch.core.names import TopicName
 from anabranch.core.rate_window import RateWindow
 from anabranch.errors import (
     Closed,
     NonPersistentUnsupported,
-    NotAllowed,
-    ProducerBusy,
-    ProducerFenced,
     ResourceLimitReached,
     TopicTerminated,
 )
-from anabranch.protocol._generated import pulsar_api_pb2 as pb
 from anabranch.storage.api import Position
 from anabranch.transactions.ids import TxnId
 
@@ -61,10 +58,8 @@ log = logging.getLogger(__name__)
 DROPPED_POSITION = Position(-1, -1)
 """The receipt of a send dropped before dispatch (upstream answers (-1, -1))."""
 
-Mode = pb.ProducerAccessMode
 
-
-class NonPersistentTopic:
+class NonPersistentTopic(ProducerAccess):
     """One non-persistent topic's producers and subscriptions (see the module docstring)."""
 
     dedup = None
@@ -122,56 +117,13 @@ class NonPersistentTopic:
         (WaitForExclusive), else None. Raises ProducerBusy/ProducerFenced/TopicTerminated."""
         if self._closing:
             raise TopicTerminated(f"{self.name} is closing")
-        if producer.name in self.producers:
-            raise ProducerBusy(f"producer {producer.name!r} is already connected to {self.name}")
-        mode = producer.access_mode
-        requested = producer.requested_epoch
-        if mode != Mode.Shared and requested is not None and requested < self.topic_epoch:
-            raise ProducerFenced(f"{self.name} moved to epoch {self.topic_epoch} (had {requested})")
-        if mode == Mode.Shared:
-            if self._exclusive is not None or self._waiting:
-                raise ProducerBusy(f"{self.name} has an exclusive producer {self._exclusive!r}")
-        elif mode == Mode.Exclusive:
-            if self._exclusive is not None or self._waiting or self.producers:
-                raise ProducerFenced(f"{self.name} already has producers")
-            self._grant(producer)
-        elif mode == Mode.ExclusiveWithFencing:
-            for other in list(self.producers.values()):
-                other.fence()
-            self._grant(producer)
-        elif mode == Mode.WaitForExclusive:
-            if self._exclusive is not None or self.producers:
-                waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-                self._waiting.append((producer, waiter))
-                return waiter
-            self._grant(producer)
-        else:
-            raise NotAllowed(f"unknown producer access mode {mode}")
-        self.producers[producer.name] = producer
-        return None
-
-    def _grant(self, producer: Producer) -> None:
-        self._exclusive = producer.name
-        self.topic_epoch += 1
-        producer.topic_epoch = self.topic_epoch
+        return self._admit(producer)
 
     def remove_producer(self, producer: Producer) -> None:
         """Forget ``producer``; hand exclusivity to a waiter."""
-        self._waiting = deque((p, f) for p, f in self._waiting if p is not producer)
-        if self.producers.get(producer.name) is not producer:
-            return
-        del self.producers[producer.name]
-        self.publish_drops.pop(producer.name, None)
-        self._publish_drop_rates.pop(producer.name, None)
-        if self._exclusive == producer.name:
-            self._exclusive = None
-        while self._waiting and not self.producers:
-            waiter, fut = self._waiting.popleft()
-            if fut.done():
-                continue
-            self._grant(waiter)
-            self.producers[waiter.name] = waiter
-            fut.set_result(None)
+        if self._release(producer):
+            self.publish_drops.pop(producer.name, None)
+            self._publish_drop_rates.pop(producer.name, None)
 
     def last_sequence_id(self, producer_name: str) -> int:
         """Always -1: no dedup state survives anything."""

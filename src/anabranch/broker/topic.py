@@ -15,11 +15,9 @@ Theory of operation
   ``/dedup-snapshots/<ledger>`` with the position they cover; loading a topic restores
   the snapshot and replays the metadata of every entry after it. The entries themselves
   are the log, so a crash between snapshots loses nothing.
-* **Producers and access modes** (upstream's ``AbstractTopic``): Shared producers coexist
-  unless an exclusive one holds the topic (ProducerBusy). Exclusive fails with
-  ProducerFenced when anyone else is there. ExclusiveWithFencing closes everyone else.
-  WaitForExclusive queues until the topic is free. Each grant of exclusivity bumps
-  ``topic_epoch``.
+* **Producers and access modes** (upstream's ``AbstractTopic``): the rules of
+  :mod:`anabranch.broker.producer_access`, shared with non-persistent topics; a
+  terminated topic takes no new producer, and backlog quotas may refuse one.
 
 Example:
     >>> async def demo(topic: PersistentTopic) -> None:
@@ -40,15 +38,13 @@ from urllib.parse import quote
 
 from anabranch import failpoints, limits
 from anabranch.broker.backlog_quota import QuotaGate
+from anabranch.broker.producer_access import ProducerAccess
 from anabranch.clock import Clock
 from anabranch.core.dedup import DedupState, DedupVerdict
 from anabranch.core.rate_window import RateWindow
 from anabranch.errors import (
     Closed,
     InvalidArgument,
-    NotAllowed,
-    ProducerBusy,
-    ProducerFenced,
     StorageIOError,
     TopicTerminated,
     TransactionError,
@@ -78,7 +74,6 @@ NEVER_COMPACTED = {
 }
 """The ``compaction`` stats of a topic no compaction ran on here (upstream's zeros)."""
 
-Mode = pb.ProducerAccessMode
 _U16 = struct.Struct(">H")
 _I32 = struct.Struct(">i")
 
@@ -117,7 +112,7 @@ def last_sequence_id(sequence_id: int, num_messages: int, highest: int | None) -
     return max(last, highest) if highest is not None else last
 
 
-class PersistentTopic:
+class PersistentTopic(ProducerAccess):
     """One topic's state on this broker (see the module docstring)."""
 
     def __init__(
@@ -250,55 +245,11 @@ class PersistentTopic:
         if not self._may_resend_here(producer.name):
             self._check_writable()
         self.quota.check_producer()
-        if producer.name in self.producers:
-            raise ProducerBusy(f"producer {producer.name!r} is already connected to {self.name}")
-        mode = producer.access_mode
-        requested = producer.requested_epoch
-        if mode != Mode.Shared and requested is not None and requested < self.topic_epoch:
-            # A reconnecting exclusive producer from before a fencing takeover.
-            raise ProducerFenced(f"{self.name} moved to epoch {self.topic_epoch} (had {requested})")
-        if mode == Mode.Shared:
-            if self._exclusive is not None or self._waiting:
-                raise ProducerBusy(f"{self.name} has an exclusive producer {self._exclusive!r}")
-        elif mode == Mode.Exclusive:
-            if self._exclusive is not None or self._waiting or self.producers:
-                raise ProducerFenced(f"{self.name} already has producers")
-            self._grant(producer)
-        elif mode == Mode.ExclusiveWithFencing:
-            for other in list(self.producers.values()):
-                other.fence()
-            self._grant(producer)
-        elif mode == Mode.WaitForExclusive:
-            if self._exclusive is not None or self.producers:
-                waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-                self._waiting.append((producer, waiter))
-                return waiter
-            self._grant(producer)
-        else:
-            raise NotAllowed(f"unknown producer access mode {mode}")
-        self.producers[producer.name] = producer
-        return None
-
-    def _grant(self, producer: Producer) -> None:
-        self._exclusive = producer.name
-        self.topic_epoch += 1
-        producer.topic_epoch = self.topic_epoch
+        return self._admit(producer)
 
     def remove_producer(self, producer: Producer) -> None:
         """Forget ``producer`` (closed or disconnected); hand exclusivity to a waiter."""
-        self._waiting = deque((p, f) for p, f in self._waiting if p is not producer)
-        if self.producers.get(producer.name) is not producer:
-            return
-        del self.producers[producer.name]
-        if self._exclusive == producer.name:
-            self._exclusive = None
-        while self._waiting and not self.producers:
-            waiter, fut = self._waiting.popleft()
-            if fut.done():
-                continue
-            self._grant(waiter)
-            self.producers[waiter.name] = waiter
-            fut.set_result(None)
+        self._release(producer)
 
     # --- publishing -----------------------------------------------------------------------
 
