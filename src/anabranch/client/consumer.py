@@ -704,7 +704,32 @@ class Consumer(ReconnectingHandler):
                     await conn.request(commands.close_consumer(self._id, request_id), request_id)
 
 
-class PartitionedConsumer:
+class RoutedAcks:
+    """Acks of a consumer made of several (partitions, matched topics): each goes to the
+    consumer that owns the message (``_owner``; the owners are ordered separately)."""
+
+    def _owner(self, message: Message | MessageId) -> Consumer:
+        raise NotImplementedError
+
+    async def acknowledge(
+        self, message: Message | MessageId, txn: Transaction | None = None
+    ) -> None:
+        """Acknowledge on the message's own consumer (``txn``: see ``Consumer.acknowledge``)."""
+        await self._owner(message).acknowledge(message, txn)
+
+    async def acknowledge_cumulative(
+        self, message: Message | MessageId, txn: Transaction | None = None
+    ) -> None:
+        """Cumulative ack on the message's own consumer (partitions and topics are ordered
+        separately)."""
+        await self._owner(message).acknowledge_cumulative(message, txn)
+
+    async def negative_acknowledge(self, message: Message | MessageId) -> None:
+        """Negative ack on the message's own consumer."""
+        await self._owner(message).negative_acknowledge(message)
+
+
+class PartitionedConsumer(RoutedAcks):
     """One subscription over every partition of a partitioned topic.
 
     The partitions' consumers share one inbox; acks go to the partition named in the
@@ -718,7 +743,7 @@ class PartitionedConsumer:
         self._inbox = inbox
         self._by_id = {c._id: c for c in consumers}
 
-    def _part(self, message: Message | MessageId) -> Consumer:
+    def _owner(self, message: Message | MessageId) -> Consumer:
         mid = message.message_id if isinstance(message, Message) else message
         if not 0 <= mid.partition < len(self.consumers):
             raise InvalidArgument(f"{mid} names no partition of {self.topic}")
@@ -731,26 +756,10 @@ class PartitionedConsumer:
             self._by_id[msg._consumer_id]._on_dequeued(msg)
         return msg
 
-    async def acknowledge(
-        self, message: Message | MessageId, txn: Transaction | None = None
-    ) -> None:
-        """Acknowledge on the message's partition (``txn``: see ``Consumer.acknowledge``)."""
-        await self._part(message).acknowledge(message, txn)
-
-    async def acknowledge_cumulative(
-        self, message: Message | MessageId, txn: Transaction | None = None
-    ) -> None:
-        """Cumulative ack on the message's partition (partitions are ordered separately)."""
-        await self._part(message).acknowledge_cumulative(message, txn)
-
-    async def negative_acknowledge(self, message: Message | MessageId) -> None:
-        """Negative ack on the message's partition."""
-        await self._part(message).negative_acknowledge(message)
-
     async def seek(self, target: MessageId | int) -> None:
         """Seek every partition to a publish time, or the id's partition to the id."""
         if isinstance(target, MessageId):
-            await self._part(target).seek(target)
+            await self._owner(target).seek(target)
         else:
             await asyncio.gather(*(c.seek(target) for c in self.consumers))
 

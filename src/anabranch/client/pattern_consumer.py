@@ -41,10 +41,9 @@ import re
 from collections.abc import Callable, Iterable
 
 from anabranch.client.connection import ClientConnection, ConnectionPool
-from anabranch.client.consumer import Consumer, ConsumerOptions, Inbox
+from anabranch.client.consumer import Consumer, ConsumerOptions, Inbox, RoutedAcks
 from anabranch.client.message import Message
 from anabranch.client.message_id import MessageId
-from anabranch.client.transaction import Transaction
 from anabranch.core import topic_patterns
 from anabranch.core.names import NamespaceName, TopicName
 from anabranch.errors import AnabranchError, Closed, InvalidArgument, NotAllowed
@@ -137,7 +136,7 @@ class _TopicConsumer(Consumer):
         self._on_lost(self)
 
 
-class PatternConsumer:
+class PatternConsumer(RoutedAcks):
     """A subscription over the topics matching a pattern (see the module docstring)."""
 
     def __init__(
@@ -355,22 +354,6 @@ class PatternConsumer:
                 consumer._on_dequeued(msg)
                 return msg
             # From a topic dropped meanwhile: its subscription redelivers it if it returns.
-
-    async def acknowledge(
-        self, message: Message | MessageId, txn: Transaction | None = None
-    ) -> None:
-        """Acknowledge on the message's topic."""
-        await self._owner(message).acknowledge(message, txn)
-
-    async def acknowledge_cumulative(
-        self, message: Message | MessageId, txn: Transaction | None = None
-    ) -> None:
-        """Cumulative ack on the message's topic (topics are ordered separately)."""
-        await self._owner(message).acknowledge_cumulative(message, txn)
-
-    async def negative_acknowledge(self, message: Message | MessageId) -> None:
-        """Negative ack on the message's topic."""
-        await self._owner(message).negative_acknowledge(message)
 
     async def seek(self, target: MessageId | int) -> None:
         """Seek every matched topic to a publish time (ms); a MessageId names one topic's
