@@ -22,7 +22,10 @@ from aiohttp import web
 
 from anabranch import limits
 from anabranch.admin.models import decode_json
-from anabranch.errors import InvalidArgument
+from anabranch.broker.policies import NamespacePolicies
+from anabranch.broker.topic_policies import TopicPolicyStore
+from anabranch.core.names import TopicName
+from anabranch.errors import InvalidArgument, NotFound
 
 if TYPE_CHECKING:
     from anabranch.admin.service import AdminService
@@ -101,3 +104,18 @@ async def json_body(request: web.Request, kind: type[Any], what: str, default: A
 
 
 BODY_LIMIT = limits.ADMIN_REQUEST_BODY_BYTES_MAX
+
+
+async def policy_topic(admin: AdminService, request: web.Request) -> TopicName:
+    """The persistent topic of a topic-policy route's path; NotFound unless it (or its
+    partitioned topic) exists."""
+    name = TopicName.parse(topic_param(request))
+    if await admin.policies.get_partitions(name) == 0 and not await admin.topic_exists(name):
+        raise NotFound(f"topic {name}")
+    return name
+
+
+async def applied_policies(admin: AdminService, topic: TopicName) -> NamespacePolicies:
+    """The policies in force for ``topic``: its overrides over its namespace's."""
+    namespace = await admin.policies.namespace_policies(f"{topic.tenant}/{topic.namespace}")
+    return (await TopicPolicyStore(admin.broker.store).get(topic)).over(namespace)

@@ -25,13 +25,20 @@ from typing import TYPE_CHECKING
 import msgspec
 from aiohttp import web
 
-from anabranch.admin.routes import Route, flag, json_body, namespace_param, topic_param
+from anabranch.admin.routes import (
+    Route,
+    applied_policies,
+    flag,
+    json_body,
+    namespace_param,
+    policy_topic,
+    topic_param,
+)
 from anabranch.admin.routes_scalable import scalable_topic, segment_param
 from anabranch.broker.compaction import TopicCompaction
-from anabranch.broker.policies import NamespacePolicies
 from anabranch.broker.topic_policies import TopicPolicies, TopicPolicyStore
 from anabranch.core.names import SegmentName, TopicName
-from anabranch.errors import CompactionInProgress, InvalidArgument, NotFound
+from anabranch.errors import CompactionInProgress, InvalidArgument
 
 if TYPE_CHECKING:
     from anabranch.admin.service import AdminService
@@ -48,20 +55,6 @@ STATUS = {
         "lastError": {"type": "string"},
     },
 }
-
-
-async def _topic(admin: AdminService, request: web.Request) -> TopicName:
-    """The topic of the path; NotFound unless it (or its partitioned topic) exists."""
-    name = TopicName.parse(topic_param(request))
-    if await admin.policies.get_partitions(name) == 0 and not await admin.topic_exists(name):
-        raise NotFound(f"topic {name}")
-    return name
-
-
-async def _applied(admin: AdminService, topic: TopicName) -> NamespacePolicies:
-    """The policies in force for ``topic``: its overrides over its namespace's."""
-    namespace = await admin.policies.namespace_policies(f"{topic.tenant}/{topic.namespace}")
-    return (await TopicPolicyStore(admin.broker.store).get(topic)).over(namespace)
 
 
 def status_of(run: TopicCompaction) -> dict[str, str]:
@@ -149,9 +142,9 @@ async def remove_threshold(admin: AdminService, request: web.Request) -> object:
 
 
 async def get_topic_threshold(admin: AdminService, request: web.Request) -> object:
-    topic = await _topic(admin, request)
+    topic = await policy_topic(admin, request)
     if flag(request, "applied"):
-        value = (await _applied(admin, topic)).compaction_threshold
+        value = (await applied_policies(admin, topic)).compaction_threshold
         return (
             value if value is not None else admin.broker.config.compaction_threshold_default_bytes
         )
@@ -159,7 +152,7 @@ async def get_topic_threshold(admin: AdminService, request: web.Request) -> obje
 
 
 async def set_topic_threshold(admin: AdminService, request: web.Request) -> object:
-    topic = await _topic(admin, request)
+    topic = await policy_topic(admin, request)
     value = await _threshold_body(request)
 
     def change(p: TopicPolicies) -> TopicPolicies:
@@ -170,7 +163,7 @@ async def set_topic_threshold(admin: AdminService, request: web.Request) -> obje
 
 
 async def remove_topic_threshold(admin: AdminService, request: web.Request) -> object:
-    topic = await _topic(admin, request)
+    topic = await policy_topic(admin, request)
 
     def change(p: TopicPolicies) -> TopicPolicies:
         return msgspec.structs.replace(p, compaction_threshold=None)

@@ -31,11 +31,10 @@ import msgspec
 from aiohttp import web
 
 from anabranch.admin.models import MessageIdBody
-from anabranch.admin.routes import Route, json_body, namespace_param, topic_param
+from anabranch.admin.routes import Route, json_body, namespace_param, policy_topic, topic_param
 from anabranch.broker.policies import NamespacePolicies, OffloadPoliciesRecord
 from anabranch.broker.topic_policies import TopicPolicyStore
-from anabranch.core.names import TopicName
-from anabranch.errors import InvalidArgument, NotFound
+from anabranch.errors import InvalidArgument
 
 if TYPE_CHECKING:
     from anabranch.admin.service import AdminService
@@ -136,23 +135,15 @@ def _check_record(record: OffloadPoliciesRecord | None) -> OffloadPoliciesRecord
     return record
 
 
-async def _topic(admin: AdminService, request: web.Request) -> TopicName:
-    """The topic of the path; NotFound unless it (or its partitioned topic) exists."""
-    name = TopicName.parse(topic_param(request))
-    if await admin.policies.get_partitions(name) == 0 and not await admin.topic_exists(name):
-        raise NotFound(f"topic {name}")
-    return name
-
-
 async def get_topic_offload_policies(admin: AdminService, request: web.Request) -> object:
-    topic = await _topic(admin, request)
+    topic = await policy_topic(admin, request)
     record = (await TopicPolicyStore(admin.broker.store).get(topic)).offload_policies
     return None if record is None else msgspec.to_builtins(record)
 
 
 async def set_topic_offload_policies(admin: AdminService, request: web.Request) -> object:
     record = _check_record(await json_body(request, OffloadPoliciesRecord, "offloadPolicies", None))
-    topic = await _topic(admin, request)
+    topic = await policy_topic(admin, request)
     await TopicPolicyStore(admin.broker.store).update(
         topic, lambda p: msgspec.structs.replace(p, offload_policies=record)
     )
@@ -160,7 +151,7 @@ async def set_topic_offload_policies(admin: AdminService, request: web.Request) 
 
 
 async def remove_topic_offload_policies(admin: AdminService, request: web.Request) -> object:
-    topic = await _topic(admin, request)
+    topic = await policy_topic(admin, request)
     await TopicPolicyStore(admin.broker.store).update(
         topic, lambda p: msgspec.structs.replace(p, offload_policies=None)
     )

@@ -32,18 +32,24 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 from aiohttp import web
 
-from anabranch.admin.routes import Route, flag, json_body, namespace_param, topic_param
+from anabranch.admin.routes import (
+    Route,
+    applied_policies,
+    flag,
+    json_body,
+    namespace_param,
+    policy_topic,
+)
 from anabranch.broker.policies import BacklogQuotaRecord, NamespacePolicies, RetentionPolicies
 from anabranch.broker.retention import retention_of
 from anabranch.broker.topic_policies import TopicPolicies, TopicPolicyStore
-from anabranch.core.names import TopicName
 from anabranch.core.retention import (
     BacklogPolicy,
     BacklogQuota,
     BacklogQuotaType,
     quota_fits_retention,
 )
-from anabranch.errors import InvalidArgument, NotFound, QuotaExceedsRetention
+from anabranch.errors import InvalidArgument, QuotaExceedsRetention
 
 if TYPE_CHECKING:
     from anabranch.admin.service import AdminService
@@ -210,30 +216,17 @@ async def remove_backlog_quota(admin: AdminService, request: web.Request) -> obj
 # --- topic level ------------------------------------------------------------------------------
 
 
-async def _topic(admin: AdminService, request: web.Request) -> TopicName:
-    """The topic of the path; NotFound unless it (or its partitioned topic) exists."""
-    name = TopicName.parse(topic_param(request))
-    if await admin.policies.get_partitions(name) == 0 and not await admin.topic_exists(name):
-        raise NotFound(f"topic {name}")
-    return name
-
-
-async def _applied(admin: AdminService, topic: TopicName) -> NamespacePolicies:
-    namespace = await admin.policies.namespace_policies(f"{topic.tenant}/{topic.namespace}")
-    return (await TopicPolicyStore(admin.broker.store).get(topic)).over(namespace)
-
-
 async def _update_topic(
     admin: AdminService, request: web.Request, change: Callable[[TopicPolicies], TopicPolicies]
 ) -> None:
-    topic = await _topic(admin, request)
+    topic = await policy_topic(admin, request)
     await TopicPolicyStore(admin.broker.store).update(topic, change)
 
 
 async def get_topic_retention(admin: AdminService, request: web.Request) -> object:
-    topic = await _topic(admin, request)
+    topic = await policy_topic(admin, request)
     if flag(request, "applied"):
-        r = retention_of(admin.broker.config, await _applied(admin, topic))
+        r = retention_of(admin.broker.config, await applied_policies(admin, topic))
         minutes = -1 if r.time_ms == -1 else r.time_ms // 60_000
         mb = -1 if r.size_bytes == -1 else r.size_bytes // (1024 * 1024)
         return {"retentionTimeInMinutes": minutes, "retentionSizeInMB": mb}
@@ -261,9 +254,9 @@ async def remove_topic_retention(admin: AdminService, request: web.Request) -> o
 
 
 async def get_topic_message_ttl(admin: AdminService, request: web.Request) -> object:
-    topic = await _topic(admin, request)
+    topic = await policy_topic(admin, request)
     if flag(request, "applied"):
-        return (await _applied(admin, topic)).message_ttl_in_seconds
+        return (await applied_policies(admin, topic)).message_ttl_in_seconds
     return (await TopicPolicyStore(admin.broker.store).get(topic)).message_ttl_in_seconds
 
 
@@ -289,9 +282,9 @@ async def remove_topic_message_ttl(admin: AdminService, request: web.Request) ->
 
 
 async def get_topic_backlog_quota_map(admin: AdminService, request: web.Request) -> object:
-    topic = await _topic(admin, request)
+    topic = await policy_topic(admin, request)
     if flag(request, "applied"):
-        quotas = (await _applied(admin, topic)).backlog_quota_map
+        quotas = (await applied_policies(admin, topic)).backlog_quota_map
     else:
         quotas = (await TopicPolicyStore(admin.broker.store).get(topic)).backlog_quota_map
     answer: dict[str, Any] = msgspec.to_builtins(quotas)

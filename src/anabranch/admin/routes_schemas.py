@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 from aiohttp import web
 
-from anabranch.admin.routes import Route, flag, json_body, namespace_param, param
+from anabranch.admin.routes import Route, flag, json_body, namespace_param, param, policy_topic
 from anabranch.broker.policies import NamespacePolicies
 from anabranch.broker.schema import SchemaVersion, schema_type_name, schema_type_value
 from anabranch.broker.topic_policies import TopicPolicies, TopicPolicyStore
@@ -200,22 +200,15 @@ async def remove_ns_strategy(admin: AdminService, request: web.Request) -> objec
     return None
 
 
-async def _existing_topic(admin: AdminService, request: web.Request) -> TopicName:
-    name = TopicName.parse(f"persistent://{namespace_param(request)}/{param(request, 'topic')}")
-    if await admin.policies.get_partitions(name) == 0 and not await admin.topic_exists(name):
-        raise NotFound(f"topic {name}")
-    return name
-
-
 async def get_topic_strategy(admin: AdminService, request: web.Request) -> object:
-    topic = await _existing_topic(admin, request)
+    topic = await policy_topic(admin, request)
     if flag(request, "applied"):
         return (await admin.broker.schemas.strategy(topic)).value
     return (await TopicPolicyStore(admin.broker.store).get(topic)).schema_compatibility_strategy
 
 
 async def set_topic_strategy(admin: AdminService, request: web.Request) -> object:
-    topic = await _existing_topic(admin, request)
+    topic = await policy_topic(admin, request)
     strategy = await _strategy_body(request)
 
     def change(p: TopicPolicies) -> TopicPolicies:
@@ -226,7 +219,7 @@ async def set_topic_strategy(admin: AdminService, request: web.Request) -> objec
 
 
 async def remove_topic_strategy(admin: AdminService, request: web.Request) -> object:
-    topic = await _existing_topic(admin, request)
+    topic = await policy_topic(admin, request)
 
     def change(p: TopicPolicies) -> TopicPolicies:
         return msgspec.structs.replace(p, schema_compatibility_strategy=None)
