@@ -113,7 +113,7 @@ class Broker:
         self.port = 0
 
     def start(self) -> None:
-        from anabranch.testing.broker import free_port
+        from anabranch.testing.ports import free_port
 
         self.port = free_port()
         env = {k: v for k, v in os.environ.items() if not k.startswith("ANABRANCH_")}

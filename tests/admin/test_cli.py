@@ -17,7 +17,8 @@ import pytest
 from typer.testing import CliRunner
 
 from anabranch.cli.main import app
-from anabranch.testing.broker import InProcessBroker, free_port
+from anabranch.testing.broker import InProcessBroker
+from anabranch.testing.ports import free_port
 
 runner = CliRunner()
 

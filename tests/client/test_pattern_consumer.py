@@ -16,7 +16,8 @@ from anabranch.aio import Client
 from anabranch.client.pattern_consumer import PatternConsumer, pattern_namespace
 from anabranch.client.sync import Client as SyncClient
 from anabranch.errors import InvalidArgument
-from anabranch.testing.broker import InProcessBroker, free_port
+from anabranch.testing.broker import InProcessBroker
+from anabranch.testing.ports import free_port
 
 P = "persistent://public/default"
 ORDERS = re.compile(f"{P}/orders-.*")

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import anabranch
 from anabranch.aio import Client
-from anabranch.testing.broker import InProcessBroker, free_port
+from anabranch.testing.broker import InProcessBroker
+from anabranch.testing.ports import free_port
 
 TOPIC = "persistent://public/default/restart"
 

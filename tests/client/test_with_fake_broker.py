@@ -13,7 +13,7 @@ from anabranch.errors import NotAllowed
 from anabranch.protocol._generated import pulsar_api_pb2 as pb
 from anabranch.protocol.batch import decode_batch
 from anabranch.protocol.compression import decompress
-from anabranch.testing.broker import free_port
+from anabranch.testing.ports import free_port
 from tests.client.fake_broker import FakeBroker
 
 T = pb.BaseCommand

@@ -13,7 +13,8 @@ from typing import Any
 
 import pulsar
 
-from anabranch.testing.broker import InProcessBroker, free_port
+from anabranch.testing.broker import InProcessBroker
+from anabranch.testing.ports import free_port
 
 MAX_MESSAGE = 64 * 1024
 """The broker's max_message_size: the official client cuts chunks of this size."""

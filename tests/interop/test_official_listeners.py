@@ -19,7 +19,8 @@ from anabranch.broker.advertised_listeners import Listener, parse_listeners
 from anabranch.broker.config import BrokerConfig
 from anabranch.errors import InvalidArgument
 from anabranch.protocol._generated import pulsar_api_pb2 as pb
-from anabranch.testing.broker import InProcessBroker, free_port
+from anabranch.testing.broker import InProcessBroker
+from anabranch.testing.ports import free_port
 from tests.broker.test_core_protocol import RawClient
 
 T = pb.BaseCommand

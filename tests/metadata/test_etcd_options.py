@@ -14,7 +14,8 @@ from anabranch.broker.config import BrokerConfig
 from anabranch.errors import InvalidArgument, MetadataUnavailable
 from anabranch.metadata.etcd import EtcdMetadataStore
 from anabranch.metadata.etcd_channel import EtcdOptions
-from anabranch.testing.etcd import EtcdServer, free_port
+from anabranch.testing.etcd import EtcdServer
+from anabranch.testing.ports import free_port
 
 ROOT_PASSWORD = "s3cret-root"
 

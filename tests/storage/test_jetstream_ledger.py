@@ -22,8 +22,8 @@ from anabranch.storage.jetstream_ledger import (
     JetStreamManagedLedger,
     JetStreamManagedLedgerFactory,
 )
-from anabranch.testing.etcd import free_port
 from anabranch.testing.nats import NatsCluster
+from anabranch.testing.ports import free_port
 
 _prefixes = itertools.count()
 BIG = ManagedLedgerConfig(ledger_entries_max=100_000)

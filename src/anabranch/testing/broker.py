@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -33,6 +32,7 @@ from anabranch.broker.service import BrokerService
 from anabranch.broker.standalone import Standalone
 from anabranch.clock import Clock
 from anabranch.failpoints import ENV_VAR as FAILPOINTS_ENV
+from anabranch.testing.ports import free_port
 from anabranch.testing.security import BrokerSecurity
 
 
@@ -119,13 +119,6 @@ class InProcessBroker:
     @property
     def service(self) -> BrokerService:
         return self._node().service
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port that was free a moment ago (bind to 0, read it, release it)."""
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 async def wait_for_broker(host: str, port: int, deadline_s: float = 30.0) -> None:

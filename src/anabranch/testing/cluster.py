@@ -55,9 +55,10 @@ import aiohttp
 
 from anabranch.broker.service import managed_ledger_name
 from anabranch.core.names import parse_name
-from anabranch.testing.broker import BrokerSubprocess, free_port
+from anabranch.testing.broker import BrokerSubprocess
 from anabranch.testing.etcd import EtcdServer
 from anabranch.testing.nats import NatsCluster, NatsNode
+from anabranch.testing.ports import free_port
 from anabranch.testing.security import BrokerSecurity
 
 READY_TIMEOUT_S = 60.0

@@ -29,7 +29,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import ssl
 import time
 import urllib.error
@@ -37,6 +36,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from anabranch.testing.ports import free_port
 from anabranch.testing.process import ServerProcess
 
 ETCD_START_TIMEOUT_S = 30.0
@@ -75,14 +75,6 @@ def find_etcd_binary() -> str:
     raise EtcdNotFound(
         "etcd binary not found on PATH or at /usr/bin/etcd; install Debian 'etcd-server'"
     )
-
-
-def free_port() -> int:
-    """A loopback TCP port that was free a moment ago (etcd binds with SO_REUSEADDR)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from anabranch.testing.etcd import free_port
+from anabranch.testing.ports import free_port
 from anabranch.testing.process import ServerProcess
 
 NATS_START_TIMEOUT_S = 30.0

