@@ -111,7 +111,7 @@ def test_no_recampaign_leaves_the_topic_without_a_controller(tmp_path: Path) -> 
         availability_bound_s=15.0,
         liveness_bound_s=15.0,
     )
-    counts = flagged(tmp_path, config, {"controller-unavailable"})
+    counts = flagged(tmp_path, config, {"controller-unavailable"}, seeds=3)
     assert counts.get("controller-unavailable", 0) > 0, counts
 
 
