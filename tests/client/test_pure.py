@@ -149,3 +149,32 @@ def test_service_url_lists_several_brokers() -> None:
     for bad in ("http://a", "pulsar://", "pulsar://a,,b", "pulsar://a:port", "a:6650"):
         with pytest.raises(InvalidArgument):
             parse_service_urls(bad)
+
+
+def test_batch_messages_are_values_like_hand_made_ones() -> None:
+    import pickle
+
+    from anabranch.client.message import EntryInfo, Message, batch_message
+    from anabranch.client.message_id import MessageId
+    from anabranch.errors import InvalidMessage
+    from anabranch.protocol.batch import single_metadata
+
+    entry = MessageId(3, 4, -1, 2)
+    info = EntryInfo("persistent://public/default/t", 10, "p", 1, 99, entry, 2)
+    lazy = batch_message(b"v", info, 1, single_metadata(1, 8, "k", 12, [("a", "b")]))
+    eager = Message(
+        b"v", "k", {"a": "b"}, MessageId(3, 4, 1, 2, None, 2), info.topic, 10, 12, 1, "p", 8
+    )
+    assert lazy == eager and lazy.message_id == eager.message_id
+    assert lazy._consumer_id == 99 and eager._consumer_id == 0
+    assert pickle.loads(pickle.dumps(lazy)) == eager
+    assert lazy.relocated(MessageId(1, 1), "topic://public/default/t").topic.startswith("topic")
+    with pytest.raises(AttributeError):
+        lazy.value = b"x"  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        hash(lazy)
+    broken = batch_message(b"w", info, 0, b"\x12\x05ab")  # a key longer than its bytes
+    assert broken.value == b"w" and "unparsable" in repr(broken)
+    with pytest.raises(InvalidMessage):
+        _ = broken.key
+    assert broken != eager

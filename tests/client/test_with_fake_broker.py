@@ -229,3 +229,48 @@ async def test_a_malformed_frame_from_the_broker_closes_the_connection(fake: Fak
     await asyncio.wait_for(conn.wait_closed(), 5)
     assert not conn.is_open
     await pool.close()
+
+
+async def test_lazy_batch_messages_and_acks_across_a_reconnect(fake: FakeBroker) -> None:
+    """Batch messages decode their own metadata on first read; an ack of a message from
+    before a reconnect counts against the redelivered batch, which is acked once whole."""
+    from anabranch.protocol.batch import encode_batch
+
+    singles = [
+        pb.SingleMessageMetadata(partition_key="k0", sequence_id=5, event_time=9),
+        pb.SingleMessageMetadata(properties=[pb.KeyValue(key="a", value="b")], sequence_id=6),
+        pb.SingleMessageMetadata(sequence_id=7),
+    ]
+    batch = encode_batch([(s, f"v{i}".encode()) for i, s in enumerate(singles)])
+    md = pb.MessageMetadata(producer_name="p", sequence_id=5, publish_time=11)
+    md.num_messages_in_batch = 3
+    async with Client(fake.url) as client:
+        consumer = await client.subscribe(TOPIC, "s")
+        await fake.wait_for(T.FLOW)
+        cid = fake.of_type(T.SUBSCRIBE)[0].command.subscribe.consumer_id
+        fake.deliver(cid, 7, md, batch)
+        old = [await consumer.receive(timeout=5) for _ in range(3)]
+        assert all(m is not None for m in old)
+        m0, m1, m2 = (m for m in old if m is not None)
+        assert (m0.key, m0.event_time, m0.sequence_id, m0.properties) == ("k0", 9, 5, {})
+        assert (m1.key, m1.event_time, m1.properties) == (None, None, {"a": "b"})
+        assert [m.message_id.batch_index for m in (m0, m1, m2)] == [0, 1, 2]
+        assert (m2.message_id.entry_id, m2.message_id.batch_size, m2.publish_time) == (7, 3, 11)
+        assert (m2.topic, m2.producer_name, m2.value) == (TOPIC, "p", b"v2")
+        await consumer.acknowledge(m0)
+        await fake.drop_connections()
+        await fake.wait_for(T.SUBSCRIBE, 2)
+        await fake.wait_for(T.FLOW, 2)
+        cid = fake.of_type(T.SUBSCRIBE)[1].command.subscribe.consumer_id
+        fake.deliver(cid, 7, md, batch, redelivery_count=1)
+        new = [await consumer.receive(timeout=5) for _ in range(3)]
+        assert [m.redelivery_count for m in new if m is not None] == [1, 1, 1]
+        n0, _, n2 = new
+        assert n0 is not None and n2 is not None
+        await consumer.acknowledge(m1)  # before the reconnect: counts against the new batch
+        await consumer.acknowledge(n0)
+        await asyncio.sleep(0.05)
+        assert fake.of_type(T.ACK) == []
+        await consumer.acknowledge(n2)
+        acks = await fake.wait_for(T.ACK)
+        assert [(m.entryId, m.batch_index) for m in acks[0].command.ack.message_id] == [(7, -1)]

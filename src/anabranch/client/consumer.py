@@ -40,13 +40,13 @@ from typing import TYPE_CHECKING, Any
 from anabranch.client._reconnect import ReconnectingHandler
 from anabranch.client.connection import ConnectionPool
 from anabranch.client.errors import ConnectionClosed, from_server_error
-from anabranch.client.message import Message
+from anabranch.client.message import EntryInfo, Message, batch_message
 from anabranch.client.message_id import MessageId
 from anabranch.errors import AnabranchError, Closed, InvalidArgument, NotAllowed
 from anabranch.limits import CONSUMER_RECEIVER_QUEUE_MESSAGES
 from anabranch.protocol import commands
 from anabranch.protocol._generated import pulsar_api_pb2 as pb
-from anabranch.protocol.batch import decode_batch
+from anabranch.protocol.batch import compacted_out, split_batch
 from anabranch.protocol.compression import decompress
 from anabranch.protocol.frames import Frame
 
@@ -254,10 +254,15 @@ class Consumer(ReconnectingHandler):
                 # The broker sends the whole batch: skip the messages before the start.
                 s = start_message_id
                 self._filter_up_to = MessageId(s.ledger_id, s.entry_id, s.batch_index - 1)
-        self._last_dequeued: MessageId | None = None
+        self._last_msg: Message | None = None
+        """The last message the application took (its id is made only if needed)."""
         self._consumed = 0
+        self._grant_at = max(1, options.receiver_queue_size // 2)
         self._epoch = 0
         self._batches: dict[MessageId, set[int]] = {}
+        self._generation = 0
+        """Bumped whenever ``_batches`` is forgotten: an ``EntryInfo`` of an older
+        generation no longer shares its pending set with ``_batches``."""
         self._unacked: dict[MessageId, float] = {}
         self._nacked: dict[MessageId, float] = {}
         self._timer: asyncio.Task[None] | None = None
@@ -266,6 +271,15 @@ class Consumer(ReconnectingHandler):
 
     def __repr__(self) -> str:
         return f"Consumer({self.topic!r}, {self.subscription!r})"
+
+    @property
+    def _last_dequeued(self) -> MessageId | None:
+        msg = self._last_msg
+        return None if msg is None else msg.message_id
+
+    def _forget_batches(self) -> None:
+        self._batches.clear()
+        self._generation += 1
 
     # --- connection ------------------------------------------------------------------------
 
@@ -319,7 +333,7 @@ class Consumer(ReconnectingHandler):
             raise Closed(f"{self} was closed while subscribing")
         # The broker redelivers everything unacked, so what is queued here would repeat.
         self._inbox.remove_where(self._owns)
-        self._batches.clear()
+        self._forget_batches()
         if self._last_dequeued is not None and not self._durable:
             self._filter_up_to = self._last_dequeued
         self._conn = conn
@@ -383,40 +397,35 @@ class Consumer(ReconnectingHandler):
         count = int(md.num_messages_in_batch)
         ack_set = list(body.ack_set)
         filtering = self._filter_up_to is not None
-        # Per-message work is the consumer's cost: what is the same for the whole entry
-        # (publish time, producer, topic) is read once, not once per message.
-        topic, publish_time, producer = self._display_topic, int(md.publish_time), md.producer_name
-        ledger_id, entry_id, partition, segment, consumer_id = (
-            entry.ledger_id,
-            entry.entry_id,
-            self.partition,
-            self._segment_stamp,
+        # Per-message work is the consumer's cost: what the entry's messages share is read
+        # once (EntryInfo), and each message's own metadata only when the application reads it.
+        info = EntryInfo(
+            self._display_topic,
+            int(md.publish_time),
+            md.producer_name,
+            redeliveries,
             self._id,
+            entry,
+            count,
         )
         out: list[Message] = []
-        for index, (single, value) in enumerate(decode_batch(payload, count)):
-            mid = MessageId(ledger_id, entry_id, index, partition, segment, count)
-            still_unacked = not ack_set or (ack_set[index // 64] >> (index % 64)) & 1
-            if not still_unacked or single.compacted_out or (filtering and self._filtered(mid)):
+        append = out.append
+        pending: set[int] = set()
+        add = pending.add
+        for index, (raw, value) in enumerate(split_batch(payload, count)):
+            if (
+                (ack_set and not (ack_set[index // 64] >> (index % 64)) & 1)
+                or (0x20 in raw and compacted_out(raw))
+                or (filtering and self._filtered(MessageId(entry.ledger_id, entry.entry_id, index)))
+            ):
                 self._count_consumed(1)
                 continue
-            out.append(
-                Message(
-                    value,
-                    single.partition_key if single.HasField("partition_key") else None,
-                    {p.key: p.value for p in single.properties} if single.properties else {},
-                    mid,
-                    topic,
-                    publish_time,
-                    int(single.event_time) or None,
-                    redeliveries,
-                    producer,
-                    int(single.sequence_id),
-                    consumer_id,
-                )
-            )
+            add(index)
+            append(batch_message(value, info, index, raw))
         if out:
-            self._batches[entry] = {m.message_id.batch_index for m in out}
+            self._batches[entry] = pending
+            info.pending = pending
+            info.generation = self._generation
         return out
 
     def _message(  # noqa: PLR0917 (private; one call site per message kind)
@@ -453,7 +462,7 @@ class Consumer(ReconnectingHandler):
 
     def _count_consumed(self, count: int) -> None:
         self._consumed += count
-        if self._consumed >= max(1, self.options.receiver_queue_size // 2):
+        if self._consumed >= self._grant_at:
             self._grant(self._consumed)
             self._consumed = 0
 
@@ -469,16 +478,21 @@ class Consumer(ReconnectingHandler):
         """
         if self._closing:
             raise Closed(f"{self} is closed")
-        msg = await self._inbox.get(timeout)
+        items = self._inbox._items
+        # What is queued is taken without a wait (the common case of a consumer behind).
+        msg = items.popleft() if items else await self._inbox.get(timeout)
         if msg is not None:
             self._on_dequeued(msg)
         return msg
 
     def _on_dequeued(self, msg: Message) -> None:
-        self._last_dequeued = msg.message_id
+        self._last_msg = msg
         if self.options.ack_timeout_s:
             self._unacked.setdefault(msg.message_id.entry, _now() + self.options.ack_timeout_s)
-        self._count_consumed(1)
+        self._consumed += 1
+        if self._consumed >= self._grant_at:
+            self._grant(self._consumed)
+            self._consumed = 0
 
     # --- acknowledging ---------------------------------------------------------------------
 
@@ -492,7 +506,20 @@ class Consumer(ReconnectingHandler):
         takes effect when the transaction commits, and an abort redelivers the message.
         A batch entry is acked in the transaction that acks its last message.
         """
-        if txn is not None:
+        if txn is None and type(message) is Message:
+            info = message._entry
+            pending = info.pending
+            if (
+                pending is not None
+                and info.generation == self._generation
+                and info.consumer_id == self._id
+            ):
+                # A message of a batch this consumer tracks: no id to build or look up.
+                pending.discard(message._index)
+                if not pending:
+                    self._entry_acked(info)
+                return
+        elif txn is not None:
             txn._check_usable()
         mid = message.message_id if isinstance(message, Message) else message
         entry = mid.entry
@@ -508,6 +535,17 @@ class Consumer(ReconnectingHandler):
             self._send_ack([entry], cumulative=False)
         else:
             await self._ack_in(txn, [entry], cumulative=False)
+
+    def _entry_acked(self, info: EntryInfo) -> None:
+        entry = info.position
+        assert entry is not None
+        if self._batches.get(entry) is info.pending:
+            del self._batches[entry]
+        if self._unacked:
+            self._unacked.pop(entry, None)
+        if self._nacked:
+            self._nacked.pop(entry, None)
+        self._send_ack([entry], cumulative=False)
 
     async def acknowledge_cumulative(
         self, message: Message | MessageId, txn: Transaction | None = None
@@ -611,7 +649,7 @@ class Consumer(ReconnectingHandler):
             body.consumer_epoch = self._epoch
             cleared = self._inbox.remove_where(self._owns)
             self._unacked.clear()
-            self._batches.clear()
+            self._forget_batches()
             self._grant(cleared)
         cmd = pb.BaseCommand(type=T.REDELIVER_UNACKNOWLEDGED_MESSAGES)
         cmd.redeliverUnacknowledgedMessages.CopyFrom(body)
@@ -644,10 +682,10 @@ class Consumer(ReconnectingHandler):
         # What is queued predates the seek. A reader resumes from the target itself.
         self._epoch += 1
         cleared = self._inbox.remove_where(self._owns)
-        self._batches.clear()
+        self._forget_batches()
         self._unacked.clear()
         self._nacked.clear()
-        self._last_dequeued = None
+        self._last_msg = None
         self._filter_up_to = None
         if isinstance(target, MessageId):
             self._start_message_id = target

@@ -242,7 +242,7 @@ class SegmentConsumer(Consumer):
 def in_segment(message: Message, segment_id: int, topic: str) -> Message:
     """``message`` as the application sees it: the scalable topic and the segment id."""
     mid = dataclasses.replace(message.message_id, segment_id=segment_id)
-    return dataclasses.replace(message, message_id=mid, topic=topic)
+    return message.relocated(mid, topic)
 
 
 def _inner_id(mid: MessageId) -> MessageId:
