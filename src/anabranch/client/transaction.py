@@ -61,6 +61,7 @@ from anabranch.client.errors import (
     TransactionOperationFailed,
     from_server_error,
 )
+from anabranch.client.txn_spares import SPARE_MAX_AGE_S, SPARES_MAX, Spare, SparePool
 from anabranch.core.txn_id import TxnId
 from anabranch.core.txn_keys import NEW_CLIENT_EPOCH, validate_key
 from anabranch.errors import (
@@ -152,6 +153,8 @@ class TransactionCoordinatorClient:
         partitions: int = TXN_COORDINATOR_PARTITIONS,
         attempts_max: int = TXN_REQUEST_ATTEMPTS_MAX,
         transaction_key: str | None = None,
+        spares: int = SPARES_MAX,
+        spare_max_age_s: float = SPARE_MAX_AGE_S,
     ) -> None:
         self._pool = pool
         # The key-fencing PIP: the key and the last epoch the broker gave us travel in
@@ -165,10 +168,43 @@ class TransactionCoordinatorClient:
         self._attempts_max = attempts_max
         self._handshaken: ClientConnection | None = None
         self._handshake_lock = asyncio.Lock()
+        # A keyed connection holds one open transaction at a time (a NEW_TXN aborts the
+        # key's previous one), so a keyed client keeps no spares.
+        self._spares = SparePool(
+            0 if self.transaction_key is not None else spares, spare_max_age_s
+        )
+        self._spare_margin_ms = round(self._spares.max_age_s * 1000)
+        self._expiry: asyncio.TimerHandle | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.spares_used = 0
+        """Transactions handed out from spares (no NEW_TXN round trip waited for)."""
+        self.spares_aborted = 0
+        """Spares aborted unused (too old, or at close)."""
 
     async def new_transaction(self, timeout: float = DEFAULT_TIMEOUT_S) -> Transaction:  # noqa: ASYNC109 (the txn's TTL)
-        """NEW_TXN: an OPEN transaction that times out ``timeout`` seconds from now."""
+        """An OPEN transaction that times out ``timeout`` seconds from now: a spare
+        (``txn_spares``) when a fresh one is at hand, else one NEW_TXN now; either way
+        one more spare is opened in the background while below the bound."""
         ttl_ms = timeout_ms(timeout)
+        loop = asyncio.get_running_loop()
+        spares_on = self._spares.max_spares > 0 and ttl_ms + self._spare_margin_ms <= (
+            TXN_TIMEOUT_MAX_MS
+        )
+        if spares_on:
+            now = loop.time()
+            spare, stale = self._spares.take(ttl_ms, now)
+            self._abort_spares(stale)
+            if spare is not None:
+                self.spares_used += 1
+                self._refill(ttl_ms)
+                return Transaction(self, spare.txn_id, ttl_ms / 1000, deadline=now + ttl_ms / 1000)
+        txn_id, started = await self._open(ttl_ms)
+        if spares_on:
+            self._refill(ttl_ms)
+        return Transaction(self, txn_id, ttl_ms / 1000, deadline=started + ttl_ms / 1000)
+
+    async def _open(self, ttl_ms: int) -> tuple[TxnId, float]:
+        """NEW_TXN for ``ttl_ms``: ``(its id, when it was sent)``."""
         loop = asyncio.get_running_loop()
         while True:
             tc_id = next(self._next_tc) % self._partitions
@@ -182,8 +218,65 @@ class TransactionCoordinatorClient:
                 self._partitions = tc_id
                 continue
             body = frame.command.newTxnResponse
-            txn_id = TxnId(int(body.txnid_most_bits), int(body.txnid_least_bits))
-            return Transaction(self, txn_id, ttl_ms / 1000, deadline=started + ttl_ms / 1000)
+            return TxnId(int(body.txnid_most_bits), int(body.txnid_least_bits)), started
+
+    # --- spares (see txn_spares) -----------------------------------------------------------
+
+    def _refill(self, ttl_ms: int) -> None:
+        """Open one more spare for ``ttl_ms`` in the background, if the pool wants one."""
+        if not self._spares.want_refill():
+            return
+        self._spares.refill_started()
+        self._background(self._open_spare(ttl_ms), "txn-spare")
+
+    async def _open_spare(self, ttl_ms: int) -> None:
+        spare: Spare | None = None
+        try:
+            txn_id, started = await self._open(ttl_ms + self._spare_margin_ms)
+            spare = Spare(txn_id, ttl_ms, started)
+        except AnabranchError as err:
+            log.debug("opening a spare transaction failed: %s", err)
+        finally:
+            now = asyncio.get_running_loop().time()
+            self._abort_spares(self._spares.refilled(spare, now))
+            self._arm_expiry()
+
+    def _arm_expiry(self) -> None:
+        """Abort spares once they are too old to hand out (an idle client keeps none)."""
+        when = self._spares.next_expiry()
+        if when is None or self._expiry is not None:
+            return
+        loop = asyncio.get_running_loop()
+        self._expiry = loop.call_at(max(when, loop.time()), self._on_expiry)
+
+    def _on_expiry(self) -> None:
+        self._expiry = None
+        self._abort_spares(self._spares.expire(asyncio.get_running_loop().time()))
+        self._arm_expiry()
+
+    def _abort_spares(self, spares: list[Spare]) -> None:
+        for spare in spares:
+            self.spares_aborted += 1
+            self._background(self.end_transaction(spare.txn_id, commit=False), "txn-spare-abort")
+
+    def _background(self, coro: Coroutine[Any, Any, None], name: str) -> None:
+        # Bounded: one task per spare (opening or aborting), at most SPARES_MAX of each.
+        task = asyncio.get_running_loop().create_task(_quietly(coro), name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def close(self) -> None:
+        """Abort the spares (waiting for the NEW_TXNs in flight for them first)."""
+        if self._expiry is not None:
+            self._expiry.cancel()
+            self._expiry = None
+        self._spares.closed = True
+        while self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+            self._abort_spares(self._spares.drain())
+        self._abort_spares(self._spares.drain())
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
 
     async def end_transaction(self, txn_id: TxnId, commit: bool) -> None:
         """END_TXN COMMIT or ABORT, sent again after a dropped connection."""
@@ -262,6 +355,15 @@ class TransactionCoordinatorClient:
                 ) from err
             self._handshaken = conn
         return conn
+
+
+async def _quietly(coro: Coroutine[Any, Any, None]) -> None:
+    """Run a background spare request; its failure is only logged (the broker's sweep
+    ends a spare that could not be aborted)."""
+    try:
+        await coro
+    except AnabranchError as err:
+        log.debug("spare transaction request failed: %s", err)
 
 
 def _body(frame: Frame) -> Any:
