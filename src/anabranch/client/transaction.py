@@ -58,6 +58,7 @@ from anabranch.client.backoff import Backoff
 from anabranch.client.connection import ClientConnection, ConnectionPool
 from anabranch.client.errors import (
     ExpiredTransactionError,
+    TooManyRequests,
     TransactionOperationFailed,
     from_server_error,
 )
@@ -170,9 +171,7 @@ class TransactionCoordinatorClient:
         self._handshake_lock = asyncio.Lock()
         # A keyed connection holds one open transaction at a time (a NEW_TXN aborts the
         # key's previous one), so a keyed client keeps no spares.
-        self._spares = SparePool(
-            0 if self.transaction_key is not None else spares, spare_max_age_s
-        )
+        self._spares = SparePool(0 if self.transaction_key is not None else spares, spare_max_age_s)
         self._spare_margin_ms = round(self._spares.max_age_s * 1000)
         self._expiry: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -198,7 +197,18 @@ class TransactionCoordinatorClient:
                 self.spares_used += 1
                 self._refill(ttl_ms)
                 return Transaction(self, spare.txn_id, ttl_ms / 1000, deadline=now + ttl_ms / 1000)
-        txn_id, started = await self._open(ttl_ms)
+        try:
+            txn_id, started = await self._open(ttl_ms)
+        except TooManyRequests:
+            # Our spares (of another timeout) may hold the open-transaction slots the
+            # broker counts: give them back and ask once more.
+            spares = self._spares.clear()
+            if not spares:
+                raise
+            self.spares_aborted += len(spares)
+            await asyncio.gather(*(_quietly(self._end_spare(s)) for s in spares))
+            txn_id, started = await self._open(ttl_ms)
+            return Transaction(self, txn_id, ttl_ms / 1000, deadline=started + ttl_ms / 1000)
         if spares_on:
             self._refill(ttl_ms)
         return Transaction(self, txn_id, ttl_ms / 1000, deadline=started + ttl_ms / 1000)
@@ -257,7 +267,10 @@ class TransactionCoordinatorClient:
     def _abort_spares(self, spares: list[Spare]) -> None:
         for spare in spares:
             self.spares_aborted += 1
-            self._background(self.end_transaction(spare.txn_id, commit=False), "txn-spare-abort")
+            self._background(self._end_spare(spare), "txn-spare-abort")
+
+    async def _end_spare(self, spare: Spare) -> None:
+        await self.end_transaction(spare.txn_id, commit=False)
 
     def _background(self, coro: Coroutine[Any, Any, None], name: str) -> None:
         # Bounded: one task per spare (opening or aborting), at most SPARES_MAX of each.

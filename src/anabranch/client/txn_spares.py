@@ -127,6 +127,11 @@ class SparePool:
             return None
         return min(s.sent_at for s in self._spares) + self.max_age_s
 
+    def clear(self) -> list[Spare]:
+        """Remove and return every spare (to abort), staying open for refills."""
+        spares, self._spares = list(self._spares), deque()
+        return spares
+
     def drain(self) -> list[Spare]:
         """Close: no more refills; returns every spare (to abort)."""
         self.closed = True

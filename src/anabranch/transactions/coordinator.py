@@ -352,6 +352,11 @@ class TransactionCoordinator:
             raise TransactionConflict(f"transaction {txn} timed out")
         return header
 
+    def open_header(self, txn: TxnId) -> TxnHeader | None:
+        """The header of ``txn`` as this broker created it, while it is OPEN here (not
+        seen final, not past its deadline); None otherwise. A hint: the store decides."""
+        return self._open.get(txn)
+
     async def get(self, txn: TxnId) -> TxnHeader | None:
         """The transaction's header, or None (never created, or collected)."""
         record = await self._store.get(records.header_path(txn))
