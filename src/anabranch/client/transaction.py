@@ -92,6 +92,10 @@ TXN_RETRY_BACKOFF_MIN_S = 0.05
 TXN_RETRY_BACKOFF_MAX_S = 1.0
 """Pause between those sends (doubling): short, since any broker can answer."""
 
+SENDS_COMPACT_MIN = 256
+"""A transaction's list of sends is first pruned of answered ones at this length (then
+whenever it doubles)."""
+
 DEFAULT_TIMEOUT_S: Final[float] = TXN_TIMEOUT_DEFAULT_MS / 1000
 """A transaction's timeout when none is given (the broker's default for NEW_TXN)."""
 
@@ -436,6 +440,8 @@ class Transaction:
         self._deadline = deadline
         self._state = TransactionState.OPEN
         self._inflight = 0
+        self._sends: list[asyncio.Future[Any]] = []
+        self._compact_at = SENDS_COMPACT_MIN
         self._idle = asyncio.Event()
         self._idle.set()
         self._failure: BaseException | None = None
@@ -499,14 +505,51 @@ class Transaction:
             self._idle.set()
 
     def _track(self, fut: asyncio.Future[Any]) -> None:
-        """``_begin_op`` was called for ``fut``'s operation: end it when ``fut`` is done."""
-        fut.add_done_callback(self._on_done)
+        """``_begin_op`` was called for ``fut``'s operation: from now on the transaction
+        waits for ``fut`` itself (at commit or abort). Kept in a list rather than with a
+        done callback each, which cost a loop callback per message; done ones are
+        dropped (noting a failure) whenever the list doubles, so it holds about the
+        unanswered ones."""
+        self._sends.append(fut)
+        if len(self._sends) >= self._compact_at:
+            self._compact_sends()
+        self._end_op(None)
 
-    def _on_done(self, fut: asyncio.Future[Any]) -> None:
-        if fut.cancelled():
-            self._end_op(asyncio.CancelledError("an operation in the transaction was cancelled"))
-        else:
-            self._end_op(fut.exception())
+    def _compact_sends(self) -> list[asyncio.Future[Any]]:
+        """Drop the answered sends (noting the first failure); returns the others."""
+        pending = []
+        for fut in self._sends:
+            if not fut.done():
+                pending.append(fut)
+            elif self._failure is None:
+                if fut.cancelled():
+                    self._failure = asyncio.CancelledError(
+                        "an operation in the transaction was cancelled"
+                    )
+                else:
+                    self._failure = fut.exception()
+            elif not fut.cancelled():
+                fut.exception()  # retrieved: one failure is reported, not each
+        self._sends = pending
+        self._compact_at = max(SENDS_COMPACT_MIN, 2 * len(pending))
+        return pending
+
+    @property
+    def unanswered(self) -> int:
+        """Sends and acks of the transaction still waiting for the broker's answer."""
+        return self._inflight + sum(1 for fut in self._sends if not fut.done())
+
+    async def _wait_sends(self, timeout: float) -> bool:  # noqa: ASYNC109 (a deadline's rest)
+        """Wait for the tracked sends (at most ``timeout`` s); False if some are left."""
+        pending = self._compact_sends()
+        if pending:
+            if timeout <= 0:
+                return False
+            _, left = await asyncio.wait(pending, timeout=timeout)
+            if left:
+                return False
+            self._compact_sends()
+        return True
 
     async def _run(self, op: Callable[[], Awaitable[R]]) -> R:
         """Run one operation (an ack awaiting its answer) as part of this transaction."""
@@ -564,7 +607,7 @@ class Transaction:
             await self._abort_expired()
             raise ExpiredTransactionError(
                 f"transaction {self.id} timed out after {self.timeout}s with "
-                f"{self._inflight} sends/acks unanswered"
+                f"{self.unanswered} sends/acks unanswered"
             )
         if isinstance(self._failure, ExpiredTransactionError):
             self._state = TransactionState.TIMED_OUT  # the broker said so
@@ -602,18 +645,25 @@ class Transaction:
         await asyncio.shield(self._ending)
 
     async def _abort(self) -> None:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._idle.wait(), self._coordinator._pool.operation_timeout_s)
+        until = self._loop.time() + self._coordinator._pool.operation_timeout_s
+        if not self._idle.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._idle.wait(), until - self._loop.time())
+        await self._wait_sends(until - self._loop.time())
         await self._end(commit=False)
 
     async def _settle_ops(self) -> bool:
         """Wait for the pending operations until the deadline; False if it passed first."""
         remaining = self._deadline - self._loop.time()
         if remaining <= 0:
-            return self._inflight == 0 and not self._expired()
-        try:
-            await asyncio.wait_for(self._idle.wait(), remaining)
-        except TimeoutError:
+            return self._inflight == 0 and not self._compact_sends() and not self._expired()
+        # The usual case (sends awaited before the commit) takes no task and no timer.
+        if not self._idle.is_set():
+            try:
+                await asyncio.wait_for(self._idle.wait(), remaining)
+            except TimeoutError:
+                return False
+        if not await self._wait_sends(self._deadline - self._loop.time()):
             return False
         return not self._expired()
 
