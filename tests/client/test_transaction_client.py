@@ -647,3 +647,16 @@ async def test_a_keyed_client_keeps_no_spares(tc: TxnFakeBroker) -> None:
             txn = await client.new_transaction(timeout=30)
             await txn.commit()
     assert len(tc.of_type(T.NEW_TXN)) == 3
+
+
+async def test_a_call_waits_for_the_spare_on_its_way_instead_of_its_own_new_txn(
+    tc: TxnFakeBroker,
+) -> None:
+    async with Client(tc.url) as client:
+        first = await client.new_transaction(timeout=30)
+        second = await client.new_transaction(timeout=30)  # the first call's spare
+        assert len(tc.of_type(T.NEW_TXN)) == 2
+        assert (first.id, second.id) == (TxnId(0, 101), TxnId(1, 102))
+        await second.commit()  # its replacement is opened with its END_TXN
+        await _until(lambda: len(tc.of_type(T.NEW_TXN)) == 3)
+        await first.commit()

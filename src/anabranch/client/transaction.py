@@ -179,6 +179,8 @@ class TransactionCoordinatorClient:
         self._spare_margin_ms = round(self._spares.max_age_s * 1000)
         self._expiry: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self._arriving: dict[int, int] = {}  # timeout (ms) → spares being opened for it
+        self._arrival_waiters: list[asyncio.Future[None]] = []
         self.spares_used = 0
         """Transactions handed out from spares (no NEW_TXN round trip waited for)."""
         self.spares_aborted = 0
@@ -193,14 +195,24 @@ class TransactionCoordinatorClient:
         spares_on = self._spares.max_spares > 0 and ttl_ms + self._spare_margin_ms <= (
             TXN_TIMEOUT_MAX_MS
         )
-        if spares_on:
+        while spares_on:
             now = loop.time()
             spare, stale = self._spares.take(ttl_ms, now)
             self._abort_spares(stale)
             if spare is not None:
                 self.spares_used += 1
-                self._refill(ttl_ms)
-                return Transaction(self, spare.txn_id, ttl_ms / 1000, deadline=now + ttl_ms / 1000)
+                txn = Transaction(self, spare.txn_id, ttl_ms / 1000, deadline=now + ttl_ms / 1000)
+                # Its replacement is opened when it ends: that NEW_TXN then shares the
+                # broker's group commit with the END_TXN instead of delaying this
+                # transaction's first write.
+                txn._before_end = functools.partial(self._refill, ttl_ms)
+                return txn
+            if not self._arriving.get(ttl_ms):
+                break
+            # A spare for this timeout is on its way: sooner than a NEW_TXN of our own.
+            waiter = loop.create_future()
+            self._arrival_waiters.append(waiter)
+            await waiter
         try:
             txn_id, started = await self._open(ttl_ms)
         except TooManyRequests:
@@ -241,6 +253,7 @@ class TransactionCoordinatorClient:
         if not self._spares.want_refill():
             return
         self._spares.refill_started()
+        self._arriving[ttl_ms] = self._arriving.get(ttl_ms, 0) + 1
         self._background(self._open_spare(ttl_ms), "txn-spare")
 
     async def _open_spare(self, ttl_ms: int) -> None:
@@ -252,8 +265,17 @@ class TransactionCoordinatorClient:
             log.debug("opening a spare transaction failed: %s", err)
         finally:
             now = asyncio.get_running_loop().time()
+            left = self._arriving[ttl_ms] - 1
+            if left:
+                self._arriving[ttl_ms] = left
+            else:
+                del self._arriving[ttl_ms]
             self._abort_spares(self._spares.refilled(spare, now))
             self._arm_expiry()
+            waiters, self._arrival_waiters = self._arrival_waiters, []
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.set_result(None)
 
     def _arm_expiry(self) -> None:
         """Abort spares once they are too old to hand out (an idle client keeps none)."""
@@ -447,6 +469,7 @@ class Transaction:
         self._failure: BaseException | None = None
         self._on_abort: list[Callable[[], None]] = []
         self._ending: asyncio.Task[None] | None = None
+        self._before_end: Callable[[], None] | None = None
 
     def __repr__(self) -> str:
         return f"Transaction({self.id}, {self.state.name})"
@@ -667,8 +690,15 @@ class Transaction:
             return False
         return not self._expired()
 
+    def _end_hook(self) -> None:
+        """An END_TXN is about to go out: run the one-shot hook (a spare's refill)."""
+        hook, self._before_end = self._before_end, None
+        if hook is not None:
+            hook()
+
     async def _end(self, commit: bool) -> None:
         """END_TXN; the state follows the broker's answer."""
+        self._end_hook()
         try:
             await self._coordinator.end_transaction(self.id, commit)
         except ExpiredTransactionError:
@@ -687,6 +717,7 @@ class Transaction:
     async def _abort_expired(self) -> None:
         """A timed-out transaction: ask the broker to abort it now (its sweep would too)."""
         self._aborted()
+        self._end_hook()
         try:
             await self._coordinator.end_transaction(self.id, commit=False)
         except AnabranchError as err:
