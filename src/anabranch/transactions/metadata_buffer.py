@@ -175,6 +175,12 @@ class MetadataTransactionBuffer:
         self._after_append()
         return list(positions)
 
+    async def prepare(self, txn_id: TxnId) -> None:
+        """Join ``txn_id`` now (its op record), ahead of its first append (a producer's
+        ADD_PARTITION_TO_TXN); raises as that append would (not found, conflict, too
+        large)."""
+        await self._participant(txn_id)
+
     def _refuse_if_finished(self, txn: TxnId) -> None:
         state = self._finished.get(txn)
         if state is not None:
