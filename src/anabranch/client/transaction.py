@@ -188,8 +188,9 @@ class TransactionCoordinatorClient:
 
     async def new_transaction(self, timeout: float = DEFAULT_TIMEOUT_S) -> Transaction:  # noqa: ASYNC109 (the txn's TTL)
         """An OPEN transaction that times out ``timeout`` seconds from now: a spare
-        (``txn_spares``) when a fresh one is at hand, else one NEW_TXN now; either way
-        one more spare is opened in the background while below the bound."""
+        (``txn_spares``) when a fresh one is at hand (its replacement is opened when it
+        ends) or on its way, else one NEW_TXN now (and one spare opened in the
+        background, while below the bound)."""
         ttl_ms = timeout_ms(timeout)
         loop = asyncio.get_running_loop()
         spares_on = self._spares.max_spares > 0 and ttl_ms + self._spare_margin_ms <= (

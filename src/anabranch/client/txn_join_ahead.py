@@ -12,8 +12,11 @@ unanswered (beyond it the producer just skips announcing).
 
 Example:
     >>> ahead = JoinAhead()
-    >>> ahead.wants(TxnId(0, 1)), ahead.wants(TxnId(0, 1))
-    (True, True)
+    >>> ahead.wants(TxnId(0, 1))
+    True
+    >>> ahead.announce(None, "persistent://public/default/t", TxnId(0, 1))  # no connection
+    >>> ahead.wants(TxnId(0, 1)), ahead.wants(TxnId(0, 2))
+    (False, True)
 """
 
 from __future__ import annotations
