@@ -35,18 +35,25 @@ class CountingInbox(Inbox):
 
     def __init__(self) -> None:
         super().__init__()
-        self.queued: Counter[int] = Counter()
+        self._queued: dict[int, int] = {}
+        """Queued messages per consumer id (a plain dict: this is counted per message)."""
 
     def put(self, messages: list[Message]) -> None:
-        for m in messages:
-            self.queued[m._consumer_id] += 1
-        super().put(messages)
+        """Queue messages of one consumer (a consumer puts what one MESSAGE held)."""
+        if messages:
+            consumer_id = messages[0]._entry.consumer_id
+            self._queued[consumer_id] = self._queued.get(consumer_id, 0) + len(messages)
+            super().put(messages)
 
     async def get(self, timeout: float | None) -> Message | None:  # noqa: ASYNC109
         msg = await super().get(timeout)
         if msg is not None:
-            self.queued[msg._consumer_id] -= 1
+            self._queued[msg._consumer_id] -= 1
         return msg
+
+    def queued(self, consumer_id: int) -> int:
+        """How many messages of this consumer are queued."""
+        return self._queued.get(consumer_id, 0)
 
     @staticmethod
     def deadline(timeout: float | None) -> float | None:
@@ -58,10 +65,12 @@ class CountingInbox(Inbox):
         """The next queued message whose consumer id is in ``owners``, without waiting
         (None when none is queued); others are dropped as in :meth:`get_owned`."""
         items = self._items
+        queued = self._queued
         while items:
             raw = items.popleft()
-            self.queued[raw._consumer_id] -= 1
-            owner = owners.get(raw._consumer_id)
+            consumer_id = raw._entry.consumer_id
+            queued[consumer_id] -= 1
+            owner = owners.get(consumer_id)
             if owner is not None:
                 return raw, owner
         return None
@@ -86,7 +95,7 @@ class CountingInbox(Inbox):
 
     def remove_where(self, predicate: Callable[[Message], bool]) -> int:
         removed = super().remove_where(predicate)
-        self.queued = Counter(m._consumer_id for m in self._items)
+        self._queued = dict(Counter(m._consumer_id for m in self._items))
         return removed
 
     def close(self) -> None:
