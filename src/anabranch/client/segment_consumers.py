@@ -3,8 +3,9 @@ feeding one inbox.
 
 The stream, queue and checkpoint consumers each keep one internal consumer per segment
 (by segment id, and by consumer id to find a queued message's segment). All of them put
-their messages into one :class:`CountingInbox`; the owner's ``receive`` takes the next one
-with :meth:`CountingInbox.get_owned`, which drops the messages of segments that left
+their messages into one :class:`OwnedInbox` (the queue and checkpoint consumers: a
+:class:`CountingInbox`); the owner's ``receive`` takes the next one with
+:meth:`OwnedInbox.get_owned`, which drops the messages of segments that left
 meanwhile, and its ``close`` ends them all with :func:`close_all`. The queue and checkpoint
 consumers follow the DAG in a task that sleeps in :func:`wake_or_change`.
 
@@ -30,8 +31,45 @@ OwnerT = TypeVar("OwnerT")
 ConsumerT = TypeVar("ConsumerT", bound=Consumer)
 
 
-class CountingInbox(Inbox):
-    """An inbox that knows how many queued messages each consumer id has."""
+class OwnedInbox(Inbox):
+    """The inbox of many segment consumers: a receive takes the next message of a consumer
+    that is still wanted (see :meth:`get_owned`)."""
+
+    @staticmethod
+    def deadline(timeout: float | None) -> float | None:
+        """The deadline of :meth:`get_owned`: the running loop's time ``timeout`` seconds
+        from now (None: no deadline)."""
+        return None if timeout is None else asyncio.get_running_loop().time() + timeout
+
+    async def get_owned(
+        self, deadline: float | None, owners: Mapping[int, OwnerT]
+    ) -> tuple[Message, OwnerT] | None:
+        """The next message whose consumer id is in ``owners``, with its owner; None once
+        the loop's clock passes ``deadline`` (None: wait forever).
+
+        Messages of a consumer id not in ``owners`` (its segment left meanwhile) are dropped.
+        """
+        loop = asyncio.get_running_loop()
+        while True:
+            remaining = None if deadline is None else max(0.0, deadline - loop.time())
+            raw = await self.get(remaining)
+            if raw is None:
+                return None
+            owner = owners.get(raw._entry.consumer_id)
+            if owner is not None:
+                return raw, owner
+
+    def close(self) -> None:
+        """Ignored: a segment consumer closing (retired, or a terminal error on its
+        segment) must not end the whole consumer; the owner calls :meth:`shutdown`."""
+
+    def shutdown(self) -> None:
+        """Wake every receiver with ``Closed``."""
+        super().close()
+
+
+class CountingInbox(OwnedInbox):
+    """An owned inbox that also knows how many queued messages each consumer id has."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -48,63 +86,17 @@ class CountingInbox(Inbox):
     async def get(self, timeout: float | None) -> Message | None:  # noqa: ASYNC109
         msg = await super().get(timeout)
         if msg is not None:
-            self._queued[msg._consumer_id] -= 1
+            self._queued[msg._entry.consumer_id] -= 1
         return msg
 
     def queued(self, consumer_id: int) -> int:
         """How many messages of this consumer are queued."""
         return self._queued.get(consumer_id, 0)
 
-    @staticmethod
-    def deadline(timeout: float | None) -> float | None:
-        """The deadline of :meth:`get_owned`: the running loop's time ``timeout`` seconds
-        from now (None: no deadline)."""
-        return None if timeout is None else asyncio.get_running_loop().time() + timeout
-
-    def pop_owned(self, owners: Mapping[int, OwnerT]) -> tuple[Message, OwnerT] | None:
-        """The next queued message whose consumer id is in ``owners``, without waiting
-        (None when none is queued); others are dropped as in :meth:`get_owned`."""
-        items = self._items
-        queued = self._queued
-        while items:
-            raw = items.popleft()
-            consumer_id = raw._entry.consumer_id
-            queued[consumer_id] -= 1
-            owner = owners.get(consumer_id)
-            if owner is not None:
-                return raw, owner
-        return None
-
-    async def get_owned(
-        self, deadline: float | None, owners: Mapping[int, OwnerT]
-    ) -> tuple[Message, OwnerT] | None:
-        """The next message whose consumer id is in ``owners``, with its owner; None once
-        the loop's clock passes ``deadline`` (None: wait forever).
-
-        Messages of a consumer id not in ``owners`` (its segment left meanwhile) are dropped.
-        """
-        loop = asyncio.get_running_loop()
-        while True:
-            remaining = None if deadline is None else max(0.0, deadline - loop.time())
-            raw = await self.get(remaining)
-            if raw is None:
-                return None
-            owner = owners.get(raw._consumer_id)
-            if owner is not None:
-                return raw, owner
-
     def remove_where(self, predicate: Callable[[Message], bool]) -> int:
         removed = super().remove_where(predicate)
-        self._queued = dict(Counter(m._consumer_id for m in self._items))
+        self._queued = dict(Counter(m._entry.consumer_id for m in self._items))
         return removed
-
-    def close(self) -> None:
-        """Ignored: a segment consumer closing (retired, or a terminal error on its
-        segment) must not end the whole consumer; the owner calls :meth:`shutdown`."""
-
-    def shutdown(self) -> None:
-        """Wake every receiver with ``Closed``."""
-        super().close()
 
 
 async def stop_task(task: asyncio.Task[Any] | None) -> None:

@@ -73,7 +73,7 @@ from anabranch.client.dag_session import DagSession
 from anabranch.client.errors import ConsumerBusy, ServiceNotReady
 from anabranch.client.message import Message
 from anabranch.client.message_id import MessageId
-from anabranch.client.segment_consumers import CountingInbox, close_all
+from anabranch.client.segment_consumers import OwnedInbox, close_all
 from anabranch.errors import AnabranchError, Closed, InvalidArgument, NotFound
 from anabranch.limits import (
     CLIENT_RECONNECT_BACKOFF_MIN_S,
@@ -260,7 +260,7 @@ class StreamConsumer:
         self.options = options
         self.consumer_name = options.consumer_name or uuid.uuid4().hex[:16]
         self._key_shared = options.key_shared
-        self._inbox = CountingInbox()
+        self._inbox = OwnedInbox()
         self._log = DeliveryLog()
         self._topics: dict[int, str] = {}
         self._segments: dict[int, Consumer] = {}
@@ -393,13 +393,11 @@ class StreamConsumer:
             raise Closed(f"{self} is closed")
         inbox, owners = self._inbox, self._by_consumer_id
         items = inbox._items
-        # What is queued is taken without a wait (pop_owned, inline: this is per message).
+        # What is queued is taken without a wait (get_owned's work, inline: per message).
         owner = None
         while items and owner is None:
             raw = items.popleft()
-            consumer_id = raw._entry.consumer_id
-            inbox._queued[consumer_id] -= 1
-            owner = owners.get(consumer_id)
+            owner = owners.get(raw._entry.consumer_id)
         if owner is None:
             got = await inbox.get_owned(inbox.deadline(timeout), owners)
             if got is None:
