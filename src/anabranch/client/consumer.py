@@ -60,6 +60,9 @@ UNCOMPRESSED_BYTES_MAX = 64 * 1024 * 1024
 """Largest payload a compressed message may expand to; larger is dropped as corrupt (a
 decompression bomb). Well above any batch a producer builds under the 5 MiB message cap."""
 
+ACK_GROUP_MAX = 1000
+"""Most individual acks sent in one ACK (upstream's maxAcknowledgmentGroupSize)."""
+
 NACK_REDELIVERY_DELAY_S = 60.0
 """Default delay before a negatively acknowledged message is redelivered (upstream 1 min)."""
 
@@ -260,6 +263,8 @@ class Consumer(ReconnectingHandler):
         self._grant_at = max(1, options.receiver_queue_size // 2)
         self._epoch = 0
         self._batches: dict[MessageId, set[int]] = {}
+        self._ack_group: list[pb.MessageIdData] = []
+        """Individual acks not sent yet (see ``_send_ack``)."""
         self._generation = 0
         """Bumped whenever ``_batches`` is forgotten: an ``EntryInfo`` of an older
         generation no longer shares its pending set with ``_batches``."""
@@ -383,9 +388,9 @@ class Consumer(ReconnectingHandler):
         payload = decompress(
             int(md.compression), payload, int(md.uncompressed_size), UNCOMPRESSED_BYTES_MAX
         )
-        entry = MessageId.from_proto(
+        entry = MessageId.entry_from_proto(
             body.message_id, partition=self.partition, segment_id=self._segment_stamp
-        ).entry
+        )
         redeliveries = int(body.redelivery_count)
         if not md.HasField("num_messages_in_batch"):
             mid = entry
@@ -578,10 +583,33 @@ class Consumer(ReconnectingHandler):
     def _send_ack(self, ids: list[MessageId], cumulative: bool) -> None:
         if self._conn is None:
             return  # lost with the connection: the broker redelivers
-        with contextlib.suppress(AnabranchError):
-            self._conn.send_command(
-                commands.ack(self._id, [i.to_proto() for i in ids], cumulative=cumulative)
-            )
+        if cumulative:
+            self._flush_acks()
+            with contextlib.suppress(AnabranchError):
+                self._conn.send_command(
+                    commands.ack(self._id, [i.to_proto() for i in ids], cumulative=True)
+                )
+            return
+        # Individual acks made in one turn of the event loop (an application working
+        # through its queue) go out as one ACK: one frame, one broker pass, like upstream's
+        # ack grouping, but without its delay (the group ends with the loop's turn).
+        group = self._ack_group
+        if not group:
+            asyncio.get_running_loop().call_soon(self._flush_acks)
+        group.extend(i.to_proto() for i in ids)
+        if len(group) >= ACK_GROUP_MAX:
+            self._flush_acks()
+
+    def _flush_acks(self) -> None:
+        """Send the grouped individual acks (before anything they must precede: a
+        redelivery, a seek, a close, a cumulative or transactional ack)."""
+        group = self._ack_group
+        if not group:
+            return
+        self._ack_group = []
+        if self._conn is not None:
+            with contextlib.suppress(AnabranchError):
+                self._conn.send_command(commands.ack(self._id, group))
 
     async def _ack_in(self, txn: Transaction, ids: list[MessageId], cumulative: bool) -> None:
         """A transactional ACK (with a request id) and its ACK_RESPONSE; an abort of the
@@ -595,6 +623,7 @@ class Consumer(ReconnectingHandler):
         conn = self._conn
         if conn is None:
             raise ConnectionClosed(f"{self} is reconnecting: transactional ack not sent")
+        self._flush_acks()
         request_id = conn.new_request_id()
         cmd = commands.ack(
             self._id, [i.to_proto() for i in ids], cumulative=cumulative, request_id=request_id
@@ -639,6 +668,7 @@ class Consumer(ReconnectingHandler):
     def _redeliver(self, entries: list[MessageId]) -> None:
         if not entries or self._conn is None:
             return
+        self._flush_acks()  # what was acked before must not come again
         body = pb.CommandRedeliverUnacknowledgedMessages(consumer_id=self._id)
         if self.options.subscription_type in (SubscriptionType.SHARED, SubscriptionType.KEY_SHARED):
             body.message_ids.extend(e.to_proto() for e in entries)
@@ -661,6 +691,7 @@ class Consumer(ReconnectingHandler):
     async def _request(self, build: Callable[[int], pb.BaseCommand]) -> Frame:
         if self._closing:
             raise Closed(f"{self} is closed")
+        self._flush_acks()  # a seek, say, must not overtake acks made before it
         conn = self._conn
         if conn is None:
             raise ConnectionClosed(f"{self} is reconnecting")
@@ -733,6 +764,7 @@ class Consumer(ReconnectingHandler):
             timer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await timer
+        self._flush_acks()
         conn, self._conn = self._conn, None
         if conn is not None:
             conn.unregister_consumer(self._id)
