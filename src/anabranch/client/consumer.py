@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 from anabranch.client._reconnect import ReconnectingHandler
 from anabranch.client.connection import ConnectionPool
 from anabranch.client.errors import ConnectionClosed, from_server_error
-from anabranch.client.message import EntryInfo, Message, batch_message
+from anabranch.client.message import EntryInfo, Message, batch_message, single_message
 from anabranch.client.message_id import MessageId
 from anabranch.errors import AnabranchError, Closed, InvalidArgument, NotAllowed
 from anabranch.limits import CONSUMER_RECEIVER_QUEUE_MESSAGES
@@ -397,8 +397,7 @@ class Consumer(ReconnectingHandler):
             if self._filtered(mid):
                 self._count_consumed(1)
                 return []
-            key = md.partition_key if md.HasField("partition_key") else None
-            return [self._message(payload, key, md.properties, mid, md, md, redeliveries)]
+            return [self._message(payload, mid, md, redeliveries)]
         count = int(md.num_messages_in_batch)
         ack_set = list(body.ack_set)
         filtering = self._filter_up_to is not None
@@ -433,28 +432,25 @@ class Consumer(ReconnectingHandler):
             info.generation = self._generation
         return out
 
-    def _message(  # noqa: PLR0917 (private; one call site per message kind)
-        self,
-        value: bytes,
-        key: str | None,
-        properties: Any,
-        mid: MessageId,
-        md: pb.MessageMetadata,
-        own: pb.MessageMetadata | pb.SingleMessageMetadata,
-        redeliveries: int,
+    def _message(
+        self, value: bytes, entry: MessageId, md: pb.MessageMetadata, redeliveries: int
     ) -> Message:
-        return Message(
-            value=value,
-            key=key,
-            properties={p.key: p.value for p in properties},
-            message_id=mid,
-            topic=self._display_topic,
-            publish_time=int(md.publish_time),
-            event_time=int(own.event_time) or None,
-            redelivery_count=redeliveries,
-            producer_name=md.producer_name,
-            sequence_id=int(own.sequence_id) if own.HasField("sequence_id") else 0,
-            _consumer_id=self._id,
+        """The message of a non-batched entry (its metadata is the entry's)."""
+        info = EntryInfo(
+            self._display_topic,
+            int(md.publish_time),
+            md.producer_name,
+            redeliveries,
+            self._id,
+            entry,
+        )
+        return single_message(
+            value,
+            info,
+            md.partition_key if md.HasField("partition_key") else None,
+            {p.key: p.value for p in md.properties},
+            int(md.event_time) or None,
+            int(md.sequence_id),
         )
 
     def _filtered(self, mid: MessageId) -> bool:
@@ -514,16 +510,16 @@ class Consumer(ReconnectingHandler):
         if txn is None and type(message) is Message:
             info = message._entry
             pending = info.pending
-            if (
-                pending is not None
-                and info.generation == self._generation
-                and info.consumer_id == self._id
-            ):
-                # A message of a batch this consumer tracks: no id to build or look up.
-                pending.discard(message._index)
-                if not pending:
+            if info.consumer_id == self._id:
+                if pending is not None and info.generation == self._generation:
+                    # A message of a batch this consumer tracks: no id to build or look up.
+                    pending.discard(message._index)
+                    if not pending:
+                        self._entry_acked(info)
+                    return
+                if message._index < 0 and info.position is not None:  # a non-batched one
                     self._entry_acked(info)
-                return
+                    return
         elif txn is not None:
             txn._check_usable()
         mid = message.message_id if isinstance(message, Message) else message
@@ -544,7 +540,7 @@ class Consumer(ReconnectingHandler):
     def _entry_acked(self, info: EntryInfo) -> None:
         entry = info.position
         assert entry is not None
-        if self._batches.get(entry) is info.pending:
+        if info.pending is not None and self._batches.get(entry) is info.pending:
             del self._batches[entry]
         if self._unacked:
             self._unacked.pop(entry, None)
