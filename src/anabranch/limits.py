@@ -274,6 +274,15 @@ DISPATCH_READ_ENTRIES_MAX = 100
 """Entries one dispatcher read asks the ledger for; more permits just mean more reads.
 Upstream's dispatcherMaxReadBatchSize default."""
 
+DISPATCH_READ_RETRY_MIN_S = 0.1
+"""First wait before a dispatch pass whose read failed runs again; doubles per failure in
+a row. Upstream's dispatcher readFailureBackoff does the same (it starts at 1 s since
+apache/pulsar#12444, 15 s before); a local file or JetStream hiccup heals sooner."""
+
+DISPATCH_READ_RETRY_MAX_S = 15.0
+"""Longest wait between retries of a failing dispatch read (a broken storage is tried
+four times a minute, not in a busy loop)."""
+
 DISPATCH_CHUNKED_MESSAGES_MAX = 10_000
 """Chunked messages a Shared subscription tracks mid-delivery (which consumer has their
 first chunks); past it the oldest is forgotten and its remaining chunks go round-robin."""
