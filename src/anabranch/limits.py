@@ -311,6 +311,11 @@ PARTITIONS_PER_TOPIC_MAX = 10_000
 its own ledger, so this bounds one admin call's load (upstream's
 maxNumPartitionsPerPartitionedTopic is unbounded by default)."""
 
+ADMIN_STATS_REDIRECTS_MAX = 3
+"""307 hops a scalable topic's ``/stats`` takes towards its controller leader (counted in
+``?redirects=``); past it a broker answers what it knows itself. One hop suffices while the
+brokers agree on the leader; the bound stops a ping-pong while they do not."""
+
 ADMIN_REQUEST_BODY_BYTES_MAX = 1024 * 1024
 """Largest admin HTTP request body; aiohttp answers 413 past it. Policies and tenant
 records are a few hundred bytes; this matches METADATA_VALUE_BYTES_MAX."""
