@@ -10,6 +10,7 @@ deliver.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -56,8 +57,9 @@ async def failures_reach(topic: PersistentTopic, at_least: int) -> None:
 
 
 async def test_reads_failing_then_healing_deliver_everything_without_a_new_publish(
-    broker: InProcessBroker,
+    broker: InProcessBroker, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.INFO, logger="anabranch.broker.dispatcher")
     async with Client(broker.service_url) as client:
         producer = await client.create_producer(TOPIC, batching=False)
         sent = [f"m{i}".encode() for i in range(COUNT)]
@@ -75,6 +77,9 @@ async def test_reads_failing_then_healing_deliver_everything_without_a_new_publi
             received.append(msg.value)
             await consumer.acknowledge(msg)
         assert received == sent
+        warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+        assert len(warnings) == 1, warnings  # one line per failure streak, not per retry
+        assert any("after" in r.getMessage() for r in caplog.records if r.levelno == logging.INFO)
         dispatcher = topic.subscriptions["s"].dispatcher
         assert dispatcher.read_failure_streak == 0  # reset by the successful read
         assert await read_failures_metric(broker, TOPIC) == topic.dispatch_read_failures
