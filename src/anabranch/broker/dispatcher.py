@@ -74,16 +74,15 @@ def murmur_positive(data: bytes) -> int:
 
 def choose_active(consumers: Sequence[Consumer], partition: int, topic_name: str) -> Consumer:
     """The active consumer of an Exclusive/Failover subscription, as upstream picks it: of
-        the best (lowest) priority level sorted by name, index ``partition % n`` on a
-        partition, else the one a consistent-hash ring of their names gives for the topic
-        name's hash. ``consumers`` must not be empty.
+    the best (lowest) priority level sorted by name, index ``partition % n`` on a
+    partition, else the one a consistent-hash ring of their names gives for the topic
+    name's hash. ``consumers`` must not be empty.
 
-        Example:
-            >>> from anabranch.client.backoff import Backoff
-    from anabranch.broker.consumer import FakeWriter
-            >>> a, b = (Consumer(FakeWriter(), i, n, 1) for i, n in ((1, "a"), (2, "b")))
-            >>> choose_active([b, a], 1, "persistent://t/ns/x-partition-1").name
-            'b'
+    Example:
+        >>> from anabranch.broker.consumer import FakeWriter
+        >>> a, b = (Consumer(FakeWriter(), i, n, 1) for i, n in ((1, "a"), (2, "b")))
+        >>> choose_active([b, a], 1, "persistent://t/ns/x-partition-1").name
+        'b'
     """
     ranked = sorted(consumers, key=lambda c: (c.priority, c.name))
     top = sum(1 for c in ranked if c.priority == ranked[0].priority)
@@ -105,16 +104,15 @@ def round_robin(
     consumers: Sequence[Consumer], start: int, available: Callable[[Consumer], bool]
 ) -> tuple[Consumer | None, int]:
     """Shared dispatch's choice: from index ``start`` on, the first available consumer of
-        the best (lowest) priority level among the available ones; returns it (None when no
-        one is available) and where the next search starts.
+    the best (lowest) priority level among the available ones; returns it (None when no
+    one is available) and where the next search starts.
 
-        Example:
-            >>> from anabranch.client.backoff import Backoff
-    from anabranch.broker.consumer import FakeWriter
-            >>> a, b = (Consumer(FakeWriter(), i, n, 1) for i, n in ((1, "a"), (2, "b")))
-            >>> chosen, start = round_robin([a, b], 0, lambda c: True)
-            >>> chosen.name, round_robin([a, b], start, lambda c: True)[0].name
-            ('a', 'b')
+    Example:
+        >>> from anabranch.broker.consumer import FakeWriter
+        >>> a, b = (Consumer(FakeWriter(), i, n, 1) for i, n in ((1, "a"), (2, "b")))
+        >>> chosen, start = round_robin([a, b], 0, lambda c: True)
+        >>> chosen.name, round_robin([a, b], start, lambda c: True)[0].name
+        ('a', 'b')
     """
     ready = [c for c in consumers if available(c)]
     if not ready:
