@@ -394,15 +394,11 @@ class AdminService:
         the controller, since the assignment and autoscaler state live there."""
         service = await self.scalable()
         name = scalable_topic_name(topic)
+        if to_leader and not service.leads(name):
+            leader = await service.leader_url(name)
+            if leader and leader.rstrip("/") != service.broker_url.rstrip("/"):
+                raise NotLeader(str(name), leader)
         summary = await service.stats(name)
-        leader = summary.get("controllerBrokerUrl")
-        if (
-            to_leader
-            and leader
-            and not service.leads(name)
-            and leader.rstrip("/") != service.broker_url.rstrip("/")
-        ):
-            raise NotLeader(str(name), leader)
         layout = await service.get_metadata(name)
         ops = service.ops
         segments: dict[str, Any] = {}
