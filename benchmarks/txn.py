@@ -12,7 +12,10 @@ Per repetition, a fresh broker process (``fsync=always``) on each metadata backe
    transactions back to back vs the same loops sending the same rounds of 100 messages
    without a transaction (same producer settings; a flush ends each round): msgs/s and
    the ratio; and one loop with no flush (the round waits out the default batch delay,
-   as an application that just awaits its sends does);
+   as an application that just awaits its sends does). The client runs with its
+   defaults, as an application does: ``new_transaction`` mostly hands out a spare
+   (pre-opened) transaction and a producer announces its topic at its first send in a
+   transaction;
 4. the broker's peak RSS (``VmHWM``).
 
 Once per run, in process: **coordinator cold start** on a SQLite store holding
