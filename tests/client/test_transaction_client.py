@@ -34,6 +34,7 @@ from anabranch.client.transaction import (
     TransactionState,
     timeout_ms,
 )
+from anabranch.client.txn_spares import SPARES_MAX
 from anabranch.core.segment_layout import SegmentLayout
 from anabranch.errors import (
     InvalidArgument,
@@ -51,6 +52,7 @@ from tests.client.fake_broker import FakeBroker, Session
 T = pb.BaseCommand
 TOPIC = "persistent://public/default/txn"
 NO_SPARES: dict[str, Any] = {"transaction_spares": 0}
+SPARES: dict[str, Any] = {"transaction_spares": SPARES_MAX}
 """Frame-counting tests: every NEW_TXN on the wire is one the test asked for."""
 
 
@@ -126,7 +128,7 @@ async def _producer(client: Client, **options: Any) -> Producer:
 
 
 async def test_new_txn_and_end_txn_carry_the_wire_fields(tc: TxnFakeBroker) -> None:
-    async with Client(tc.url) as client:
+    async with Client(tc.url, **SPARES) as client:
         first = await client.new_transaction(timeout=30)
         second = await client.new_transaction(timeout=0.25)
         assert first.id == TxnId(0, 101) and second.id == TxnId(1, 102)
@@ -593,7 +595,7 @@ async def _until(check: Any) -> None:
 async def test_a_spare_makes_the_next_new_transaction_skip_the_round_trip(
     tc: TxnFakeBroker,
 ) -> None:
-    async with Client(tc.url) as client:
+    async with Client(tc.url, **SPARES) as client:
         first = await client.new_transaction(timeout=30)
         await _until(lambda: len(tc.of_type(T.NEW_TXN)) == 2)  # the spare's NEW_TXN
         spare_ttl = tc.of_type(T.NEW_TXN)[1].command.newTxn.txn_ttl_millis
@@ -652,7 +654,7 @@ async def test_a_keyed_client_keeps_no_spares(tc: TxnFakeBroker) -> None:
 async def test_a_call_waits_for_the_spare_on_its_way_instead_of_its_own_new_txn(
     tc: TxnFakeBroker,
 ) -> None:
-    async with Client(tc.url) as client:
+    async with Client(tc.url, **SPARES) as client:
         first = await client.new_transaction(timeout=30)
         second = await client.new_transaction(timeout=30)  # the first call's spare
         assert len(tc.of_type(T.NEW_TXN)) == 2

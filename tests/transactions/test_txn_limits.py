@@ -11,6 +11,7 @@ import pytest
 from anabranch import limits
 from anabranch.aio import Client
 from anabranch.client.errors import TooManyRequests
+from anabranch.client.txn_spares import SPARES_MAX
 from anabranch.testing.broker import InProcessBroker
 
 
@@ -38,7 +39,7 @@ async def test_spares_give_back_the_slots_a_new_transaction_needs(
     monkeypatch.setattr(limits, "TXN_OPEN_PER_CONNECTION_MAX", 2)
     async with (
         InProcessBroker(tmp_path, metadata="memory") as broker,
-        Client(broker.service_url) as client,
+        Client(broker.service_url, transaction_spares=SPARES_MAX) as client,
     ):
         coordinator = broker.service.txn_coordinator
         assert coordinator is not None

@@ -50,7 +50,6 @@ from anabranch.client.transaction import (
     TransactionCoordinatorClient,
     TransactionScope,
 )
-from anabranch.client.txn_spares import SPARES_MAX
 from anabranch.core.names import SegmentName, TopicDomain, parse_name
 from anabranch.core.txn_id import TxnId
 from anabranch.core.txn_keys import validate_key
@@ -91,8 +90,11 @@ class Client:
     one open transaction, so a new one aborts the key's previous open one; a key with
     ``&``, empty, or over ``limits.TXN_KEY_BYTES_MAX`` is InvalidArgument here);
     ``transaction_spares`` (how many transactions ``new_transaction`` may keep opened
-    ahead of use, so that it returns without a round trip; 0: none, every call sends its
-    own NEW_TXN; a keyed client keeps none).
+    ahead of use, so that it returns without a round trip, up to
+    ``client.txn_spares.SPARES_MAX``; 0, the default: none, every call sends its own NEW_TXN.
+    Spares suit a loop of short transactions: an unused one is aborted after two
+    seconds, and shows in the broker's open and aborted transaction counts; a keyed
+    client keeps none).
 
     Security, named as the official client names it: ``auth`` (an
     :class:`~anabranch.client.auth.AuthenticationToken`, ``AuthenticationBasic`` or
@@ -123,7 +125,7 @@ class Client:
         tls_allow_insecure_connection: bool = False,
         tls_validate_hostname: bool = False,
         listener_name: str | None = None,
-        transaction_spares: int = SPARES_MAX,
+        transaction_spares: int = 0,
     ) -> None:
         self.service_url = service_url
         self._transaction_spares = transaction_spares
