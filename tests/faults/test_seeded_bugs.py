@@ -15,9 +15,11 @@ killed broker held unsynced acknowledged data at that moment.
 - ``drop-dedup-carry``: the idempotent workload re-sends a key's last acknowledged
   (producer, sequence id, value) to the key's new segment after a split; a child that did
   not inherit its parents' dedup marks stores it again: ``duplicate``.
-- ``no-recampaign``: each broker in turn is paused past the session TTL while it leads;
-  none campaigns again, so the split probe after the heal never succeeds:
-  ``controller-unavailable``.
+- ``no-recampaign``: each broker in turn is paused past the session TTL; the failpoint
+  stops a broker's controllers from ever opening a new session, so none can lead again
+  (a broker that never led would still have won with its old live session: that is
+  why every broker, not the leader of the moment, is paused) and the split probe after
+  the heal never succeeds: ``controller-unavailable``.
 - ``no-assignment-refresh``: the leader is paused past the TTL (its process survives),
   the storm goes on under the new leader, and the stream consumer keeps its stale
   assignment: ``undelivered`` (or ``late``).
@@ -52,7 +54,10 @@ pytestmark = pytest.mark.timeout(600)
 
 def scenario(failpoint: str, **fields: Any) -> RunConfig:
     """A targeted run: ``failpoint`` in every process, only the consumers it needs (the
-    stream consumer; queue and checkpoint consumers only cost time here)."""
+    stream consumer; queue and checkpoint consumers only cost time here), and 3 s of
+    sends after the heal (sixty acknowledgements show the topic serves again; no
+    scenario's anomaly needs more)."""
+    fields.setdefault("post_heal_produce_s", 3.0)
     return RunConfig(failpoints=(failpoint,), queue=False, checkpoint=False, **fields)
 
 
@@ -73,11 +78,13 @@ def flagged(
 
 
 def test_ack_before_fsync_loses_acknowledged_writes(tmp_path: Path) -> None:
-    kills = tuple(Fault(4.0 + 6.0 * i, "kill", 2.0, target=i) for i in range(3))
+    # The owner of a segment producers write to, twice: without a single fsync its ledger
+    # files are cut to nothing, so whatever it acknowledged is gone.
+    kills = (Fault(3.0, "kill", 2.0, target="owner"), Fault(6.5, "kill", 2.0, target="owner"))
     config = scenario(
         failpoints.ACK_BEFORE_FSYNC,
         seed=101,
-        duration_s=24.0,
+        duration_s=9.0,
         faults=kills,
         storm_interval_s=None,
         idempotent=False,
@@ -90,7 +97,7 @@ def test_drop_dedup_carry_stores_a_retried_send_twice(tmp_path: Path) -> None:
     config = scenario(
         failpoints.DROP_DEDUP_CARRY,
         seed=201,
-        duration_s=20.0,
+        duration_s=10.0,
         faults=(),
         storm_interval_s=(1.0, 2.0),
         producers=1,
@@ -100,15 +107,16 @@ def test_drop_dedup_carry_stores_a_retried_send_twice(tmp_path: Path) -> None:
 
 
 def test_no_recampaign_leaves_the_topic_without_a_controller(tmp_path: Path) -> None:
-    pauses = tuple(Fault(3.0 + 9.0 * i, "pause-long", 7.0, target="leader") for i in range(3))
+    # 4.5 s pauses: past the 3 s session TTL of every broker, one at a time.
+    pauses = tuple(Fault(3.0 + 5.5 * i, "pause-long", 4.5, target=i) for i in range(3))
     config = scenario(
         failpoints.NO_RECAMPAIGN,
         seed=301,
-        duration_s=30.0,
+        duration_s=19.0,
         faults=pauses,
         storm_interval_s=None,
         idempotent=False,
-        availability_bound_s=15.0,
+        availability_bound_s=8.0,
         liveness_bound_s=15.0,
     )
     counts = flagged(tmp_path, config, {"controller-unavailable"}, seeds=3)
@@ -119,11 +127,11 @@ def test_no_assignment_refresh_starves_the_stream_consumer(tmp_path: Path) -> No
     config = scenario(
         failpoints.NO_ASSIGNMENT_REFRESH,
         seed=401,
-        duration_s=25.0,
+        duration_s=14.0,
         faults=(Fault(4.0, "pause-long", 7.0, target="leader"),),
         storm_interval_s=(1.0, 2.5),
         idempotent=False,
-        liveness_bound_s=15.0,
+        liveness_bound_s=10.0,
     )
     counts = flagged(tmp_path, config, {"undelivered", "late"})
     assert counts.get("undelivered", 0) + counts.get("late", 0) > 0, counts
@@ -133,7 +141,7 @@ def test_skip_parent_cursor_flush_delivers_a_parent_after_its_child(tmp_path: Pa
     config = scenario(
         failpoints.SKIP_PARENT_CURSOR_FLUSH,
         seed=501,
-        duration_s=20.0,
+        duration_s=12.0,
         faults=(),
         brokers=1,
         broker_settings={"cursor_persist_interval_ms": 15_000},
