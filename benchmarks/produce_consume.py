@@ -869,6 +869,10 @@ RATIOS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
         ("anabranch", "ours", "publish", "msgs_per_s"),
         ("anabranch", "official", "publish", "msgs_per_s"),
     ),
+    "ours_vs_official_consume": (
+        ("anabranch", "ours", "consume", "msgs_per_s"),
+        ("anabranch", "official", "consume", "msgs_per_s"),
+    ),
 }
 
 
@@ -884,6 +888,7 @@ def summarize(cfg: Config, reps: list[dict[str, Any]], started: float) -> dict[s
     consume_ok = any(_get(ours, c, "consume", "msgs_per_s") for c in ("official", "ours"))
     official_pub = _get(ours, "official", "publish", "msgs_per_s")
     ours_ratio = ratios["ours_vs_nats_publish"]
+    consume_ratio = ratios["ours_vs_official_consume"]
     e2e_p99 = {c: _get(ours, c, "e2e", "p99_ms") for c in ("official", "ours")}
     return {
         "benchmark": "produce_consume",
@@ -898,6 +903,9 @@ def summarize(cfg: Config, reps: list[dict[str, Any]], started: float) -> dict[s
                 official_pub >= 1_000_000 if official_pub is not None else None
             ),
             "ours_publish_ge_10x_nats": ours_ratio >= 10 if ours_ratio is not None else None,
+            "ours_consume_ge_0_8x_official": (
+                consume_ratio >= 0.8 if consume_ratio is not None else None
+            ),
             "e2e_p99_le_10ms": {
                 c: (v <= 10.0 if v is not None else None) for c, v in e2e_p99.items()
             },

@@ -54,8 +54,13 @@ COMPACTION_CRASH_BEFORE_SWITCH = "compaction-crash-before-switch"
 """The broker SIGKILLs itself once a compaction wrote its new compacted ledger and before
 it switched the record to it (the crash-safety test: the previous view stays in force)."""
 
+DISPATCH_READ_FAILS = "dispatch-read-fails"
+"""Every ledger read of a dispatch pass raises a storage error while this is on (a
+transient storage fault: the dispatcher must retry by itself once it heals)."""
+
 KNOWN: frozenset[str] = frozenset(
     {
+        DISPATCH_READ_FAILS,
         COMPACTION_CRASH_BEFORE_SWITCH,
         STALE_OWNER_SERVES,
         BREAK_CONNECTION_TIMER,

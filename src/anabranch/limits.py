@@ -274,6 +274,15 @@ DISPATCH_READ_ENTRIES_MAX = 100
 """Entries one dispatcher read asks the ledger for; more permits just mean more reads.
 Upstream's dispatcherMaxReadBatchSize default."""
 
+DISPATCH_READ_RETRY_MIN_S = 0.1
+"""First wait before a dispatch pass whose read failed runs again; doubles per failure in
+a row. Upstream's dispatcher readFailureBackoff does the same (it starts at 1 s since
+apache/pulsar#12444, 15 s before); a local file or JetStream hiccup heals sooner."""
+
+DISPATCH_READ_RETRY_MAX_S = 15.0
+"""Longest wait between retries of a failing dispatch read (a broken storage is tried
+four times a minute, not in a busy loop)."""
+
 DISPATCH_CHUNKED_MESSAGES_MAX = 10_000
 """Chunked messages a Shared subscription tracks mid-delivery (which consumer has their
 first chunks); past it the oldest is forgotten and its remaining chunks go round-robin."""
@@ -301,6 +310,11 @@ PARTITIONS_PER_TOPIC_MAX = 10_000
 """Largest partition count; more is InvalidArgument (400). Every partition is a topic with
 its own ledger, so this bounds one admin call's load (upstream's
 maxNumPartitionsPerPartitionedTopic is unbounded by default)."""
+
+ADMIN_STATS_REDIRECTS_MAX = 3
+"""307 hops a scalable topic's ``/stats`` takes towards its controller leader (counted in
+``?redirects=``); past it a broker answers what it knows itself. One hop suffices while the
+brokers agree on the leader; the bound stops a ping-pong while they do not."""
 
 ADMIN_REQUEST_BODY_BYTES_MAX = 1024 * 1024
 """Largest admin HTTP request body; aiohttp answers 413 past it. Policies and tenant

@@ -55,7 +55,7 @@ def test_a_cumulative_ack_covers_every_earlier_delivery_once(
     log = DeliveryLog()
     deliveries = [(seg, MessageId(seg, i)) for i, seg in enumerate(segments)]
     for seg, mid in deliveries:
-        log.delivered(seg, mid)
+        log.record((seg, mid))
     covered = -1  # every delivery up to this index is acknowledged
     for ack in acks:
         index = ack % len(deliveries)
@@ -74,9 +74,9 @@ def test_a_cumulative_ack_covers_every_earlier_delivery_once(
 
 def test_a_redelivered_message_counts_from_its_latest_delivery() -> None:
     log = DeliveryLog()
-    log.delivered(0, MessageId(1, 1))
-    log.delivered(1, MessageId(2, 1))
-    log.delivered(0, MessageId(1, 1))  # the segment's consumer reconnected: redelivered
+    log.record((0, MessageId(1, 1)))
+    log.record((1, MessageId(2, 1)))
+    log.record((0, MessageId(1, 1)))  # the segment's consumer reconnected: redelivered
     assert log.ack_upto(1, MessageId(2, 1)) == {0: MessageId(1, 1), 1: MessageId(2, 1)}
     assert log.pending() == 1
     assert log.ack_upto(0, MessageId(1, 1)) == {0: MessageId(1, 1)}
@@ -85,8 +85,8 @@ def test_a_redelivered_message_counts_from_its_latest_delivery() -> None:
 
 def test_a_segment_that_left_is_forgotten() -> None:
     log = DeliveryLog()
-    log.delivered(0, MessageId(1, 1))
-    log.delivered(1, MessageId(2, 1))
+    log.record((0, MessageId(1, 1)))
+    log.record((1, MessageId(2, 1)))
     log.forget(0)
     assert log.ack_upto(1, MessageId(2, 1)) == {1: MessageId(2, 1)}
     assert log.pending() == 0

@@ -325,7 +325,7 @@ async def test_a_stream_consumer_acks_every_segment_in_the_transaction() -> None
     stubs = {0: _SegmentStub(), 1: _SegmentStub()}
     stream._segments = stubs  # type: ignore[assignment]
     for seg, entry in [(0, 1), (1, 1), (0, 2), (1, 2)]:  # segment consumers stamp their ids
-        stream._log.delivered(seg, MessageId(7, entry, segment_id=seg))
+        stream._log.record((seg, MessageId(7, entry, segment_id=seg)))
     txn = _local_txn()
     await stream.acknowledge_cumulative(MessageId(7, 2, segment_id=0), txn=txn)
     assert stubs[0].acks == [(MessageId(7, 2, segment_id=0), txn)]

@@ -274,3 +274,32 @@ async def test_lazy_batch_messages_and_acks_across_a_reconnect(fake: FakeBroker)
         await consumer.acknowledge(n2)
         acks = await fake.wait_for(T.ACK)
         assert [(m.entryId, m.batch_index) for m in acks[0].command.ack.message_id] == [(7, -1)]
+
+
+async def test_individual_acks_of_one_loop_turn_go_out_as_one_ack_before_a_seek(
+    fake: FakeBroker,
+) -> None:
+    async with Client(fake.url) as client:
+        consumer = await client.subscribe(TOPIC, "s")
+        await fake.wait_for(T.FLOW)
+        cid = fake.of_type(T.SUBSCRIBE)[0].command.subscribe.consumer_id
+        for entry in range(3):
+            md = pb.MessageMetadata(producer_name="p", sequence_id=entry, publish_time=1)
+            fake.deliver(cid, 10 + entry, md, b"x")
+        got = [await consumer.receive(timeout=5) for _ in range(3)]
+        for msg in got:  # no await that suspends in between: one turn of the loop
+            assert msg is not None
+            await consumer.acknowledge(msg)
+        assert fake.of_type(T.ACK) == []  # not sent yet: grouped until the turn ends
+        acks = await fake.wait_for(T.ACK)
+        assert [m.entryId for m in acks[0].command.ack.message_id] == [10, 11, 12]
+        md = pb.MessageMetadata(producer_name="p", sequence_id=3, publish_time=1)
+        fake.deliver(cid, 13, md, b"y")
+        last = await consumer.receive(timeout=5)
+        assert last is not None
+        await consumer.acknowledge(last)
+        seek = asyncio.create_task(consumer.seek(0))
+        await fake.wait_for(T.SEEK)
+        kinds = [f.type for f in fake.frames if f.type in (T.ACK, T.SEEK)]
+        assert kinds == [T.ACK, T.ACK, T.SEEK]  # the grouped ack went out before the seek
+        seek.cancel()

@@ -302,6 +302,27 @@ async def test_trim_below_slowest_cursor(backend: Backend) -> None:
     assert [e.position for e in await ml2.read(EARLIEST, 100)] == positions[6:]
 
 
+async def test_a_trim_of_every_entry_keeps_the_end_across_reopen(backend: Backend) -> None:
+    ml = await backend.open()
+    positions = await fill(ml, 6)  # two full ledgers
+    cursor = await ml.open_cursor("c", EARLIEST)
+    await cursor.acknowledge_cumulative(positions[-1])
+    await cursor.flush()
+    await ml.close()
+    ml = await backend.open()  # every backend closes both and opens an empty ledger
+    assert await ml.trim() == 2
+    assert ml.entry_count == 0
+    end = ml.last_confirmed
+    assert end > positions[-1] and end.entry_id == -1  # not EARLIEST: ids never go back
+    assert (await ml.open_cursor("c", EARLIEST)).backlog() == 0
+    await ml.close()
+    ml = await backend.open()
+    assert ml.last_confirmed > positions[-1]
+    assert ml.last_confirmed.entry_id == -1
+    later = await ml.append(b"later")
+    assert later > positions[-1] and ml.last_confirmed == later
+
+
 async def test_trim_respects_retention(backend: Backend) -> None:
     keep = ManagedLedgerConfig(ledger_entries_max=3, retention_ms=-1, retention_bytes=-1)
     ml = await backend.open(config=keep)

@@ -663,8 +663,9 @@ class AdminClient:
         await self.request("DELETE", _scalable_path(topic))
 
     async def scalable_stats(self, topic: str) -> dict[str, Any]:
-        """The topic's stats. Subscriptions' assignment states live on the controller
-        leader: asked elsewhere, the leader's (``controllerBrokerUrl``) are fetched too."""
+        """The topic's stats. A non-leader redirects to the controller leader (where the
+        assignment states live); if the redirect hops ran out, the leader's
+        (``controllerBrokerUrl``) states are fetched from it directly."""
         path = _scalable_path(topic) + "/stats"
         stats = dict(await self.request("GET", path))
         states: dict[str, Any] = stats.get("subscriptionStates") or {}

@@ -25,10 +25,11 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
+from anabranch import limits
 from anabranch.admin.routes import Route, int_param, json_body, namespace_param, param
 from anabranch.admin.service import AdminService, _check_subscription_name
 from anabranch.core.names import SegmentName, TopicName
-from anabranch.errors import InvalidArgument
+from anabranch.errors import InvalidArgument, NotLeader
 
 V2 = "/admin/v2"
 NS = f"{V2}/scalable/{{tenant}}/{{namespace}}"
@@ -147,7 +148,22 @@ async def delete_scalable_topic(admin: AdminService, request: web.Request) -> ob
 
 
 async def scalable_topic_stats(admin: AdminService, request: web.Request) -> object:
-    return await admin.scalable_stats(scalable_topic(request))
+    """At a non-leader, 307 to the controller leader (its assignment and autoscaler state
+    live there); ``?redirects=`` counts the hops, and the last one answers here."""
+    try:
+        hops = int(request.query.get("redirects", "0"))
+    except ValueError:
+        raise InvalidArgument("redirects must be an integer") from None
+    to_leader = hops < limits.ADMIN_STATS_REDIRECTS_MAX
+    try:
+        return await admin.scalable_stats(scalable_topic(request), to_leader=to_leader)
+    except NotLeader as err:
+        if not err.leader_url:
+            raise
+        target = request.rel_url.update_query(redirects=hops + 1)
+        response = web.Response(status=307)
+        response.headers["Location"] = err.leader_url.rstrip("/") + str(target)
+        return response
 
 
 async def list_scalable_subscriptions(admin: AdminService, request: web.Request) -> object:
@@ -210,8 +226,9 @@ ROUTES: list[Route] = [
           "Delete a scalable topic, its segment topics and metadata.", "scalable",
           errors=MUTATION_ERRORS),
     Route("GET", f"{TOPIC}/stats", scalable_topic_stats,
-          "Per-segment state, range, backlog and message counters.", "scalable",
-          response_schema=OBJECT),
+          "Per-segment state, range, backlog and message counters; a non-leader answers 307 "
+          "to the controller leader (query redirects=N counts the hops).", "scalable",
+          response_schema=OBJECT, errors=(307, 400, 404)),
     Route("GET", f"{TOPIC}/subscriptions", list_scalable_subscriptions,
           "List the topic's subscriptions.", "scalable", response_schema=STRINGS),
     Route("PUT", f"{TOPIC}/subscriptions/{{subscription}}", create_scalable_subscription,

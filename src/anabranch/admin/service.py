@@ -27,6 +27,7 @@ from anabranch.errors import (
     LedgerFenced,
     NotEmpty,
     NotFound,
+    NotLeader,
     NotOwner,
     SegmentActive,
     TransactionCoordinatorNotFound,
@@ -382,14 +383,21 @@ class AdminService:
         """The segment-topic operations the scalable-topic service uses."""
         return (await self.scalable()).ops
 
-    async def scalable_stats(self, topic: str) -> dict[str, Any]:
+    async def scalable_stats(self, topic: str, *, to_leader: bool = False) -> dict[str, Any]:
         """Layout summary plus, per segment (sealed included): state, range, backlog per
         subscription, and the broker's message counters when it has the segment loaded;
         per subscription, its assignment state (``core/assignment_stats``) when this
         broker leads the topic's controller, and the Key_Shared hash ranges of segments
-        whose consumers share them and that this broker serves."""
+        whose consumers share them and that this broker serves.
+
+        ``to_leader``: raise NotLeader (the HTTP layer's 307) when another broker leads
+        the controller, since the assignment and autoscaler state live there."""
         service = await self.scalable()
         name = scalable_topic_name(topic)
+        if to_leader and not service.leads(name):
+            leader = await service.leader_url(name)
+            if leader and leader.rstrip("/") != service.broker_url.rstrip("/"):
+                raise NotLeader(str(name), leader)
         summary = await service.stats(name)
         layout = await service.get_metadata(name)
         ops = service.ops

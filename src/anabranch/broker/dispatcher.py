@@ -40,10 +40,11 @@ from typing import TYPE_CHECKING, Any
 
 import mmh3
 
-from anabranch import limits
+from anabranch import failpoints, limits
 from anabranch.broker.consumer import Consumer, PendingEntry
 from anabranch.broker.dispatcher_entries import EntryInfo, acked_to_wire, entry_info, merge_acked
-from anabranch.errors import Closed, ConsumerBusy
+from anabranch.client.backoff import Backoff
+from anabranch.errors import Closed, ConsumerBusy, StorageIOError
 from anabranch.protocol._generated import pulsar_api_pb2 as pb
 from anabranch.storage.api import Entry, Position
 
@@ -53,9 +54,17 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 SubType = pb.CommandSubscribe
+READ_RETRY_DELAYS_KEPT = 16
+"""Waits of a failure streak remembered (the schedule is capped well before that)."""
 FAILOVER_HASH_REPLICAS = 100
 """Points per consumer on the Failover hash ring of a non-partitioned topic (upstream's
 CONSUMER_CONSISTENT_HASH_REPLICAS)."""
+
+
+def check_read_fault() -> None:
+    """Raise the ``dispatch-read-fails`` failpoint's storage error when it is on."""
+    if failpoints.enabled(failpoints.DISPATCH_READ_FAILS):
+        raise StorageIOError("failpoint: the dispatcher's ledger read fails")
 
 
 def murmur_positive(data: bytes) -> int:
@@ -137,6 +146,15 @@ class Dispatcher:
         self.compacted_acks: dict[Position, bytes] = {}
         """Batch indexes compaction removed from the entries of the last read (set =
         acknowledged): sent as acked so that readers skip them. Bounded by one read."""
+        self._read_backoff = Backoff(
+            limits.DISPATCH_READ_RETRY_MIN_S, limits.DISPATCH_READ_RETRY_MAX_S
+        )
+        self._retry_in_s: float | None = None
+        """Set after a failed pass: the idle loop wakes itself after this long."""
+        self.read_failure_streak = 0
+        """Passes in a row whose read failed (0 after a successful pass)."""
+        self.read_retry_delays: list[float] = []
+        """The waits of the current failure streak, first ones only (for stats and tests)."""
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -178,11 +196,44 @@ class Dispatcher:
             except Closed:
                 return
             except Exception:
-                # A failed read must not kill the subscription: wait for the next kick.
-                log.exception("%s/%s: dispatch pass failed", self.sub.topic_name, self.sub.name)
+                # A failed read must not kill the subscription, nor wait for an unrelated
+                # kick (a publish, permits) that may never come: retry after a backoff.
+                self._read_failed()
                 progressed = False
+            else:
+                self._read_succeeded()
             if not progressed and not self._kicked:
                 await self._idle()
+
+    def _read_failed(self) -> None:
+        topic: Any = self.sub.topic
+        topic.dispatch_read_failures = getattr(topic, "dispatch_read_failures", 0) + 1
+        delay = self._read_backoff.next()
+        self._retry_in_s = delay
+        if len(self.read_retry_delays) < READ_RETRY_DELAYS_KEPT:
+            self.read_retry_delays.append(delay)
+        self.read_failure_streak += 1
+        if self.read_failure_streak == 1:
+            # Once per streak: a storage that stays broken would otherwise log every retry.
+            log.warning(
+                "%s/%s: dispatch read failed; retrying with backoff until it succeeds",
+                self.sub.topic_name,
+                self.sub.name,
+                exc_info=True,
+            )
+
+    def _read_succeeded(self) -> None:
+        if self.read_failure_streak:
+            log.info(
+                "%s/%s: dispatch read succeeded after %d failures",
+                self.sub.topic_name,
+                self.sub.name,
+                self.read_failure_streak,
+            )
+            self.read_failure_streak = 0
+            self.read_retry_delays.clear()
+            self._read_backoff.reset()
+        self._retry_in_s = None
 
     async def _idle(self) -> None:
         """Sleep until kicked, the ledger grows past ``read_position`` or a delayed entry
@@ -197,8 +248,12 @@ class Dispatcher:
                 wait.add_done_callback(self._kick_cb)
         sleeper: asyncio.Future[Any] | None = None
         due = self._next_due_ms()
+        delay: float | None = None
         if due is not None:
             delay = max(due - self.sub.clock.wall_ms(), 0) / 1000
+        if self._retry_in_s is not None:
+            delay = self._retry_in_s if delay is None else min(delay, self._retry_in_s)
+        if delay is not None:
             sleeper = asyncio.ensure_future(self.sub.clock.sleep(delay))
             sleeper.add_done_callback(self._kick_cb)
         try:
@@ -248,6 +303,7 @@ class Dispatcher:
     async def _read(self, position: Position, budget: int) -> list[Entry]:
         """New entries from ``position``: the topic's compacted view (then its tail) for a
         ``read_compacted`` consumer at or before the compaction horizon, else the ledger."""
+        check_read_fault()
         self.compacted_acks.clear()
         compaction: Any = getattr(self.sub.topic, "compaction", None)
         if compaction is not None and self._reads_compacted():
@@ -629,6 +685,7 @@ class SharedDispatcher(Dispatcher):
     async def _read_replay(self, positions: list[Position]) -> list[Entry]:
         out: list[Entry] = []
         for pos in positions:
+            check_read_fault()
             entries = await self.sub.ledger.read(pos, 1)
             if entries and entries[0].position == pos:
                 out.append(entries[0])

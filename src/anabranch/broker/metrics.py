@@ -99,6 +99,7 @@ _TOPIC_COUNTERS = (
     ("bytes_in_counter", "in_bytes", "Bytes published (pulsar_in_bytes_total)."),
     ("msg_out_counter", "out_messages", "Messages dispatched (pulsar_out_messages_total)."),
     ("bytes_out_counter", "out_bytes", "Bytes dispatched (pulsar_out_bytes_total)."),
+    ("dispatch_read_failures", "dispatch_read_failures", "Dispatch reads that failed (retried)."),
 )
 _RATES = (
     ("msg_in_counter", "rate_in", "Messages/s published since the last scrape (pulsar_rate_in)."),

@@ -333,7 +333,9 @@ class RetentionSweeps:
     ) -> None:
         """Apply ``quotas`` to ``topic`` now."""
         ledger = topic.ledger
-        cursors = list(ledger.cursors())
+        # The compactor's cursor is no consumer (upstream's isSystemCursor): a lagging
+        # compaction must neither block producers nor have its cursor evicted forward.
+        cursors = [c for c in ledger.cursors() if c.name != COMPACTION_CURSOR]
         blocked: BacklogPolicy | None = None
         storage = quotas.get(BacklogQuotaType.DESTINATION_STORAGE)
         if storage is not None and cursors:

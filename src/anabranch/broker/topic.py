@@ -164,6 +164,8 @@ class PersistentTopic(ProducerAccess):
         self.bytes_in_counter = 0
         self.msg_out_counter = 0
         self.bytes_out_counter = 0
+        self.dispatch_read_failures = 0
+        """Dispatch passes of any subscription whose read failed (each one is retried)."""
         self._rates = RateWindow(limits.STATS_RATE_WINDOW_MIN_S, clock.monotonic(), (0, 0, 0, 0))
 
     # --- loading --------------------------------------------------------------------------

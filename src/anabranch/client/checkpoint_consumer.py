@@ -232,7 +232,7 @@ class CheckpointConsumer:
         """Mark open segments complete whose end was reported and fully received."""
         done = []
         for seg_id, reader in self._readers.items():
-            if reader.reached_end_of_topic and not self._inbox.queued[reader._id]:
+            if reader.reached_end_of_topic and not self._inbox.queued(reader._id):
                 self._positions[seg_id] = SegmentPosition.done()
                 done.append(seg_id)
         return done
@@ -276,7 +276,7 @@ class CheckpointConsumer:
         while (got := await self._inbox.get_owned(deadline, self._by_consumer_id)) is not None:
             raw, reader = got
             reader._on_dequeued(raw)
-            if reader.reached_end_of_topic and not self._inbox.queued[reader._id]:
+            if reader.reached_end_of_topic and not self._inbox.queued(reader._id):
                 self._wake.set()  # the segment may be complete: open its children
             position = self._positions.get(reader.segment_id)
             if position is None or not position.admits(raw.message_id):

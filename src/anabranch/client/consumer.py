@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 from anabranch.client._reconnect import ReconnectingHandler
 from anabranch.client.connection import ConnectionPool
 from anabranch.client.errors import ConnectionClosed, from_server_error
-from anabranch.client.message import EntryInfo, Message, batch_message
+from anabranch.client.message import EntryInfo, Message, batch_message, single_message
 from anabranch.client.message_id import MessageId
 from anabranch.errors import AnabranchError, Closed, InvalidArgument, NotAllowed
 from anabranch.limits import CONSUMER_RECEIVER_QUEUE_MESSAGES
@@ -59,6 +59,9 @@ T = pb.BaseCommand
 UNCOMPRESSED_BYTES_MAX = 64 * 1024 * 1024
 """Largest payload a compressed message may expand to; larger is dropped as corrupt (a
 decompression bomb). Well above any batch a producer builds under the 5 MiB message cap."""
+
+ACK_GROUP_MAX = 1000
+"""Most individual acks sent in one ACK (upstream's maxAcknowledgmentGroupSize)."""
 
 NACK_REDELIVERY_DELAY_S = 60.0
 """Default delay before a negatively acknowledged message is redelivered (upstream 1 min)."""
@@ -260,6 +263,8 @@ class Consumer(ReconnectingHandler):
         self._grant_at = max(1, options.receiver_queue_size // 2)
         self._epoch = 0
         self._batches: dict[MessageId, set[int]] = {}
+        self._ack_group: list[pb.MessageIdData] = []
+        """Individual acks not sent yet (see ``_send_ack``)."""
         self._generation = 0
         """Bumped whenever ``_batches`` is forgotten: an ``EntryInfo`` of an older
         generation no longer shares its pending set with ``_batches``."""
@@ -383,17 +388,16 @@ class Consumer(ReconnectingHandler):
         payload = decompress(
             int(md.compression), payload, int(md.uncompressed_size), UNCOMPRESSED_BYTES_MAX
         )
-        entry = MessageId.from_proto(
+        entry = MessageId.entry_from_proto(
             body.message_id, partition=self.partition, segment_id=self._segment_stamp
-        ).entry
+        )
         redeliveries = int(body.redelivery_count)
         if not md.HasField("num_messages_in_batch"):
             mid = entry
             if self._filtered(mid):
                 self._count_consumed(1)
                 return []
-            key = md.partition_key if md.HasField("partition_key") else None
-            return [self._message(payload, key, md.properties, mid, md, md, redeliveries)]
+            return [self._message(payload, mid, md, redeliveries)]
         count = int(md.num_messages_in_batch)
         ack_set = list(body.ack_set)
         filtering = self._filter_up_to is not None
@@ -428,28 +432,25 @@ class Consumer(ReconnectingHandler):
             info.generation = self._generation
         return out
 
-    def _message(  # noqa: PLR0917 (private; one call site per message kind)
-        self,
-        value: bytes,
-        key: str | None,
-        properties: Any,
-        mid: MessageId,
-        md: pb.MessageMetadata,
-        own: pb.MessageMetadata | pb.SingleMessageMetadata,
-        redeliveries: int,
+    def _message(
+        self, value: bytes, entry: MessageId, md: pb.MessageMetadata, redeliveries: int
     ) -> Message:
-        return Message(
-            value=value,
-            key=key,
-            properties={p.key: p.value for p in properties},
-            message_id=mid,
-            topic=self._display_topic,
-            publish_time=int(md.publish_time),
-            event_time=int(own.event_time) or None,
-            redelivery_count=redeliveries,
-            producer_name=md.producer_name,
-            sequence_id=int(own.sequence_id) if own.HasField("sequence_id") else 0,
-            _consumer_id=self._id,
+        """The message of a non-batched entry (its metadata is the entry's)."""
+        info = EntryInfo(
+            self._display_topic,
+            int(md.publish_time),
+            md.producer_name,
+            redeliveries,
+            self._id,
+            entry,
+        )
+        return single_message(
+            value,
+            info,
+            md.partition_key if md.HasField("partition_key") else None,
+            {p.key: p.value for p in md.properties},
+            int(md.event_time) or None,
+            int(md.sequence_id),
         )
 
     def _filtered(self, mid: MessageId) -> bool:
@@ -509,16 +510,16 @@ class Consumer(ReconnectingHandler):
         if txn is None and type(message) is Message:
             info = message._entry
             pending = info.pending
-            if (
-                pending is not None
-                and info.generation == self._generation
-                and info.consumer_id == self._id
-            ):
-                # A message of a batch this consumer tracks: no id to build or look up.
-                pending.discard(message._index)
-                if not pending:
+            if info.consumer_id == self._id:
+                if pending is not None and info.generation == self._generation:
+                    # A message of a batch this consumer tracks: no id to build or look up.
+                    pending.discard(message._index)
+                    if not pending:
+                        self._entry_acked(info)
+                    return
+                if message._index < 0 and info.position is not None:  # a non-batched one
                     self._entry_acked(info)
-                return
+                    return
         elif txn is not None:
             txn._check_usable()
         mid = message.message_id if isinstance(message, Message) else message
@@ -539,7 +540,7 @@ class Consumer(ReconnectingHandler):
     def _entry_acked(self, info: EntryInfo) -> None:
         entry = info.position
         assert entry is not None
-        if self._batches.get(entry) is info.pending:
+        if info.pending is not None and self._batches.get(entry) is info.pending:
             del self._batches[entry]
         if self._unacked:
             self._unacked.pop(entry, None)
@@ -578,10 +579,33 @@ class Consumer(ReconnectingHandler):
     def _send_ack(self, ids: list[MessageId], cumulative: bool) -> None:
         if self._conn is None:
             return  # lost with the connection: the broker redelivers
-        with contextlib.suppress(AnabranchError):
-            self._conn.send_command(
-                commands.ack(self._id, [i.to_proto() for i in ids], cumulative=cumulative)
-            )
+        if cumulative:
+            self._flush_acks()
+            with contextlib.suppress(AnabranchError):
+                self._conn.send_command(
+                    commands.ack(self._id, [i.to_proto() for i in ids], cumulative=True)
+                )
+            return
+        # Individual acks made in one turn of the event loop (an application working
+        # through its queue) go out as one ACK: one frame, one broker pass, like upstream's
+        # ack grouping, but without its delay (the group ends with the loop's turn).
+        group = self._ack_group
+        if not group:
+            asyncio.get_running_loop().call_soon(self._flush_acks)
+        group.extend(i.to_proto() for i in ids)
+        if len(group) >= ACK_GROUP_MAX:
+            self._flush_acks()
+
+    def _flush_acks(self) -> None:
+        """Send the grouped individual acks (before anything they must precede: a
+        redelivery, a seek, a close, a cumulative or transactional ack)."""
+        group = self._ack_group
+        if not group:
+            return
+        self._ack_group = []
+        if self._conn is not None:
+            with contextlib.suppress(AnabranchError):
+                self._conn.send_command(commands.ack(self._id, group))
 
     async def _ack_in(self, txn: Transaction, ids: list[MessageId], cumulative: bool) -> None:
         """A transactional ACK (with a request id) and its ACK_RESPONSE; an abort of the
@@ -595,6 +619,7 @@ class Consumer(ReconnectingHandler):
         conn = self._conn
         if conn is None:
             raise ConnectionClosed(f"{self} is reconnecting: transactional ack not sent")
+        self._flush_acks()
         request_id = conn.new_request_id()
         cmd = commands.ack(
             self._id, [i.to_proto() for i in ids], cumulative=cumulative, request_id=request_id
@@ -639,6 +664,7 @@ class Consumer(ReconnectingHandler):
     def _redeliver(self, entries: list[MessageId]) -> None:
         if not entries or self._conn is None:
             return
+        self._flush_acks()  # what was acked before must not come again
         body = pb.CommandRedeliverUnacknowledgedMessages(consumer_id=self._id)
         if self.options.subscription_type in (SubscriptionType.SHARED, SubscriptionType.KEY_SHARED):
             body.message_ids.extend(e.to_proto() for e in entries)
@@ -661,6 +687,7 @@ class Consumer(ReconnectingHandler):
     async def _request(self, build: Callable[[int], pb.BaseCommand]) -> Frame:
         if self._closing:
             raise Closed(f"{self} is closed")
+        self._flush_acks()  # a seek, say, must not overtake acks made before it
         conn = self._conn
         if conn is None:
             raise ConnectionClosed(f"{self} is reconnecting")
@@ -733,6 +760,7 @@ class Consumer(ReconnectingHandler):
             timer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await timer
+        self._flush_acks()
         conn, self._conn = self._conn, None
         if conn is not None:
             conn.unregister_consumer(self._id)

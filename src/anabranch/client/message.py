@@ -90,6 +90,28 @@ def batch_message(value: bytes, entry: EntryInfo, index: int, metadata: bytes) -
     return msg
 
 
+def single_message(  # noqa: PLR0917 (one call per non-batched entry)
+    value: bytes,
+    entry: EntryInfo,
+    key: str | None,
+    properties: dict[str, str],
+    event_time: int | None,
+    sequence_id: int,
+) -> Message:
+    """The message of a non-batched entry (its id is the entry's)."""
+    msg: Message = _new(Message)
+    msg._value = value
+    msg._entry = entry
+    msg._index = -1
+    msg._raw = None
+    msg._mid = entry.position
+    msg._key = key
+    msg._properties = properties
+    msg._event_time = event_time
+    msg._sequence_id = sequence_id
+    return msg
+
+
 class Message:
     """A received message (immutable).
 

@@ -101,6 +101,24 @@ class MessageId:
             int(data.batch_size),
         )
 
+    @staticmethod
+    def entry_from_proto(
+        data: pb.MessageIdData, partition: int | None = None, segment_id: int | None = None
+    ) -> MessageId:
+        """``from_proto(data, partition, segment_id).entry`` in one step (once per received
+        entry).
+
+        >>> MessageId.entry_from_proto(MessageId(1, 2, 3).to_proto())
+        MessageId(ledger_id=1, entry_id=2, batch_index=-1, partition=-1, segment_id=None)
+        """
+        return MessageId(
+            _signed64(int(data.ledgerId)),
+            _signed64(int(data.entryId)),
+            -1,
+            int(data.partition) if partition is None else partition,
+            segment_id,
+        )
+
     def to_bytes(self) -> bytes:
         """Serialize (see the module docstring for the layout)."""
         raw = bytes(self.to_proto().SerializeToString())

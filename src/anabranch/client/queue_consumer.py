@@ -385,7 +385,7 @@ class QueueConsumer:
             segment = layout.segments.get(seg_id)
             if segment is None or segment.is_active or not consumer.reached_end_of_topic:
                 continue
-            if self._outstanding.get(seg_id) or self._inbox.queued[consumer._id]:
+            if self._outstanding.get(seg_id) or self._inbox.queued(consumer._id):
                 continue
             try:
                 last, mark_delete = await consumer.drain_state()

@@ -3,8 +3,9 @@ feeding one inbox.
 
 The stream, queue and checkpoint consumers each keep one internal consumer per segment
 (by segment id, and by consumer id to find a queued message's segment). All of them put
-their messages into one :class:`CountingInbox`; the owner's ``receive`` takes the next one
-with :meth:`CountingInbox.get_owned`, which drops the messages of segments that left
+their messages into one :class:`OwnedInbox` (the queue and checkpoint consumers: a
+:class:`CountingInbox`); the owner's ``receive`` takes the next one with
+:meth:`OwnedInbox.get_owned`, which drops the messages of segments that left
 meanwhile, and its ``close`` ends them all with :func:`close_all`. The queue and checkpoint
 consumers follow the DAG in a task that sleeps in :func:`wake_or_change`.
 
@@ -30,41 +31,15 @@ OwnerT = TypeVar("OwnerT")
 ConsumerT = TypeVar("ConsumerT", bound=Consumer)
 
 
-class CountingInbox(Inbox):
-    """An inbox that knows how many queued messages each consumer id has."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.queued: Counter[int] = Counter()
-
-    def put(self, messages: list[Message]) -> None:
-        for m in messages:
-            self.queued[m._consumer_id] += 1
-        super().put(messages)
-
-    async def get(self, timeout: float | None) -> Message | None:  # noqa: ASYNC109
-        msg = await super().get(timeout)
-        if msg is not None:
-            self.queued[msg._consumer_id] -= 1
-        return msg
+class OwnedInbox(Inbox):
+    """The inbox of many segment consumers: a receive takes the next message of a consumer
+    that is still wanted (see :meth:`get_owned`)."""
 
     @staticmethod
     def deadline(timeout: float | None) -> float | None:
         """The deadline of :meth:`get_owned`: the running loop's time ``timeout`` seconds
         from now (None: no deadline)."""
         return None if timeout is None else asyncio.get_running_loop().time() + timeout
-
-    def pop_owned(self, owners: Mapping[int, OwnerT]) -> tuple[Message, OwnerT] | None:
-        """The next queued message whose consumer id is in ``owners``, without waiting
-        (None when none is queued); others are dropped as in :meth:`get_owned`."""
-        items = self._items
-        while items:
-            raw = items.popleft()
-            self.queued[raw._consumer_id] -= 1
-            owner = owners.get(raw._consumer_id)
-            if owner is not None:
-                return raw, owner
-        return None
 
     async def get_owned(
         self, deadline: float | None, owners: Mapping[int, OwnerT]
@@ -80,14 +55,9 @@ class CountingInbox(Inbox):
             raw = await self.get(remaining)
             if raw is None:
                 return None
-            owner = owners.get(raw._consumer_id)
+            owner = owners.get(raw._entry.consumer_id)
             if owner is not None:
                 return raw, owner
-
-    def remove_where(self, predicate: Callable[[Message], bool]) -> int:
-        removed = super().remove_where(predicate)
-        self.queued = Counter(m._consumer_id for m in self._items)
-        return removed
 
     def close(self) -> None:
         """Ignored: a segment consumer closing (retired, or a terminal error on its
@@ -96,6 +66,37 @@ class CountingInbox(Inbox):
     def shutdown(self) -> None:
         """Wake every receiver with ``Closed``."""
         super().close()
+
+
+class CountingInbox(OwnedInbox):
+    """An owned inbox that also knows how many queued messages each consumer id has."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._queued: dict[int, int] = {}
+        """Queued messages per consumer id (a plain dict: this is counted per message)."""
+
+    def put(self, messages: list[Message]) -> None:
+        """Queue messages of one consumer (a consumer puts what one MESSAGE held)."""
+        if messages:
+            consumer_id = messages[0]._entry.consumer_id
+            self._queued[consumer_id] = self._queued.get(consumer_id, 0) + len(messages)
+            super().put(messages)
+
+    async def get(self, timeout: float | None) -> Message | None:  # noqa: ASYNC109
+        msg = await super().get(timeout)
+        if msg is not None:
+            self._queued[msg._entry.consumer_id] -= 1
+        return msg
+
+    def queued(self, consumer_id: int) -> int:
+        """How many messages of this consumer are queued."""
+        return self._queued.get(consumer_id, 0)
+
+    def remove_where(self, predicate: Callable[[Message], bool]) -> int:
+        removed = super().remove_where(predicate)
+        self._queued = dict(Counter(m._entry.consumer_id for m in self._items))
+        return removed
 
 
 async def stop_task(task: asyncio.Task[Any] | None) -> None:

@@ -61,7 +61,7 @@ import enum
 import logging
 import uuid
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -73,7 +73,7 @@ from anabranch.client.dag_session import DagSession
 from anabranch.client.errors import ConsumerBusy, ServiceNotReady
 from anabranch.client.message import Message
 from anabranch.client.message_id import MessageId
-from anabranch.client.segment_consumers import CountingInbox, close_all
+from anabranch.client.segment_consumers import OwnedInbox, close_all
 from anabranch.errors import AnabranchError, Closed, InvalidArgument, NotFound
 from anabranch.limits import (
     CLIENT_RECONNECT_BACKOFF_MIN_S,
@@ -172,14 +172,18 @@ def diff_assignment(
     return joined, left
 
 
+def _id_of(message: Message | MessageId) -> MessageId:
+    return message.message_id if isinstance(message, Message) else message
+
+
 class DeliveryLog:
-    """Messages delivered to the application and not yet acknowledged, per segment, in
+    """Messages delivered to the application and not yet acknowledged, with their segments, in
     delivery order: the position vector of a cumulative ack (pure).
 
     Example:
         >>> log = DeliveryLog()
         >>> for seg, entry in [(0, 1), (1, 1), (0, 2), (1, 2)]:
-        ...     _ = log.delivered(seg, MessageId(7, entry))
+        ...     log.record((seg, MessageId(7, entry)))
         >>> sorted((s, m.entry_id) for s, m in log.ack_upto(0, MessageId(7, 2)).items())
         [(0, 2), (1, 1)]
         >>> log.pending()
@@ -187,45 +191,53 @@ class DeliveryLog:
     """
 
     def __init__(self) -> None:
-        self._serial = 0
-        self._segments: dict[int, deque[tuple[int, MessageId]]] = {}
+        self._deliveries: deque[tuple[int, Message | MessageId]] = deque()
+        self.record: Callable[[tuple[int, Message | MessageId]], None] = self._deliveries.append
+        """Record a delivery ``(segment_id, message)`` (the message itself: its id is made
+        only if an ack needs it). The deque's own append: this runs once per message."""
 
-    def delivered(self, segment_id: int, message_id: MessageId) -> int:
-        """Record a delivery; returns its serial."""
-        self._serial += 1
-        queue = self._segments.get(segment_id)
-        if queue is None:
-            queue = self._segments[segment_id] = deque()
-        queue.append((self._serial, message_id))
-        return self._serial
-
-    def ack_upto(self, segment_id: int, message_id: MessageId) -> dict[int, MessageId]:
+    def ack_upto(self, segment_id: int, message: Message | MessageId) -> dict[int, MessageId]:
         """The cumulative ack per segment that covers everything delivered up to this
         message (which must have been delivered; otherwise just this message's segment)."""
-        serial = None
+        deliveries = self._deliveries
         # From the newest: an ack names a recent message, and a redelivery of it that
         # came later is the delivery meant. Whatever is scanned is then acknowledged.
-        for delivered, mid in reversed(self._segments.get(segment_id, ())):
-            if mid == message_id:
-                serial = delivered
-                break
-        if serial is None:
-            return {segment_id: message_id}
-        out: dict[int, MessageId] = {}
-        for seg, queue in list(self._segments.items()):
-            while queue and queue[0][0] <= serial:
-                out[seg] = queue.popleft()[1]
-            if not queue:
-                del self._segments[seg]
-        return out
+        back = next(
+            (
+                i
+                for i, (s, m) in enumerate(reversed(deliveries))
+                if m is message and s == segment_id
+            ),
+            None,
+        )
+        target = _id_of(message)
+        if back is None:  # not this very object: an id, or an equal message
+            back = next(
+                (
+                    i
+                    for i, (s, m) in enumerate(reversed(deliveries))
+                    if s == segment_id and _id_of(m) == target
+                ),
+                None,
+            )
+        if back is None:
+            return {segment_id: target}
+        last: dict[int, Message | MessageId] = {}
+        popleft = deliveries.popleft
+        for _ in range(len(deliveries) - back):
+            seg, m = popleft()
+            last[seg] = m
+        return {seg: _id_of(m) for seg, m in last.items()}
 
     def forget(self, segment_id: int) -> None:
         """The segment left this consumer: its deliveries no longer count."""
-        self._segments.pop(segment_id, None)
+        kept = [d for d in self._deliveries if d[0] != segment_id]
+        self._deliveries.clear()  # in place: ``record`` appends to this deque
+        self._deliveries.extend(kept)
 
     def pending(self) -> int:
         """Deliveries not covered by an ack yet."""
-        return sum(len(queue) for queue in self._segments.values())
+        return len(self._deliveries)
 
 
 class StreamConsumer:
@@ -248,11 +260,12 @@ class StreamConsumer:
         self.options = options
         self.consumer_name = options.consumer_name or uuid.uuid4().hex[:16]
         self._key_shared = options.key_shared
-        self._inbox = CountingInbox()
+        self._inbox = OwnedInbox()
         self._log = DeliveryLog()
         self._topics: dict[int, str] = {}
         self._segments: dict[int, Consumer] = {}
-        self._by_consumer_id: dict[int, int] = {}
+        self._by_consumer_id: dict[int, tuple[Consumer, int]] = {}
+        """A segment consumer's id -> it and its segment id."""
         self._opening: dict[int, asyncio.Task[None]] = {}
         self._background: set[asyncio.Task[None]] = set()
         self._wanted: dict[int, str] = {}
@@ -363,7 +376,7 @@ class StreamConsumer:
                     return
                 self._segments[segment_id] = consumer
                 self._topics[segment_id] = topic
-                self._by_consumer_id[consumer._id] = segment_id
+                self._by_consumer_id[consumer._id] = (consumer, segment_id)
                 return
         finally:
             if self._opening.get(segment_id) is asyncio.current_task():
@@ -378,16 +391,22 @@ class StreamConsumer:
         """
         if self._closing:
             raise Closed(f"{self} is closed")
-        got = self._inbox.pop_owned(self._by_consumer_id)  # what is queued, without a wait
-        if got is None:
-            deadline = self._inbox.deadline(timeout)
-            got = await self._inbox.get_owned(deadline, self._by_consumer_id)
+        inbox, owners = self._inbox, self._by_consumer_id
+        items = inbox._items
+        # What is queued is taken without a wait (get_owned's work, inline: per message).
+        owner = None
+        while items and owner is None:
+            raw = items.popleft()
+            owner = owners.get(raw._entry.consumer_id)
+        if owner is None:
+            got = await inbox.get_owned(inbox.deadline(timeout), owners)
             if got is None:
                 return None
-        raw, segment_id = got
-        self._segments[segment_id]._on_dequeued(raw)
+            raw, owner = got
+        consumer, segment_id = owner
+        consumer._on_dequeued(raw)
         if not self._key_shared:  # individual acks need no position vector
-            self._log.delivered(segment_id, raw.message_id)
+            self._log.record((segment_id, raw))
         return raw  # its consumer stamped the segment id and the topic:// name
 
     async def acknowledge(
@@ -407,7 +426,7 @@ class StreamConsumer:
             raise InvalidArgument(f"{mid} names no segment of {self.topic}")
         consumer = self._segments.get(mid.segment_id)
         if consumer is not None:  # its ids carry their segment (``_segment_stamp``)
-            await consumer.acknowledge(mid, txn)
+            await consumer.acknowledge(message, txn)
 
     async def acknowledge_cumulative(
         self, message: Message | MessageId, txn: Transaction | None = None
@@ -433,10 +452,9 @@ class StreamConsumer:
             )
         if txn is not None:
             txn._check_usable()  # before the delivery log forgets what the ack covers
-        inner = mid  # segment consumers' ids carry their segment (``_segment_stamp``)
         acks = [
             (consumer, upto)
-            for segment_id, upto in self._log.ack_upto(mid.segment_id, inner).items()
+            for segment_id, upto in self._log.ack_upto(mid.segment_id, message).items()
             if (consumer := self._segments.get(segment_id)) is not None
         ]
         if txn is None:

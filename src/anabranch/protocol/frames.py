@@ -48,6 +48,7 @@ _U32 = struct.Struct(">I")
 _I32 = struct.Struct(">i")
 _U16 = struct.Struct(">H")
 _BASE_FIELDS = pb.BaseCommand.DESCRIPTOR.fields_by_number
+_BODY_FIELDS: dict[int, str] = {number: f.name for number, f in _BASE_FIELDS.items()}
 
 
 def type_name(command_type: int) -> str:
@@ -57,10 +58,12 @@ def type_name(command_type: int) -> str:
         >>> type_name(2), type_name(99)
         ('CONNECT', 'UNKNOWN(99)')
     """
-    try:
-        return str(pb.BaseCommand.Type.Name(command_type))
-    except ValueError:
-        return f"UNKNOWN({command_type})"
+    name = _TYPE_NAMES.get(command_type)
+    return f"UNKNOWN({command_type})" if name is None else name
+
+
+_TYPE_NAMES: dict[int, str] = {number: name for name, number in pb.BaseCommand.Type.items()}
+"""Computed once: frames name their type on every send and receive."""
 
 
 def body_field(command_type: int) -> str:
@@ -75,9 +78,10 @@ def body_field(command_type: int) -> str:
     return str(_BASE_FIELDS[command_type].name)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Frame:
-    """One decoded frame.
+    """One decoded frame (treat it as immutable: not frozen only because a frozen
+    dataclass costs a microsecond more to build, once per frame).
 
     ``entry`` is the message section exactly as received (checksum header included when
     present): what a broker stores and later re-sends in a MESSAGE frame without
@@ -193,7 +197,9 @@ def encode_payload_frame(
 # --- decoding ------------------------------------------------------------------------------
 
 
-def _parse(message: Message, data: bytes, what: str) -> None:
+def _parse(message: Message, data: bytes, what: str) -> list[Any] | None:
+    """Parse and check ``data`` into ``message``; returns its ListFields when the check
+    needed them (None: a message without string fields)."""
     try:
         message.ParseFromString(data)
     except (DecodeError, RuntimeError, ValueError) as err:
@@ -201,11 +207,18 @@ def _parse(message: Message, data: bytes, what: str) -> None:
     if not message.IsInitialized():
         missing = ", ".join(message.FindInitializationErrors())
         raise MalformedFrame(f"{what} lacks required fields: {missing}")
-    bad = _invalid_string(message)
+    descriptor = message.DESCRIPTOR
+    if not (_STRINGY.get(descriptor) or _stringy(descriptor)):
+        return None
+    fields: list[Any] = message.ListFields()
+    bad = _invalid_string_in(fields)
     if bad is not None:
         raise MalformedFrame(f"{what} field {bad} is not valid UTF-8")
+    return fields
 
 
+_STRING = FieldDescriptor.TYPE_STRING
+_MESSAGE = FieldDescriptor.TYPE_MESSAGE
 _STRINGY: dict[Any, bool] = {}
 """Per message descriptor: whether it holds a string field at any depth."""
 
@@ -240,12 +253,17 @@ def _invalid_string(message: Message) -> str | None:
     """
     if not _stringy(message.DESCRIPTOR):
         return None
-    for fd, value in message.ListFields():
-        if fd.type == FieldDescriptor.TYPE_STRING:
-            values = value if fd.is_repeated else (value,)
-            if any(type(v) is bytes for v in values):
+    return _invalid_string_in(message.ListFields())
+
+
+def _invalid_string_in(fields: list[Any]) -> str | None:
+    """:func:`_invalid_string` of a message given its ListFields."""
+    for fd, value in fields:
+        kind = fd.type
+        if kind == _STRING:
+            if type(value) is bytes or (fd.is_repeated and any(type(v) is bytes for v in value)):
                 return str(fd.name)
-        elif fd.type == FieldDescriptor.TYPE_MESSAGE and _stringy(fd.message_type):
+        elif kind == _MESSAGE and _stringy(fd.message_type):
             for item in value if fd.is_repeated else (value,):
                 bad = _invalid_string(item)
                 if bad is not None:
@@ -253,11 +271,14 @@ def _invalid_string(message: Message) -> str | None:
     return None
 
 
-def _check_body(command: pb.BaseCommand) -> None:
-    """The body must be the one the type names, and the only one present."""
+def _check_body(command: pb.BaseCommand, fields: list[Any]) -> None:
+    """The body must be the one the type names, and the only one present (``fields``:
+    the command's ListFields)."""
     kind = int(command.type)
+    if len(fields) == 2 and fields[1][0].name == _BODY_FIELDS.get(kind):
+        return  # type and its body: the common case, decided without building lists
     expected = body_field(kind)
-    present = [f.name for f, _ in command.ListFields() if f.number != 1]
+    present = [f.name for f, _ in fields if f.number != 1]
     body_descriptor = _BASE_FIELDS[kind].message_type
     # PING and PONG have empty bodies that some senders leave out altogether.
     if expected not in present and body_descriptor.fields:
@@ -282,8 +303,8 @@ def decode_frame(frame: bytes) -> Frame:
     if cmd_size < 0 or cmd_size > size - 4:
         raise MalformedFrame(f"command size {cmd_size} does not fit a frame of {size} bytes")
     command = pb.BaseCommand()
-    _parse(command, frame[4 : 4 + cmd_size], "BaseCommand")
-    _check_body(command)
+    fields = _parse(command, frame[4 : 4 + cmd_size], "BaseCommand")
+    _check_body(command, command.ListFields() if fields is None else fields)
     rest = frame[4 + cmd_size :]
     if command.type not in PAYLOAD_COMMANDS:
         if rest:

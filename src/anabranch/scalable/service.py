@@ -204,6 +204,11 @@ class ScalableTopicService:
         controller = self._controllers.get(topic)
         return controller.assignment(subscription) if controller is not None else None
 
+    def leads(self, topic: TopicName) -> bool:
+        """Whether this broker's controller of ``topic`` is the leader now."""
+        controller = self._controllers.get(topic)
+        return controller is not None and controller.is_leader
+
     def assignment_stats(self, topic: TopicName, subscriptions: list[str]) -> dict[str, Any]:
         """Each subscription's assignment state (``core/assignment_stats``) from the local
         controller leader; ``{"leader": False}`` per subscription elsewhere (the state lives

@@ -132,6 +132,31 @@ class _Superseded(Exception):
     """The ledger changed while its copy was uploaded (trimmed or offloaded already)."""
 
 
+def trimmed_end(doomed: Sequence[LedgerInfo], before: Position | None) -> Position | None:
+    """The last entry of ``doomed`` ledgers (oldest first) with entries, else ``before``.
+
+    Example:
+        >>> trimmed_end([LedgerInfo(3, 10), LedgerInfo(4, 0)], None)
+        Position(ledger_id=3, entry_id=9)
+        >>> trimmed_end([LedgerInfo(5, 0)], Position(3, 9))
+        Position(ledger_id=3, entry_id=9)
+    """
+    for info in reversed(doomed):
+        if info.entries:
+            return Position(info.ledger_id, info.entries - 1)
+    return before
+
+
+def position_json(position: Position | None) -> list[int] | None:
+    """A position for a JSON metadata record (None stays None)."""
+    return list(position) if position is not None else None
+
+
+def position_from_json(value: Any) -> Position | None:
+    """The inverse of :func:`position_json` (a missing field reads as None)."""
+    return Position(int(value[0]), int(value[1])) if value else None
+
+
 def check_name(kind: str, name: str) -> str:
     if not isinstance(name, str) or not name or len(name) > 512:
         raise InvalidArgument(f"{kind} name must be a non-empty string of <= 512 chars: {name!r}")
@@ -151,6 +176,9 @@ class ManagedLedgerBase:
         self._ledgers: list[LedgerInfo] = []
         self._ids: list[int] = []
         self._last_confirmed = EARLIEST
+        self._trimmed_to: Position | None = None
+        """The last entry of the ledgers retention deleted (persisted with the ledger list):
+        the topic's end never falls below it, even with no entry left."""
         self._terminated_at: Position | None = None
         self._cursors: dict[str, ManagedCursor] = {}
         self._entries_event = asyncio.Event()
@@ -172,7 +200,14 @@ class ManagedLedgerBase:
         for info in reversed(ledgers):
             if info.entries:
                 self._last_confirmed = Position(info.ledger_id, info.entries - 1)
-                break
+                return
+        if self._trimmed_to is not None:
+            # Retention deleted every ledger with entries: (newest, -1) still sorts after
+            # every id handed out and before the next one (upstream's initLastConfirmedEntry);
+            # EARLIEST would move the topic's end backwards.
+            self._last_confirmed = (
+                Position(ledgers[-1].ledger_id, -1) if ledgers else self._trimmed_to
+            )
 
     def _entries_confirmed(self, info: LedgerInfo, count: int, size: int) -> None:
         """Record ``count`` new durable entries of ``info`` and wake readers."""
@@ -368,7 +403,13 @@ class ManagedLedgerBase:
             if not doomed:
                 return 0
             remaining = self._ledgers[len(doomed) :]
-            await self._commit_trim(doomed, remaining)
+            before = self._trimmed_to
+            self._trimmed_to = trimmed_end(doomed, before)
+            try:
+                await self._commit_trim(doomed, remaining)
+            except BaseException:
+                self._trimmed_to = before
+                raise
             self._set_ledgers(remaining)
         for info in doomed:
             if info.offload is not None:

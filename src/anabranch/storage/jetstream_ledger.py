@@ -95,7 +95,12 @@ from anabranch.errors import (
 )
 from anabranch.metadata.api import Check, Delete, MetadataStore, Put, Stat
 from anabranch.storage.api import ManagedLedgerConfig, Position
-from anabranch.storage.base import LedgerInfo, ManagedLedgerBase
+from anabranch.storage.base import (
+    LedgerInfo,
+    ManagedLedgerBase,
+    position_from_json,
+    position_json,
+)
 from anabranch.storage.jetstream_client import (
     BATCH_MESSAGES_MAX,
     ERR_NO_SUITABLE_PEERS,
@@ -268,6 +273,7 @@ class JetStreamManagedLedger(ManagedLedgerBase):
                 "terminatedAt": list(end) if end else None,
                 "owner": self._owner,
                 "stream": self._stream,
+                "trimmedTo": position_json(self._trimmed_to),
             }
         )
 
@@ -308,6 +314,7 @@ class JetStreamManagedLedger(ManagedLedgerBase):
                 self._first_seq[int(obj["id"])] = int(obj["firstSeq"])
         terminated = info.get("terminatedAt")
         self._terminated_at = Position(*terminated) if terminated else None
+        self._trimmed_to = position_from_json(info.get("trimmedTo"))
         if self._terminated_at is not None:
             self._set_ledgers(ledgers)
             versions = await self._commit([Put(self._path, self._ml_info(), expected)])

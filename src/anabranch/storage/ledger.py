@@ -84,7 +84,12 @@ from anabranch.errors import (
 )
 from anabranch.metadata.api import Check, Delete, MetadataStore, Put, Stat
 from anabranch.storage.api import ManagedLedgerConfig, Position
-from anabranch.storage.base import LedgerInfo, ManagedLedgerBase
+from anabranch.storage.base import (
+    LedgerInfo,
+    ManagedLedgerBase,
+    position_from_json,
+    position_json,
+)
 from anabranch.storage.files import FileOpener, open_os_file
 from anabranch.storage.segment_file import FileHandles, SegmentFile, delete_ledger_files
 from anabranch.storage.tail_cache import TailCache
@@ -438,12 +443,14 @@ class FileManagedLedger(ManagedLedgerBase):
                 ops.append(Delete(ledger_path(last.ledger_id)))
         terminated = info.get("terminatedAt")
         self._terminated_at = Position(*terminated) if terminated else None
+        self._trimmed_to = position_from_json(info.get("trimmedTo"))
         if self._terminated_at is None:
             ledgers.append(await self._create_ledger(ops))
         info = {
             "ledgers": [i.to_json() for i in ledgers],
             "terminatedAt": terminated,
             "owner": self._owner,
+            "trimmedTo": position_json(self._trimmed_to),
         }
         ops.append(Put(self._path, _dumps(info), expected_version=expected))
         results = await self._commit(ops)
@@ -542,6 +549,7 @@ class FileManagedLedger(ManagedLedgerBase):
                 "ledgers": [i.to_json() for i in ledgers],
                 "terminatedAt": list(end) if end else None,
                 "owner": self._owner,
+                "trimmedTo": position_json(self._trimmed_to),
             }
         )
 

@@ -34,6 +34,7 @@ class _Stored:
     data: dict[int, list[bytes]] = field(default_factory=dict)
     cursors: dict[str, bytes] = field(default_factory=dict)
     terminated_at: Position | None = None
+    trimmed_to: Position | None = None
     owner: MemoryManagedLedger | None = None
 
 
@@ -61,6 +62,7 @@ class MemoryManagedLedger(ManagedLedgerBase):
                 stored.ledgers.pop()
                 stored.data.pop(last.ledger_id, None)
         self._terminated_at = stored.terminated_at
+        self._trimmed_to = stored.trimmed_to
         if stored.terminated_at is None:
             self._new_ledger()
         self._set_ledgers(stored.ledgers)
@@ -147,6 +149,7 @@ class MemoryManagedLedger(ManagedLedgerBase):
     async def _commit_trim(self, doomed: list[LedgerInfo], remaining: list[LedgerInfo]) -> None:
         self._check_owner()
         self._stored.ledgers = remaining
+        self._stored.trimmed_to = self._trimmed_to
         for info in doomed:
             self._stored.data.pop(info.ledger_id, None)
 
