@@ -12,7 +12,10 @@ Per repetition, a fresh broker process (``fsync=always``) on each metadata backe
    transactions back to back vs the same loops sending the same rounds of 100 messages
    without a transaction (same producer settings; a flush ends each round): msgs/s and
    the ratio; and one loop with no flush (the round waits out the default batch delay,
-   as an application that just awaits its sends does);
+   as an application that just awaits its sends does). The client keeps ``--spares``
+   pre-opened transactions (``Client(transaction_spares=...)``, opt-in; 0 measures the
+   default), so ``new_transaction`` mostly hands out a spare, and a producer announces
+   its topic at its first send in a transaction;
 4. the broker's peak RSS (``VmHWM``).
 
 Once per run, in process: **coordinator cold start** on a SQLite store holding
@@ -41,6 +44,7 @@ from typing import Any
 from _common import loadavg, median_tree, pct, peak_rss_bytes
 
 from anabranch.aio import Client
+from anabranch.client.txn_spares import SPARES_MAX
 from anabranch.clock import SystemClock
 from anabranch.metadata.api import Put
 from anabranch.metadata.sqlite import SqliteMetadataStore
@@ -147,7 +151,7 @@ async def one_backend(tmp: Path, metadata_url: str, args: argparse.Namespace) ->
     await broker.start()
     try:
         run = f"r{time.time_ns() % 10**9}"
-        async with Client(broker.service_url) as client:
+        async with Client(broker.service_url, transaction_spares=args.spares) as client:
             await commit_latency(client, run + "w", 1, 20)  # warm-up
             one = await commit_latency(client, run, 1, args.latency_txns)
             three = await commit_latency(client, run, 3, args.latency_txns)
@@ -245,6 +249,9 @@ async def main() -> None:
         type=lambda text: [int(n) for n in text.split(",")],
         default=[1, 8, 32],
         help="concurrent producer loops, comma-separated (each count is measured)",
+    )
+    parser.add_argument(
+        "--spares", type=int, default=SPARES_MAX, help="the client's transaction_spares"
     )
     parser.add_argument("--quick", action="store_true", help="small counts, one rep")
     parser.add_argument("--skip-etcd", action="store_true")

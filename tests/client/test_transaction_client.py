@@ -30,9 +30,11 @@ from anabranch.client.stream_consumer import DeliveryLog, StreamConsumer
 from anabranch.client.transaction import (
     TRANSITIONS,
     Transaction,
+    TransactionCoordinatorClient,
     TransactionState,
     timeout_ms,
 )
+from anabranch.client.txn_spares import SPARES_MAX
 from anabranch.core.segment_layout import SegmentLayout
 from anabranch.errors import (
     InvalidArgument,
@@ -49,6 +51,9 @@ from tests.client.fake_broker import FakeBroker, Session
 
 T = pb.BaseCommand
 TOPIC = "persistent://public/default/txn"
+NO_SPARES: dict[str, Any] = {"transaction_spares": 0}
+SPARES: dict[str, Any] = {"transaction_spares": SPARES_MAX}
+"""Frame-counting tests: every NEW_TXN on the wire is one the test asked for."""
 
 
 @dataclass
@@ -123,7 +128,7 @@ async def _producer(client: Client, **options: Any) -> Producer:
 
 
 async def test_new_txn_and_end_txn_carry_the_wire_fields(tc: TxnFakeBroker) -> None:
-    async with Client(tc.url) as client:
+    async with Client(tc.url, **SPARES) as client:
         first = await client.new_transaction(timeout=30)
         second = await client.new_transaction(timeout=0.25)
         assert first.id == TxnId(0, 101) and second.id == TxnId(1, 102)
@@ -134,11 +139,21 @@ async def test_new_txn_and_end_txn_carry_the_wire_fields(tc: TxnFakeBroker) -> N
     assert connect.command.tcClientConnectRequest.scalable
     assert connect.command.tcClientConnectRequest.tc_id == 0
     news = [f.command.newTxn for f in tc.of_type(T.NEW_TXN)]
-    assert [(n.txn_ttl_millis, n.tc_id, n.scalable) for n in news] == [(30000, 0, 1), (250, 1, 1)]
+    assert [(n.txn_ttl_millis, n.tc_id, n.scalable) for n in news[:2]] == [
+        (30000, 0, 1),
+        (250, 1, 1),
+    ]
+    # Each call also opened a spare for a next call (its timeout plus the spares' max
+    # age); the client's close aborted both unused.
+    assert sorted(n.txn_ttl_millis for n in news[2:]) == [2250, 32000]
     ends = [f.command.endTxn for f in tc.of_type(T.END_TXN)]
-    assert [(_txn_bits(e), e.txn_action, e.scalable) for e in ends] == [
+    assert [(_txn_bits(e), e.txn_action, e.scalable) for e in ends[:2]] == [
         ((0, 101), pb.COMMIT, True),
         ((1, 102), pb.ABORT, True),
+    ]
+    assert sorted((_txn_bits(e), e.txn_action) for e in ends[2:]) == [
+        ((2, 103), pb.ABORT),
+        ((3, 104), pb.ABORT),
     ]
     assert not tc.of_type(T.ADD_PARTITION_TO_TXN) and not tc.of_type(T.ADD_SUBSCRIPTION_TO_TXN)
     assert (first.state, second.state) == (TransactionState.COMMITTED, TransactionState.ABORTED)
@@ -146,7 +161,7 @@ async def test_new_txn_and_end_txn_carry_the_wire_fields(tc: TxnFakeBroker) -> N
 
 async def test_disabled_transactions_are_a_typed_error(tc: TxnFakeBroker) -> None:
     tc.tc_error = pb.TransactionCoordinatorNotFound
-    async with Client(tc.url) as client:
+    async with Client(tc.url, **NO_SPARES) as client:
         with pytest.raises(TransactionCoordinatorNotFound, match="disabled") as info:
             await client.new_transaction()
     assert not info.value.retriable
@@ -155,7 +170,7 @@ async def test_disabled_transactions_are_a_typed_error(tc: TxnFakeBroker) -> Non
 
 async def test_end_txn_is_sent_again_on_a_new_connection_after_a_drop(tc: TxnFakeBroker) -> None:
     tc.drop_end_txn = 2
-    async with Client(tc.url, random=lambda: 0.0) as client:
+    async with Client(tc.url, **NO_SPARES, random=lambda: 0.0) as client:
         txn = await client.new_transaction(timeout=30)
         await txn.commit()
         assert txn.state is TransactionState.COMMITTED
@@ -167,7 +182,7 @@ async def test_end_txn_is_sent_again_on_a_new_connection_after_a_drop(tc: TxnFak
 
 async def test_end_txn_retries_are_bounded(tc: TxnFakeBroker) -> None:
     tc.drop_end_txn = 100
-    async with Client(tc.url, random=lambda: 0.0) as client:
+    async with Client(tc.url, **NO_SPARES, random=lambda: 0.0) as client:
         txn = await client.new_transaction(timeout=30)
         with pytest.raises(anabranch.errors.AnabranchError) as info:
             await txn.commit()
@@ -182,7 +197,7 @@ async def test_end_txn_retries_are_bounded(tc: TxnFakeBroker) -> None:
 async def test_sends_carry_the_txn_id_and_batches_never_mix_transactions(
     tc: TxnFakeBroker,
 ) -> None:
-    async with Client(tc.url) as client:
+    async with Client(tc.url, **NO_SPARES) as client:
         producer = await _producer(client, batch_delay_s=10, batch_messages_max=100)
         t1 = await client.new_transaction()
         t2 = await client.new_transaction()
@@ -213,7 +228,7 @@ async def test_sends_carry_the_txn_id_and_batches_never_mix_transactions(
 
 async def test_a_partitioned_producer_passes_the_txn_to_its_partition(tc: TxnFakeBroker) -> None:
     tc.partitions[TOPIC] = 2
-    async with Client(tc.url) as client:
+    async with Client(tc.url, **NO_SPARES) as client:
         producer = await client.create_producer(TOPIC, batching=False)
         async with client.transaction(timeout=30) as txn:
             await producer.send(b"x", key="k", txn=txn)
@@ -224,7 +239,7 @@ async def test_a_partitioned_producer_passes_the_txn_to_its_partition(tc: TxnFak
 
 async def test_commit_waits_for_the_pending_sends(tc: TxnFakeBroker) -> None:
     tc.answer_sends = False
-    async with Client(tc.url) as client:
+    async with Client(tc.url, **NO_SPARES) as client:
         producer = await _producer(client, batching=False)
         txn = await client.new_transaction(timeout=30)
         fut = await producer.send_async(b"x", txn=txn)
@@ -245,7 +260,7 @@ async def test_commit_waits_for_the_pending_sends(tc: TxnFakeBroker) -> None:
 
 async def test_a_failed_send_makes_commit_abort_and_raise(tc: TxnFakeBroker) -> None:
     tc.send_error = pb.TransactionConflict
-    async with Client(tc.url) as client:
+    async with Client(tc.url, **NO_SPARES) as client:
         producer = await _producer(client, batching=False)
         txn = await client.new_transaction(timeout=30)
         fut = await producer.send_async(b"x", txn=txn)
@@ -276,7 +291,7 @@ async def _received(tc: TxnFakeBroker, client: Client, entries: list[int], **opt
 async def test_transactional_acks_carry_the_txn_and_await_their_answer(
     tc: TxnFakeBroker,
 ) -> None:
-    async with Client(tc.url) as client:
+    async with Client(tc.url, **NO_SPARES) as client:
         consumer, (m1, m2) = await _received(tc, client, [1, 2])
         txn = await client.new_transaction(timeout=30)
         await consumer.acknowledge(m1, txn=txn)
@@ -297,7 +312,7 @@ async def test_a_refused_ack_raises_and_the_commit_aborts_and_redelivers(
     tc: TxnFakeBroker,
 ) -> None:
     tc.ack_error = (pb.TransactionConflict, "held by another transaction")
-    async with Client(tc.url) as client:
+    async with Client(tc.url, **NO_SPARES) as client:
         consumer, (m1,) = await _received(tc, client, [1], subscription_type="shared")
         txn = await client.new_transaction(timeout=30)
         with pytest.raises(TransactionConflict):
@@ -374,13 +389,12 @@ async def test_a_scalable_producer_hands_the_txn_to_the_segment_producer() -> No
     fut = await producer.send_async(b"in", key="k", txn=txn)
     plain = await producer.send_async(b"out", key="k")
     assert stub.sent == [(b"in", txn.id), (b"out", None)]
-    assert txn._inflight == 1  # commit waits for the outer (re-routable) future
+    assert txn.unanswered == 1  # commit waits for the outer (re-routable) future
     stub.futures[0].set_result(MessageId(1, 0))
     stub.futures[1].set_result(MessageId(1, 1))
     await fut
     await plain
-    await asyncio.sleep(0)  # the futures were already done: their callbacks run next
-    assert txn._inflight == 0
+    assert txn.unanswered == 0
     producer._closing = True
 
 
@@ -395,7 +409,7 @@ def _local_txn(timeout: float = 30.0) -> Transaction:
 
 async def test_state_transitions_follow_the_table(tc: TxnFakeBroker) -> None:
     assert TRANSITIONS[TransactionState.COMMITTED] == frozenset()
-    async with Client(tc.url) as client:
+    async with Client(tc.url, **NO_SPARES) as client:
         producer = await _producer(client, batching=False)
         committed = await client.new_transaction()
         await committed.commit()
@@ -415,7 +429,7 @@ async def test_state_transitions_follow_the_table(tc: TxnFakeBroker) -> None:
 
 
 async def test_an_expired_transaction_refuses_use_without_wire_traffic(tc: TxnFakeBroker) -> None:
-    async with Client(tc.url) as client:
+    async with Client(tc.url, **NO_SPARES) as client:
         producer = await _producer(client, batching=False)
         consumer, (m1,) = await _received(tc, client, [1])
         txn = await client.new_transaction(timeout=0.05)
@@ -438,7 +452,9 @@ async def test_an_expired_transaction_refuses_use_without_wire_traffic(tc: TxnFa
 
 async def test_a_commit_still_waiting_at_the_deadline_expires(tc: TxnFakeBroker) -> None:
     tc.answer_sends = False
-    async with Client(tc.url, operation_timeout_s=0.5) as client:  # close's flush: short
+    async with Client(
+        tc.url, **NO_SPARES, operation_timeout_s=0.5
+    ) as client:  # close's flush: short
         producer = await _producer(client, batching=False)
         txn = await client.new_transaction(timeout=0.2)
         await producer.send_async(b"x", txn=txn)
@@ -453,7 +469,7 @@ async def test_broker_answers_map_to_typed_errors(tc: TxnFakeBroker) -> None:
         (pb.TransactionConflict, "transaction 0_101 timed out"),
         (pb.InvalidTxnStatus, "already aborted"),
     ]
-    async with Client(tc.url) as client:
+    async with Client(tc.url, **NO_SPARES) as client:
         expired = await client.new_transaction()
         with pytest.raises(ExpiredTransactionError):
             await expired.commit()
@@ -489,7 +505,7 @@ def test_error_codes_map_to_the_transaction_classes() -> None:
 
 
 async def test_the_async_context_manager_commits_or_aborts(tc: TxnFakeBroker) -> None:
-    async with Client(tc.url) as client:
+    async with Client(tc.url, **NO_SPARES) as client:
         producer = await _producer(client, batching=False)
         async with client.transaction(timeout=30) as ok:
             await producer.send(b"a", txn=ok)
@@ -514,7 +530,7 @@ def test_the_blocking_client_runs_transactions() -> None:
     thread.start()
     try:
         tc = asyncio.run_coroutine_threadsafe(TxnFakeBroker().start(), loop).result()
-        with anabranch.Client(tc.url) as client:
+        with anabranch.Client(tc.url, **NO_SPARES) as client:
             producer = client.create_producer(TOPIC, batching=False)
             with client.transaction(timeout=30) as txn:
                 producer.send(b"x", key="k", txn=txn)
@@ -541,7 +557,7 @@ def test_the_blocking_client_runs_transactions() -> None:
 async def test_a_resumed_txn_sends_in_it_and_batches_never_mix_branches(tc: TxnFakeBroker) -> None:
     """A sink task's handle on the driver's batch transaction: no coordinator request, the
     sends carry its id, and each batch holds one ``__txn_branch`` named in its metadata."""
-    async with Client(tc.url) as client:
+    async with Client(tc.url, **NO_SPARES) as client:
         producer = await _producer(client, batch_delay_s=10, batch_messages_max=100)
         txn = await client.resume_transaction(TxnId(3, 77), timeout=30)
         assert txn.id == TxnId(3, 77) and txn.state is TransactionState.OPEN
@@ -562,3 +578,87 @@ async def test_a_resumed_txn_sends_in_it_and_batches_never_mix_branches(tc: TxnF
         [(p.key, p.value) for p in f.metadata.properties] for f in sends if f.metadata is not None
     ]
     assert branches == [[("__txn_branch", "0-a")], [("__txn_branch", "0-b")]]
+
+
+# --- spare (pre-opened) transactions ---------------------------------------------------------
+
+
+async def _until(check: Any) -> None:
+    """Wait until ``check()`` holds (the round cap is a hang guard only)."""
+    for _ in range(2000):
+        if check():
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError("never happened")
+
+
+async def test_a_spare_makes_the_next_new_transaction_skip_the_round_trip(
+    tc: TxnFakeBroker,
+) -> None:
+    async with Client(tc.url, **SPARES) as client:
+        first = await client.new_transaction(timeout=30)
+        await _until(lambda: len(tc.of_type(T.NEW_TXN)) == 2)  # the spare's NEW_TXN
+        spare_ttl = tc.of_type(T.NEW_TXN)[1].command.newTxn.txn_ttl_millis
+        await asyncio.sleep(0.05)  # let the spare's answer arrive
+        sent = len(tc.of_type(T.NEW_TXN))
+        second = await client.new_transaction(timeout=30)
+        # Handed out without a NEW_TXN of its own: the spare, whose broker-side timeout
+        # has the spares' max age on top, so the client's deadline comes first.
+        assert len(tc.of_type(T.NEW_TXN)) == sent
+        assert second.id == TxnId(1, 102) and first.id == TxnId(0, 101)
+        assert spare_ttl == 32_000 and second.timeout == 30
+        assert 29 < second._deadline - asyncio.get_running_loop().time() <= 30
+        producer = await _producer(client)
+        await producer.send(b"x", txn=second)
+        await second.commit()
+        await first.abort()
+        assert client._transaction_coordinator().spares_used == 1
+    sends = tc.of_type(T.SEND)
+    assert _txn_bits(sends[-1].command.send) == (1, 102)
+    ends = [
+        (_txn_bits(f.command.endTxn), f.command.endTxn.txn_action) for f in tc.of_type(T.END_TXN)
+    ]
+    assert ends[:2] == [((1, 102), pb.COMMIT), ((0, 101), pb.ABORT)]
+    # Every spare opened was used or aborted: none stays open after close.
+    opened = {(n.command.newTxn.tc_id, 101 + i) for i, n in enumerate(tc.of_type(T.NEW_TXN))}
+    ended = {bits for bits, _ in ends}
+    assert opened == ended
+
+
+async def test_a_stale_spare_is_aborted_and_never_handed_out(tc: TxnFakeBroker) -> None:
+    async with Client(tc.url, **NO_SPARES) as client:
+        coordinator = TransactionCoordinatorClient(client._pool, spare_max_age_s=0.2)
+        first = await coordinator.new_transaction(timeout=30)
+        await _until(lambda: len(tc.of_type(T.END_TXN)) == 1)  # the unused spare, aborted
+        (abort,) = tc.of_type(T.END_TXN)
+        assert _txn_bits(abort.command.endTxn) == (1, 102)
+        assert abort.command.endTxn.txn_action == pb.ABORT
+        assert coordinator.spares_aborted == 1
+        second = await coordinator.new_transaction(timeout=30)
+        assert second.id not in (first.id, TxnId(1, 102))  # a NEW_TXN of its own
+        await first.abort()
+        await second.abort()
+        await coordinator.close()
+    news = len(tc.of_type(T.NEW_TXN))
+    assert news == 4 and len(tc.of_type(T.END_TXN)) == 4  # 2 asked, 2 spares: all ended
+
+
+async def test_a_keyed_client_keeps_no_spares(tc: TxnFakeBroker) -> None:
+    async with Client(tc.url, transaction_key="etl-1") as client:
+        for _ in range(3):
+            txn = await client.new_transaction(timeout=30)
+            await txn.commit()
+    assert len(tc.of_type(T.NEW_TXN)) == 3
+
+
+async def test_a_call_waits_for_the_spare_on_its_way_instead_of_its_own_new_txn(
+    tc: TxnFakeBroker,
+) -> None:
+    async with Client(tc.url, **SPARES) as client:
+        first = await client.new_transaction(timeout=30)
+        second = await client.new_transaction(timeout=30)  # the first call's spare
+        assert len(tc.of_type(T.NEW_TXN)) == 2
+        assert (first.id, second.id) == (TxnId(0, 101), TxnId(1, 102))
+        await second.commit()  # its replacement is opened with its END_TXN
+        await _until(lambda: len(tc.of_type(T.NEW_TXN)) == 3)
+        await first.commit()

@@ -221,6 +221,7 @@ class BrokerService:
                 on_final=self.txn_outcomes.wake,
                 on_give_up=self.fatal.fail,
             )
+            self.txn_outcomes.local_header = self.txn_coordinator.open_header
             # Transaction keys (the key-fencing PIP): epochs per owner&key, fenced here
             # and, through its watch, on every other broker.
             self.txn_keys = TransactionKeys(store, self.clock, self.txn_coordinator)

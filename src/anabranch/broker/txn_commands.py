@@ -27,6 +27,7 @@ from typing import Any
 
 from anabranch import limits
 from anabranch.broker.error_codes import client_message, server_error
+from anabranch.core.names import parse_name
 from anabranch.core.txn_keys import NEW_CLIENT_EPOCH
 from anabranch.core.txn_state import clamp_timeout
 from anabranch.errors import (
@@ -197,7 +198,9 @@ async def _answer_open_check(session: Session, cmd: Any, body: Any) -> None:
 
 async def handle_add_partition_to_txn(session: Session, cmd: pb.CommandAddPartitionToTxn) -> None:
     """ADD_PARTITION_TO_TXN: a check that the transaction is open (participants register
-    themselves)."""
+    themselves). A topic this connection has a producer on joins the transaction now (its
+    op record), so that the join overlaps the client's batching of its first sends
+    instead of delaying their append; the other topics join at their first write."""
     body = pb.CommandAddPartitionToTxnResponse()
     transient = _non_persistent(cmd.partitions)
     if transient is not None:
@@ -205,9 +208,38 @@ async def handle_add_partition_to_txn(session: Session, cmd: pb.CommandAddPartit
         body.txnid_most_bits = cmd.txnid_most_bits
         body.txnid_least_bits = cmd.txnid_least_bits
         _fail(body, NonPersistentUnsupported(f"transactions ({transient})"))
+    elif _produced_buffers(session, cmd.partitions) is not None:
+        body.request_id = cmd.request_id
+        body.txnid_most_bits = cmd.txnid_most_bits
+        body.txnid_least_bits = cmd.txnid_least_bits
+        try:
+            TransactionKeys.check(getattr(session, BINDING_ATTR, None))
+            txn = TxnId(cmd.txnid_most_bits, cmd.txnid_least_bits)
+            for buffer in _produced_buffers(session, cmd.partitions) or ():
+                await buffer.prepare(txn)  # judges the header like the open check does
+        except Exception as err:
+            _fail(body, err)
     else:
         await _answer_open_check(session, cmd, body)
     session.write(T(type=T.ADD_PARTITION_TO_TXN_RESPONSE, addPartitionToTxnResponse=body))
+
+
+def _produced_buffers(session: Session, topics: Iterable[str]) -> list[Any] | None:
+    """The transaction buffers (able to ``prepare``) of ``topics``, when this connection
+    has a producer on every one of them (its proof of the produce permission: joining
+    pins the topic's readers until the transaction ends); else None."""
+    producing = {p.topic.name: p.topic for p in session.producers.values()}
+    found = []
+    for name in topics:
+        try:
+            topic = producing.get(str(parse_name(name)))
+        except AnabranchError:
+            return None  # a bad name: the open check answers
+        buffer = None if topic is None else topic.transaction_buffer
+        if buffer is None or not hasattr(buffer, "prepare"):
+            return None
+        found.append(buffer)
+    return found or None
 
 
 def _non_persistent(topics: Iterable[str]) -> str | None:

@@ -88,7 +88,13 @@ class Client:
     (the key-fencing PIP: one live owner per key; a newer client with the same key fences
     this one, whose transaction calls then raise ``ExpiredTransactionError``; a key has
     one open transaction, so a new one aborts the key's previous open one; a key with
-    ``&``, empty, or over ``limits.TXN_KEY_BYTES_MAX`` is InvalidArgument here).
+    ``&``, empty, or over ``limits.TXN_KEY_BYTES_MAX`` is InvalidArgument here);
+    ``transaction_spares`` (how many transactions ``new_transaction`` may keep opened
+    ahead of use, so that it returns without a round trip, up to
+    ``client.txn_spares.SPARES_MAX``; 0, the default: none, every call sends its own NEW_TXN.
+    Spares suit a loop of short transactions: an unused one is aborted after two
+    seconds, and shows in the broker's open and aborted transaction counts; a keyed
+    client keeps none).
 
     Security, named as the official client names it: ``auth`` (an
     :class:`~anabranch.client.auth.AuthenticationToken`, ``AuthenticationBasic`` or
@@ -119,8 +125,10 @@ class Client:
         tls_allow_insecure_connection: bool = False,
         tls_validate_hostname: bool = False,
         listener_name: str | None = None,
+        transaction_spares: int = 0,
     ) -> None:
         self.service_url = service_url
+        self._transaction_spares = transaction_spares
         if auth_token is not None:
             if auth is not None:
                 raise InvalidArgument("give auth or auth_token, not both")
@@ -346,7 +354,9 @@ class Client:
     def _transaction_coordinator(self) -> TransactionCoordinatorClient:
         if self._coordinator is None:
             self._coordinator = TransactionCoordinatorClient(
-                self._pool, transaction_key=self.transaction_key
+                self._pool,
+                transaction_key=self.transaction_key,
+                spares=self._transaction_spares,
             )
         return self._coordinator
 
@@ -436,4 +446,6 @@ class Client:
         """Close every producer, consumer and reader, then the connections. Idempotent."""
         handlers, self._handlers = self._handlers, []
         await asyncio.gather(*(h.close() for h in handlers), return_exceptions=True)
+        if self._coordinator is not None:
+            await self._coordinator.close()  # aborts its spare transactions
         await self._pool.close()

@@ -40,7 +40,7 @@ import logging
 import random as _random
 import ssl
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import Protocol, cast
 from urllib.parse import urlsplit
@@ -92,6 +92,7 @@ _RESPONSE_BODIES: dict[int, str] = {
     T.TC_CLIENT_CONNECT_RESPONSE: "tcClientConnectResponse",
     T.NEW_TXN_RESPONSE: "newTxnResponse",
     T.END_TXN_RESPONSE: "endTxnResponse",
+    T.ADD_PARTITION_TO_TXN_RESPONSE: "addPartitionToTxnResponse",
     T.GET_TOPICS_OF_NAMESPACE_RESPONSE: "getTopicsOfNamespaceResponse",
     T.WATCH_TOPIC_LIST_SUCCESS: "watchTopicListSuccess",
 }
@@ -436,10 +437,22 @@ class ClientConnection:
 
         An ERROR response (or a failed lookup) raises the mapped typed exception.
         """
+        return await self.request_now(command, request_id)
+
+    def request_now(self, command: pb.BaseCommand, request_id: int) -> Awaitable[Frame]:
+        """:meth:`request` with ``command`` on the wire before this returns (a caller
+        that does not yield to the loop soon still gets it sent now)."""
         fut: asyncio.Future[Frame] = asyncio.get_running_loop().create_future()
         self._pending[request_id] = fut
         try:
             self.send_command(command)
+        except BaseException:
+            self._pending.pop(request_id, None)
+            raise
+        return self._response(fut, request_id)
+
+    async def _response(self, fut: asyncio.Future[Frame], request_id: int) -> Frame:
+        try:
             frame = await self._answer(fut, request_id)
         finally:
             self._pending.pop(request_id, None)

@@ -46,6 +46,7 @@ from anabranch.client.errors import MessageTooBig, from_server_error
 from anabranch.client.message_id import MessageId
 from anabranch.client.pending_bound import PendingBound
 from anabranch.client.routing import Hashing, Router
+from anabranch.client.txn_join_ahead import JoinAhead
 from anabranch.core.batch_keys import KEY_SLOTS_PROPERTY, NONE_KEY, encode_key_slots
 from anabranch.core.txn_id import BRANCH_PROPERTY, TxnId
 from anabranch.errors import AnabranchError, Closed, InvalidArgument
@@ -242,6 +243,7 @@ class Producer(ReconnectingHandler):
         """The head op, its connection, and since when the pair has not changed."""
         self._probing: asyncio.Task[None] | None = None
         self._flush_waiters: list[tuple[int, asyncio.Future[None]]] = []
+        self._join_ahead = JoinAhead()  # a transaction's topic joins ahead of its batch
         """``flush`` calls waiting until the op with this highest sequence id is answered."""
 
     def __repr__(self) -> str:
@@ -361,6 +363,8 @@ class Producer(ReconnectingHandler):
         deliver_at: int | None = None,
     ) -> asyncio.Future[MessageId]:
         """``send_async`` with the wire transaction id (the scalable producer's entry)."""
+        if txn_id is not None and self._join_ahead.wants(txn_id):
+            self._join_ahead.announce(self._conn, self.topic, txn_id)
         fut = self._send_nowait(
             value, key, properties, event_time, sequence_id, txn_id, deliver_at=deliver_at
         )

@@ -58,9 +58,11 @@ from anabranch.client.backoff import Backoff
 from anabranch.client.connection import ClientConnection, ConnectionPool
 from anabranch.client.errors import (
     ExpiredTransactionError,
+    TooManyRequests,
     TransactionOperationFailed,
     from_server_error,
 )
+from anabranch.client.txn_spares import SPARE_MAX_AGE_S, SPARES_MAX, Spare, SparePool
 from anabranch.core.txn_id import TxnId
 from anabranch.core.txn_keys import NEW_CLIENT_EPOCH, validate_key
 from anabranch.errors import (
@@ -89,6 +91,10 @@ restart behind a multi-broker service URL without hiding a broker that is really
 TXN_RETRY_BACKOFF_MIN_S = 0.05
 TXN_RETRY_BACKOFF_MAX_S = 1.0
 """Pause between those sends (doubling): short, since any broker can answer."""
+
+SENDS_COMPACT_MIN = 256
+"""A transaction's list of sends is first pruned of answered ones at this length (then
+whenever it doubles)."""
 
 DEFAULT_TIMEOUT_S: Final[float] = TXN_TIMEOUT_DEFAULT_MS / 1000
 """A transaction's timeout when none is given (the broker's default for NEW_TXN)."""
@@ -152,6 +158,8 @@ class TransactionCoordinatorClient:
         partitions: int = TXN_COORDINATOR_PARTITIONS,
         attempts_max: int = TXN_REQUEST_ATTEMPTS_MAX,
         transaction_key: str | None = None,
+        spares: int = SPARES_MAX,
+        spare_max_age_s: float = SPARE_MAX_AGE_S,
     ) -> None:
         self._pool = pool
         # The key-fencing PIP: the key and the last epoch the broker gave us travel in
@@ -165,10 +173,65 @@ class TransactionCoordinatorClient:
         self._attempts_max = attempts_max
         self._handshaken: ClientConnection | None = None
         self._handshake_lock = asyncio.Lock()
+        # A keyed connection holds one open transaction at a time (a NEW_TXN aborts the
+        # key's previous one), so a keyed client keeps no spares.
+        self._spares = SparePool(0 if self.transaction_key is not None else spares, spare_max_age_s)
+        self._spare_margin_ms = round(self._spares.max_age_s * 1000)
+        self._expiry: asyncio.TimerHandle | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._arriving: dict[int, int] = {}  # timeout (ms) → spares being opened for it
+        self._arrival_waiters: list[asyncio.Future[None]] = []
+        self.spares_used = 0
+        """Transactions handed out from spares (no NEW_TXN round trip waited for)."""
+        self.spares_aborted = 0
+        """Spares aborted unused (too old, or at close)."""
 
     async def new_transaction(self, timeout: float = DEFAULT_TIMEOUT_S) -> Transaction:  # noqa: ASYNC109 (the txn's TTL)
-        """NEW_TXN: an OPEN transaction that times out ``timeout`` seconds from now."""
+        """An OPEN transaction that times out ``timeout`` seconds from now: a spare
+        (``txn_spares``) when a fresh one is at hand (its replacement is opened when it
+        ends) or on its way, else one NEW_TXN now (and one spare opened in the
+        background, while below the bound)."""
         ttl_ms = timeout_ms(timeout)
+        loop = asyncio.get_running_loop()
+        spares_on = self._spares.max_spares > 0 and ttl_ms + self._spare_margin_ms <= (
+            TXN_TIMEOUT_MAX_MS
+        )
+        while spares_on:
+            now = loop.time()
+            spare, stale = self._spares.take(ttl_ms, now)
+            self._abort_spares(stale)
+            if spare is not None:
+                self.spares_used += 1
+                txn = Transaction(self, spare.txn_id, ttl_ms / 1000, deadline=now + ttl_ms / 1000)
+                # Its replacement is opened when it ends: that NEW_TXN then shares the
+                # broker's group commit with the END_TXN instead of delaying this
+                # transaction's first write.
+                txn._before_end = functools.partial(self._refill, ttl_ms)
+                return txn
+            if not self._arriving.get(ttl_ms):
+                break
+            # A spare for this timeout is on its way: sooner than a NEW_TXN of our own.
+            waiter = loop.create_future()
+            self._arrival_waiters.append(waiter)
+            await waiter
+        try:
+            txn_id, started = await self._open(ttl_ms)
+        except TooManyRequests:
+            # Our spares (of another timeout) may hold the open-transaction slots the
+            # broker counts: give them back and ask once more.
+            spares = self._spares.clear()
+            if not spares:
+                raise
+            self.spares_aborted += len(spares)
+            await asyncio.gather(*(_quietly(self._end_spare(s)) for s in spares))
+            txn_id, started = await self._open(ttl_ms)
+            return Transaction(self, txn_id, ttl_ms / 1000, deadline=started + ttl_ms / 1000)
+        if spares_on:
+            self._refill(ttl_ms)
+        return Transaction(self, txn_id, ttl_ms / 1000, deadline=started + ttl_ms / 1000)
+
+    async def _open(self, ttl_ms: int) -> tuple[TxnId, float]:
+        """NEW_TXN for ``ttl_ms``: ``(its id, when it was sent)``."""
         loop = asyncio.get_running_loop()
         while True:
             tc_id = next(self._next_tc) % self._partitions
@@ -182,8 +245,78 @@ class TransactionCoordinatorClient:
                 self._partitions = tc_id
                 continue
             body = frame.command.newTxnResponse
-            txn_id = TxnId(int(body.txnid_most_bits), int(body.txnid_least_bits))
-            return Transaction(self, txn_id, ttl_ms / 1000, deadline=started + ttl_ms / 1000)
+            return TxnId(int(body.txnid_most_bits), int(body.txnid_least_bits)), started
+
+    # --- spares (see txn_spares) -----------------------------------------------------------
+
+    def _refill(self, ttl_ms: int) -> None:
+        """Open one more spare for ``ttl_ms`` in the background, if the pool wants one."""
+        if not self._spares.want_refill():
+            return
+        self._spares.refill_started()
+        self._arriving[ttl_ms] = self._arriving.get(ttl_ms, 0) + 1
+        self._background(self._open_spare(ttl_ms), "txn-spare")
+
+    async def _open_spare(self, ttl_ms: int) -> None:
+        spare: Spare | None = None
+        try:
+            txn_id, started = await self._open(ttl_ms + self._spare_margin_ms)
+            spare = Spare(txn_id, ttl_ms, started)
+        except AnabranchError as err:
+            log.debug("opening a spare transaction failed: %s", err)
+        finally:
+            now = asyncio.get_running_loop().time()
+            left = self._arriving[ttl_ms] - 1
+            if left:
+                self._arriving[ttl_ms] = left
+            else:
+                del self._arriving[ttl_ms]
+            self._abort_spares(self._spares.refilled(spare, now))
+            self._arm_expiry()
+            waiters, self._arrival_waiters = self._arrival_waiters, []
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.set_result(None)
+
+    def _arm_expiry(self) -> None:
+        """Abort spares once they are too old to hand out (an idle client keeps none)."""
+        when = self._spares.next_expiry()
+        if when is None or self._expiry is not None:
+            return
+        loop = asyncio.get_running_loop()
+        self._expiry = loop.call_at(max(when, loop.time()), self._on_expiry)
+
+    def _on_expiry(self) -> None:
+        self._expiry = None
+        self._abort_spares(self._spares.expire(asyncio.get_running_loop().time()))
+        self._arm_expiry()
+
+    def _abort_spares(self, spares: list[Spare]) -> None:
+        for spare in spares:
+            self.spares_aborted += 1
+            self._background(self._end_spare(spare), "txn-spare-abort")
+
+    async def _end_spare(self, spare: Spare) -> None:
+        await self.end_transaction(spare.txn_id, commit=False)
+
+    def _background(self, coro: Coroutine[Any, Any, None], name: str) -> None:
+        # Bounded: one task per spare (opening or aborting), at most SPARES_MAX of each.
+        task = asyncio.get_running_loop().create_task(_quietly(coro), name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def close(self) -> None:
+        """Abort the spares (waiting for the NEW_TXNs in flight for them first)."""
+        if self._expiry is not None:
+            self._expiry.cancel()
+            self._expiry = None
+        self._spares.closed = True
+        while self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+            self._abort_spares(self._spares.drain())
+        self._abort_spares(self._spares.drain())
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
 
     async def end_transaction(self, txn_id: TxnId, commit: bool) -> None:
         """END_TXN COMMIT or ABORT, sent again after a dropped connection."""
@@ -264,6 +397,15 @@ class TransactionCoordinatorClient:
         return conn
 
 
+async def _quietly(coro: Coroutine[Any, Any, None]) -> None:
+    """Run a background spare request; its failure is only logged (the broker's sweep
+    ends a spare that could not be aborted)."""
+    try:
+        await coro
+    except AnabranchError as err:
+        log.debug("spare transaction request failed: %s", err)
+
+
 def _body(frame: Frame) -> Any:
     if frame.type == T.TC_CLIENT_CONNECT_RESPONSE:
         return frame.command.tcClientConnectResponse
@@ -321,11 +463,14 @@ class Transaction:
         self._deadline = deadline
         self._state = TransactionState.OPEN
         self._inflight = 0
+        self._sends: list[asyncio.Future[Any]] = []
+        self._compact_at = SENDS_COMPACT_MIN
         self._idle = asyncio.Event()
         self._idle.set()
         self._failure: BaseException | None = None
         self._on_abort: list[Callable[[], None]] = []
         self._ending: asyncio.Task[None] | None = None
+        self._before_end: Callable[[], None] | None = None
 
     def __repr__(self) -> str:
         return f"Transaction({self.id}, {self.state.name})"
@@ -384,14 +529,51 @@ class Transaction:
             self._idle.set()
 
     def _track(self, fut: asyncio.Future[Any]) -> None:
-        """``_begin_op`` was called for ``fut``'s operation: end it when ``fut`` is done."""
-        fut.add_done_callback(self._on_done)
+        """``_begin_op`` was called for ``fut``'s operation: from now on the transaction
+        waits for ``fut`` itself (at commit or abort). Kept in a list rather than with a
+        done callback each, which cost a loop callback per message; done ones are
+        dropped (noting a failure) whenever the list doubles, so it holds about the
+        unanswered ones."""
+        self._sends.append(fut)
+        if len(self._sends) >= self._compact_at:
+            self._compact_sends()
+        self._end_op(None)
 
-    def _on_done(self, fut: asyncio.Future[Any]) -> None:
-        if fut.cancelled():
-            self._end_op(asyncio.CancelledError("an operation in the transaction was cancelled"))
-        else:
-            self._end_op(fut.exception())
+    def _compact_sends(self) -> list[asyncio.Future[Any]]:
+        """Drop the answered sends (noting the first failure); returns the others."""
+        pending = []
+        for fut in self._sends:
+            if not fut.done():
+                pending.append(fut)
+            elif self._failure is None:
+                if fut.cancelled():
+                    self._failure = asyncio.CancelledError(
+                        "an operation in the transaction was cancelled"
+                    )
+                else:
+                    self._failure = fut.exception()
+            elif not fut.cancelled():
+                fut.exception()  # retrieved: one failure is reported, not each
+        self._sends = pending
+        self._compact_at = max(SENDS_COMPACT_MIN, 2 * len(pending))
+        return pending
+
+    @property
+    def unanswered(self) -> int:
+        """Sends and acks of the transaction still waiting for the broker's answer."""
+        return self._inflight + sum(1 for fut in self._sends if not fut.done())
+
+    async def _wait_sends(self, timeout: float) -> bool:  # noqa: ASYNC109 (a deadline's rest)
+        """Wait for the tracked sends (at most ``timeout`` s); False if some are left."""
+        pending = self._compact_sends()
+        if pending:
+            if timeout <= 0:
+                return False
+            _, left = await asyncio.wait(pending, timeout=timeout)
+            if left:
+                return False
+            self._compact_sends()
+        return True
 
     async def _run(self, op: Callable[[], Awaitable[R]]) -> R:
         """Run one operation (an ack awaiting its answer) as part of this transaction."""
@@ -449,7 +631,7 @@ class Transaction:
             await self._abort_expired()
             raise ExpiredTransactionError(
                 f"transaction {self.id} timed out after {self.timeout}s with "
-                f"{self._inflight} sends/acks unanswered"
+                f"{self.unanswered} sends/acks unanswered"
             )
         if isinstance(self._failure, ExpiredTransactionError):
             self._state = TransactionState.TIMED_OUT  # the broker said so
@@ -487,23 +669,37 @@ class Transaction:
         await asyncio.shield(self._ending)
 
     async def _abort(self) -> None:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._idle.wait(), self._coordinator._pool.operation_timeout_s)
+        until = self._loop.time() + self._coordinator._pool.operation_timeout_s
+        if not self._idle.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._idle.wait(), until - self._loop.time())
+        await self._wait_sends(until - self._loop.time())
         await self._end(commit=False)
 
     async def _settle_ops(self) -> bool:
         """Wait for the pending operations until the deadline; False if it passed first."""
         remaining = self._deadline - self._loop.time()
         if remaining <= 0:
-            return self._inflight == 0 and not self._expired()
-        try:
-            await asyncio.wait_for(self._idle.wait(), remaining)
-        except TimeoutError:
+            return self._inflight == 0 and not self._compact_sends() and not self._expired()
+        # The usual case (sends awaited before the commit) takes no task and no timer.
+        if not self._idle.is_set():
+            try:
+                await asyncio.wait_for(self._idle.wait(), remaining)
+            except TimeoutError:
+                return False
+        if not await self._wait_sends(self._deadline - self._loop.time()):
             return False
         return not self._expired()
 
+    def _end_hook(self) -> None:
+        """An END_TXN is about to go out: run the one-shot hook (a spare's refill)."""
+        hook, self._before_end = self._before_end, None
+        if hook is not None:
+            hook()
+
     async def _end(self, commit: bool) -> None:
         """END_TXN; the state follows the broker's answer."""
+        self._end_hook()
         try:
             await self._coordinator.end_transaction(self.id, commit)
         except ExpiredTransactionError:
@@ -522,6 +718,7 @@ class Transaction:
     async def _abort_expired(self) -> None:
         """A timed-out transaction: ask the broker to abort it now (its sweep would too)."""
         self._aborted()
+        self._end_hook()
         try:
             await self._coordinator.end_transaction(self.id, commit=False)
         except AnabranchError as err:

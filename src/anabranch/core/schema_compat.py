@@ -5,8 +5,9 @@ Pure logic (no I/O). A Pulsar ``AVRO`` or ``JSON`` schema carries an Avro schema
 *schema resolution* (Avro 1.11 specification, "Schema Resolution"):
 
 * the same primitive; or a promotion ``int → long → float → double``, ``string ↔ bytes``;
-* records of the same name: every reader field is in the writer (by name or alias) with a
-  resolvable type, or has a default; writer-only fields are skipped;
+* records (whatever their names, as upstream's validator has it: see ``_Resolver``): every
+  reader field is in the writer (by name or alias) with a resolvable type, or has a
+  default; writer-only fields are skipped;
 * enums of the same name: every writer symbol is a reader symbol, or the reader has a
   default symbol; fixed of the same name and size; arrays/maps by their item/value types;
 * a writer union: every branch must resolve; a reader union: some branch must.
@@ -25,6 +26,9 @@ Example:
     True
     >>> can_read(parse_avro(v1), parse_avro(v2))      # v1 cannot read a long as an int
     False
+    >>> renamed = v1.replace('"U"', '"Renamed"')          # records resolve by fields, not name
+    >>> can_read(parse_avro(renamed), parse_avro(v1))
+    True
     >>> check_compatible(Strategy.BACKWARD, [v1], v2)
     >>> try:
     ...     check_compatible(Strategy.FULL, [v1], v2)
@@ -288,6 +292,11 @@ class _Resolver:
             return True
         if reader.kind in ("array", "map"):
             return self.resolves(reader.items[0], writer.items[0])
+        if reader.kind == "record":
+            # Pulsar checks with Avro's ResolvingGrammarGenerator, which matches records by
+            # their fields only (enums and fixed must share a name): a producer may rename its
+            # record class (User1 -> User2) and still evolve the topic's schema.
+            return self._record(reader, writer)
         if not _same_name(reader, writer):
             return False
         if reader.kind == "fixed":

@@ -113,7 +113,16 @@ class AuthenticationService:
 
         An empty ``method`` (a client configured without auth) is the anonymous role when
         one is configured; a TLS client that names no method but shows a verified
-        certificate is tried with the ``tls`` provider."""
+        certificate is tried with the ``tls`` provider. A method no provider serves is
+        also the anonymous role when there is one, as on Pulsar: clients configured
+        without auth name the method ``none``.
+
+        Example:
+            >>> import asyncio
+            >>> service = AuthenticationService([], anonymous_role="anonymous")
+            >>> asyncio.run(service.authenticate("none", Credentials(b""))).role
+            'anonymous'
+        """
         if not method:
             if credentials.peer_certificate and "tls" in self.providers:
                 method = "tls"
@@ -123,5 +132,7 @@ class AuthenticationService:
                 raise AuthenticationError("no credentials")
         provider = self.providers.get(method)
         if provider is None:
+            if self.anonymous_role is not None:
+                return Authenticated(self.anonymous_role)
             raise AuthenticationError(f"auth method {method!r} is not enabled")
         return await provider.authenticate(credentials)

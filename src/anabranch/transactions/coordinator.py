@@ -206,7 +206,9 @@ class TransactionCoordinator:
         self._round_robin = 0
         # OPEN transactions created here, for the ``open`` gauge: pruned once seen final
         # or past their deadline (then the sweep, perhaps another broker's, ends them).
-        self._open: dict[TxnId, int] = {}
+        # The header as written (version 1) lets END_TXN try its CAS without reading it
+        # first; a header changed meanwhile fails that CAS, which then reads and judges.
+        self._open: dict[TxnId, TxnHeader] = {}
         self._open_deadlines: list[tuple[int, TxnId]] = []
         self._gc_cursor: dict[TxnState, str | None] = {}
         self._loop: Supervised | None = None
@@ -286,7 +288,7 @@ class TransactionCoordinator:
         )
         self.metrics.created += 1
         self._per_partition[partition].created += 1
-        self._note_open(txn, header.deadline, now)
+        self._note_open(txn, header, now)
         return txn
 
     def _pick_partition(self, tc_id: int | None) -> int:
@@ -350,6 +352,11 @@ class TransactionCoordinator:
             raise TransactionConflict(f"transaction {txn} timed out")
         return header
 
+    def open_header(self, txn: TxnId) -> TxnHeader | None:
+        """The header of ``txn`` as this broker created it, while it is OPEN here (not
+        seen final, not past its deadline); None otherwise. A hint: the store decides."""
+        return self._open.get(txn)
+
     async def get(self, txn: TxnId) -> TxnHeader | None:
         """The transaction's header, or None (never created, or collected)."""
         record = await self._store.get(records.header_path(txn))
@@ -392,9 +399,12 @@ class TransactionCoordinator:
         also: Sequence[Op] = (),
     ) -> TxnState:
         started = self._clock.monotonic()
+        # First try: the header as this broker created it, if it did (no read).
+        header: TxnHeader | None = self._open.get(txn)
         for _ in range(CAS_ATTEMPTS_MAX):
-            record = await self._store.get(records.header_path(txn))
-            header = None if record is None else records.decode_header(record.value)
+            if header is None:
+                record = await self._store.get(records.header_path(txn))
+                header = None if record is None else records.decode_header(record.value)
             now = self._clock.wall_ms()
             verdict = judge_end(header, state, now)
             if verdict is EndVerdict.ALREADY:
@@ -407,7 +417,7 @@ class TransactionCoordinator:
                     )
                 self._notify(txn, state, header.winners)
                 return state
-            if header is None or record is None:
+            if header is None:
                 self.metrics.header_cas["reject"] += 1
                 raise TransactionNotFound(f"transaction {txn} not found")
             if verdict is EndVerdict.INVALID_STATUS:
@@ -428,6 +438,7 @@ class TransactionCoordinator:
                 winners=chosen,
                 also=also if target is state else (),
             ):
+                header = None
                 continue  # raced the sweep or another broker: judge the new header
             if target is TxnState.COMMITTED:
                 self.metrics.commit_latency.observe(self._clock.monotonic() - started)
@@ -713,10 +724,10 @@ class TransactionCoordinator:
 
     # --- the open gauge ------------------------------------------------------------------------
 
-    def _note_open(self, txn: TxnId, deadline: int, now: int) -> None:
+    def _note_open(self, txn: TxnId, header: TxnHeader, now: int) -> None:
         self._prune_open(now)
-        self._open[txn] = deadline
-        heapq.heappush(self._open_deadlines, (deadline, txn))
+        self._open[txn] = header
+        heapq.heappush(self._open_deadlines, (header.deadline, txn))
         self.metrics.open = len(self._open)
 
     def _forget_open(self, txn: TxnId) -> None:

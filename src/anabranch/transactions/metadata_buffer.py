@@ -68,7 +68,14 @@ from anabranch.storage.api import ManagedLedger, Position
 from anabranch.transactions import records
 from anabranch.transactions.entry_stamp import entry_txn_branch, stamp_txn_branch
 from anabranch.transactions.ids import TxnId
-from anabranch.transactions.op_records import OutcomeWork, delete_ops, join_and_count, write_op
+from anabranch.transactions.op_records import (
+    OutcomeWork,
+    check_joinable,
+    delete_ops,
+    join_and_count,
+    op_count,
+    write_op,
+)
 from anabranch.transactions.outcomes import TxnOutcomes
 from anabranch.transactions.records import TxnState
 
@@ -168,6 +175,12 @@ class MetadataTransactionBuffer:
         self._after_append()
         return list(positions)
 
+    async def prepare(self, txn_id: TxnId) -> None:
+        """Join ``txn_id`` now (its op record), ahead of its first append (a producer's
+        ADD_PARTITION_TO_TXN); raises as that append would (not found, conflict, too
+        large)."""
+        await self._participant(txn_id)
+
     def _refuse_if_finished(self, txn: TxnId) -> None:
         state = self._finished.get(txn)
         if state is not None:
@@ -199,10 +212,26 @@ class MetadataTransactionBuffer:
         return await asyncio.shield(joining)
 
     async def _join(self, txn: TxnId) -> _Participant:
-        _, next_seq = await join_and_count(self._store, txn, self._clock.wall_ms())
+        # A transaction this broker created is judged from its header in memory and
+        # takes a guessed sequence number: no read before the guarded write, which
+        # still checks the stored header (and lists after a sequence collision).
+        known = self._outcomes.local_header(txn)
+        next_seq = -1
+        if known is None:
+            _, next_seq = await join_and_count(self._store, txn, self._clock.wall_ms())
+        else:
+            check_joinable(txn, known, self._clock.wall_ms())
         # Registered before the guarded write: an outcome decided after it can only be
         # seen by a listener that was already there.
         self._outcomes.register(txn, self)
+        if next_seq < 0:
+            next_seq = self._outcomes.seq_hint(txn)
+            if next_seq >= limits.TXN_OP_RECORDS_MAX:
+                try:  # near the limit: count exactly (TransactionTooLarge at it)
+                    _, next_seq = await op_count(self._store, txn)
+                except BaseException:
+                    self._outcomes.unregister(txn, self)
+                    raise
         op = records.TxnOp(
             records.OpKind.WRITE, self._topic, first_after=self._ledger.last_confirmed
         )

@@ -63,7 +63,12 @@ async def join(store: MetadataStore, txn: TxnId, now_ms: int) -> None:
     record = await store.get(records.header_path(txn))
     if record is None:
         raise TransactionNotFound(f"transaction {txn} not found")
-    header = records.decode_header(record.value)
+    check_joinable(txn, records.decode_header(record.value), now_ms)
+
+
+def check_joinable(txn: TxnId, header: records.TxnHeader, now_ms: int) -> None:
+    """:func:`join`'s verdict on a header already at hand (e.g. the one this broker's
+    coordinator created: the guarded write still checks the stored one)."""
     if header.state.final:
         raise TransactionConflict(f"transaction {txn} is already {header.state.value}")
     if now_ms > header.deadline:

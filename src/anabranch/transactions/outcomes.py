@@ -50,7 +50,7 @@ from anabranch.metadata.api import EventKind, MetadataStore
 from anabranch.supervisor import GiveUp, Supervised
 from anabranch.transactions import records
 from anabranch.transactions.ids import TxnId
-from anabranch.transactions.records import TxnState
+from anabranch.transactions.records import TxnHeader, TxnState
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +71,11 @@ class OutcomeListener(Protocol):
         """``txn`` ended in ``state`` (final), committing only the entries of ``winners``
         when set. Idempotent; never blocks (schedules work)."""
         ...
+
+
+def _no_header(txn: TxnId) -> TxnHeader | None:
+    """No coordinator on this broker: every join reads the header."""
+    return None
 
 
 class TxnOutcomes:
@@ -99,6 +104,10 @@ class TxnOutcomes:
         """Periodic re-reads done (metrics)."""
         self.deliveries = 0
         """Outcomes handed to listeners (metrics)."""
+        self.local_header: Callable[[TxnId], TxnHeader | None] = _no_header
+        """The header of an OPEN transaction this broker's coordinator created (the
+        broker sets it): a participant joins such a one without reading its header."""
+        self._seq_hints: dict[TxnId, int] = {}
 
     async def start(self) -> None:
         """Watch headers from the current revision, and start the periodic re-read."""
@@ -133,6 +142,17 @@ class TxnOutcomes:
             listeners.remove(listener)
             if not listeners:
                 del self._listeners[txn]
+                self._seq_hints.pop(txn, None)
+
+    def seq_hint(self, txn: TxnId) -> int:
+        """A guess at ``txn``'s next free op record sequence number, for a registered
+        listener: distinct for this broker's participants, so they do not collide with
+        each other (another broker's may: the write then lists and takes the next)."""
+        if txn not in self._listeners:
+            return 0
+        seq = self._seq_hints.get(txn, 0)
+        self._seq_hints[txn] = seq + 1
+        return seq
 
     def registered(self, txn: TxnId) -> int:
         """How many listeners wait for ``txn``."""
@@ -151,6 +171,7 @@ class TxnOutcomes:
         loops, self._loops = self._loops, []
         await asyncio.gather(*(loop.stop() for loop in loops))
         self._listeners.clear()
+        self._seq_hints.clear()
 
     # --- delivery -------------------------------------------------------------------------
 
