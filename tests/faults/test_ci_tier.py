@@ -37,6 +37,7 @@ def test_a_seeded_run_shows_no_anomaly(tmp_path: Path, seed: int) -> None:
     summary = result.summary()
     assert result.report.stats["sends"].get("ok", 0) > 0, "nothing was acknowledged"
     assert result.report.stats["faults"], "the schedule injected no fault"
+    assert result.report.stats["layout_changes"], "the storm split or merged nothing"
     assert result.report.ok, json.dumps(summary["report"], indent=1)[:4000] + f"\nsee {tmp_path}"
 
 
