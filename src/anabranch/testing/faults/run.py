@@ -191,12 +191,17 @@ async def _run(config: RunConfig, root: Path) -> RunResult:
             windows = nemesis.windows
         # The split probe starts at the heal (heal -> split is a figure), while producers
         # show for a while that the topics serve again.
-        probe = asyncio.create_task(workload.probe(config.availability_bound_s + 10.0))
+        # A probe that succeeds only after the bound is flagged as one that never does:
+        # probing on past it cannot change the verdict.
+        probe = asyncio.create_task(workload.probe(config.availability_bound_s + 1.0))
         await asyncio.sleep(config.post_heal_produce_s)
         workload.producing = False
         await _finish(tasks, 2 * 30.0)
         await probe
-        await workload.drain(config.liveness_bound_s + 5.0)
+        # Likewise a value first delivered more than the bound after its ack (or the heal)
+        # is flagged ('late') as one never delivered ('undelivered'): the wait ends there.
+        drain_until = max(heal_t, workload.last_ack_t) + config.liveness_bound_s + 1.0
+        await workload.drain(drain_until - history.now())
         workload.consuming = False
         await _finish(consumers, 15.0)
         await workload.final_read(60.0)

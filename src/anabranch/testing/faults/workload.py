@@ -36,6 +36,7 @@ from typing import Any
 import aiohttp
 
 from anabranch.aio import Client, Message, MessageId
+from anabranch.client.checkpoint import Checkpoint
 from anabranch.client.producer import Producer
 from anabranch.core.hash_range import segment_hash
 from anabranch.core.names import TopicName
@@ -97,7 +98,11 @@ class Workload:
         self.producing = True
         self.consuming = True
         self.acked: set[str] = set()
-        self.seen: dict[str, set[str]] = {"stream": set(), "queue": set()}
+        self.last_ack_t = 0.0
+        """History time of the latest acknowledgement (the drain's deadline counts from it)."""
+        self.seen: dict[str, set[str]] = {}
+        """Values received per managed kind, for the kinds this run consumes (stream,
+        queue): :meth:`drain` waits for these only."""
         self._clients: list[Client] = []
 
     # --- helpers -----------------------------------------------------------------------------
@@ -194,7 +199,7 @@ class Workload:
         else:
             self.acked.add(value)
             done = {"key": key, "value": value, "id": message_position(message_id)}
-            self.history.record(name, "ok", "send", done)
+            self.last_ack_t = self.history.record(name, "ok", "send", done).t
         finally:
             slots.release()
 
@@ -244,7 +249,7 @@ class Workload:
                 if f == "send":
                     self.acked.add(value)
                 op["id"] = message_position(message_id, segment.segment_id)
-                self.history.record(name, "ok", f, op)
+                self.last_ack_t = self.history.record(name, "ok", f, op).t
                 last[key] = (segment.segment_id, value, sequence_id)
             except _ERRORS as err:
                 if "value" in op:
@@ -281,6 +286,7 @@ class Workload:
                 self.topic, subscription=STREAM_SUBSCRIPTION, consumer_name=name
             )
 
+        self.seen.setdefault("stream", set())
         await self._consume(name, "stream", STREAM_SUBSCRIPTION, open_stream, "cumulative")
 
     async def queue(self, name: str = "queue-0") -> None:
@@ -289,6 +295,7 @@ class Workload:
         async def open_queue(client: Client) -> Any:
             return await client.subscribe_queue(self.topic, QUEUE_SUBSCRIPTION)
 
+        self.seen.setdefault("queue", set())
         await self._consume(name, "queue", QUEUE_SUBSCRIPTION, open_queue, "individual")
 
     async def checkpoint(self, name: str = "checkpoint-0") -> None:
@@ -337,8 +344,8 @@ class Workload:
                         await asyncio.wait_for(consumer.close(), 10.0)
 
     async def drain(self, deadline_s: float) -> bool:
-        """Wait until the stream and queue consumers saw every acknowledged value (True),
-        or ``deadline_s`` seconds passed (False)."""
+        """Wait until the stream and queue consumers this run started saw every
+        acknowledged value (True), or ``deadline_s`` seconds passed (False)."""
         loop = asyncio.get_running_loop()
         end = loop.time() + deadline_s
         while loop.time() < end:
@@ -349,20 +356,29 @@ class Workload:
 
     async def final_read(self, deadline_s: float, idle_s: float = 3.0) -> int:
         """Read the whole DAG from the earliest position with a new client (session
-        ``final``) until every acknowledged value was read and nothing came for
-        ``idle_s``, or ``deadline_s`` passed. Returns the number of messages read."""
+        ``final``) until nothing came for ``idle_s`` and either every acknowledged value
+        was read or the reader got past where every segment ended when the read began
+        (the rest of the acknowledged values is not stored: waiting cannot bring it), or
+        ``deadline_s`` passed. Returns the number of messages read.
+
+        Call it once the producers stopped: the end is taken when the read begins."""
         loop = asyncio.get_running_loop()
         end = loop.time() + deadline_s
         seen: set[str] = set()
         count = 0
         client = Client(self.cluster.service_url)
         try:
+            stored_end = await self._stored_end(client)
             consumer = await asyncio.wait_for(client.create_checkpoint_consumer(self.topic), 30.0)
             idle_since = loop.time()
             while loop.time() < end:
                 msg = await consumer.receive(timeout=RECEIVE_POLL_S)
                 if msg is None:
-                    if self.acked <= seen and loop.time() - idle_since > idle_s:
+                    if loop.time() - idle_since <= idle_s:
+                        continue
+                    if self.acked <= seen:
+                        break
+                    if stored_end is not None and consumer.checkpoint().covers(stored_end):
                         break
                     continue
                 idle_since = loop.time()
@@ -376,6 +392,23 @@ class Workload:
                 await asyncio.wait_for(client.close(), 10.0)
         self.history.record("final", "info", "final-done", {"read": count})
         return count
+
+    async def _stored_end(self, client: Client) -> Checkpoint | None:
+        """Where every segment ends now (sealed ones complete, active ones at their last
+        message); None if that could not be learnt (the read then waits out its
+        deadline when a value is missing, as if it might still come)."""
+        try:
+            reader = await asyncio.wait_for(
+                client.create_checkpoint_consumer(self.topic, start=Checkpoint.latest()), 30.0
+            )
+        except _ERRORS as err:
+            self.history.record("final", "info", "stored-end", {"error": repr(err)})
+            return None
+        try:
+            return reader.checkpoint()
+        finally:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(reader.close(), 10.0)
 
     # --- the controller ----------------------------------------------------------------------
 
