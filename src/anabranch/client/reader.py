@@ -91,7 +91,7 @@ class Reader:
             return True
         last = await self._consumer.get_last_message_id()
         if last.entry_id < 0:
-            return False  # nothing stored in the current ledger
+            return False  # nothing readable: an empty topic, or one retention emptied
         ref = self._last_read
         if ref is None:
             if self.start == MessageId.earliest():
