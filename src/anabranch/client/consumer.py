@@ -403,15 +403,7 @@ class Consumer(ReconnectingHandler):
         filtering = self._filter_up_to is not None
         # Per-message work is the consumer's cost: what the entry's messages share is read
         # once (EntryInfo), and each message's own metadata only when the application reads it.
-        info = EntryInfo(
-            self._display_topic,
-            int(md.publish_time),
-            md.producer_name,
-            redeliveries,
-            self._id,
-            entry,
-            count,
-        )
+        info = self._entry_info(entry, md, redeliveries, count)
         out: list[Message] = []
         append = out.append
         pending: set[int] = set()
@@ -432,21 +424,26 @@ class Consumer(ReconnectingHandler):
             info.generation = self._generation
         return out
 
-    def _message(
-        self, value: bytes, entry: MessageId, md: pb.MessageMetadata, redeliveries: int
-    ) -> Message:
-        """The message of a non-batched entry (its metadata is the entry's)."""
-        info = EntryInfo(
+    def _entry_info(
+        self, entry: MessageId, md: pb.MessageMetadata, redeliveries: int, count: int = 0
+    ) -> EntryInfo:
+        return EntryInfo(
             self._display_topic,
             int(md.publish_time),
             md.producer_name,
             redeliveries,
             self._id,
             entry,
+            count,
         )
+
+    def _message(
+        self, value: bytes, entry: MessageId, md: pb.MessageMetadata, redeliveries: int
+    ) -> Message:
+        """The message of a non-batched entry (its metadata is the entry's)."""
         return single_message(
             value,
-            info,
+            self._entry_info(entry, md, redeliveries),
             md.partition_key if md.HasField("partition_key") else None,
             {p.key: p.value for p in md.properties},
             int(md.event_time) or None,
