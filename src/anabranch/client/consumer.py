@@ -243,6 +243,7 @@ class Consumer(ReconnectingHandler):
         self.reached_end_of_topic = False
         self._id = pool.new_handler_id()
         self._inbox = inbox if inbox is not None else Inbox()
+        self._plain_inbox = type(self._inbox) is Inbox
         self._durable = durable
         self._start_message_id = start_message_id
         self._filter_up_to: MessageId | None = None
@@ -477,8 +478,12 @@ class Consumer(ReconnectingHandler):
         if self._closing:
             raise Closed(f"{self} is closed")
         items = self._inbox._items
-        # What is queued is taken without a wait (the common case of a consumer behind).
-        msg = items.popleft() if items else await self._inbox.get(timeout)
+        # What is queued is taken without a wait (the common case of a consumer behind),
+        # unless the inbox is a kind that keeps its own books on each get.
+        if items and self._plain_inbox:
+            msg: Message | None = items.popleft()
+        else:
+            msg = await self._inbox.get(timeout)
         if msg is not None:
             self._on_dequeued(msg)
         return msg
