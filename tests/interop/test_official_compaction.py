@@ -9,7 +9,6 @@ The broker runs on the test's event loop; client work runs in ``asyncio.to_threa
 from __future__ import annotations
 
 import asyncio
-import logging
 import signal
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
@@ -35,8 +34,9 @@ HANG_GUARD_S = 60
 
 @contextmanager
 def client(url: str) -> Iterator[pulsar.Client]:
-    logger = logging.getLogger("pulsar-client")
-    logger.setLevel(logging.WARNING)
+    # The client's own C++ logger: a Python logger is called from the client's threads,
+    # which can crash the interpreter when they log while an event loop is torn down.
+    logger = pulsar.ConsoleLogger(pulsar.LoggerLevel.Warn)
     c = pulsar.Client(url, operation_timeout_seconds=15, logger=logger)
     try:
         yield c

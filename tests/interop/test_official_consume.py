@@ -40,11 +40,9 @@ def client(url: str) -> Iterator[pulsar.Client]:
 
 
 def _quiet_logger() -> Any:
-    import logging
-
-    logger = logging.getLogger("pulsar-client")
-    logger.setLevel(logging.WARNING)
-    return logger
+    # The client's own C++ logger: a Python logger is called from the client's threads,
+    # which can crash the interpreter when they log while an event loop is torn down.
+    return pulsar.ConsoleLogger(pulsar.LoggerLevel.Warn)
 
 
 async def run(fn: Callable[[], R]) -> R:

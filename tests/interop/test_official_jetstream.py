@@ -8,7 +8,6 @@ The client has its own threads, so client work runs in ``asyncio.to_thread``.
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -33,8 +32,9 @@ def nats_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsClust
 
 
 def _client(url: str) -> pulsar.Client:
-    logger = logging.getLogger("pulsar-client")
-    logger.setLevel(logging.WARNING)
+    # The client's own C++ logger: a Python logger is called from the client's threads,
+    # which can crash the interpreter when they log while an event loop is torn down.
+    logger = pulsar.ConsoleLogger(pulsar.LoggerLevel.Warn)
     return pulsar.Client(url, operation_timeout_seconds=15, logger=logger)
 
 

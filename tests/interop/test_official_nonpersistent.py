@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import urllib.request
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -51,8 +50,9 @@ async def broker(tmp_path: Path) -> AsyncIterator[InProcessBroker]:
 @asynccontextmanager
 async def client(url: str) -> AsyncIterator[pulsar.Client]:
     """An official client, closed off the event loop (the broker runs on it)."""
-    logger = logging.getLogger("pulsar-client")
-    logger.setLevel(logging.WARNING)
+    # The client's own C++ logger: a Python logger is called from the client's threads,
+    # which can crash the interpreter when they log while an event loop is torn down.
+    logger = pulsar.ConsoleLogger(pulsar.LoggerLevel.Warn)
     c = await run(lambda: pulsar.Client(url, operation_timeout_seconds=15, logger=logger))
     try:
         yield c
