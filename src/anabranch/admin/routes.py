@@ -115,6 +115,14 @@ async def policy_topic(admin: AdminService, request: web.Request) -> TopicName:
     return name
 
 
+async def partition_count(request: web.Request) -> int:
+    """The body of a create/update partitioned topic request: the number of partitions."""
+    count = await json_body(request, int, "partition count", None)
+    if count is None:
+        raise InvalidArgument("the body must be the number of partitions")
+    return int(count)
+
+
 async def applied_policies(admin: AdminService, topic: TopicName) -> NamespacePolicies:
     """The policies in force for ``topic``: its overrides over its namespace's."""
     namespace = await admin.policies.namespace_policies(f"{topic.tenant}/{topic.namespace}")

@@ -28,7 +28,13 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from anabranch.admin.routes import Route, flag, json_body, namespace_param, topic_param
+from anabranch.admin.routes import (
+    Route,
+    flag,
+    namespace_param,
+    partition_count,
+    topic_param,
+)
 from anabranch.broker.cluster.ownership import ClusterOwnership
 from anabranch.broker.nonpersistent import NonPersistentTopic
 from anabranch.broker.nonpersistent_names import non_persistent_topic_names
@@ -83,34 +89,34 @@ async def get_partitions(admin: AdminService, request: web.Request) -> object:
     return {"partitions": await admin.policies.get_partitions(topic_param(request, DOMAIN))}
 
 
-async def _partition_count(request: web.Request) -> int:
-    count = await json_body(request, int, "partition count", None)
-    if count is None:
-        raise InvalidArgument("the body must be the number of partitions")
-    return int(count)
-
-
 async def create_partitions(admin: AdminService, request: web.Request) -> object:
     name = TopicName.parse(topic_param(request, DOMAIN))
     if name.partition is not None:
         raise InvalidArgument(f"{name} is a partition name")
     if admin.broker.loaded_non_persistent_topic(str(name)) is not None:
         raise NotEmpty(str(name), "a non-partitioned topic of that name is loaded")
-    await admin.policies.create_partitioned_topic(name, await _partition_count(request))
+    await admin.policies.create_partitioned_topic(name, await partition_count(request))
     return None
 
 
 async def update_partitions(admin: AdminService, request: web.Request) -> object:
     name = topic_param(request, DOMAIN)
-    await admin.policies.update_partitioned_topic(name, await _partition_count(request))
+    await admin.policies.update_partitioned_topic(name, await partition_count(request))
     return None
 
 
-async def delete_partitions(admin: AdminService, request: web.Request) -> object:
+async def _partitioned(admin: AdminService, request: web.Request) -> tuple[TopicName, int]:
+    """The partitioned topic the request names, with its partition count (NotFound when
+    it is not partitioned)."""
     name = TopicName.parse(topic_param(request, DOMAIN))
     partitions = await admin.policies.get_partitions(name)
     if partitions == 0:
         raise NotFound(f"partitioned topic {name}")
+    return name, partitions
+
+
+async def delete_partitions(admin: AdminService, request: web.Request) -> object:
+    name, partitions = await _partitioned(admin, request)
     loaded = [
         topic
         for index in range(partitions)
@@ -128,10 +134,7 @@ async def delete_partitions(admin: AdminService, request: web.Request) -> object
 
 async def partitioned_stats(admin: AdminService, request: web.Request) -> object:
     """Sums over the partitions loaded here (in cluster mode: those this broker owns)."""
-    name = TopicName.parse(topic_param(request, DOMAIN))
-    partitions = await admin.policies.get_partitions(name)
-    if partitions == 0:
-        raise NotFound(f"partitioned topic {name}")
+    name, partitions = await _partitioned(admin, request)
     summed = ("msgRateIn", "msgRateOut", "msgThroughputIn", "msgThroughputOut", "msgDropRate",
               "msgInCounter", "bytesInCounter", "msgOutCounter", "bytesOutCounter",
               "msgDropCounter")  # fmt: skip

@@ -25,6 +25,7 @@ from anabranch.admin.routes import (
     json_body,
     namespace_param,
     param,
+    partition_count,
     topic_param,
 )
 from anabranch.admin.routes_listeners import listener_lookup
@@ -207,20 +208,13 @@ async def delete_topic(admin: AdminService, request: web.Request) -> object:
     return None
 
 
-async def _partition_count(request: web.Request) -> int:
-    count = await json_body(request, int, "partition count", None)
-    if count is None:
-        raise InvalidArgument("the body must be the number of partitions")
-    return int(count)
-
-
 async def create_partitions(admin: AdminService, request: web.Request) -> object:
-    await admin.create_partitioned_topic(topic_param(request), await _partition_count(request))
+    await admin.create_partitioned_topic(topic_param(request), await partition_count(request))
     return None
 
 
 async def update_partitions(admin: AdminService, request: web.Request) -> object:
-    await admin.update_partitioned_topic(topic_param(request), await _partition_count(request))
+    await admin.update_partitioned_topic(topic_param(request), await partition_count(request))
     return None
 
 

@@ -178,6 +178,34 @@ def _range_start(entry: tuple[int, int, Any]) -> int:
     return entry[0]
 
 
+def join_selector(
+    selector: AutoSplitSelector[Consumer] | StickySelector[Consumer] | None,
+    mode: int | None,
+    consumer: Consumer,
+) -> tuple[AutoSplitSelector[Consumer] | StickySelector[Consumer], int]:
+    """Add a Key_Shared ``consumer`` to its subscription's selector: (the selector, its
+    mode). None starts a selector of the consumer's mode; a consumer of the other mode, or
+    with more sticky ranges than ``limits.KEY_SHARED_STICKY_RANGES_MAX``, is refused."""
+    meta = consumer.key_shared_meta
+    wanted = meta.keySharedMode if meta is not None else pb.AUTO_SPLIT
+    if selector is None:
+        mode = wanted
+        selector = StickySelector() if wanted == pb.STICKY else AutoSplitSelector()
+    elif wanted != mode:
+        raise ConsumerAssignError("Key_Shared mode differs from the subscription's")
+    if isinstance(selector, StickySelector):
+        assert meta is not None
+        if len(meta.hashRanges) > limits.KEY_SHARED_STICKY_RANGES_MAX:
+            raise ConsumerAssignError(
+                f"{len(meta.hashRanges)} hash ranges "
+                f"(at most {limits.KEY_SHARED_STICKY_RANGES_MAX})"
+            )
+        selector.add(consumer, [(r.start, r.end) for r in meta.hashRanges])
+    else:
+        selector.add(consumer)
+    return selector, wanted
+
+
 class KeySharedDispatcher(SharedDispatcher):
     """Key_Shared over the Shared machinery (replay set, permits); see the module doc."""
 
@@ -203,23 +231,9 @@ class KeySharedDispatcher(SharedDispatcher):
     # --- consumers ------------------------------------------------------------------------
 
     def add_consumer(self, consumer: Consumer) -> None:
-        meta = consumer.key_shared_meta
-        mode = meta.keySharedMode if meta is not None else pb.AUTO_SPLIT
-        if self.selector is None or not self.consumers:
-            self.mode = mode
-            self.selector = StickySelector() if mode == pb.STICKY else AutoSplitSelector()
-        elif mode != self.mode:
-            raise ConsumerAssignError("Key_Shared mode differs from the subscription's")
-        if isinstance(self.selector, StickySelector):
-            assert meta is not None
-            if len(meta.hashRanges) > limits.KEY_SHARED_STICKY_RANGES_MAX:
-                raise ConsumerAssignError(
-                    f"{len(meta.hashRanges)} hash ranges "
-                    f"(at most {limits.KEY_SHARED_STICKY_RANGES_MAX})"
-                )
-            self.selector.add(consumer, [(r.start, r.end) for r in meta.hashRanges])
-        else:
-            self.selector.add(consumer)
+        self.selector, self.mode = join_selector(
+            self.selector if self.consumers else None, self.mode, consumer
+        )
         super().add_consumer(consumer)
 
     def remove_consumer(self, consumer: Consumer) -> None:

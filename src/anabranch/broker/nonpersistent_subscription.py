@@ -40,12 +40,11 @@ from anabranch import limits
 from anabranch.broker.consumer import Consumer
 from anabranch.broker.dispatcher import choose_active, round_robin
 from anabranch.broker.dispatcher_entries import EntryInfo, hash_slot
-from anabranch.broker.dispatcher_key_shared import AutoSplitSelector, StickySelector
+from anabranch.broker.dispatcher_key_shared import AutoSplitSelector, StickySelector, join_selector
 from anabranch.broker.subscription import TYPE_NAMES
 from anabranch.core.rate_window import RateWindow
 from anabranch.errors import (
     Closed,
-    ConsumerAssignError,
     ConsumerBusy,
     NonPersistentUnsupported,
 )
@@ -133,23 +132,7 @@ class NonPersistentSubscription:
             self._pick_active(newcomer=consumer)
 
     def _add_keyed(self, consumer: Consumer) -> None:
-        meta = consumer.key_shared_meta
-        mode = meta.keySharedMode if meta is not None else pb.AUTO_SPLIT
-        if self._selector is None:
-            self._key_mode = mode
-            self._selector = StickySelector() if mode == pb.STICKY else AutoSplitSelector()
-        elif mode != self._key_mode:
-            raise ConsumerAssignError("Key_Shared mode differs from the subscription's")
-        if isinstance(self._selector, StickySelector):
-            assert meta is not None
-            if len(meta.hashRanges) > limits.KEY_SHARED_STICKY_RANGES_MAX:
-                raise ConsumerAssignError(
-                    f"{len(meta.hashRanges)} hash ranges "
-                    f"(at most {limits.KEY_SHARED_STICKY_RANGES_MAX})"
-                )
-            self._selector.add(consumer, [(r.start, r.end) for r in meta.hashRanges])
-        else:
-            self._selector.add(consumer)
+        self._selector, self._key_mode = join_selector(self._selector, self._key_mode, consumer)
 
     def _pick_active(self, newcomer: Consumer | None = None) -> None:
         if not self._consumers:

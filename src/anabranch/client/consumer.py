@@ -412,7 +412,7 @@ class Consumer(ReconnectingHandler):
         for index, (raw, value) in enumerate(split_batch(payload, count)):
             if (
                 (ack_set and not (ack_set[index // 64] >> (index % 64)) & 1)
-                or (0x20 in raw and compacted_out(raw))
+                or compacted_out(raw)
                 or (filtering and self._filtered(MessageId(entry.ledger_id, entry.entry_id, index)))
             ):
                 self._count_consumed(1)
@@ -492,10 +492,7 @@ class Consumer(ReconnectingHandler):
         self._last_msg = msg
         if self.options.ack_timeout_s:
             self._unacked.setdefault(msg.message_id.entry, _now() + self.options.ack_timeout_s)
-        self._consumed += 1
-        if self._consumed >= self._grant_at:
-            self._grant(self._consumed)
-            self._consumed = 0
+        self._count_consumed(1)
 
     # --- acknowledging ---------------------------------------------------------------------
 
