@@ -1,7 +1,8 @@
 """The CI tier of the fault harness: a few seeded real runs, zero anomalies.
 
 Each run is a 3-broker cluster on one etcd with the split/merge storm, producers, the
-idempotent resender and stream, queue and checkpoint consumers, under a seeded schedule
+idempotent resender, two transaction workers (commits and aborts over two plain topics
+and the scalable one) and stream, queue and checkpoint consumers, under a seeded schedule
 of process, network and etcd faults (``CI_KINDS``: kill with lose-unfsynced,
 pauses shorter and longer than the session TTL, a broker cut off etcd, etcd killed).
 About 40 s of wall time per run; a failure names its seed and its directory (history,
@@ -38,6 +39,8 @@ def test_a_seeded_run_shows_no_anomaly(tmp_path: Path, seed: int) -> None:
     assert result.report.stats["sends"].get("ok", 0) > 0, "nothing was acknowledged"
     assert result.report.stats["faults"], "the schedule injected no fault"
     assert result.report.stats["layout_changes"], "the storm split or merged nothing"
+    txns = result.report.stats["txns"]
+    assert txns.get("ok-commit", 0) > 0 and txns.get("ok-abort", 0) > 0, txns
     assert result.report.ok, json.dumps(summary["report"], indent=1)[:4000] + f"\nsee {tmp_path}"
 
 

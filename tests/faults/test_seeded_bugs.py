@@ -29,6 +29,10 @@ killed broker held unsynced acknowledged data at that moment.
   finds the parent's cursor rewound, deals the parent out again, and its messages come
   after the children's in the same consumer session: ``parent-after-child``. (With the
   fix, the drain itself saves the cursor and the same run is clean.)
+- ``txn-hold-outcomes``: participants never apply a transaction's outcome, so what the
+  transaction workers committed never shows on their topics: ``committed-lost`` (the
+  transactions it leaves open also hold back every later send: ``lost``). The final
+  reads end after 15 s: waiting longer cannot show what is held.
 
 Each scenario runs only as long as its bug needs: its fault window, then 3 s of sends
 after the heal. Where a scenario sets 5 s liveness or availability bounds, that is
@@ -61,10 +65,11 @@ pytestmark = pytest.mark.timeout(600)
 
 def scenario(failpoint: str, **fields: Any) -> RunConfig:
     """A targeted run: ``failpoint`` in every process, only the consumers it needs (the
-    stream consumer; queue and checkpoint consumers only cost time here), and 3 s of
-    sends after the heal (sixty acknowledgements show the topic serves again; no
-    scenario's anomaly needs more)."""
+    stream consumer; queue and checkpoint consumers and transactions only cost time
+    here), and 3 s of sends after the heal (sixty acknowledgements show the topic serves
+    again; no scenario's anomaly needs more)."""
     fields.setdefault("post_heal_produce_s", 3.0)
+    fields.setdefault("transactions", 0)
     return RunConfig(failpoints=(failpoint,), queue=False, checkpoint=False, **fields)
 
 
@@ -160,3 +165,22 @@ def test_skip_parent_cursor_flush_delivers_a_parent_after_its_child(tmp_path: Pa
     )
     counts = flagged(tmp_path, config, {"parent-after-child"})
     assert counts.get("parent-after-child", 0) > 0, counts
+
+
+def test_txn_hold_outcomes_loses_committed_transactions(tmp_path: Path) -> None:
+    # Participants never apply an outcome: a commit the coordinator acknowledged never
+    # shows on its topics (and the transactions it leaves open pin every later message).
+    config = scenario(
+        failpoints.TXN_HOLD_OUTCOMES,
+        seed=601,
+        duration_s=8.0,
+        faults=(),
+        storm_interval_s=None,
+        idempotent=False,
+        transactions=2,
+        liveness_bound_s=5.0,
+        availability_bound_s=10.0,
+        final_read_s=15.0,
+    )
+    counts = flagged(tmp_path, config, {"committed-lost"}, seeds=1)
+    assert counts.get("committed-lost", 0) > 0, counts

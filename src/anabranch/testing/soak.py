@@ -86,6 +86,7 @@ async def soak(args: argparse.Namespace) -> list[dict[str, Any]]:
             "layout_changes": report.stats["layout_changes"],
             "heal_to_split_s": report.stats.get("heal_to_split_s"),
             "worst_lag_s": report.stats["worst_delivery_lag_after_heal_s"],
+            "txns": report.stats.get("txns", {}),
             "wall_s": round(time.monotonic() - began, 1),
             "root": str(root),
         }

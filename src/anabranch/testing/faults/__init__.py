@@ -2,8 +2,8 @@
 
 A run starts a :class:`~anabranch.testing.faults.cluster.FaultCluster` (etcd, a TCP proxy
 per broker in front of etcd, three brokers started through a test-only launcher that
-reads a control file), drives workloads (keyed producers with unique values, stream,
-queue and checkpoint consumers, a split/merge storm), injects faults from a seeded
+reads a control file), drives workloads (keyed producers with unique values, transactions,
+stream, queue and checkpoint consumers, a split/merge storm), injects faults from a seeded
 schedule (:mod:`~anabranch.testing.faults.nemesis`), heals everything, reads the topic
 in full and checks the recorded history (:mod:`~anabranch.testing.faults.checker`).
 
@@ -13,6 +13,7 @@ Modules, one concept each:
 - :mod:`~anabranch.testing.faults.history` -- the JSONL history (invoke/ok/fail/info);
 - :mod:`~anabranch.testing.faults.lineage` -- a key's segments in the final DAG;
 - :mod:`~anabranch.testing.faults.checker` -- the pure checker;
+- :mod:`~anabranch.testing.faults.txn_checker` -- its transactions part;
 - :mod:`~anabranch.testing.faults.control` -- the control file a broker polls;
 - :mod:`~anabranch.testing.faults.disk` -- disk faults and lose-unfsynced on a broker;
 - :mod:`~anabranch.testing.faults.clock` -- a broker clock that jumps on command;

@@ -31,7 +31,11 @@ It finds, over the ops of :mod:`~anabranch.testing.faults.history`:
     no split probe requested after the heal succeeded within ``availability_bound_s``;
 ``producer-unavailable``
     a producer that sent after the heal got no acknowledgement within
-    ``availability_bound_s`` of the heal (a topic wedged by a fault that is over).
+    ``availability_bound_s`` of the heal (a topic wedged by a fault that is over);
+``committed-lost`` / ``aborted-visible`` / ``partial-txn`` / ``txn-phantom`` / ``txn-unavailable``
+    the transactions' anomalies (:mod:`~anabranch.testing.faults.txn_checker`); their
+    values (:class:`~anabranch.testing.faults.values.TxnValue`) are judged there only,
+    except for ``inconsistent`` and the per-session checks.
 
 Sessions are ``recv`` ops' ``process``; ``value["kind"]`` is ``stream``, ``queue``,
 ``checkpoint`` or ``final``; ``value["id"]`` is ``[segment, ledger, entry, batch]``.
@@ -62,7 +66,8 @@ from typing import Any
 from anabranch.core.segment_layout import SegmentLayout
 from anabranch.testing.faults.history import NEMESIS, Op
 from anabranch.testing.faults.lineage import Lineage
-from anabranch.testing.faults.values import Value
+from anabranch.testing.faults.txn_checker import check_transactions
+from anabranch.testing.faults.values import TxnValue, Value
 
 LIVENESS_BOUND_S = 30.0
 """Default: every acknowledged message reaches the stream consumer this long after the
@@ -137,6 +142,7 @@ def check(
     _check_liveness(report, sends, reads, heal_t, liveness_bound_s)
     _check_availability(report, ops, heal_t, availability_bound_s)
     _check_producers(report, ops, heal_t, availability_bound_s)
+    check_transactions(report, ops, heal_t)
     return report
 
 
@@ -246,6 +252,16 @@ def _check_storage(
     at: dict[Position, str] = {}
     seen: set[str] = set()
     for read in reads:
+        if TxnValue.decode(read.value) is not None:
+            # A transaction's value: never a send (the transactions' checker judges it);
+            # only two values at one position concern it here.
+            if read.position is not None:
+                other = at.setdefault(read.position, read.value)
+                if other != read.value:
+                    report.add(
+                        "inconsistent", position=list(read.position), values=[other, read.value]
+                    )
+            continue
         seen.add(read.value)
         send = sends.get(read.value)
         if send is None:

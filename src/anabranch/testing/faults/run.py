@@ -76,8 +76,14 @@ class RunConfig:
     queue: bool = True
     checkpoint: bool = True
     idempotent: bool = True
+    transactions: int = 2
+    """How many :meth:`~anabranch.testing.faults.workload.Workload.transactions` workers
+    run side by side (0: none; the plain topics they write are read after the heal)."""
     liveness_bound_s: float = 30.0
     availability_bound_s: float = 30.0
+    final_read_s: float = 60.0
+    """At most this long for each final read (the DAG's, the plain topics'): a read that
+    cannot get to the end (a seeded bug that hides stored values) ends here."""
     post_heal_produce_s: float = 6.0
     """Producers keep sending this long after the heal: their acks show the topics
     serve again (``producer-unavailable`` otherwise)."""
@@ -171,6 +177,9 @@ async def _run(config: RunConfig, root: Path) -> RunResult:
             consumers.append(asyncio.create_task(workload.checkpoint()))
         if config.idempotent:
             tasks.append(asyncio.create_task(workload.idempotent()))
+        for i in range(config.transactions):
+            txns = workload.transactions(f"txn-{i}", after_heal_bound_s=config.availability_bound_s)
+            tasks.append(asyncio.create_task(txns))
         if config.storm_interval_s is not None:
             storm = workload.storm(
                 config.storm_interval_s, config.storm_crash_every_s, config.storm_crash_delay_s
@@ -188,6 +197,7 @@ async def _run(config: RunConfig, root: Path) -> RunResult:
             raise
         finally:
             heal_t = await nemesis.heal()
+            workload.healed_at = heal_t
             windows = nemesis.windows
         # The split probe starts at the heal (heal -> split is a figure), while producers
         # show for a while that the topics serve again.
@@ -204,7 +214,9 @@ async def _run(config: RunConfig, root: Path) -> RunResult:
         await workload.drain(drain_until - history.now())
         workload.consuming = False
         await _finish(consumers, 15.0)
-        await workload.final_read(60.0)
+        await workload.final_read(config.final_read_s)
+        if config.transactions:
+            await workload.final_read_txn(config.final_read_s)
         layout = await workload.layout()
         sampler.cancel()
         await workload.close()

@@ -43,3 +43,38 @@ class Value:
             return cls(parts["p"], parts["k"], int(parts["c"]))
         except (KeyError, ValueError):
             return None
+
+
+@dataclass(frozen=True, order=True)
+class TxnValue:
+    """One unique value written in a transaction: ``x=<txn>;id=<txn id>;i=<index>``.
+
+    ``txn`` is the workload's name for the transaction (unique in a run), ``txn_id`` the
+    broker's id (``most:least``) and ``index`` its place among the transaction's writes.
+    It has no ``p=`` part, so :meth:`Value.decode` rejects it and the per-producer
+    order check leaves transactional values alone.
+
+    Example:
+        >>> v = TxnValue("txn-0.3", "5:17", 1)
+        >>> v.text()
+        'x=txn-0.3;id=5:17;i=1'
+        >>> TxnValue.decode(v.text()) == v, Value.decode(v.text())
+        (True, None)
+    """
+
+    txn: str
+    txn_id: str
+    index: int
+
+    def text(self) -> str:
+        return f"x={self.txn};id={self.txn_id};i={self.index}"
+
+    @classmethod
+    def decode(cls, data: bytes | str) -> TxnValue | None:
+        """The transactional value ``data`` encodes, or None if it is not one."""
+        text = data.decode(errors="replace") if isinstance(data, bytes) else data
+        parts = dict(part.split("=", 1) for part in text.split(";") if "=" in part)
+        try:
+            return cls(parts["x"], parts["id"], int(parts["i"]))
+        except (KeyError, ValueError):
+            return None

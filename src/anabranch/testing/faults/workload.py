@@ -13,10 +13,17 @@
   stream consumer (cumulative ack after every message), a queue consumer (individual
   acks) and a checkpoint consumer from the earliest position; an error ends the session
   and a new one starts (a new ``process`` name in the history).
+- :meth:`Workload.transactions` -- transactions of 2-5 unique values
+  (:class:`~anabranch.testing.faults.values.TxnValue`) over 2-3 topics (the run's plain
+  ``persistent://`` topics and its scalable topic), committed or (about one in five)
+  aborted; ops ``f="txn"``: ``ok`` (with the ``outcome``), ``fail`` (it never committed:
+  an error before the decision, or a commit the client turned into an abort) or
+  ``info`` (the outcome is unknown); a failed or unknown one replaces the client.
 - :meth:`Workload.storm` -- splits and merges through the admin API at seeded moments.
 - :meth:`Workload.probe` -- after the heal: a split, retried until it succeeds.
 - :meth:`Workload.final_read` -- a new client reads the whole DAG from the earliest
-  position: what is stored.
+  position: what is stored; :meth:`Workload.final_read_txn` reads the plain
+  transactional topics likewise (ops ``f="txn-read"``).
 
 Example (inside a run, see :mod:`~anabranch.testing.faults.run`)::
 
@@ -37,14 +44,16 @@ import aiohttp
 
 from anabranch.aio import Client, Message, MessageId
 from anabranch.client.checkpoint import Checkpoint
+from anabranch.client.errors import TransactionOperationFailed
 from anabranch.client.producer import Producer
+from anabranch.client.transaction import Transaction
 from anabranch.core.hash_range import segment_hash
 from anabranch.core.names import TopicName
 from anabranch.core.segment_layout import SegmentLayout, segment_name
 from anabranch.errors import AnabranchError
 from anabranch.testing.faults.cluster import FaultCluster
 from anabranch.testing.faults.history import History
-from anabranch.testing.faults.values import Value
+from anabranch.testing.faults.values import TxnValue, Value
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +66,23 @@ RESTART_PAUSE_S = 0.5
 """Between a failed client session and the next one."""
 SEGMENTS_MAX = 6
 """The storm merges instead of splitting once this many segments are active."""
+TXN_TIMEOUT_S = 10.0
+"""A transaction's TTL: short, so that one a fault left open (a client cut, a commit
+unanswered) is aborted by the broker's sweep soon; an open transaction holds back every
+later message of its topics from readers (read-committed), the final reads included."""
+TXN_SEND_TIMEOUT_S = 8.0
+"""A transaction's sends unanswered this long: it fails (and is aborted), within its TTL."""
+TXN_END_TIMEOUT_S = 20.0
+"""A commit or abort unanswered this long is ``info``: above the client's own END_TXN
+retries (its operation timeout) only when those hang."""
+TXN_PAUSE_MAX_S = 0.1
+"""At most this long between two sends of a transaction (drawn per transaction)."""
+TXN_ABORT_SHARE = 0.2
+"""How many transactions the workload aborts on purpose."""
+TXN_READ_QUIET_MAX_S = 8.0
+"""The final read of a plain topic ends after this long without a message even when a
+committed value is missing (waiting longer cannot bring it: no transaction is open by
+then, their TTL passed)."""
 STREAM_SUBSCRIPTION = "faults-stream"
 QUEUE_SUBSCRIPTION = "faults-queue"
 _ERRORS = (AnabranchError, OSError, TimeoutError, aiohttp.ClientError, RuntimeError)
@@ -104,6 +130,18 @@ class Workload:
         """Values received per managed kind, for the kinds this run consumes (stream,
         queue): :meth:`drain` waits for these only."""
         self._clients: list[Client] = []
+        self.txn_topics = [
+            f"persistent://{self.topic_name.tenant}/{self.topic_name.namespace}/"
+            f"{self.topic_name.local_name}-txn-{i}"
+            for i in range(2)
+        ]
+        """The plain topics transactions write to (besides the scalable one)."""
+        self.txn_committed: dict[str, set[str]] = {}
+        """Values of committed transactions by plain topic: the final read waits for them."""
+        self.healed_at: float | None = None
+        """History time of the heal (the run sets it): transactions go on after the
+        producers stopped until one commits after it (bounded)."""
+        self.last_txn_commit_t = float("-inf")
 
     # --- helpers -----------------------------------------------------------------------------
 
@@ -111,6 +149,13 @@ class Workload:
         client = Client(self.cluster.service_url)
         self._clients.append(client)
         return client
+
+    async def _drop_client(self, client: Client) -> None:
+        """Close a client a workload replaces (a failed session)."""
+        if client in self._clients:
+            self._clients.remove(client)
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(client.close(), 10.0)
 
     async def close(self) -> None:
         for client in self._clients:
@@ -258,6 +303,187 @@ class Workload:
                 if stale is not None:
                     with contextlib.suppress(Exception):
                         await asyncio.wait_for(stale.close(), 5.0)
+
+    # --- transactions ------------------------------------------------------------------------
+
+    async def transactions(
+        self, name: str = "txn-0", *, interval_s: float = 0.2, after_heal_bound_s: float = 30.0
+    ) -> None:
+        """Transactions one after the other (see the module docstring) while producing
+        and, after that, until one commits after the heal (at most ``after_heal_bound_s``
+        past it: the checker's ``txn-unavailable`` otherwise). A transaction that fails or
+        whose outcome is unknown ends the client session; the next one is a new client."""
+        rng = random.Random(self.rng.random())
+        topics = [*self.txn_topics, self.topic]
+        sequence = 0
+        while self._txn_go_on(after_heal_bound_s):
+            client = self.client()
+            producers: dict[str, Any] = {}
+            try:
+                for topic in topics:
+                    producers[topic] = await asyncio.wait_for(client.create_producer(topic), 30.0)
+            except _ERRORS as err:
+                self.history.record(name, "info", "txn-open", {"error": repr(err)[:300]})
+                await self._drop_client(client)
+                await asyncio.sleep(RESTART_PAUSE_S)
+                continue
+            while self._txn_go_on(after_heal_bound_s):
+                sequence += 1
+                if not await self._one_txn(name, f"{name}.{sequence}", client, producers, rng):
+                    break
+                await asyncio.sleep(interval_s)
+            await self._drop_client(client)
+            await asyncio.sleep(RESTART_PAUSE_S)
+
+    def _txn_go_on(self, after_heal_bound_s: float) -> bool:
+        if self.producing:
+            return True
+        if self.healed_at is None or self.last_txn_commit_t >= self.healed_at:
+            return False
+        return self.history.now() < self.healed_at + after_heal_bound_s
+
+    def _txn_writes(self, rng: random.Random, label: str, txn_id: str) -> list[dict[str, str]]:
+        """2-5 values over 2-3 topics, at least one of them plain, each topic written."""
+        plain = rng.sample(self.txn_topics, rng.choice((1, 2)))
+        topics = [*plain, self.topic] if len(plain) == 1 or rng.random() < 0.5 else plain
+        count = rng.randint(max(2, len(topics)), 5)
+        where = topics + [rng.choice(topics) for _ in range(count - len(topics))]
+        return [
+            {"topic": topic, "key": f"txn-key-{rng.randrange(8)}",
+             "value": TxnValue(label, txn_id, index).text()}
+            for index, topic in enumerate(where)
+        ]  # fmt: skip
+
+    async def _one_txn(
+        self,
+        name: str,
+        label: str,
+        client: Client,
+        producers: dict[str, Any],
+        rng: random.Random,
+    ) -> bool:
+        """One transaction, logged; True if it ended as decided (``ok``)."""
+        try:
+            txn = await asyncio.wait_for(
+                client.new_transaction(timeout=TXN_TIMEOUT_S), TXN_END_TIMEOUT_S
+            )
+        except _ERRORS as err:
+            # Nothing was written: no invoke, like a producer that could not open.
+            self.history.record(name, "info", "txn-open", {"txn": label, "error": repr(err)[:300]})
+            return False
+        txn_id = f"{txn.id.most_bits}:{txn.id.least_bits}"
+        writes = self._txn_writes(rng, label, txn_id)
+        decision = "abort" if rng.random() < TXN_ABORT_SHARE else "commit"
+        op = {"txn": label, "id": txn_id, "decision": decision, "writes": writes}
+        self.history.record(name, "invoke", "txn", op)
+        try:
+            sends = self._txn_sends(txn, producers, writes, rng.uniform(0.0, TXN_PAUSE_MAX_S))
+            await asyncio.wait_for(sends, TXN_SEND_TIMEOUT_S)
+        except _ERRORS as err:
+            # Never committed: the commit was not sent. Abort now rather than at its TTL.
+            self.history.record(name, "fail", "txn", _txn_error(label, "send", err))
+            with contextlib.suppress(*_ERRORS):
+                await asyncio.wait_for(txn.abort(), TXN_END_TIMEOUT_S)
+            return False
+        try:
+            end = txn.commit() if decision == "commit" else txn.abort()
+            await asyncio.wait_for(end, TXN_END_TIMEOUT_S)
+        except TransactionOperationFailed as err:
+            # The client aborted instead of committing (a send failed): it never committed.
+            self.history.record(name, "fail", "txn", _txn_error(label, decision, err))
+            return False
+        except _ERRORS as err:
+            # END_TXN may or may not have taken effect (commit: all or nothing of it shows).
+            self.history.record(name, "info", "txn", _txn_error(label, decision, err))
+            return False
+        done = self.history.record(name, "ok", "txn", {"txn": label, "outcome": decision})
+        if decision == "commit":
+            self.last_txn_commit_t = done.t
+            for write in writes:
+                if write["topic"] != self.topic:
+                    self.txn_committed.setdefault(write["topic"], set()).add(write["value"])
+        return True
+
+    @staticmethod
+    async def _txn_sends(
+        txn: Transaction, producers: dict[str, Any], writes: list[dict[str, str]], pause_s: float
+    ) -> None:
+        """Send every write in ``txn`` and wait for all acks (raises the first error)."""
+        futures = []
+        for write in writes:
+            producer = producers[write["topic"]]
+            futures.append(
+                await producer.send_async(write["value"].encode(), key=write["key"], txn=txn)
+            )
+            # Spread the sends: a transaction open for a while is one a fault can hit
+            # between its writes, or between its writes and its commit.
+            await asyncio.sleep(pause_s)
+        # wait(), not gather(): the caller's timeout must not cancel the producer's futures.
+        await asyncio.wait(futures)
+        if any(fut.cancelled() for fut in futures):
+            raise RuntimeError("a send of the transaction was cancelled (its producer closed)")
+        errors = [fut.exception() for fut in futures]  # each retrieved, not logged as lost
+        first = next((err for err in errors if err is not None), None)
+        if first is not None:
+            raise first
+
+    async def final_read_txn(self, deadline_s: float, idle_s: float = 3.0) -> int:
+        """Read each plain transactional topic from the earliest position with a new
+        client (session ``final``, ops ``f="txn-read"``) until nothing came for
+        ``idle_s`` and every committed value was read, or nothing came for
+        ``TXN_READ_QUIET_MAX_S``, or ``deadline_s`` passed; a reader that fails is opened
+        again from the earliest position. Returns the number of messages read."""
+        client = Client(self.cluster.service_url)
+        try:
+            # Side by side: each read ends with a quiet period, which need not add up.
+            counts = await asyncio.gather(
+                *(self._read_plain(client, topic, deadline_s, idle_s) for topic in self.txn_topics)
+            )
+            return sum(counts)
+        finally:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(client.close(), 10.0)
+
+    async def _read_plain(
+        self, client: Client, topic: str, deadline_s: float, idle_s: float
+    ) -> int:
+        loop = asyncio.get_running_loop()
+        end = loop.time() + deadline_s
+        expected = self.txn_committed.get(topic, set())
+        seen: set[str] = set()
+        count = 0
+        complete = False
+        while not complete and loop.time() < end:
+            reader: Any = None
+            try:
+                reader = await asyncio.wait_for(client.create_reader(topic, "earliest"), 30.0)
+                idle_since = loop.time()
+                while loop.time() < end:
+                    msg = await reader.read_next(timeout=RECEIVE_POLL_S)
+                    if msg is None:
+                        quiet = loop.time() - idle_since
+                        if (quiet > idle_s and expected <= seen) or quiet > TXN_READ_QUIET_MAX_S:
+                            complete = True
+                            break
+                        continue
+                    idle_since = loop.time()
+                    count += 1
+                    value = msg.value.decode(errors="replace")
+                    seen.add(value)
+                    got = {"topic": topic, "value": value, "id": message_position(msg.message_id)}
+                    self.history.record("final", "ok", "txn-read", got)
+            except _ERRORS as err:
+                self.history.record(
+                    "final", "info", "txn-read", {"topic": topic, "error": repr(err)}
+                )
+                await asyncio.sleep(RESTART_PAUSE_S)
+            finally:
+                if reader is not None:
+                    with contextlib.suppress(Exception):
+                        await asyncio.wait_for(reader.close(), 10.0)
+        done = {"topic": topic, "read": count, "complete": complete}
+        self.history.record("final", "info", "txn-read-done", done)
+        return count
 
     # --- consumers ---------------------------------------------------------------------------
 
@@ -503,3 +729,7 @@ class Workload:
 
 def _failed(key: str, value: str, err: BaseException) -> dict[str, Any]:
     return {"key": key, "value": value, "error": repr(err)[:300]}
+
+
+def _txn_error(label: str, phase: str, err: BaseException) -> dict[str, Any]:
+    return {"txn": label, "phase": phase, "error": repr(err)[:300]}
