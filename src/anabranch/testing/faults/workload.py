@@ -412,9 +412,11 @@ class Workload:
         futures = []
         for write in writes:
             producer = producers[write["topic"]]
-            futures.append(
-                await producer.send_async(write["value"].encode(), key=write["key"], txn=txn)
-            )
+            fut = await producer.send_async(write["value"].encode(), key=write["key"], txn=txn)
+            # Retrieved whenever it ends: after a timeout nobody awaits it any more, and its
+            # error (the transaction was aborted meanwhile) is expected, not news.
+            fut.add_done_callback(_retrieve)
+            futures.append(fut)
             # Spread the sends: a transaction open for a while is one a fault can hit
             # between its writes, or between its writes and its commit.
             await asyncio.sleep(pause_s)
@@ -729,6 +731,11 @@ class Workload:
 
 def _failed(key: str, value: str, err: BaseException) -> dict[str, Any]:
     return {"key": key, "value": value, "error": repr(err)[:300]}
+
+
+def _retrieve(fut: asyncio.Future[Any]) -> None:
+    if not fut.cancelled():
+        fut.exception()
 
 
 def _txn_error(label: str, phase: str, err: BaseException) -> dict[str, Any]:
