@@ -12,7 +12,9 @@ Reads: :class:`~anabranch.core.txn_buffer_state.TxnBufferState` decides
 Outcomes (via :class:`~anabranch.transactions.outcomes.TxnOutcomes`): applied in memory
 at once, ``on_change`` is called, then in the background the op record goes (COMMITTED)
 or is replaced by the topic's aborted record holding the positions (ABORTED), written
-only when no append of the transaction is in flight.
+only when no append of the transaction is in flight. A COMMIT decided by this broker's
+coordinator deletes the op records in its own CAS (``commit_cleanup``): nothing is left
+to write then, and a crash right after that CAS recovers the entries as committed.
 
 Branches (batch transactions): each entry's branch is read from its ``__txn_branch``
 property when it is appended (and by the recovery scan); a commit naming ``winners``
