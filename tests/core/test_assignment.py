@@ -148,12 +148,14 @@ def test_layout_change_rebalances_without_drain_ordering() -> None:
     assert PollDrain("sub", (0,)) in out
 
 
-def test_active_children_blocked_until_parent_drained() -> None:
+def test_children_are_carried_to_the_consumer_of_their_sealed_parent() -> None:
+    # The consumer holding sealed 0 gets its children at once (it orders them itself):
+    # held back, they would stall a consumer that acknowledges every N messages.
     state = register(start(2), "c1")
     state, out = feed(state, LayoutChanged(state.layout.split(0, now_ms=1)))
-    assert state.assignment["c1"] == (0, 1)  # children 2, 3 held back; sealed 0 still read
-    # The share is unchanged, but the new epoch is pushed (the consumer's sign of a live leader).
-    assert out == [PushAssignment("c1", 100, (0, 1), 1), PollDrain("sub", (0,))]
+    assert state.assignment["c1"] == (0, 1, 2, 3)
+    assert state.assignable_segments() == tuple(state.layout.segments[i] for i in (0, 1))
+    assert out == [PushAssignment("c1", 100, (0, 1, 2, 3), 1), PollDrain("sub", (0,))]
     state, out = feed(state, SegmentDrained(0))
     assert state.assignment["c1"] == (2, 3, 1)  # drained parent retires
     assert out == [PushAssignment("c1", 100, (2, 3, 1), 1), PollDrain("sub", ())]
@@ -175,11 +177,12 @@ def test_every_connected_consumer_hears_of_a_new_epoch() -> None:
 
 def test_gating_across_an_empty_middle_generation() -> None:
     # 0 -> (1, 2); 1 -> (3, 4). Middle segment 1 is empty and drains at once, but the
-    # root 0 still has backlog: 3 and 4 must still wait for it.
+    # root 0 still has backlog: 3 and 4 are still carried with it, never dealt.
     state = register(start(1), "c1")
     layout = state.layout.split(0, 1).split(1, 2)
     state, _ = feed(state, LayoutChanged(layout), SegmentDrained(1))
-    assert state.assignment["c1"] == (0,)
+    assert state.assignment["c1"] == (0, 2, 3, 4)
+    assert [s.segment_id for s in state.assignable_segments()] == [0]
     assert state.pending_drains() == (0,)
     state, out = feed(state, SegmentDrained(0))
     assert state.assignment["c1"] == (3, 4, 2)
@@ -191,11 +194,20 @@ def test_merge_child_waits_for_both_parents() -> None:
     state, _ = feed(state, LayoutChanged(state.layout.merge(0, 1, now_ms=1)))
     assert dict(state.assignment) == {"c1": (0,), "c2": (1,)}
     state, out = feed(state, SegmentDrained(0))
-    # Keys of 0 pause: child 2 also holds 1's keys, and 1 is not drained yet.
-    assert dict(state.assignment) == {"c1": (1,), "c2": ()}
+    # Child 2 also holds 1's keys; now that one consumer holds 1, 2 is carried with it.
+    assert dict(state.assignment) == {"c1": (1, 2), "c2": ()}
     state, out = feed(state, SegmentDrained(1))
     assert dict(state.assignment) == {"c1": (2,), "c2": ()}
     assert pushes(out) == {"c1": (2,)}
+
+
+def test_children_of_parents_held_by_two_consumers_wait() -> None:
+    state = register(start(2), "c1", "c2")
+    state, _ = feed(state, LayoutChanged(state.layout.merge(0, 1, now_ms=1)))
+    state, _ = feed(state, LayoutChanged(state.layout.split(2, now_ms=2)))  # 2 -> 3, 4
+    assert dict(state.assignment) == {"c1": (0,), "c2": (1,)}
+    state, _ = feed(state, SegmentDrained(0))
+    assert dict(state.assignment) == {"c1": (1, 2, 3, 4), "c2": ()}
 
 
 def test_per_key_order_across_two_splits() -> None:
@@ -308,14 +320,14 @@ def test_restore_installs_disconnected_sessions_with_fresh_grace() -> None:
     state.validate()
     assert out == [ScheduleTick(5000 + GRACE_MS), PollDrain("sub", (0,))]
     assert all(not s.connected for s in state.sessions.values())
-    assert dict(state.assignment) == {"c1": (0,), "c2": (1,)}
+    assert dict(state.assignment) == {"c1": (0, 2, 3), "c2": (1,)}
     # A restored consumer resumes its assignment on reconnect...
     state, out = feed(state, ConsumerRegistered("c1", 5100, consumer_id=1))
-    assert out == [PushAssignment("c1", 1, (0,), 1)]
+    assert out == [PushAssignment("c1", 1, (0, 2, 3), 1)]
     # ...and one that never comes back is evicted after the fresh grace period.
     state, out = feed(state, Tick(5000 + GRACE_MS))
     assert out[0] == DeleteSession("sub", "c2")
-    assert dict(state.assignment) == {"c1": (0, 1)}
+    assert dict(state.assignment) == {"c1": (0, 1, 2, 3)}
 
 
 def test_validate_catches_a_hand_built_bad_assignment() -> None:
@@ -453,14 +465,34 @@ class AssignmentMachine(RuleBasedStateMachine):
 
     @invariant()
     def parent_before_child_for_every_key(self) -> None:
+        # A consumer is told a child before its ancestors drained only together with every
+        # undrained ancestor (it subscribes to the child once those ended); a hash is never
+        # readable by two consumers.
         layout = self.state.layout
-        told = [s for name in self.connected for s in self.views.get(name, ())]
-        for segment_id in told:
-            assert layout.ancestors(segment_id) <= self.drained, "child before ancestors drained"
-            assert segment_id not in self.drained
+        for name in self.connected:
+            view = set(self.views.get(name, ()))
+            for segment_id in view:
+                assert segment_id not in self.drained
+                assert layout.ancestors(segment_id) - self.drained <= view, (
+                    f"{name} holds {segment_id} without its undrained ancestors"
+                )
         for h in PROBE_HASHES:
-            readable = [s for s in told if layout.segments[s].hash_range.contains(h)]
-            assert len(readable) <= 1, f"hash {h:#06x} readable from {readable}"
+            readers = {
+                name
+                for name in self.connected
+                for s in self.views.get(name, ())
+                if layout.segments[s].hash_range.contains(h)
+            }
+            assert len(readers) <= 1, f"hash {h:#06x} readable by {readers}"
+
+    @invariant()
+    def a_lone_consumer_holds_every_undrained_segment(self) -> None:
+        # Nothing is held back from it: a consumer acknowledging every N messages, or
+        # only in batches, never waits for a drain that only its own ack could bring.
+        if list(self.state.sessions) == list(self.connected) and len(self.connected) == 1:
+            (name,) = self.connected
+            undrained = set(self.state.layout.segments) - self.drained
+            assert set(self.views.get(name, ())) == undrained
 
 
 AssignmentMachine.TestCase.settings = settings(

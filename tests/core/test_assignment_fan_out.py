@@ -97,6 +97,14 @@ class FanOutMachine(AssignmentMachine):
             readable = [s for s in told if layout.segments[s].hash_range.contains(h)]
             assert len(readable) <= 1, f"hash {h:#06x} readable from {readable}"
 
+    @invariant()
+    def a_lone_consumer_holds_every_undrained_segment(self) -> None:  # overrides the base's
+        # Fan-out mode carries nothing (individual acks drain a parent without a position
+        # vector): a consumer holds exactly the segments whose ancestors drained.
+        assignable = {s.segment_id for s in self.state.assignable_segments()}
+        for name in self.connected:
+            assert set(self.views.get(name, ())) <= assignable
+
 
 FanOutMachine.TestCase.settings = settings(max_examples=40, stateful_step_count=30, deadline=None)
 TestFanOutMachine = FanOutMachine.TestCase

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from anabranch import limits
+from anabranch import failpoints, limits
 from anabranch.errors import (
     Compacted,
     StorageIOError,
@@ -30,6 +30,7 @@ from anabranch.storage.api import EARLIEST, Cursor, ManagedLedger, Position
 from anabranch.storage.memory import MemoryManagedLedgerFactory
 from anabranch.testing.clock import ManualClock
 from anabranch.transactions import records
+from anabranch.transactions.coordinator import TransactionCoordinator
 from anabranch.transactions.entry_stamp import entry_txn, stamp_txn
 from anabranch.transactions.ids import TxnId
 from anabranch.transactions.metadata_buffer import MetadataTransactionBuffer
@@ -376,6 +377,81 @@ async def test_restart_after_commit_keeps_data_visible(env: Env) -> None:
     assert again.max_read_position() == pos and not again.is_aborted(pos)
     await again.wait_persisted()
     assert await keys(env.store, records.op_prefix(T1)) == []
+
+
+class CountingStore:
+    """The store, counting commits (each is one durable metadata write)."""
+
+    def __init__(self, inner: MetadataStore) -> None:
+        self.inner = inner
+        self.commits = 0
+
+    async def commit(self, ops: Sequence[Any]) -> Any:
+        self.commits += 1
+        return await self.inner.commit(ops)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+async def local_coordinator(env: Env, store: Any) -> TransactionCoordinator:
+    """A coordinator on the same broker as the participants (standalone's wiring)."""
+    coordinator = TransactionCoordinator(
+        store,
+        env.clock,
+        sweep_interval_s=0,
+        on_final=env.outcomes.wake,
+        commit_cleanup=env.outcomes.commit_cleanup,
+    )
+    await coordinator.start()
+    return coordinator
+
+
+async def test_a_local_commit_deletes_the_op_records_in_its_own_cas(env: Env) -> None:
+    counting = CountingStore(env.store)
+    coordinator = await local_coordinator(env, counting)
+    buf = await env.buffer()
+    txn = await coordinator.new_txn(60_000)
+    pos = await buf.append(txn, entry(0))
+    assert await keys(env.store, records.op_prefix(txn))
+    before = counting.commits
+    await coordinator.end_txn(txn, COMMITTED)
+    # Gone with the decision: no commit of their own follows.
+    assert await keys(env.store, records.op_prefix(txn)) == []
+    assert await keys(env.store, records.writes_index_prefix(TOPIC)) == []
+    await buf.wait_persisted()
+    assert counting.commits - before == 1
+    assert buf.max_read_position() == pos and not buf.is_aborted(pos)
+    assert buf.stats()["opDeletes"] == 1
+    # An abort still records the positions before its op records go.
+    aborted = await coordinator.new_txn(60_000)
+    lost = await buf.append(aborted, entry(1))
+    await coordinator.end_txn(aborted, ABORTED)
+    await buf.wait_persisted()
+    record = await env.store.get(records.aborted_path(TOPIC, aborted))
+    assert record is not None and records.decode_aborted(record.value).positions == (lost,)
+    assert await keys(env.store, records.OPS) == []
+    await coordinator.close()
+
+
+async def test_a_crash_after_a_cleaning_commit_recovers_the_entries_as_committed(
+    env: Env,
+) -> None:
+    coordinator = await local_coordinator(env, env.store)
+    ledger = await env.factory.open(TOPIC)
+    buf = await env.buffer(ledger)
+    txn = await coordinator.new_txn(60_000)
+    pos = await buf.append(txn, entry(0))
+    failpoints.activate([failpoints.TXN_HOLD_OUTCOMES])
+    try:  # the CAS lands, the participant never hears of it: the crash's window
+        await coordinator.end_txn(txn, COMMITTED)
+    finally:
+        failpoints.activate([])
+    assert buf.max_read_position() < pos
+    await buf.close()
+    again = await env.buffer(ledger)
+    assert again.max_read_position() == pos and not again.is_aborted(pos)
+    await coordinator.close()
 
 
 async def test_restart_after_abort_keeps_it_filtered(env: Env) -> None:

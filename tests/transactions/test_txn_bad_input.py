@@ -269,3 +269,42 @@ async def test_add_partition_and_subscription_check_that_the_transaction_is_open
         assert not (await end_txn(client, 6, txn, pb.COMMIT)).HasField("error")
         finished = await add(7, txn, True)
         assert finished.error == pb.TransactionConflict
+
+
+async def test_a_request_naming_more_participants_than_a_transaction_may_have(
+    tmp_path: Path,
+) -> None:
+    # Refused from the count, before any per-name work: repeating a produced topic's name
+    # a million times must not cost a million name parses (nor a million joins).
+    async with wire(tmp_path) as (_, client):
+        await client.producer(TOPIC, 1, "p")
+        most, least = await new_txn(client, 1)
+        names = [TOPIC] * (limits.TXN_OP_RECORDS_MAX + 1)
+        body = pb.CommandAddPartitionToTxn(
+            request_id=2, txnid_most_bits=most, txnid_least_bits=least, partitions=names
+        )
+        await client.send(T(type=T.ADD_PARTITION_TO_TXN, addPartitionToTxn=body))
+        frame = await client.next(
+            lambda f: f.type == T.ADD_PARTITION_TO_TXN_RESPONSE and f.body.request_id == 2
+        )
+        assert frame.body.error == pb.NotAllowedError
+        assert "participants" in frame.body.message
+        subs = [pb.Subscription(topic=TOPIC, subscription="s")] * (limits.TXN_OP_RECORDS_MAX + 1)
+        body2 = pb.CommandAddSubscriptionToTxn(
+            request_id=3, txnid_most_bits=most, txnid_least_bits=least, subscription=subs
+        )
+        await client.send(T(type=T.ADD_SUBSCRIPTION_TO_TXN, addSubscriptionToTxn=body2))
+        frame = await client.next(
+            lambda f: f.type == T.ADD_SUBSCRIPTION_TO_TXN_RESPONSE and f.body.request_id == 3
+        )
+        assert frame.body.error == pb.NotAllowedError
+        assert "participants" in frame.body.message
+        # The limit itself is fine, a name repeated joins once, and the txn is still usable.
+        body.request_id = 4
+        del body.partitions[limits.TXN_OP_RECORDS_MAX :]
+        await client.send(T(type=T.ADD_PARTITION_TO_TXN, addPartitionToTxn=body))
+        frame = await client.next(
+            lambda f: f.type == T.ADD_PARTITION_TO_TXN_RESPONSE and f.body.request_id == 4
+        )
+        assert not frame.body.HasField("error")
+        assert not (await end_txn(client, 5, (most, least), pb.COMMIT)).HasField("error")

@@ -169,6 +169,33 @@ async def test_large_transaction_of_500_messages(tmp_path: Path) -> None:
         assert got == [f"{i}".encode() for i in range(500)]
 
 
+async def test_sends_that_wait_for_room_in_the_producer_queue_join_the_transaction(
+    tmp_path: Path,
+) -> None:
+    # A queue of 1: every send after the first waits for a receipt (the path that counts
+    # the send in flight while it waits).
+    async with running(tmp_path) as (_, client):
+        producer = await client.create_producer(
+            topic("room"), pending_messages_max=1, batching=False
+        )
+        consumer = await client.subscribe(topic("room"), "s", initial_position="earliest")
+        txn = await client.new_transaction(timeout=30)
+        futures = [await producer.send_async(f"r{i}".encode(), txn=txn) for i in range(20)]
+        # The last send was queued just now (no receipt yet): the transaction counts it.
+        assert txn.unanswered >= 1
+        assert await drain(consumer) == []
+        await txn.commit()
+        assert all(f.done() and not f.exception() for f in futures)
+        got = [m.value for m in await take(consumer, 20)]
+        assert got == [f"r{i}".encode() for i in range(20)]
+        aborted = await client.new_transaction(timeout=30)
+        for i in range(6):
+            await producer.send_async(f"x{i}".encode(), txn=aborted)
+        await aborted.abort()
+        await producer.send(b"sentinel")
+        assert [m.value for m in await take(consumer, 1)] == [b"sentinel"]
+
+
 async def test_fifty_concurrent_transactions_mixing_commit_and_abort(tmp_path: Path) -> None:
     async with running(tmp_path) as (_, client):
         producer = await client.create_producer("topic://public/default/conc")

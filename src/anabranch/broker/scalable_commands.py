@@ -35,8 +35,9 @@ consumer_name, consumer_id, consumer_type}`` registers a STREAM or CHECKPOINT co
 the topic's controller leader (a missing topic is auto-created with 1 segment as for a
 lookup, when allowed; TopicNotFound otherwise). A missing subscription is created with the
 consumer's type: STREAM puts a cursor at EARLIEST on every segment of the DAG and assigns
-a child segment only once its ancestors are drained for the subscription (drained sealed
-segments then leave the assignment); CHECKPOINT (a group of checkpoint readers) creates no
+a child segment only once its ancestors are drained for the subscription, or with them to
+the one consumer holding them all (which orders them itself; drained sealed segments then
+leave the assignment); CHECKPOINT (a group of checkpoint readers) creates no
 cursors and deals every segment of the DAG, sealed ones included. A STREAM consumer with
 ``key_shared_dispatch`` (our field 100) makes it a STREAM_KEY_SHARED subscription: consumers
 beyond the segment count share segments, each subscribing Key_Shared to them; every

@@ -220,6 +220,7 @@ class BrokerService:
                 owner_id=self.http_url,
                 on_final=self.txn_outcomes.wake,
                 on_give_up=self.fatal.fail,
+                commit_cleanup=self.txn_outcomes.commit_cleanup,
             )
             self.txn_outcomes.local_header = self.txn_coordinator.open_header
             # Transaction keys (the key-fencing PIP): epochs per owner&key, fenced here

@@ -36,6 +36,7 @@ from anabranch.errors import (
     NonPersistentUnsupported,
     ResourceLimitReached,
     TransactionCoordinatorNotFound,
+    TransactionTooLarge,
 )
 from anabranch.protocol._generated import pulsar_api_pb2 as pb
 from anabranch.transactions.ids import TxnId
@@ -202,20 +203,21 @@ async def handle_add_partition_to_txn(session: Session, cmd: pb.CommandAddPartit
     op record), so that the join overlaps the client's batching of its first sends
     instead of delaying their append; the other topics join at their first write."""
     body = pb.CommandAddPartitionToTxnResponse()
-    transient = _non_persistent(cmd.partitions)
-    if transient is not None:
+    refused = _too_many(len(cmd.partitions), "partitions") or _non_persistent(cmd.partitions)
+    buffers = None if refused is not None else _produced_buffers(session, cmd.partitions)
+    if refused is not None:
         body.request_id = cmd.request_id
         body.txnid_most_bits = cmd.txnid_most_bits
         body.txnid_least_bits = cmd.txnid_least_bits
-        _fail(body, NonPersistentUnsupported(f"transactions ({transient})"))
-    elif _produced_buffers(session, cmd.partitions) is not None:
+        _fail(body, refused)
+    elif buffers is not None:
         body.request_id = cmd.request_id
         body.txnid_most_bits = cmd.txnid_most_bits
         body.txnid_least_bits = cmd.txnid_least_bits
         try:
             TransactionKeys.check(getattr(session, BINDING_ATTR, None))
             txn = TxnId(cmd.txnid_most_bits, cmd.txnid_least_bits)
-            for buffer in _produced_buffers(session, cmd.partitions) or ():
+            for buffer in buffers:
                 await buffer.prepare(txn)  # judges the header like the open check does
         except Exception as err:
             _fail(body, err)
@@ -229,7 +231,7 @@ def _produced_buffers(session: Session, topics: Iterable[str]) -> list[Any] | No
     has a producer on every one of them (its proof of the produce permission: joining
     pins the topic's readers until the transaction ends); else None."""
     producing = {p.topic.name: p.topic for p in session.producers.values()}
-    found = []
+    found = {}
     for name in topics:
         try:
             topic = producing.get(str(parse_name(name)))
@@ -238,20 +240,36 @@ def _produced_buffers(session: Session, topics: Iterable[str]) -> list[Any] | No
         buffer = None if topic is None else topic.transaction_buffer
         if buffer is None or not hasattr(buffer, "prepare"):
             return None
-        found.append(buffer)
-    return found or None
+        found[id(buffer)] = buffer  # a name repeated joins once
+    return list(found.values()) or None
 
 
-def _non_persistent(topics: Iterable[str]) -> str | None:
-    """The first ``non-persistent://`` name of ``topics``: those never join a transaction.
+def _too_many(count: int, what: str) -> TransactionTooLarge | None:
+    """A request naming more participants than a transaction may have op records can
+    never succeed: refused before any per-name work.
 
     Example:
-        >>> _non_persistent(["persistent://a/b/c", "non-persistent://a/b/d"])
-        'non-persistent://a/b/d'
+        >>> _too_many(limits.TXN_OP_RECORDS_MAX + 1, "partitions") is not None
+        True
+    """
+    if count <= limits.TXN_OP_RECORDS_MAX:
+        return None
+    return TransactionTooLarge(
+        f"{count} {what} in one request (a transaction has at most "
+        f"{limits.TXN_OP_RECORDS_MAX} participants)"
+    )
+
+
+def _non_persistent(topics: Iterable[str]) -> NonPersistentUnsupported | None:
+    """Refuses a ``non-persistent://`` name in ``topics``: those never join a transaction.
+
+    Example:
+        >>> str(_non_persistent(["persistent://a/b/c", "non-persistent://a/b/d"]))
+        'transactions (non-persistent://a/b/d): not supported on a non-persistent topic'
     """
     for topic in topics:
         if topic.startswith("non-persistent://"):
-            return topic
+            return NonPersistentUnsupported(f"transactions ({topic})")
     return None
 
 
@@ -260,12 +278,14 @@ async def handle_add_subscription_to_txn(
 ) -> None:
     """ADD_SUBSCRIPTION_TO_TXN: as ADD_PARTITION_TO_TXN."""
     body = pb.CommandAddSubscriptionToTxnResponse()
-    transient = _non_persistent(sub.topic for sub in cmd.subscription)
-    if transient is not None:
+    refused = _too_many(len(cmd.subscription), "subscriptions") or _non_persistent(
+        sub.topic for sub in cmd.subscription
+    )
+    if refused is not None:
         body.request_id = cmd.request_id
         body.txnid_most_bits = cmd.txnid_most_bits
         body.txnid_least_bits = cmd.txnid_least_bits
-        _fail(body, NonPersistentUnsupported(f"transactions ({transient})"))
+        _fail(body, refused)
     else:
         await _answer_open_check(session, cmd, body)
     session.write(T(type=T.ADD_SUBSCRIPTION_TO_TXN_RESPONSE, addSubscriptionToTxnResponse=body))

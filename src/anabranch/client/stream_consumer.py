@@ -24,12 +24,19 @@ guarantees that a segment moving between two consumers is never read by both: th
 owner retries ``ConsumerBusy`` until the old one has let go). All of them feed one queue.
 
 Order: a key lives in one active segment at a time, and the controller assigns a child
-only once every ancestor is *drained* for the subscription (all acknowledged), so a key's
-messages from a child come after all of its messages from the parents. The consumer makes
-draining observable by acknowledging: :meth:`StreamConsumer.acknowledge_cumulative` of a
-message acknowledges, on *every* segment, everything delivered up to that message
-(upstream's position vector, kept here by :class:`DeliveryLog`). A sealed segment is thus
-drained once the application has acknowledged a message received after its last one.
+only once every ancestor is *drained* for the subscription (all acknowledged), or, when
+one consumer holds all of the child's undrained ancestors, to that consumer together with
+them (*carried*, :mod:`anabranch.core.assignment`). This consumer subscribes to a segment
+only once every ancestor it holds has handed out its last message (the broker's
+REACHED_END_OF_TOPIC comes after it on the same connection), so a key's messages from a
+child come after all of its messages from the parents either way. Carrying is what keeps
+a consumer that acknowledges every N messages, or in batches, from stalling after a
+split: the sealed parent's last messages need not be acknowledged before the children's
+arrive. The consumer makes draining observable by acknowledging:
+:meth:`StreamConsumer.acknowledge_cumulative` of a message acknowledges, on *every*
+segment, everything delivered up to that message (upstream's position vector, kept here
+by :class:`DeliveryLog`). A sealed segment is thus drained once the application has
+acknowledged a message received after its last one.
 
 Key_Shared dispatch mode (PIP-460 "Scaling Reads beyond the Segment Count"): with
 ``dispatch_mode="key_shared"`` the subscription's consumers may outnumber its segments.
@@ -73,6 +80,7 @@ from anabranch.client.dag_session import DagSession
 from anabranch.client.errors import ConsumerBusy, ServiceNotReady
 from anabranch.client.message import Message
 from anabranch.client.message_id import MessageId
+from anabranch.client.queue_consumer import SegmentConsumer
 from anabranch.client.segment_consumers import OwnedInbox, close_all
 from anabranch.errors import AnabranchError, Closed, InvalidArgument, NotFound
 from anabranch.limits import (
@@ -176,6 +184,52 @@ def _id_of(message: Message | MessageId) -> MessageId:
     return message.message_id if isinstance(message, Message) else message
 
 
+class StreamSegmentConsumer(SegmentConsumer):
+    """The internal consumer of one segment of a stream consumer.
+
+    A reconnect makes the broker send again everything unacknowledged, also what the
+    application already took, and drops what was queued. Once this segment's children
+    deliver (carried, see the module docstring), either would put this segment's messages
+    after theirs. So after a reconnect it skips what the application already took
+    (those deliveries stay in the :class:`DeliveryLog`: a later cumulative ack covers
+    them), acknowledges again what its last cumulative ack covered (an ack lost with the
+    connection would otherwise keep the segment from draining), and tells its owner
+    whether it dropped queued messages (``on_reconnect(consumer, dropped)``).
+    """
+
+    def __init__(
+        self,
+        segment_id: int,
+        on_end: Callable[[SegmentConsumer], None],
+        on_reconnect: Callable[[StreamSegmentConsumer, int], None],
+        *args: Any,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(segment_id, on_end, *args, **kwargs)
+        self._on_reconnect = on_reconnect
+        self._acked: MessageId | None = None
+        self._connected = False
+
+    async def _connect_once(self) -> None:
+        queued = sum(1 for m in self._inbox._items if m._consumer_id == self._id)
+        await super()._connect_once()
+        if not self._connected:
+            self._connected = True
+            return
+        if self._last_dequeued is not None:
+            self._filter_up_to = self._last_dequeued
+        if self._acked is not None:
+            await super().acknowledge_cumulative(self._acked)
+        self._on_reconnect(self, queued)
+
+    async def acknowledge_cumulative(
+        self, message: Message | MessageId, txn: Transaction | None = None
+    ) -> None:
+        await super().acknowledge_cumulative(message, txn)
+        if txn is None:  # a transaction's ack counts only once it commits
+            self._acked = _id_of(message)
+
+
 class DeliveryLog:
     """Messages delivered to the application and not yet acknowledged, with their segments, in
     delivery order: the position vector of a cumulative ack (pure).
@@ -269,6 +323,9 @@ class StreamConsumer:
         self._opening: dict[int, asyncio.Task[None]] = {}
         self._background: set[asyncio.Task[None]] = set()
         self._wanted: dict[int, str] = {}
+        self._changed = asyncio.Event()
+        """Set (and replaced) when a held segment may be free to join: an ancestor ended
+        or left the share (see :meth:`_ancestors_ended`)."""
         self.layout_epoch = -1
         self.assignment_updates = 0
         self._registration = ControllerRegistration(
@@ -320,6 +377,49 @@ class StreamConsumer:
         for segment_id, topic in joined.items():
             task = asyncio.get_running_loop().create_task(self._join(segment_id, topic))
             self._opening[segment_id] = task
+        self._notify()
+
+    def _notify(self) -> None:
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
+
+    def _on_segment_end(self, consumer: SegmentConsumer) -> None:
+        self._notify()
+
+    def _on_segment_reconnect(self, consumer: StreamSegmentConsumer, dropped: int) -> None:
+        """A reconnect dropped ``dropped`` queued messages of the segment, which come again:
+        its joined descendants, whose messages queued behind them, join again through the
+        gate (what the application took of theirs comes again after the ancestor's)."""
+        if not dropped:
+            return
+        layout = self._session.layout
+        for segment_id, topic in sorted(self._wanted.items()):
+            joined = segment_id in self._segments and segment_id in layout.segments
+            if joined and consumer.segment_id in layout.ancestors(segment_id):
+                self._leave(segment_id)
+                task = asyncio.get_running_loop().create_task(self._join(segment_id, topic))
+                self._opening[segment_id] = task
+        self._notify()
+
+    async def _ancestors_ended(self, segment_id: int, topic: str) -> bool:
+        """Wait until every ancestor of the segment that this consumer holds has handed out
+        its last message; False if the segment left the share meanwhile.
+
+        The controller carries a child to the consumer of its undrained parents before they
+        drain (module docstring): joining it only now puts all of their messages in the
+        inbox before any of the child's."""
+        while not self._closing and self._wanted.get(segment_id) == topic:
+            changed, layout = self._changed, self._session.layout
+            if segment_id not in layout.segments:  # the assignment ran ahead of the DAG watch
+                await self._session.wait_for_change(layout.epoch)
+                continue
+            held = [a for a in layout.ancestors(segment_id) if a in self._wanted]
+            if all(
+                (c := self._segments.get(a)) is not None and c.reached_end_of_topic for a in held
+            ):
+                return True
+            await changed.wait()
+        return False
 
     def _leave(self, segment_id: int) -> None:
         task = self._opening.pop(segment_id, None)
@@ -348,8 +448,13 @@ class StreamConsumer:
             CLIENT_RECONNECT_BACKOFF_MIN_S, STREAM_CONSUMER_RESUBSCRIBE_MAX_S, self._pool.random
         )
         try:
+            if not await self._ancestors_ended(segment_id, topic):
+                return
             while not self._closing and self._wanted.get(segment_id) == topic:
-                consumer = Consumer(
+                consumer = StreamSegmentConsumer(
+                    segment_id,
+                    self._on_segment_end,
+                    self._on_segment_reconnect,
                     self._pool,
                     topic,
                     self.subscription,
@@ -377,6 +482,7 @@ class StreamConsumer:
                 self._segments[segment_id] = consumer
                 self._topics[segment_id] = topic
                 self._by_consumer_id[consumer._id] = (consumer, segment_id)
+                self._notify()  # it may have ended before it was stored here
                 return
         finally:
             if self._opening.get(segment_id) is asyncio.current_task():
@@ -482,6 +588,7 @@ class StreamConsumer:
         if self._closing:
             return
         self._closing = True
+        self._notify()
         self._inbox.shutdown()
         tasks = [*self._opening.values()]
         for task in tasks:
@@ -500,6 +607,7 @@ __all__ = [
     "StreamConsumer",
     "StreamConsumerOptions",
     "StreamDispatchMode",
+    "StreamSegmentConsumer",
     "diff_assignment",
     "leader_url",
 ]

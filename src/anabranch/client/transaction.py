@@ -534,10 +534,15 @@ class Transaction:
         done callback each, which cost a loop callback per message; done ones are
         dropped (noting a failure) whenever the list doubles, so it holds about the
         unanswered ones."""
+        self._add_send(fut)
+        self._end_op(None)
+
+    def _add_send(self, fut: asyncio.Future[Any]) -> None:
+        """From now on the transaction waits for ``fut`` (a send queued without waiting,
+        after ``_check_usable``: no ``_begin_op`` is needed when nothing awaited)."""
         self._sends.append(fut)
         if len(self._sends) >= self._compact_at:
             self._compact_sends()
-        self._end_op(None)
 
     def _compact_sends(self) -> list[asyncio.Future[Any]]:
         """Drop the answered sends (noting the first failure); returns the others."""
@@ -585,18 +590,6 @@ class Transaction:
             raise
         self._end_op(None)
         return result
-
-    async def _queue(self, make: Callable[[], Awaitable[asyncio.Future[R]]]) -> asyncio.Future[R]:
-        """Queue one send in this transaction: ``make`` queues it and returns its future,
-        whose outcome the transaction waits for at commit."""
-        self._begin_op()
-        try:
-            fut = await make()
-        except BaseException as err:
-            self._end_op(err)
-            raise
-        self._track(fut)
-        return fut
 
     def _add_abort_hook(self, hook: Callable[[], None]) -> None:
         """``hook`` runs once the transaction aborted (consumers redeliver what it acked)."""

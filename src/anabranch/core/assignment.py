@@ -22,6 +22,17 @@ guarantee. (A hash can be in none for a while: a merge child waits for both pare
 subscription). With ``ordered=False`` (CHECKPOINT, or unknown type) every non-retired
 segment is assignable.
 
+*Carried segments* (ordered, not fan-out). A segment whose undrained ancestors are all
+held by one consumer is *carried*: it goes to that consumer too, before they drain. The
+consumer itself then keeps parent before child: it subscribes to the segment only once
+every ancestor it holds has handed out its last message (REACHED_END_OF_TOPIC; see
+``client/stream_consumer.py``), and its cumulative acks cover everything delivered
+before. Without this, a consumer that acknowledges every N messages (or in batches)
+stalls after a split: the last messages of the sealed parent stay unacknowledged
+because nothing after them arrives, and nothing arrives because the parent is not
+drained. Several consumers never share a hash across generations: a child of ancestors
+held by different consumers waits for the plain rule above.
+
 *Deterministic assignment.* Assignable segments sorted by (range start, range end, id) are
 dealt round-robin to the sessions sorted by name. With ``fan_out=True`` (a STREAM
 subscription in Key_Shared dispatch mode, PIP-460 "Scaling Reads beyond the Segment
@@ -76,11 +87,15 @@ and registers again. Example:
     >>> out
     [PersistSession(subscription='billing', consumer='w1'), PushAssignment(consumer='w1', consumer_id=1, segments=(0, 1), epoch=0)]
     >>> state, out = state.handle(LayoutChanged(state.layout.split(0, now_ms=5)))
-    >>> out  # the children 2 and 3 wait until sealed segment 0 is drained; epoch 1 is news
-    [PushAssignment(consumer='w1', consumer_id=1, segments=(0, 1), epoch=1), PollDrain(subscription='billing', segment_ids=(0,))]
+    >>> out  # w1 holds sealed 0, so it is carried 0's children 2 and 3 (see above)
+    [PushAssignment(consumer='w1', consumer_id=1, segments=(0, 1, 2, 3), epoch=1), PollDrain(subscription='billing', segment_ids=(0,))]
     >>> state, out = state.handle(SegmentDrained(0))
     >>> out[0]
     PushAssignment(consumer='w1', consumer_id=1, segments=(2, 3, 1), epoch=1)
+    >>> state, _ = state.handle(ConsumerRegistered("w2", now_ms=6, consumer_id=2))
+    >>> state, _ = state.handle(LayoutChanged(state.layout.split(3, now_ms=7)))
+    >>> dict(state.assignment)  # 3's children 4, 5 go to w2, which holds sealed 3
+    {'w1': (2, 1), 'w2': (3, 4, 5)}
 """  # noqa: E501
 
 from __future__ import annotations
@@ -372,7 +387,24 @@ class SubscriptionAssignment:
         elif names:
             for i, segment in enumerate(segments):
                 dealt[names[i % len(names)]].append(segment.segment_id)
+            if self.ordered and not self.fan_out:  # fan-out: individual acks, no vector
+                self._carry(dealt)
         return {name: tuple(ids) for name, ids in dealt.items()}
+
+    def _carry(self, dealt: dict[str, list[int]]) -> None:
+        """Add to ``dealt`` the carried segments (module docstring), parents first."""
+        owner = {segment_id: name for name, ids in dealt.items() for segment_id in ids}
+        for segment in sorted(
+            self.layout.segments.values(), key=lambda s: (s.created_at_epoch, s.segment_id)
+        ):
+            segment_id = segment.segment_id
+            if segment_id in owner or segment_id in self.drained:
+                continue
+            holders = {owner.get(a) for a in self.layout.ancestors(segment_id) - self.drained}
+            name = holders.pop() if len(holders) == 1 else None
+            if name is not None:
+                dealt[name].append(segment_id)
+                owner[segment_id] = name
 
     # --- transitions ----------------------------------------------------------------------
 
@@ -522,8 +554,9 @@ class SubscriptionAssignment:
           assignable segment is assigned to exactly one session (fan-out with more
           sessions than segments: to at least one, and each session holds exactly one),
           nothing else is;
-        - no retired segment, and (ordered) no segment with an undrained ancestor, is
-          assigned; no hash is in two assignable segments (ordered);
+        - no retired segment is assigned; (ordered) a segment with undrained ancestors
+          only to the one consumer that holds all of them (carried); no hash is in two
+          assignable segments (ordered);
         - the assignment equals the deterministic deal (what a new leader would compute).
         """
         self.layout.validate()
@@ -551,16 +584,23 @@ class SubscriptionAssignment:
             _check(len(assigned) == len(set(assigned)), f"a segment is assigned twice: {assigned}")
         expected = {s.segment_id for s in assignable} if self.sessions else set()
         _check(
-            set(assigned) == expected,
+            expected <= set(assigned),
             f"assigned {sorted(assigned)} but assignable {sorted(expected)}",
         )
         for segment_id in set(assigned):
-            ancestors = self.layout.ancestors(segment_id)
+            undrained = self.layout.ancestors(segment_id) - self.drained
+            holders = set(self.owners_of(segment_id))
             _check(segment_id not in self.drained, f"retired segment {segment_id} is assigned")
+            carried = (
+                self.ordered
+                and bool(undrained)
+                and len(holders) == 1
+                and all(set(self.owners_of(a)) == holders for a in undrained)
+            )
             _check(
-                not self.ordered or ancestors <= self.drained,
+                segment_id in expected or carried,
                 f"segment {segment_id} is assigned before ancestors "
-                f"{sorted(ancestors - self.drained)} are drained",
+                f"{sorted(undrained)} are drained, and not with them",
             )
         if self.ordered:
             self._validate_one_generation_per_hash(assignable)

@@ -797,7 +797,8 @@ class ScalableTopicController:
         whose share changed also gets a push through ``on_assignment``.
 
         ``kind`` is ``"STREAM"`` (per-segment cursors; a child is assigned once its
-        ancestors are drained for the subscription; drained sealed segments retire),
+        ancestors are drained for the subscription, or with them to the one consumer
+        holding them all; drained sealed segments retire),
         ``"STREAM_KEY_SHARED"`` (the same, and consumers beyond the segment count share
         segments by key hash) or
         ``"CHECKPOINT"`` (a consumer group of checkpoint readers: no cursors, every segment

@@ -101,6 +101,11 @@ FinalCallback = Callable[..., None]
 """Called as ``(txn, state)`` once a header is final, plus ``winners`` (a frozenset of
 branch ids) as a third argument when a batch commit named them."""
 
+CommitCleanup = Callable[[TxnId], tuple[Sequence[Op], Callable[[], None]]]
+"""``txn → (ops, done)``: deletions this broker's participants let a COMMIT's own CAS do
+(their op records: a committed entry needs none), and ``done``, called once that CAS
+landed with them. See :meth:`TxnOutcomes.commit_cleanup`."""
+
 
 # --- metrics -------------------------------------------------------------------------------
 
@@ -187,8 +192,10 @@ class TransactionCoordinator:
         on_final: FinalCallback | None = None,
         on_give_up: GiveUp | None = None,
         max_open: int = limits.TXN_OPEN_PER_BROKER_MAX,
+        commit_cleanup: CommitCleanup | None = None,
     ) -> None:
         self._max_open = max_open
+        self._commit_cleanup = commit_cleanup
         if partitions < 1:
             raise InvalidArgument(f"transaction coordinator partitions must be >= 1: {partitions}")
         self._store = store
@@ -461,21 +468,30 @@ class TransactionCoordinator:
         """The one CAS of an OPEN header to ``state`` (with ``also``); False when it lost
         a race on the header."""
         final = dataclasses.replace(finalized(header, state, now), winners=winners)
+        ops: list[Op] = [
+            Put(records.header_path(txn), records.encode_header(final), OPEN_VERSION),
+            Delete(records.deadline_index_path(header.deadline, txn)),
+            Put(records.final_index_path(state, now, txn), b""),
+            *also,
+        ]
+        cleaned: Callable[[], None] | None = None
+        if state is TxnState.COMMITTED and winners is None and self._commit_cleanup is not None:
+            # One metadata write less per participant on this broker: its op records go
+            # with the decision instead of in a commit of their own afterwards.
+            cleanup, done = self._commit_cleanup(txn)
+            if cleanup and len(ops) + len(cleanup) <= limits.METADATA_TXN_OPS_MAX:
+                ops += cleanup
+                cleaned = done
         try:
-            await self._store.commit(
-                [
-                    Put(records.header_path(txn), records.encode_header(final), OPEN_VERSION),
-                    Delete(records.deadline_index_path(header.deadline, txn)),
-                    Put(records.final_index_path(state, now, txn), b""),
-                    *also,
-                ]
-            )
+            await self._store.commit(ops)
         except BadVersion as err:
             if also and err.path != records.header_path(txn):
                 raise  # the caller's own condition failed
             self.metrics.header_cas["conflict"] += 1
             return False
         self.metrics.header_cas["ok"] += 1
+        if cleaned is not None:
+            cleaned()
         self._count_final(txn, state, timed_out=timed_out)
         self._forget_open(txn)
         self._notify(txn, state, winners)

@@ -12,7 +12,9 @@ Reads: :class:`~anabranch.core.txn_buffer_state.TxnBufferState` decides
 Outcomes (via :class:`~anabranch.transactions.outcomes.TxnOutcomes`): applied in memory
 at once, ``on_change`` is called, then in the background the op record goes (COMMITTED)
 or is replaced by the topic's aborted record holding the positions (ABORTED), written
-only when no append of the transaction is in flight.
+only when no append of the transaction is in flight. A COMMIT decided by this broker's
+coordinator deletes the op records in its own CAS (``commit_cleanup``): nothing is left
+to write then, and a crash right after that CAS recovers the entries as committed.
 
 Branches (batch transactions): each entry's branch is read from its ``__txn_branch``
 property when it is appended (and by the recovery scan); a commit naming ``winners``
@@ -63,7 +65,7 @@ from anabranch import limits
 from anabranch.clock import Clock
 from anabranch.core.txn_buffer_state import TxnBufferState
 from anabranch.errors import TransactionConflict, TransactionTooLarge
-from anabranch.metadata.api import MetadataStore, Op, Put
+from anabranch.metadata.api import Delete, MetadataStore, Op, Put
 from anabranch.storage.api import ManagedLedger, Position
 from anabranch.transactions import records
 from anabranch.transactions.entry_stamp import entry_txn_branch, stamp_txn_branch
@@ -92,6 +94,8 @@ class _Participant:
     seqs: list[int] = field(default_factory=list)
     """Sequence numbers of this topic's op records of the transaction."""
     entries: int = 0
+    cleaned: bool = False
+    """The COMMIT's own CAS deleted the op records (this broker's coordinator)."""
 
 
 class MetadataTransactionBuffer:
@@ -273,6 +277,26 @@ class MetadataTransactionBuffer:
         self._changed(force=not committed or winners is not None)
         self._work.submit(txn, state)
 
+    def commit_cleanup(self, txn: TxnId) -> list[Op]:
+        """The op records and index keys a plain COMMIT of ``txn`` may delete with its
+        CAS: a committed entry is read as any other once they are gone, so nothing else
+        is left to persist here (an abort must record positions first: not offered)."""
+        participant = self._participants.get(txn)
+        if participant is None or txn in self._joining:
+            return []
+        ops: list[Op] = []
+        for seq in participant.seqs:
+            ops += [
+                Delete(records.op_path(txn, seq)),
+                Delete(records.writes_index_path(self._topic, txn, seq)),
+            ]
+        return ops
+
+    def cleaned_by_commit(self, txn: TxnId) -> None:
+        participant = self._participants.get(txn)
+        if participant is not None:
+            participant.cleaned = True
+
     def _remember(self, txn: TxnId, state: TxnState) -> None:
         self._finished[txn] = state
         self._finished.move_to_end(txn)
@@ -287,6 +311,11 @@ class MetadataTransactionBuffer:
         if participant is None:
             self._outcomes.unregister(txn, self)
             return True  # nothing written here (the join failed, or already cleaned)
+        if participant.cleaned and state is TxnState.COMMITTED:
+            self.op_deletes += 1
+            del self._participants[txn]
+            self._outcomes.unregister(txn, self)
+            return True
         paths: list[str] = []
         for seq in participant.seqs:
             paths += [records.op_path(txn, seq), records.writes_index_path(self._topic, txn, seq)]

@@ -41,12 +41,12 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Coroutine
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from anabranch import failpoints, limits
 from anabranch.clock import Clock
 from anabranch.errors import Closed, Compacted, InvalidArgument
-from anabranch.metadata.api import EventKind, MetadataStore
+from anabranch.metadata.api import EventKind, MetadataStore, Op
 from anabranch.supervisor import GiveUp, Supervised
 from anabranch.transactions import records
 from anabranch.transactions.ids import TxnId
@@ -70,6 +70,20 @@ class OutcomeListener(Protocol):
     ) -> None:
         """``txn`` ended in ``state`` (final), committing only the entries of ``winners``
         when set. Idempotent; never blocks (schedules work)."""
+        ...
+
+
+@runtime_checkable
+class CommitCleaner(Protocol):
+    """A listener whose durable work for a plain COMMIT is only deleting its records, so
+    the coordinator's CAS on this broker may do it (a transaction buffer)."""
+
+    def commit_cleanup(self, txn: TxnId) -> list[Op]:
+        """The deletions a COMMIT of ``txn`` may carry for this participant ([]: none)."""
+        ...
+
+    def cleaned_by_commit(self, txn: TxnId) -> None:
+        """The COMMIT's CAS carried :meth:`commit_cleanup`'s deletions: skip them."""
         ...
 
 
@@ -153,6 +167,25 @@ class TxnOutcomes:
         seq = self._seq_hints.get(txn, 0)
         self._seq_hints[txn] = seq + 1
         return seq
+
+    def commit_cleanup(self, txn: TxnId) -> tuple[list[Op], Callable[[], None]]:
+        """``(ops, done)`` for this broker's coordinator committing ``txn``: the deletions
+        of the registered participants that can go in the COMMIT's CAS, and what tells
+        them it did (call ``done`` only once that CAS landed with ``ops``)."""
+        ops: list[Op] = []
+        cleaners: list[CommitCleaner] = []
+        for listener in self._listeners.get(txn, ()):
+            if isinstance(listener, CommitCleaner):
+                mine = listener.commit_cleanup(txn)
+                if mine:
+                    ops += mine
+                    cleaners.append(listener)
+
+        def done() -> None:
+            for cleaner in cleaners:
+                cleaner.cleaned_by_commit(txn)
+
+        return ops, done
 
     def registered(self, txn: TxnId) -> int:
         """How many listeners wait for ``txn``."""
