@@ -9,6 +9,7 @@ every transaction is all-or-nothing on every participant.
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,8 @@ from anabranch.testing.broker import BrokerProcess
 from tests.scalable.wire import RawClient
 
 QUIET_S = 0.5
+RESTART_GAP_S = 2.0
+"""How long the broker stays down under a commit (longer than a few quick retries)."""
 RECEIVE_S = 10.0
 TOPICS = [f"persistent://public/default/restart-{i}" for i in range(3)]
 
@@ -162,6 +165,33 @@ async def test_an_open_transaction_survives_a_crash_and_ends_after_it(
         expected = [b"in-txn", b"after"] if outcome == "commit" else [b"after"]
         for consumer in consumers:
             assert [m.value for m in await take(consumer, len(expected))] == expected
+        await client.close()
+    finally:
+        await broker.stop()
+
+
+async def test_a_commit_rides_out_a_broker_restart(tmp_path: Path) -> None:
+    # The coordinator's broker is down when the application commits and comes back a few
+    # seconds later: the client keeps resending END_TXN within its operation timeout
+    # (not a fixed few attempts, which a restart outlasts) and the commit lands.
+    broker = BrokerProcess(tmp_path / "data")
+    await broker.start()
+    try:
+        client = Client(broker.service_url)
+        producers = [await client.create_producer(t) for t in TOPICS]
+        txn = await client.new_transaction(timeout=120)
+        for producer in producers:
+            await producer.send(b"in-txn", txn=txn)
+        broker.kill()
+        committing = asyncio.ensure_future(txn.commit())
+        await asyncio.sleep(RESTART_GAP_S)
+        assert not committing.done()  # still trying, not failed
+        await broker.start()
+        await committing
+        assert str(txn.state).endswith("COMMITTED")
+        for topic in TOPICS:
+            consumer = await client.subscribe(topic, "s", initial_position="earliest")
+            assert [m.value for m in await take(consumer, 1)] == [b"in-txn"]
         await client.close()
     finally:
         await broker.stop()
