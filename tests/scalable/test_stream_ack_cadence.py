@@ -25,21 +25,12 @@ from anabranch.aio import Client, Message
 from anabranch.client.scalable_producer import ScalableProducer
 from anabranch.client.stream_consumer import StreamConsumer
 from anabranch.testing.broker import InProcessBroker
+from tests.scalable.conftest import eventually
 
 KEYS = [f"key-{i}" for i in range(16)]
 RECEIVE_TIMEOUT_S = 5.0
 """Far above the few ms a message takes here: a receive that times out is a stall."""
 QUIET_S = 0.3
-EVENTUALLY_ROUNDS = 1_000
-
-
-async def eventually(condition: Callable[[], bool], what: str) -> None:
-    """Poll ``condition`` (10 ms apart) while the client's tasks run."""
-    for _ in range(EVENTUALLY_ROUNDS):
-        if condition():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"never happened: {what}")
 
 
 @dataclass

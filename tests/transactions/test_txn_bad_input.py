@@ -71,6 +71,29 @@ async def send_in(
     )
 
 
+async def add_to_txn(
+    client: RawClient, request_id: int, txn: tuple[int, int], topics: list[str], *, partition: bool
+) -> Any:
+    """ADD_PARTITION_TO_TXN of ``topics`` (or ADD_SUBSCRIPTION_TO_TXN of subscription "s"
+    on each); returns the response body."""
+    most, least = txn
+    if partition:
+        body = pb.CommandAddPartitionToTxn(
+            request_id=request_id, txnid_most_bits=most, txnid_least_bits=least, partitions=topics
+        )
+        await client.send(T(type=T.ADD_PARTITION_TO_TXN, addPartitionToTxn=body))
+        kind = T.ADD_PARTITION_TO_TXN_RESPONSE
+    else:
+        body2 = pb.CommandAddSubscriptionToTxn(
+            request_id=request_id, txnid_most_bits=most, txnid_least_bits=least,
+            subscription=[pb.Subscription(topic=t, subscription="s") for t in topics],
+        )  # fmt: skip
+        await client.send(T(type=T.ADD_SUBSCRIPTION_TO_TXN, addSubscriptionToTxn=body2))
+        kind = T.ADD_SUBSCRIPTION_TO_TXN_RESPONSE
+    frame = await client.next(lambda f: f.type == kind and f.body.request_id == request_id)
+    return frame.body
+
+
 async def test_end_of_an_unknown_transaction_is_transaction_not_found(tmp_path: Path) -> None:
     async with wire(tmp_path) as (broker, client):
         reply = await end_txn(client, 1, (0, 987654), pb.COMMIT)
@@ -243,23 +266,7 @@ async def test_add_partition_and_subscription_check_that_the_transaction_is_open
         txn = await new_txn(client, 1)
 
         async def add(request_id: int, txn: tuple[int, int], partition: bool) -> Any:
-            most, least = txn
-            if partition:
-                body = pb.CommandAddPartitionToTxn(
-                    request_id=request_id, txnid_most_bits=most, txnid_least_bits=least,
-                    partitions=[TOPIC],
-                )  # fmt: skip
-                await client.send(T(type=T.ADD_PARTITION_TO_TXN, addPartitionToTxn=body))
-                kind = T.ADD_PARTITION_TO_TXN_RESPONSE
-            else:
-                body2 = pb.CommandAddSubscriptionToTxn(
-                    request_id=request_id, txnid_most_bits=most, txnid_least_bits=least,
-                    subscription=[pb.Subscription(topic=TOPIC, subscription="s")],
-                )  # fmt: skip
-                await client.send(T(type=T.ADD_SUBSCRIPTION_TO_TXN, addSubscriptionToTxn=body2))
-                kind = T.ADD_SUBSCRIPTION_TO_TXN_RESPONSE
-            frame = await client.next(lambda f: f.type == kind and f.body.request_id == request_id)
-            return frame.body
+            return await add_to_txn(client, request_id, txn, [TOPIC], partition=partition)
 
         for partition in (True, False):
             ok = await add(2 if partition else 3, txn, partition)
@@ -278,33 +285,13 @@ async def test_a_request_naming_more_participants_than_a_transaction_may_have(
     # a million times must not cost a million name parses (nor a million joins).
     async with wire(tmp_path) as (_, client):
         await client.producer(TOPIC, 1, "p")
-        most, least = await new_txn(client, 1)
-        names = [TOPIC] * (limits.TXN_OP_RECORDS_MAX + 1)
-        body = pb.CommandAddPartitionToTxn(
-            request_id=2, txnid_most_bits=most, txnid_least_bits=least, partitions=names
-        )
-        await client.send(T(type=T.ADD_PARTITION_TO_TXN, addPartitionToTxn=body))
-        frame = await client.next(
-            lambda f: f.type == T.ADD_PARTITION_TO_TXN_RESPONSE and f.body.request_id == 2
-        )
-        assert frame.body.error == pb.NotAllowedError
-        assert "participants" in frame.body.message
-        subs = [pb.Subscription(topic=TOPIC, subscription="s")] * (limits.TXN_OP_RECORDS_MAX + 1)
-        body2 = pb.CommandAddSubscriptionToTxn(
-            request_id=3, txnid_most_bits=most, txnid_least_bits=least, subscription=subs
-        )
-        await client.send(T(type=T.ADD_SUBSCRIPTION_TO_TXN, addSubscriptionToTxn=body2))
-        frame = await client.next(
-            lambda f: f.type == T.ADD_SUBSCRIPTION_TO_TXN_RESPONSE and f.body.request_id == 3
-        )
-        assert frame.body.error == pb.NotAllowedError
-        assert "participants" in frame.body.message
+        txn = await new_txn(client, 1)
+        too_many = [TOPIC] * (limits.TXN_OP_RECORDS_MAX + 1)
+        for request_id, partition in ((2, True), (3, False)):
+            refused = await add_to_txn(client, request_id, txn, too_many, partition=partition)
+            assert refused.error == pb.NotAllowedError
+            assert "participants" in refused.message
         # The limit itself is fine, a name repeated joins once, and the txn is still usable.
-        body.request_id = 4
-        del body.partitions[limits.TXN_OP_RECORDS_MAX :]
-        await client.send(T(type=T.ADD_PARTITION_TO_TXN, addPartitionToTxn=body))
-        frame = await client.next(
-            lambda f: f.type == T.ADD_PARTITION_TO_TXN_RESPONSE and f.body.request_id == 4
-        )
-        assert not frame.body.HasField("error")
-        assert not (await end_txn(client, 5, (most, least), pb.COMMIT)).HasField("error")
+        at_limit = too_many[: limits.TXN_OP_RECORDS_MAX]
+        assert not (await add_to_txn(client, 4, txn, at_limit, partition=True)).HasField("error")
+        assert not (await end_txn(client, 5, txn, pb.COMMIT)).HasField("error")
