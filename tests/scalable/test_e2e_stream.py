@@ -8,10 +8,8 @@ what the application saw: every (key, seq) exactly once, in per-key order.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections import defaultdict
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,67 +22,18 @@ from anabranch.aio import Client, Message
 from anabranch.client.scalable_producer import ScalableProducer
 from anabranch.client.stream_consumer import StreamConsumer
 from anabranch.errors import InvalidArgument
-from anabranch.testing.broker import BrokerProcess, InProcessBroker
+from anabranch.testing.broker import BrokerProcess
 from tests.scalable.conftest import EVENTUALLY_ROUNDS, eventually
+from tests.scalable.stream_world import KEYS, World, parse, world_with
 
-KEYS = [f"key-{i}" for i in range(16)]
 RECEIVE_TIMEOUT_S = 5.0
 QUIET_S = 0.3
-
-
-@dataclass
-class World:
-    broker: InProcessBroker | None
-    admin: AdminClient
-    client: Client
-    sent: dict[str, int] = field(default_factory=lambda: defaultdict(int))
-
-    @property
-    def node(self) -> InProcessBroker:
-        """The in-process broker (the crash test runs a process instead)."""
-        assert self.broker is not None
-        return self.broker
-
-    async def producer(self, topic: str) -> ScalableProducer:
-        producer = await self.client.create_producer(topic, batch_delay_s=0.002)
-        assert isinstance(producer, ScalableProducer)
-        return producer
-
-    async def stream(self, topic: str, name: str, sub: str = "billing") -> StreamConsumer:
-        return await self.client.subscribe_stream(topic, sub, consumer_name=name)
-
-    async def produce(self, producer: ScalableProducer, count: int) -> None:
-        futures = []
-        for i in range(count):
-            key = KEYS[i % len(KEYS)]
-            futures.append(await producer.send_async(f"{key}:{self.sent[key]}".encode(), key=key))
-            self.sent[key] += 1
-        await asyncio.gather(*futures)
-
-    def expected(self) -> dict[str, list[int]]:
-        return {k: list(range(n)) for k, n in self.sent.items() if n}
-
-
-@contextlib.asynccontextmanager
-async def world_with(tmp_path: Path, grace_s: float = 30.0) -> AsyncIterator[World]:
-    async with InProcessBroker(
-        tmp_path, ledgers="memory", consumer_grace_period_s=grace_s
-    ) as broker:
-        assert broker.http_url is not None
-        async with AdminClient(broker.http_url) as admin, Client(broker.service_url) as client:
-            yield World(broker, admin, client)
 
 
 @pytest.fixture
 async def world(tmp_path: Path) -> AsyncIterator[World]:
     async with world_with(tmp_path) as w:
         yield w
-
-
-def _parse(msg: Message) -> tuple[str, int]:
-    key, seq = msg.value.decode().split(":")
-    assert key == msg.key
-    return key, int(seq)
 
 
 async def _consume(stream: StreamConsumer, count: int) -> list[Message]:
@@ -99,10 +48,10 @@ async def _consume(stream: StreamConsumer, count: int) -> list[Message]:
     return out
 
 
-def _by_key(messages: list[Message]) -> dict[str, list[int]]:
-    seen: dict[str, list[int]] = defaultdict(list)
+def _by_key(messages: list[Message]) -> dict[str | None, list[int]]:
+    seen: dict[str | None, list[int]] = defaultdict(list)
     for msg in messages:
-        key, seq = _parse(msg)
+        key, seq = parse(msg)
         seen[key].append(seq)
     return dict(seen)
 
@@ -196,8 +145,10 @@ async def test_two_stream_consumers_across_splits_lose_nothing(world: World) -> 
     await eventually(lambda: all(s.segment_ids for s in streams), "a segment each")
     producer = await world.producer(topic)
     total = 480
-    first_seen: dict[StreamConsumer, dict[str, list[int]]] = {s: defaultdict(list) for s in streams}
-    everything: set[tuple[str, int]] = set()
+    first_seen: dict[StreamConsumer, dict[str | None, list[int]]] = {
+        s: defaultdict(list) for s in streams
+    }
+    everything: set[tuple[str | None, int]] = set()
 
     async def produce() -> None:
         for segment_id in (0, 1):
@@ -210,7 +161,7 @@ async def test_two_stream_consumers_across_splits_lose_nothing(world: World) -> 
             msg = await stream.receive(timeout=0.1)
             if msg is None:
                 continue
-            key, seq = _parse(msg)
+            key, seq = parse(msg)
             everything.add((key, seq))
             if seq not in first_seen[stream][key]:
                 first_seen[stream][key].append(seq)
@@ -284,7 +235,7 @@ async def test_the_blocking_client_streams_a_scalable_topic(world: World) -> Non
     await world.admin.create_scalable_topic(topic, 2)
     url = world.node.service_url
 
-    def run() -> list[tuple[str, int]]:
+    def run() -> list[tuple[str | None, int]]:
         with anabranch.Client(url) as client:
             stream = client.subscribe_stream(topic, "sync", consumer_name="sync-1")
             producer = client.create_producer(topic)
@@ -292,7 +243,7 @@ async def test_the_blocking_client_streams_a_scalable_topic(world: World) -> Non
                 producer.send(f"{KEYS[i % 4]}:{i // 4}".encode(), key=KEYS[i % 4])
             got = []
             while (msg := stream.receive(timeout=RECEIVE_TIMEOUT_S)) is not None:
-                got.append(_parse(msg))
+                got.append(parse(msg))
                 stream.acknowledge_cumulative(msg)
                 if len(got) == 40:
                     break
@@ -340,15 +291,15 @@ async def test_producer_and_stream_consumer_ride_out_a_broker_crash(tmp_path: Pa
             await world.produce(producer, 160)  # waits for the reconnects, never fails
             await _when_http_serves(lambda: admin.split_segment(topic, 0))
             await world.produce(producer, 160)
-            seen: dict[str, list[int]] = defaultdict(list)
+            seen: dict[str | None, list[int]] = defaultdict(list)
             messages = [m for m in got if m is not None]
-            while len({_parse(m) for m in messages}) < 480:
+            while len({parse(m) for m in messages}) < 480:
                 msg = await stream.receive(timeout=RECEIVE_TIMEOUT_S)
-                assert msg is not None, f"{len({_parse(m) for m in messages})} of 480 arrived"
+                assert msg is not None, f"{len({parse(m) for m in messages})} of 480 arrived"
                 messages.append(msg)
                 await stream.acknowledge_cumulative(msg)
             for msg in messages:
-                key, seq = _parse(msg)
+                key, seq = parse(msg)
                 if seq not in seen[key]:
                     seen[key].append(seq)
             assert seen == world.expected()

@@ -12,72 +12,26 @@ messages waited for an ack that only a later message would bring.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections import defaultdict
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
-from anabranch.admin.client import AdminClient
-from anabranch.aio import Client, Message
-from anabranch.client.scalable_producer import ScalableProducer
+from anabranch.aio import Message
 from anabranch.client.stream_consumer import StreamConsumer
-from anabranch.testing.broker import InProcessBroker
 from tests.scalable.conftest import eventually
+from tests.scalable.stream_world import World, parse, world_with
 
-KEYS = [f"key-{i}" for i in range(16)]
 RECEIVE_TIMEOUT_S = 5.0
 """Far above the few ms a message takes here: a receive that times out is a stall."""
 QUIET_S = 0.3
-
-
-@dataclass
-class World:
-    broker: InProcessBroker
-    admin: AdminClient
-    client: Client
-    sent: dict[str | None, int] = field(default_factory=lambda: defaultdict(int))
-
-    async def producer(self, topic: str, *, batching: bool = True) -> ScalableProducer:
-        """With ``batching=False`` every message is an entry of its own, so a small
-        receiver queue leaves most of a segment on the broker."""
-        producer = await self.client.create_producer(topic, batch_delay_s=0.002, batching=batching)
-        assert isinstance(producer, ScalableProducer)
-        return producer
-
-    async def produce(self, producer: ScalableProducer, count: int, *, keyed: bool = True) -> None:
-        futures = []
-        for i in range(count):
-            key = KEYS[i % len(KEYS)] if keyed else None
-            value = f"{key or '-'}:{self.sent[key]}".encode()
-            futures.append(await producer.send_async(value, key=key))
-            self.sent[key] += 1
-        await asyncio.gather(*futures)
-
-    def expected(self) -> dict[str | None, list[int]]:
-        return {k: list(range(n)) for k, n in self.sent.items() if n}
-
-
-@contextlib.asynccontextmanager
-async def world_with(tmp_path: Path) -> AsyncIterator[World]:
-    async with InProcessBroker(tmp_path, ledgers="memory", consumer_grace_period_s=30.0) as broker:
-        assert broker.http_url is not None
-        async with AdminClient(broker.http_url) as admin, Client(broker.service_url) as client:
-            yield World(broker, admin, client)
 
 
 @pytest.fixture
 async def world(tmp_path: Path) -> AsyncIterator[World]:
     async with world_with(tmp_path) as w:
         yield w
-
-
-def _parse(msg: Message) -> tuple[str | None, int]:
-    key, seq = msg.value.decode().split(":")
-    assert (None if key == "-" else key) == msg.key
-    return msg.key, int(seq)
 
 
 class App:
@@ -109,7 +63,7 @@ class App:
     def by_key(self) -> dict[str | None, list[int]]:
         seen: dict[str | None, list[int]] = defaultdict(list)
         for msg in self.got:
-            key, seq = _parse(msg)
+            key, seq = parse(msg)
             seen[key].append(seq)
         return dict(seen)
 
@@ -235,9 +189,9 @@ async def test_a_restart_gets_the_unacknowledged_tail_of_the_parent_first(
     again = await world.client.subscribe_stream(topic, "spark", consumer_name="w1")
     replay = App(again, 1)
     everything = {(k, i) for k, n in world.expected().items() for i in n}
-    unacked = everything - {_parse(m) for m in app.got[:100]}  # the 200th was never taken
+    unacked = everything - {parse(m) for m in app.got[:100]}  # the 200th was never taken
     assert len(unacked) == 100
-    while not unacked <= {_parse(m) for m in replay.got}:
+    while not unacked <= {parse(m) for m in replay.got}:
         await replay.take(1)
     await replay.finish()
     # A batch acknowledged part way comes again whole (batch-index acks are off, as
@@ -276,7 +230,7 @@ async def test_two_consumers_acking_every_n_share_the_children(world: World) -> 
             if msg is None:
                 continue
             progress[0] = loop.time()
-            everything.add(_parse(msg))
+            everything.add(parse(msg))
             app.got.append(msg)
             if len(app.got) % 7 == 0:
                 await app.stream.acknowledge_cumulative(msg)
@@ -285,7 +239,7 @@ async def test_two_consumers_acking_every_n_share_the_children(world: World) -> 
     assert everything == {(k, i) for k, n in world.expected().items() for i in n}
     for app in apps:
         firsts: dict[str | None, list[int]] = defaultdict(list)
-        for key, seq in map(_parse, app.got):
+        for key, seq in map(parse, app.got):
             if seq not in firsts[key]:
                 firsts[key].append(seq)
         for key, seqs in firsts.items():
@@ -313,7 +267,7 @@ async def unload_parent(world: World, stream: StreamConsumer, topic: str) -> Non
     reconnects, while its children's messages stay queued."""
     parent = stream._segments[0]
     name = topic.replace("topic:", "segment:") + "/0000-ffff-0"
-    assert await world.broker.service.unload_topic(name)
+    assert await world.node.service.unload_topic(name)
     await eventually(lambda: parent._filter_up_to is not None, "the parent reconnected")
 
 
@@ -344,14 +298,14 @@ async def test_a_reconnect_never_brings_the_parent_after_its_children(
     await eventually(lambda: stream.connected_segment_ids == [0, 1, 2], "children joined")
     await drop(world, stream, topic)
     everything = {(k, i) for k, n in world.expected().items() for i in n}
-    while {_parse(m) for m in app.got} != everything:
+    while {parse(m) for m in app.got} != everything:
         await app.take(1)
     await app.finish()
     segments = [m.message_id.segment_id for m in app.got]
     first_child = next(i for i, s in enumerate(segments) if s != 0)
     assert 0 not in segments[first_child:], "the parent came again after its children"
     firsts: dict[str | None, list[int]] = defaultdict(list)
-    for key, seq in map(_parse, app.got):
+    for key, seq in map(parse, app.got):
         if seq not in firsts[key]:
             firsts[key].append(seq)
     assert firsts == world.expected()

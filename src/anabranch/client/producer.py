@@ -349,19 +349,14 @@ class Producer(ReconnectingHandler):
         # send needs no in-flight count (nor a coroutine): that bookkeeping per message was
         # most of what a transactional send cost more than a plain one.
         txn._check_usable()
-        txn_id = txn.id
-        if self._join_ahead.wants(txn_id):
-            self._join_ahead.announce(self._conn, self.topic, txn_id)
-        fut = self._send_nowait(
-            value, key, properties, event_time, sequence_id, txn_id, deliver_at=due
-        )
+        fut = self._try_send(value, key, properties, event_time, sequence_id, txn.id, due)
         if fut is not None:
             txn._add_send(fut)
             return fut
         txn._begin_op()
         try:
-            fut = await self._send_async(
-                value, key, properties, event_time, sequence_id, txn_id, deliver_at=due
+            fut = await self._send_waiting(
+                value, key, properties, event_time, sequence_id, txn.id, due
             )
         except BaseException as err:
             txn._end_op(err)
@@ -381,13 +376,42 @@ class Producer(ReconnectingHandler):
         deliver_at: int | None = None,
     ) -> asyncio.Future[MessageId]:
         """``send_async`` with the wire transaction id (the scalable producer's entry)."""
-        if txn_id is not None and self._join_ahead.wants(txn_id):
-            self._join_ahead.announce(self._conn, self.topic, txn_id)
-        fut = self._send_nowait(
-            value, key, properties, event_time, sequence_id, txn_id, deliver_at=deliver_at
-        )
+        fut = self._try_send(value, key, properties, event_time, sequence_id, txn_id, deliver_at)
         if fut is not None:
             return fut
+        return await self._send_waiting(
+            value, key, properties, event_time, sequence_id, txn_id, deliver_at
+        )
+
+    def _try_send(  # noqa: PLR0917 (private)
+        self,
+        value: bytes,
+        key: str | None,
+        properties: Mapping[str, str] | None,
+        event_time: int | None,
+        sequence_id: int | None,
+        txn_id: TxnId | None,
+        deliver_at: int | None,
+    ) -> asyncio.Future[MessageId] | None:
+        """Queue without waiting (None when the queue is full), announcing the topic on the
+        first send in a transaction."""
+        if txn_id is not None and self._join_ahead.wants(txn_id):
+            self._join_ahead.announce(self._conn, self.topic, txn_id)
+        return self._send_nowait(
+            value, key, properties, event_time, sequence_id, txn_id, deliver_at=deliver_at
+        )
+
+    async def _send_waiting(  # noqa: PLR0917 (private)
+        self,
+        value: bytes,
+        key: str | None,
+        properties: Mapping[str, str] | None,
+        event_time: int | None,
+        sequence_id: int | None,
+        txn_id: TxnId | None,
+        deliver_at: int | None,
+    ) -> asyncio.Future[MessageId]:
+        """Wait for room in the queue, then queue the message."""
         await self._bound.enter(block=self.options.block_if_queue_full, owner=self)
         fut = asyncio.get_running_loop().create_future()
         try:

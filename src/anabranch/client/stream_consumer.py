@@ -375,9 +375,12 @@ class StreamConsumer:
         for segment_id in left:
             self._leave(segment_id)
         for segment_id, topic in joined.items():
-            task = asyncio.get_running_loop().create_task(self._join(segment_id, topic))
-            self._opening[segment_id] = task
+            self._start_join(segment_id, topic)
         self._notify()
+
+    def _start_join(self, segment_id: int, topic: str) -> None:
+        task = asyncio.get_running_loop().create_task(self._join(segment_id, topic))
+        self._opening[segment_id] = task
 
     def _notify(self) -> None:
         changed, self._changed = self._changed, asyncio.Event()
@@ -397,8 +400,7 @@ class StreamConsumer:
             joined = segment_id in self._segments and segment_id in layout.segments
             if joined and consumer.segment_id in layout.ancestors(segment_id):
                 self._leave(segment_id)
-                task = asyncio.get_running_loop().create_task(self._join(segment_id, topic))
-                self._opening[segment_id] = task
+                self._start_join(segment_id, topic)
         self._notify()
 
     async def _ancestors_ended(self, segment_id: int, topic: str) -> bool:

@@ -284,13 +284,7 @@ class MetadataTransactionBuffer:
         participant = self._participants.get(txn)
         if participant is None or txn in self._joining:
             return []
-        ops: list[Op] = []
-        for seq in participant.seqs:
-            ops += [
-                Delete(records.op_path(txn, seq)),
-                Delete(records.writes_index_path(self._topic, txn, seq)),
-            ]
-        return ops
+        return [Delete(path) for path in self._op_paths(txn, participant)]
 
     def cleaned_by_commit(self, txn: TxnId) -> None:
         participant = self._participants.get(txn)
@@ -311,26 +305,26 @@ class MetadataTransactionBuffer:
         if participant is None:
             self._outcomes.unregister(txn, self)
             return True  # nothing written here (the join failed, or already cleaned)
-        if participant.cleaned and state is TxnState.COMMITTED:
-            self.op_deletes += 1
-            del self._participants[txn]
-            self._outcomes.unregister(txn, self)
-            return True
-        paths: list[str] = []
-        for seq in participant.seqs:
-            paths += [records.op_path(txn, seq), records.writes_index_path(self._topic, txn, seq)]
-        first: list[Op] = []
-        # ABORTED, or COMMITTED with winners: the entries of losing branches.
-        positions = tuple(Position(*p) for p in self._state.aborted_positions(txn))
-        if positions:
-            value = records.encode_aborted(records.AbortedRecord(positions))
-            first.append(Put(records.aborted_path(self._topic, txn), value))
-        await delete_ops(self._store, txn, paths, first)
-        self.aborted_writes += bool(first)
+        if not (participant.cleaned and state is TxnState.COMMITTED):
+            first: list[Op] = []
+            # ABORTED, or COMMITTED with winners: the entries of losing branches.
+            positions = tuple(Position(*p) for p in self._state.aborted_positions(txn))
+            if positions:
+                value = records.encode_aborted(records.AbortedRecord(positions))
+                first.append(Put(records.aborted_path(self._topic, txn), value))
+            await delete_ops(self._store, txn, self._op_paths(txn, participant), first)
+            self.aborted_writes += bool(first)
         self.op_deletes += 1
         del self._participants[txn]
         self._outcomes.unregister(txn, self)
         return True
+
+    def _op_paths(self, txn: TxnId, participant: _Participant) -> list[str]:
+        """This topic's op records of ``txn`` and their index keys."""
+        paths: list[str] = []
+        for seq in participant.seqs:
+            paths += [records.op_path(txn, seq), records.writes_index_path(self._topic, txn, seq)]
+        return paths
 
     def _changed(self, *, force: bool = False) -> None:
         current = self.max_read_position()

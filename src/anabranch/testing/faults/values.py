@@ -37,8 +37,7 @@ class Value:
     @classmethod
     def decode(cls, data: bytes | str) -> Value | None:
         """The value ``data`` encodes, or None if it is not one of ours."""
-        text = data.decode(errors="replace") if isinstance(data, bytes) else data
-        parts = dict(part.split("=", 1) for part in text.split(";") if "=" in part)
+        parts = _fields(data)
         try:
             return cls(parts["p"], parts["k"], int(parts["c"]))
         except (KeyError, ValueError):
@@ -72,9 +71,14 @@ class TxnValue:
     @classmethod
     def decode(cls, data: bytes | str) -> TxnValue | None:
         """The transactional value ``data`` encodes, or None if it is not one."""
-        text = data.decode(errors="replace") if isinstance(data, bytes) else data
-        parts = dict(part.split("=", 1) for part in text.split(";") if "=" in part)
+        parts = _fields(data)
         try:
             return cls(parts["x"], parts["id"], int(parts["i"]))
         except (KeyError, ValueError):
             return None
+
+
+def _fields(data: bytes | str) -> dict[str, str]:
+    """The ``name=value`` parts of an encoded value (``;``-separated)."""
+    text = data.decode(errors="replace") if isinstance(data, bytes) else data
+    return dict(part.split("=", 1) for part in text.split(";") if "=" in part)
