@@ -10,6 +10,10 @@ Anonymous role: a client configured without authentication names the method ``no
 (and a misconfigured one may name any method no provider serves); with
 ``anonymous_user_role`` set, Pulsar gives such a connection that role, so authorization
 then decides, instead of refusing the connection.
+
+Missing tenant: with authorization on, Pulsar checks the topic's tenant before the grants
+and answers PARTITIONED_METADATA for a tenant that does not exist with TopicNotFound, not
+AuthorizationError (the suite's asyncio ``test_create_producer_failure``).
 """
 
 from __future__ import annotations
@@ -131,3 +135,43 @@ async def test_clients_without_a_served_method_get_the_anonymous_role(tmp_path: 
         # The served method still authenticates: root is a superuser everywhere.
         root = pulsar.AuthenticationBasic("root", "root-pw")
         assert await asyncio.to_thread(round_trip, url, closed, root) == "ok"
+
+
+def producer_outcome(url: str, topic: str) -> str:
+    """Create a producer on ``topic`` without credentials; "ok" or the error's class name."""
+    client = pulsar.Client(url, operation_timeout_seconds=30)
+    try:
+        client.create_producer(topic)
+        return "ok"
+    except pulsar.PulsarException as err:
+        return type(err).__name__
+    finally:
+        client.close()
+
+
+async def test_a_missing_tenant_is_topic_not_found_under_authorization(tmp_path: Path) -> None:
+    htpasswd = tmp_path / "htpasswd"
+    digest = base64.b64encode(hashlib.sha1(b"root-pw").digest()).decode()
+    htpasswd.write_text(f"root:{{SHA}}{digest}\n")
+    async with InProcessBroker(
+        tmp_path / "data",
+        authentication_enabled=True,
+        authentication_providers=["basic"],
+        basic_auth_conf=f"file://{htpasswd}",
+        anonymous_user_role="anonymous",
+        authorization_enabled=True,
+        superuser_roles=["root"],
+    ) as broker:
+        assert broker.http_url is not None
+        async with AdminClient(
+            broker.http_url, auth=AuthenticationBasic("root", "root-pw")
+        ) as admin:
+            await admin.create_namespace("public/closed")
+            await admin.grant_namespace_permission("public/default", "anonymous", ["produce"])
+        url = broker.service_url
+        outcome = await asyncio.to_thread(producer_outcome, url, "tenant/ns/none-such")
+        assert outcome == "TopicNotFound"
+        # An existing tenant is still refused by its grants, namespace or no namespace.
+        for topic in ("public/closed/t", "public/none-such/t"):
+            assert await asyncio.to_thread(producer_outcome, url, topic) == "AuthorizationError"
+        assert await asyncio.to_thread(producer_outcome, url, "public/default/t") == "ok"

@@ -9,7 +9,10 @@ otherwise the tenant's ``adminRoles`` and the namespace's ``auth_policies``.
 
 A refusal is :class:`~anabranch.errors.AuthorizationError` naming the role, the action and
 the resource the request itself named; a tenant or namespace that does not exist is
-refused the same way (what exists is not revealed to a role that may not see it).
+refused the same way (what exists is not revealed to a role that may not see it), except
+where the caller asks for Pulsar's answer to a missing tenant (``missing_tenant=True``:
+PARTITIONED_METADATA, whose handler upstream turns the tenant check's 404 into
+TopicNotFound, and clients rely on it).
 
 Example:
     >>> async def demo(authorizer: Authorizer) -> None:
@@ -95,10 +98,20 @@ class Authorizer:
         what: str,
         *,
         named: str | None = None,
+        missing_tenant: bool = False,
     ) -> None:
         """Return if allowed; AuthorizationError naming ``what`` and ``named`` (default:
-        the resource) if not."""
+        the resource) if not, or, with ``missing_tenant``, NotFound when the resource's
+        tenant does not exist (Pulsar checks the tenant before the grants and answers
+        PARTITIONED_METADATA for a missing one with TopicNotFound)."""
         if not await self.is_allowed(role, need, resource):
+            if missing_tenant and resource.tenant is not None:
+                # Only reached on a refusal: a role allowed in never learns more than before.
+                try:
+                    await self.policies.get_tenant(resource.tenant)
+                except NotFound:
+                    # Named as the request named it, not by its metadata path.
+                    raise NotFound(f"tenant {resource.tenant}") from None
             shown = str(resource) if named is None else named
             raise AuthorizationError(role or "anonymous", what, shown)
 

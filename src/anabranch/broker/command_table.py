@@ -90,6 +90,9 @@ class Command:
     """The resource the command's body names (for a scoped need)."""
     reject: Reject | None = None
     """Answer a refused request in its own response shape; None: ERROR(request_id)."""
+    missing_tenant: bool = False
+    """A refusal on a resource whose tenant does not exist is TopicNotFound rather than
+    AuthorizationError (upstream's PARTITIONED_METADATA; ``Authorizer.check``)."""
 
     @property
     def checked(self) -> bool:
@@ -309,9 +312,18 @@ def _row(
     need: Need,
     resource: Callable[[Any], Resource] | None = None,
     reject: Reject | None = None,
+    *,
+    missing_tenant: bool = False,
 ) -> Command:
     """A spawned row whose handler takes the command's body."""
-    return Command(_body(handler), need, spawned=True, resource=resource, reject=reject)
+    return Command(
+        _body(handler),
+        need,
+        spawned=True,
+        resource=resource,
+        reject=reject,
+        missing_tenant=missing_tenant,
+    )
 
 
 def _inline(handler: Callable[[Session, Any], Awaitable[None] | None]) -> Command:
@@ -344,7 +356,11 @@ TABLE: dict[int, Command] = {
     # lookups and schemas
     T.LOOKUP: _row(lookup.handle_lookup, N.LOOKUP, _topic, _reject_lookup),
     T.PARTITIONED_METADATA: _row(
-        lookup.handle_partitioned_metadata, N.LOOKUP, _topic, _reject_partitioned_metadata
+        lookup.handle_partitioned_metadata,
+        N.LOOKUP,
+        _topic,
+        _reject_partitioned_metadata,
+        missing_tenant=True,
     ),
     T.GET_TOPICS_OF_NAMESPACE: _row(lookup.handle_get_topics_of_namespace, N.NAMESPACE, _namespace),
     T.WATCH_TOPIC_LIST: _row(topic_list_watchers.handle_watch_topic_list, N.NAMESPACE, _namespace),

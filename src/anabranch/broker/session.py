@@ -356,7 +356,9 @@ class Session:
         try:
             resource = entry.resource(frame.body) if entry.resource else NONE_RESOURCE
             what = frame.type_name.lower()
-            await self.service.authorizer.check(self.role, entry.need, resource, what)
+            await self.service.authorizer.check(
+                self.role, entry.need, resource, what, missing_tenant=entry.missing_tenant
+            )
         except AnabranchError as err:
             if entry.reject is None:
                 self._request_failed(frame, err)
