@@ -16,7 +16,9 @@ Per repetition, a fresh broker process (``fsync=always``) on each metadata backe
    pre-opened transactions (``Client(transaction_spares=...)``, opt-in; 0 measures the
    default), so ``new_transaction`` mostly hands out a spare, and a producer announces
    its topic at its first send in a transaction;
-4. the broker's peak RSS (``VmHWM``).
+4. the broker's peak RSS (``VmHWM``), and with each throughput figure the CPU time per
+   round of 100 messages of the broker process and of this (client) process, plain vs
+   transactional: where a transaction's cost goes.
 
 Once per run, in process: **coordinator cold start** on a SQLite store holding
 ``--cold-txns`` finished, not yet collected transactions (headers + final-state index
@@ -41,7 +43,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import loadavg, median_tree, pct, peak_rss_bytes
+from _common import cpu_seconds, loadavg, median_tree, pct, peak_rss_bytes
 
 from anabranch.aio import Client
 from anabranch.client.txn_spares import SPARES_MAX
@@ -120,7 +122,7 @@ async def visibility_latency(
 
 async def throughput(
     client: Client, run: str, txns: int, *, transactional: bool, workers: int, flush: bool = True
-) -> float:
+) -> tuple[float, float]:
     """Messages/s of ``workers`` concurrent loops, each on its own topic, each sending
     ``txns`` rounds of 100 messages (``flush``: a flush ends a round, so no batch timer is
     waited for; else the round waits for its receipts under the default batching): in a
@@ -142,7 +144,7 @@ async def throughput(
 
     start = clock()
     await asyncio.gather(*(worker(n) for n in range(workers)))
-    return workers * txns * 100 / (clock() - start)
+    return workers * txns * 100 / (clock() - start), workers * txns
 
 
 async def one_backend(tmp: Path, metadata_url: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -157,22 +159,35 @@ async def one_backend(tmp: Path, metadata_url: str, args: argparse.Namespace) ->
             three = await commit_latency(client, run, 3, args.latency_txns)
             vis, vis_call = await visibility_latency(client, run, args.latency_txns)
             # Alternate to share the machine's noise fairly; median of the pairs.
-            tp: dict[str, dict[str, float]] = {}
+            tp: dict[str, dict[str, Any]] = {}
+            pid = broker.pid
+            assert pid is not None
             runs = [(w, True) for w in args.workers] + [(1, False)]
             for workers, flush in runs:
-                ratios, plain_rates, txn_rates = [], [], []
+                ratios: list[float] = []
+                plain_rates: list[float] = []
+                txn_rates: list[float] = []
+                cpu: dict[str, list[float]] = {"broker_plain": [], "broker_txn": []}
+                cpu.update(client_plain=[], client_txn=[])
                 for i in range(3):
                     name = f"{run}w{workers}i{i}"
                     kw = {"workers": workers, "flush": flush}
-                    plain = await throughput(client, name, args.tp_txns, transactional=False, **kw)
-                    txnal = await throughput(client, name, args.tp_txns, transactional=True, **kw)
-                    plain_rates.append(plain)
-                    txn_rates.append(txnal)
-                    ratios.append(txnal / plain)
+                    for transactional, kind in ((False, "plain"), (True, "txn")):
+                        before = cpu_seconds(pid), time.process_time()
+                        rate, rounds = await throughput(
+                            client, name, args.tp_txns, transactional=transactional, **kw
+                        )
+                        broker_s = (cpu_seconds(pid) or 0.0) - (before[0] or 0.0)
+                        cpu[f"broker_{kind}"].append(1000 * broker_s / rounds)
+                        client_s = time.process_time() - before[1]
+                        cpu[f"client_{kind}"].append(1000 * client_s / rounds)
+                        (txn_rates if transactional else plain_rates).append(rate)
+                    ratios.append(txn_rates[-1] / plain_rates[-1])
                 tp[f"workers_{workers}" + ("" if flush else "_batch_timer")] = {
                     "plain": statistics.median(plain_rates),
                     "txn100": statistics.median(txn_rates),
                     "ratio": statistics.median(ratios),
+                    "cpu_ms_per_round": {k: statistics.median(v) for k, v in cpu.items()},
                 }
         assert broker.pid is not None
         rss = peak_rss_bytes(broker.pid)

@@ -210,6 +210,34 @@ async def test_concurrent_cas_failures_do_not_affect_their_neighbours(
     assert values == [b"1" if i % 2 == 0 else b"0" for i in range(40)]
 
 
+async def test_racing_creates_and_cas_have_one_winner_each_around_a_compaction(
+    store: MetadataStore,
+) -> None:
+    """Writes queued together (one group commit where the backend has them) with a
+    compaction among them: each condition is judged on the writes before it."""
+    revision = await store.current_revision()
+
+    async def attempt(expected: int) -> bool:
+        try:
+            await store.put("/race/k", b"v", expected_version=expected)
+        except BadVersion:
+            return False
+        return True
+
+    async def compact() -> bool:
+        await store.compact(revision)
+        return False
+
+    creates = [attempt(MUST_NOT_EXIST) for _ in range(15)]
+    won = await asyncio.gather(*creates[:5], compact(), *creates[5:])
+    assert sum(won) == 1
+    updates = [attempt(1) for _ in range(15)]
+    won = await asyncio.gather(*updates[:7], compact(), *updates[7:])
+    assert sum(won) == 1
+    record = await store.get("/race/k")
+    assert record is not None and record.stat.version == 2
+
+
 # --- listings --------------------------------------------------------------------------------
 
 

@@ -29,10 +29,14 @@ class RawClient:
         self.eof = False
 
     @classmethod
-    async def connect(cls, port: int) -> RawClient:
+    async def connect(cls, port: int, *, token: str | None = None) -> RawClient:
+        """Connect (with a token when authentication is on) and wait for CONNECTED."""
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         client = cls(reader, writer)
-        await client.send(commands.connect("scalable-wire-test", pb.v21))
+        method, data = (None, None) if token is None else ("token", token.encode())
+        await client.send(
+            commands.connect("scalable-wire-test", pb.v21, auth_method_name=method, auth_data=data)
+        )
         connected = await client.next(lambda f: f.type == T.CONNECTED)
         assert connected.command.connected.feature_flags.supports_scalable_topics
         return client

@@ -11,19 +11,20 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
 from anabranch import failpoints, limits
 from anabranch.errors import (
     Compacted,
+    MetadataUnavailable,
     StorageIOError,
     TransactionConflict,
     TransactionNotFound,
     TransactionTooLarge,
 )
-from anabranch.metadata.api import MUST_NOT_EXIST, MetadataStore, Watch
+from anabranch.metadata.api import MUST_NOT_EXIST, MetadataStore, Put, Watch
 from anabranch.protocol._generated import pulsar_api_pb2 as pb
 from anabranch.protocol.frames import encode_entry
 from anabranch.storage.api import EARLIEST, Cursor, ManagedLedger, Position
@@ -431,6 +432,61 @@ async def test_a_local_commit_deletes_the_op_records_in_its_own_cas(env: Env) ->
     record = await env.store.get(records.aborted_path(TOPIC, aborted))
     assert record is not None and records.decode_aborted(record.value).positions == (lost,)
     assert await keys(env.store, records.OPS) == []
+    await coordinator.close()
+
+
+class WatchFirstStore(CountingStore):
+    """A COMMIT's CAS whose answer comes after the participants already learnt the
+    outcome another way (on etcd the header watch can beat the CAS's own answer), and
+    that may then fail (an answer lost: the CAS landed, the caller sees an error)."""
+
+    def __init__(self, inner: MetadataStore, buf: Any, *, lose_answer: bool) -> None:
+        super().__init__(inner)
+        self.buf = buf
+        self.lose_answer = lose_answer
+
+    async def commit(self, ops: Sequence[Any]) -> Any:
+        result = await super().commit(ops)
+        decided = [op for op in ops if isinstance(op, Put) and op.path.startswith(records.HEADERS)]
+        if decided and records.decode_header(decided[0].value).state is COMMITTED:
+            txn = records.parse_txn_key(decided[0].path[len(records.HEADERS) :])
+            self.buf.on_outcome(txn, COMMITTED)
+            for _ in range(20):
+                await asyncio.sleep(0)  # the participant's outcome work runs meanwhile
+            if self.lose_answer:
+                raise MetadataUnavailable("answer lost")
+        return result
+
+
+@pytest.mark.parametrize("lose_answer", [False, True])
+async def test_a_commit_learnt_before_its_cas_answered_waits_for_that_answer(
+    env: Env, lose_answer: bool
+) -> None:
+    own = CountingStore(env.store)  # the participant's own metadata writes
+    ml = await env.factory.open(TOPIC)
+    store = cast(MetadataStore, own)
+    buf = MetadataTransactionBuffer(
+        TOPIC, ml, store, env.outcomes, env.clock, on_change=lambda: None
+    )
+    env.buffers.append(buf)
+    await buf.recover()
+    coordinator = await local_coordinator(
+        env, WatchFirstStore(env.store, buf, lose_answer=lose_answer)
+    )
+    txn = await coordinator.new_txn(60_000)
+    pos = await buf.append(txn, entry(0))
+    before = own.commits
+    if lose_answer:
+        with pytest.raises(MetadataUnavailable):
+            await coordinator.end_txn(txn, COMMITTED)
+    else:
+        await coordinator.end_txn(txn, COMMITTED)
+    await buf.wait_persisted()
+    assert await keys(env.store, records.op_prefix(txn)) == []
+    assert buf.max_read_position() == pos and not buf.is_aborted(pos)
+    # The CAS's deletions stand; only when its answer was lost does the participant
+    # delete (the already absent keys) itself.
+    assert own.commits - before == (1 if lose_answer else 0)
     await coordinator.close()
 
 

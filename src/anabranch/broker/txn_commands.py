@@ -36,6 +36,7 @@ from anabranch.errors import (
     NonPersistentUnsupported,
     ResourceLimitReached,
     TransactionCoordinatorNotFound,
+    TransactionNotFound,
     TransactionTooLarge,
 )
 from anabranch.protocol._generated import pulsar_api_pb2 as pb
@@ -55,6 +56,22 @@ def _coordinator(session: Session) -> Any:
     if coordinator is None:
         raise TransactionCoordinatorNotFound("transactions are disabled on this broker")
     return coordinator
+
+
+async def _check_owner(session: Session, txn: TxnId) -> None:
+    """Pulsar's ownership rule: with authentication on, only the role that opened a
+    transaction, or a superuser, may add to it or end it; anyone else gets
+    TransactionNotFound, as upstream answers (transaction ids are sequential, so they are
+    easy to guess). An unknown transaction is left to the command itself."""
+    role = getattr(session, "role", None)
+    if role is None or role in session.service.authorizer.superusers:
+        return
+    coordinator = _coordinator(session)
+    header = coordinator.open_header(txn) or await coordinator.get(txn)
+    if header is not None and header.owner is not None and header.owner != role:
+        raise TransactionNotFound(
+            f"role {role} is neither the owner of transaction {txn} nor a superuser"
+        )
 
 
 @contextlib.contextmanager
@@ -192,7 +209,9 @@ async def _answer_open_check(session: Session, cmd: Any, body: Any) -> None:
         # A keyed connection's cached state only: a fence marks it at once (here, or on
         # another broker through the key watch).
         TransactionKeys.check(getattr(session, BINDING_ATTR, None))
-        await _coordinator(session).check_open(TxnId(cmd.txnid_most_bits, cmd.txnid_least_bits))
+        txn = TxnId(cmd.txnid_most_bits, cmd.txnid_least_bits)
+        await _check_owner(session, txn)
+        await _coordinator(session).check_open(txn)
     except Exception as err:
         _fail(body, err)
 
@@ -217,6 +236,7 @@ async def handle_add_partition_to_txn(session: Session, cmd: pb.CommandAddPartit
         try:
             TransactionKeys.check(getattr(session, BINDING_ATTR, None))
             txn = TxnId(cmd.txnid_most_bits, cmd.txnid_least_bits)
+            await _check_owner(session, txn)
             for buffer in buffers:
                 await buffer.prepare(txn)  # judges the header like the open check does
         except Exception as err:
@@ -306,6 +326,7 @@ async def handle_end_txn(session: Session, cmd: pb.CommandEndTxn) -> None:
                 raise InvalidArgument("END_TXN needs txn_action COMMIT or ABORT")
             wanted = TxnState.COMMITTED if cmd.txn_action == pb.COMMIT else TxnState.ABORTED
             txn = TxnId(cmd.txnid_most_bits, cmd.txnid_least_bits)
+            await _check_owner(session, txn)
             if keys is not None:  # the header CAS is guarded by the key record
                 await keys.end_txn(binding, txn, wanted)
             else:

@@ -118,6 +118,9 @@ CREATE TABLE IF NOT EXISTS changelog(
 CREATE TABLE IF NOT EXISTS sessions(id INTEGER PRIMARY KEY, ttl REAL NOT NULL);
 """
 
+_PREFETCH_KEYS_MAX = 500
+"""Keys per prefetch statement (well under SQLite's bound on parameters)."""
+
 _KIND_CODES = {EventKind.PUT: 0, EventKind.DELETE: 1}
 _CODE_KINDS = {code: kind for kind, code in _KIND_CODES.items()}
 _RECORD_COLUMNS = "key, value, version, create_rev, mod_rev, session"
@@ -156,6 +159,8 @@ class _Request:
     apply: Callable[[_Request], object]
     future: asyncio.Future[object]
     staged: bool = True
+    paths: tuple[str, ...] = ()
+    """Keys whose facts ``apply`` will read: looked up with the batch's others at once."""
     events: list[WatchEvent] = field(default_factory=list)
     outcome: object = None
     error: BaseException | None = None
@@ -186,6 +191,7 @@ class _Writer:
         ).fetchone()
         self._staged_rows: dict[str, _Row | None] = {}  # None: deleted
         self._staged_log: list[tuple[int, int, str, bytes, int, int]] = []
+        self._prefetched: dict[str, tuple[int, int]] = {}  # facts as of the last flush
         self._deliver: Callable[[list[_Request]], None] = lambda batch: None
         self._thread = threading.Thread(target=self._run, name="metadata-sqlite-writer")
 
@@ -227,6 +233,7 @@ class _Writer:
         start_revision = self.revision
         try:
             self._conn.execute("BEGIN IMMEDIATE")
+            self._prefetch(batch)
             for request in batch:
                 self._apply_one(request)
             self._flush()
@@ -239,6 +246,7 @@ class _Writer:
                 self._conn.execute("ROLLBACK")
             self._staged_rows.clear()
             self._staged_log.clear()
+            self._prefetched.clear()
             self.revision = start_revision
             for request in batch:
                 request.events = []
@@ -277,6 +285,23 @@ class _Writer:
             )
         self._staged_rows.clear()
         self._staged_log.clear()
+        # What was prefetched is stale once staged rows reach the table.
+        self._prefetched.clear()
+
+    def _prefetch(self, batch: list[_Request]) -> None:
+        """The facts of every key the batch's commits name, in a few statements instead
+        of one per key: each statement is a GIL round trip with the event loop."""
+        paths = list(dict.fromkeys(path for request in batch for path in request.paths))
+        found = self._prefetched
+        for start in range(0, len(paths), _PREFETCH_KEYS_MAX):
+            chunk = paths[start : start + _PREFETCH_KEYS_MAX]
+            for path in chunk:
+                found[path] = (0, 0)
+            marks = ",".join("?" * len(chunk))
+            for key, version, create_revision in self._conn.execute(
+                f"SELECT key, version, create_rev FROM kv WHERE key IN ({marks})", chunk
+            ):
+                found[key] = (version, create_revision)
 
     def _auto_compact(self) -> None:
         floor = self.revision - limits.METADATA_CHANGELOG_REVISIONS_MAX + 1
@@ -288,6 +313,9 @@ class _Writer:
         if path in self._staged_rows:
             row = self._staged_rows[path]
             return (0, 0) if row is None else (row[2], row[3])
+        prefetched = self._prefetched.get(path)
+        if prefetched is not None:
+            return prefetched
         found = self._conn.execute(
             "SELECT version, create_rev FROM kv WHERE key = ?", (path,)
         ).fetchone()
@@ -514,7 +542,9 @@ class SqliteMetadataStore:
         for session_id in session_ids(checked):
             await self._sessions.require_alive(session_id)
         return await self._write(
-            lambda request: self._writer.commit(checked, request), CommitResult
+            lambda request: self._writer.commit(checked, request),
+            CommitResult,
+            paths=tuple(op.path for op in checked),
         )
 
     async def create_sequential(
@@ -627,7 +657,12 @@ class SqliteMetadataStore:
         return await self._read(scan, snapshot=True)
 
     async def _write(
-        self, apply: Callable[[_Request], object], result_type: type[T], *, staged: bool = True
+        self,
+        apply: Callable[[_Request], object],
+        result_type: type[T],
+        *,
+        staged: bool = True,
+        paths: tuple[str, ...] = (),
     ) -> T:
         """Queue one write for the writer; return its outcome once it is committed."""
         await self._room.acquire()
@@ -635,7 +670,7 @@ class SqliteMetadataStore:
             self._room.release()
             raise Closed("metadata store closed")
         future: asyncio.Future[object] = asyncio.get_running_loop().create_future()
-        self._writer.submit(_Request(apply, future, staged))
+        self._writer.submit(_Request(apply, future, staged, paths))
         outcome = await future
         assert isinstance(outcome, result_type)
         return outcome

@@ -101,10 +101,10 @@ FinalCallback = Callable[..., None]
 """Called as ``(txn, state)`` once a header is final, plus ``winners`` (a frozenset of
 branch ids) as a third argument when a batch commit named them."""
 
-CommitCleanup = Callable[[TxnId], tuple[Sequence[Op], Callable[[], None]]]
-"""``txn → (ops, done)``: deletions this broker's participants let a COMMIT's own CAS do
-(their op records: a committed entry needs none), and ``done``, called once that CAS
-landed with them. See :meth:`TxnOutcomes.commit_cleanup`."""
+CommitCleanup = Callable[[TxnId], tuple[Sequence[Op], Callable[[bool], None]]]
+"""``txn → (ops, settle)``: deletions this broker's participants let a COMMIT's own CAS do
+(their op records: a committed entry needs none), and ``settle``, called exactly once
+with whether that CAS landed with them. See :meth:`TxnOutcomes.commit_cleanup`."""
 
 
 # --- metrics -------------------------------------------------------------------------------
@@ -474,24 +474,29 @@ class TransactionCoordinator:
             Put(records.final_index_path(state, now, txn), b""),
             *also,
         ]
-        cleaned: Callable[[], None] | None = None
+        settle: Callable[[bool], None] | None = None
         if state is TxnState.COMMITTED and winners is None and self._commit_cleanup is not None:
             # One metadata write less per participant on this broker: its op records go
             # with the decision instead of in a commit of their own afterwards.
-            cleanup, done = self._commit_cleanup(txn)
+            cleanup, settle = self._commit_cleanup(txn)
             if cleanup and len(ops) + len(cleanup) <= limits.METADATA_TXN_OPS_MAX:
                 ops += cleanup
-                cleaned = done
+            else:
+                settle(False)
+                settle = None
+        landed = False
         try:
             await self._store.commit(ops)
+            landed = True
         except BadVersion as err:
             if also and err.path != records.header_path(txn):
                 raise  # the caller's own condition failed
             self.metrics.header_cas["conflict"] += 1
             return False
+        finally:
+            if settle is not None:
+                settle(landed)
         self.metrics.header_cas["ok"] += 1
-        if cleaned is not None:
-            cleaned()
         self._count_final(txn, state, timed_out=timed_out)
         self._forget_open(txn)
         self._notify(txn, state, winners)

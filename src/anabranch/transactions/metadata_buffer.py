@@ -96,6 +96,8 @@ class _Participant:
     entries: int = 0
     cleaned: bool = False
     """The COMMIT's own CAS deleted the op records (this broker's coordinator)."""
+    offered: bool = False
+    """Those deletions ride on a COMMIT's CAS whose result is not known yet."""
 
 
 class MetadataTransactionBuffer:
@@ -284,12 +286,15 @@ class MetadataTransactionBuffer:
         participant = self._participants.get(txn)
         if participant is None or txn in self._joining:
             return []
+        participant.offered = True
         return [Delete(path) for path in self._op_paths(txn, participant)]
 
-    def cleaned_by_commit(self, txn: TxnId) -> None:
+    def cleanup_settled(self, txn: TxnId, landed: bool) -> None:
         participant = self._participants.get(txn)
         if participant is not None:
-            participant.cleaned = True
+            participant.offered = False
+            participant.cleaned = participant.cleaned or landed
+        self._work.wake()  # a commit learnt from the watch may have waited for this
 
     def _remember(self, txn: TxnId, state: TxnState) -> None:
         self._finished[txn] = state
@@ -305,6 +310,8 @@ class MetadataTransactionBuffer:
         if participant is None:
             self._outcomes.unregister(txn, self)
             return True  # nothing written here (the join failed, or already cleaned)
+        if participant.offered and state is TxnState.COMMITTED:
+            return False  # the COMMIT's CAS may be deleting them: its answer decides
         if not (participant.cleaned and state is TxnState.COMMITTED):
             first: list[Op] = []
             # ABORTED, or COMMITTED with winners: the entries of losing branches.

@@ -79,11 +79,14 @@ class CommitCleaner(Protocol):
     the coordinator's CAS on this broker may do it (a transaction buffer)."""
 
     def commit_cleanup(self, txn: TxnId) -> list[Op]:
-        """The deletions a COMMIT of ``txn`` may carry for this participant ([]: none)."""
+        """The deletions a COMMIT of ``txn`` may carry for this participant ([]: none);
+        offered ones are settled by exactly one :meth:`cleanup_settled`."""
         ...
 
-    def cleaned_by_commit(self, txn: TxnId) -> None:
-        """The COMMIT's CAS carried :meth:`commit_cleanup`'s deletions: skip them."""
+    def cleanup_settled(self, txn: TxnId, landed: bool) -> None:
+        """Whether the COMMIT's CAS carried :meth:`commit_cleanup`'s deletions (skip
+        them) or not (delete them as usual). Until then a participant that learnt the
+        commit another way (a watch can be faster than the CAS's own answer) waits."""
         ...
 
 
@@ -168,10 +171,11 @@ class TxnOutcomes:
         self._seq_hints[txn] = seq + 1
         return seq
 
-    def commit_cleanup(self, txn: TxnId) -> tuple[list[Op], Callable[[], None]]:
-        """``(ops, done)`` for this broker's coordinator committing ``txn``: the deletions
-        of the registered participants that can go in the COMMIT's CAS, and what tells
-        them it did (call ``done`` only once that CAS landed with ``ops``)."""
+    def commit_cleanup(self, txn: TxnId) -> tuple[list[Op], Callable[[bool], None]]:
+        """``(ops, settle)`` for this broker's coordinator committing ``txn``: the
+        deletions of the registered participants that can go in the COMMIT's CAS, and
+        what tells them whether it did (call ``settle`` exactly once: True once that CAS
+        landed with ``ops``, False when it failed or went without them)."""
         ops: list[Op] = []
         cleaners: list[CommitCleaner] = []
         for listener in self._listeners.get(txn, ()):
@@ -181,11 +185,11 @@ class TxnOutcomes:
                     ops += mine
                     cleaners.append(listener)
 
-        def done() -> None:
+        def settle(landed: bool) -> None:
             for cleaner in cleaners:
-                cleaner.cleaned_by_commit(txn)
+                cleaner.cleanup_settled(txn, landed)
 
-        return ops, done
+        return ops, settle
 
     def registered(self, txn: TxnId) -> int:
         """How many listeners wait for ``txn``."""

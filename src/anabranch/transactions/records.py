@@ -47,6 +47,7 @@ Example:
 from __future__ import annotations
 
 import enum
+import functools
 import json
 from dataclasses import dataclass, field
 from typing import Any
@@ -84,6 +85,7 @@ def _n(value: int) -> str:
     return f"{value:0{_DIGITS}d}"
 
 
+@functools.lru_cache(maxsize=4096)  # a few names, encoded on every op record and cleanup
 def enc(name: str) -> str:
     """A topic or subscription name as one key segment.
 
