@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import hashlib
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pulsar
@@ -89,21 +91,11 @@ async def test_a_renamed_record_evolves_by_its_fields(tmp_path: Path) -> None:
         assert await asyncio.to_thread(evolve, url, f"{base}-forward", Order, OrderV2) == "ok"
 
 
-def round_trip(url: str, topic: str, auth: pulsar.Authentication | None = None) -> str:
-    """Produce and consume one message on ``topic``; "ok" or the error's class name."""
-    client = pulsar.Client(url, authentication=auth, operation_timeout_seconds=30)
-    try:
-        consumer = client.subscribe(topic, "anon")
-        client.create_producer(topic).send(b"hi")
-        assert consumer.receive(10_000).data() == b"hi"
-        return "ok"
-    except pulsar.PulsarException as err:
-        return type(err).__name__
-    finally:
-        client.close()
-
-
-async def test_clients_without_a_served_method_get_the_anonymous_role(tmp_path: Path) -> None:
+@contextlib.asynccontextmanager
+async def anonymous_broker(tmp_path: Path, grants: list[str]) -> AsyncIterator[InProcessBroker]:
+    """Basic auth (superuser ``root``), the anonymous role for everyone else, authorization
+    on; ``public/closed`` with no grants, ``grants`` to the anonymous role on
+    ``public/default``."""
     htpasswd = tmp_path / "htpasswd"
     digest = base64.b64encode(hashlib.sha1(b"root-pw").digest()).decode()
     htpasswd.write_text(f"root:{{SHA}}{digest}\n")
@@ -120,9 +112,26 @@ async def test_clients_without_a_served_method_get_the_anonymous_role(tmp_path: 
         admin_auth = AuthenticationBasic("root", "root-pw")
         async with AdminClient(broker.http_url, auth=admin_auth) as admin:
             await admin.create_namespace("public/closed")
-            await admin.grant_namespace_permission(
-                "public/default", "anonymous", ["produce", "consume"]
-            )
+            await admin.grant_namespace_permission("public/default", "anonymous", grants)
+        yield broker
+
+
+def round_trip(url: str, topic: str, auth: pulsar.Authentication | None = None) -> str:
+    """Produce and consume one message on ``topic``; "ok" or the error's class name."""
+    client = pulsar.Client(url, authentication=auth, operation_timeout_seconds=30)
+    try:
+        consumer = client.subscribe(topic, "anon")
+        client.create_producer(topic).send(b"hi")
+        assert consumer.receive(10_000).data() == b"hi"
+        return "ok"
+    except pulsar.PulsarException as err:
+        return type(err).__name__
+    finally:
+        client.close()
+
+
+async def test_clients_without_a_served_method_get_the_anonymous_role(tmp_path: Path) -> None:
+    async with anonymous_broker(tmp_path, ["produce", "consume"]) as broker:
         url = broker.service_url
         opened, closed = "persistent://public/default/anon", "persistent://public/closed/anon"
         # No auth configured: the official client names the method "none".
@@ -150,24 +159,7 @@ def producer_outcome(url: str, topic: str) -> str:
 
 
 async def test_a_missing_tenant_is_topic_not_found_under_authorization(tmp_path: Path) -> None:
-    htpasswd = tmp_path / "htpasswd"
-    digest = base64.b64encode(hashlib.sha1(b"root-pw").digest()).decode()
-    htpasswd.write_text(f"root:{{SHA}}{digest}\n")
-    async with InProcessBroker(
-        tmp_path / "data",
-        authentication_enabled=True,
-        authentication_providers=["basic"],
-        basic_auth_conf=f"file://{htpasswd}",
-        anonymous_user_role="anonymous",
-        authorization_enabled=True,
-        superuser_roles=["root"],
-    ) as broker:
-        assert broker.http_url is not None
-        async with AdminClient(
-            broker.http_url, auth=AuthenticationBasic("root", "root-pw")
-        ) as admin:
-            await admin.create_namespace("public/closed")
-            await admin.grant_namespace_permission("public/default", "anonymous", ["produce"])
+    async with anonymous_broker(tmp_path, ["produce"]) as broker:
         url = broker.service_url
         outcome = await asyncio.to_thread(producer_outcome, url, "tenant/ns/none-such")
         assert outcome == "TopicNotFound"
