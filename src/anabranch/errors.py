@@ -465,7 +465,7 @@ class NonPersistentUnsupported(NotAllowed):
 
 
 class TopicTerminated(NotAllowed):
-    """A send to a topic that was terminated (sealed) or is closing."""
+    """A send to a topic that was terminated (sealed)."""
 
     wire_code = "TopicTerminatedError"
     http_status = 409

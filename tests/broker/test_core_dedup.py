@@ -10,6 +10,7 @@ import msgspec
 from anabranch.broker.policies import Policies
 from anabranch.broker.service import managed_ledger_name
 from anabranch.broker.standalone import open_store
+from anabranch.client.errors import from_server_error
 from anabranch.core.names import TopicName
 from anabranch.protocol import commands
 from anabranch.protocol._generated import pulsar_api_pb2 as pb
@@ -169,3 +170,28 @@ async def test_a_resend_to_a_sealed_topic_of_what_it_stored_is_a_duplicate(
             assert len(await stored(broker)) == 1
         finally:
             await again.close()
+
+
+async def test_a_send_to_a_closing_topic_is_retriable_not_terminated(tmp_path: Path) -> None:
+    # Closing (an unload, a lost ownership) is not sealed: the answer must make the client
+    # reconnect and resend in order. "Terminated" would make a scalable producer hold the
+    # message for a child while the reloaded segment stores the later ones (seen by the
+    # fault harness as a key's messages out of order).
+    async with InProcessBroker(tmp_path) as broker:
+        await enable_dedup(broker.service.policies)
+        client = await RawClient.open(broker.port)
+        try:
+            await client.handshake()
+            await named_producer(client)
+            assert (await send(client, 0, b"m0")).type == T.SEND_RECEIPT
+            topic = broker.service.loaded_topic(TOPIC)
+            assert topic is not None
+            topic._closing = True  # the window between an unload's start and its end
+            refused = await send(client, 1, b"m1")
+            assert refused.type == T.SEND_ERROR
+            assert refused.send_error.error == pb.ServiceNotReady
+            assert from_server_error(refused.send_error.error, "").retriable
+            await client.send(commands.producer(TOPIC, 2, 2, producer_name="another"))
+            assert (await client.expect(T.ERROR)).command.error.error == pb.ServiceNotReady
+        finally:
+            await client.close()

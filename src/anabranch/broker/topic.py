@@ -243,7 +243,8 @@ class PersistentTopic(ProducerAccess):
 
     def add_producer(self, producer: Producer) -> asyncio.Future[None] | None:
         """Admit ``producer`` under its access mode; a future when it must wait
-        (WaitForExclusive), else None. Raises ProducerBusy/ProducerFenced/TopicTerminated."""
+        (WaitForExclusive), else None. Raises ProducerBusy/ProducerFenced/TopicTerminated
+        (sealed) or Closed (closing: retriable)."""
         if not self._may_resend_here(producer.name):
             self._check_writable()
         self.quota.check_producer()
@@ -271,7 +272,11 @@ class PersistentTopic(ProducerAccess):
         if self.ledger.is_terminated:
             raise TopicTerminated(f"{self.name} is terminated")
         if self._closing:
-            raise TopicTerminated(f"{self.name} is closing")
+            # Closing is not sealed (an unload, a lost ownership): a retriable answer
+            # makes the client reconnect and resend everything pending in order. Told
+            # "terminated", a scalable producer would hold this message for a child
+            # while the segment, reloaded, stores the later ones: the key's order breaks.
+            raise Closed(f"{self.name} is closing")
 
     def last_sequence_id(self, producer_name: str) -> int:
         """The producer's last persisted sequence id, -1 if none or dedup is off."""
