@@ -446,8 +446,13 @@ class JetStreamManagedLedger(ManagedLedgerBase):
 
     def _check_appendable(self) -> None:
         self.check_open()
-        if self._terminating or self._terminated_at is not None:
+        if self._terminated_at is not None:
             raise LedgerSealed(f"managed ledger {self.name} is terminated")
+        if self._terminating:
+            # Not sealed yet (the terminate may still fail): a retriable answer, so that a
+            # producer resends in order instead of re-routing this one message while the
+            # ledger, its terminate failed, stores the later ones.
+            raise Closed(f"managed ledger {self.name} is being terminated")
 
     def _check_size(self, data: bytes) -> None:
         if len(data) > self._payload_max:

@@ -422,6 +422,9 @@ class FileManagedLedger(ManagedLedgerBase):
         self._reserved_bytes = 0
         self._rolling = False
         self._terminating = False
+        self._seal_durable = False
+        """terminate()'s record landed (before that, a terminating ledger may still fail
+        to seal and go on taking appends)."""
         self._tail = TailCache(limits.STORAGE_TAIL_CACHE_BYTES_MAX)
         self._rollover_task: asyncio.Task[None] | None = None
 
@@ -555,9 +558,19 @@ class FileManagedLedger(ManagedLedgerBase):
 
     # --- appends ------------------------------------------------------------------------------
 
+    @property
+    def is_terminated(self) -> bool:
+        # Only once terminate()'s record landed: until then it may still fail.
+        return self._terminated_at is not None and (self._seal_durable or not self._terminating)
+
     def _check_appendable(self) -> None:
         self.check_open()
-        if self._terminating or self._terminated_at is not None:
+        if self._terminating and not self._seal_durable:
+            # Not sealed yet (the terminate may still fail): a retriable answer, so that a
+            # producer resends in order instead of re-routing this one message while the
+            # ledger, its terminate failed, stores the later ones.
+            raise Closed(f"managed ledger {self.name} is being terminated")
+        if self._terminated_at is not None:
             raise LedgerSealed(f"managed ledger {self.name} is terminated")
 
     def _has_room(self, size: int) -> bool:
@@ -946,7 +959,9 @@ class FileManagedLedger(ManagedLedgerBase):
             except BaseException:
                 self._terminated_at = None
                 current.closed_ms = None
+                self._terminating = False  # nothing was sealed: appends may go on
                 raise
+            self._seal_durable = True
             self._ml_version = versions[-1]
         await self._stop_writer()
         self._wake()
