@@ -47,7 +47,6 @@ from anabranch.errors import (
     InvalidArgument,
     StorageIOError,
     TopicTerminated,
-    TransactionError,
 )
 from anabranch.metadata.api import MetadataStore
 from anabranch.protocol._generated import pulsar_api_pb2 as pb
@@ -156,6 +155,9 @@ class PersistentTopic(ProducerAccess):
         self._group: list[_Send] | None = None
         """Sends judged in this loop iteration, appended together at its end."""
         self._last_append: asyncio.Future[Position] | None = None
+        self._issuing: asyncio.Future[None] | None = None
+        """Resolved once the last group that had to wait before appending issued its
+        appends; a later group waits for it (see ``_start_group``)."""
         self._since_snapshot = 0
         self._snapshot_task: asyncio.Task[None] | None = None
         self._closing = False
@@ -354,10 +356,20 @@ class PersistentTopic(ProducerAccess):
 
     def _start_group(self) -> None:
         group, self._group = self._group, None
-        if group:
-            task = asyncio.ensure_future(self._append_group(group))
-            self._inflight.add(task)
-            task.add_done_callback(self._inflight.discard)
+        if not group:
+            return
+        # Entries reach the ledger in send order across groups too: a group that may
+        # wait before it appends (a transaction's op record goes to the metadata store
+        # first) holds every later group until its own appends are issued, or a later
+        # send of the same producer would be stored first (and the earlier one, failing
+        # after that, would be judged a duplicate on retry: lost).
+        after = self._issuing if self._issuing is not None and not self._issuing.done() else None
+        issued = None
+        if after is not None or any(send[5] is not None for send in group):
+            issued = self._issuing = asyncio.get_running_loop().create_future()
+        task = asyncio.ensure_future(self._append_group(group, after, issued))
+        self._inflight.add(task)
+        task.add_done_callback(self._inflight.discard)
 
     async def _after_inflight(self, producer_name: str, sequence_id: int) -> Position:
         # A retry of a send still being written: answer once that write has ended.
@@ -367,38 +379,77 @@ class PersistentTopic(ProducerAccess):
             return DUPLICATE_POSITION
         raise Closed(f"the earlier write of sequence id {sequence_id} failed; retry")
 
-    async def _append_entries(self, group: list[_Send]) -> list[Position | TransactionError]:
-        if all(send[5] is None for send in group):
-            # Readers stop at max_read_position, so plain entries need no buffer work.
+    async def _append_entries(
+        self,
+        group: list[_Send],
+        after: asyncio.Future[None] | None,
+        issued: asyncio.Future[None] | None,
+    ) -> list[Position | Exception]:
+        """Each send's position or error. ``after``: the previous group's appends must be
+        issued first; ``issued``: resolved once this group's are (later groups wait)."""
+        if after is not None:
+            await asyncio.wait([after])
+        if issued is None:
+            # Plain sends with nothing ahead: the ledger call is issued right here.
             if len(group) == 1:
                 return [await self.ledger.append(group[0][3])]
             return list(await self.ledger.append_many([send[3] for send in group]))
-        # A transactional send registers with the buffer (its op record before its entry);
-        # consecutive sends of one transaction share a group commit, and so do runs of
-        # plain sends. Entries stay in send order (dedup marks only move forward). A
-        # refused transactional run fails alone.
-        results: list[Position | TransactionError] = []
-        start = 0
-        while start < len(group):
-            txn = group[start][5]
-            end = start + 1
-            while end < len(group) and group[end][5] == txn:
-                end += 1
-            entries = [send[3] for send in group[start:end]]
-            if txn is None:
-                results += await self.ledger.append_many(entries)
+        # Runs of consecutive sends of one transaction (or of plain sends) share a group
+        # commit. Every transaction joins first (its op record); a refused join fails its
+        # run alone. Then all runs are issued in order without a wait between them (the
+        # buffer's append of a joined transaction reaches the ledger before suspending).
+        runs: list[tuple[TxnId | None, list[bytes]]] = []
+        for send in group:
+            if runs and runs[-1][0] == send[5]:
+                runs[-1][1].append(send[3])
             else:
+                runs.append((send[5], [send[3]]))
+        refused: dict[int, Exception] = {}
+        for i, (txn, _) in enumerate(runs):
+            if txn is not None:
                 try:
-                    results += await self.transaction_buffer.append_many(txn, entries)
-                except TransactionError as err:
-                    results += [err] * len(entries)
-            start = end
+                    await self.transaction_buffer.prepare(txn)
+                except Exception as err:
+                    refused[i] = err
+        appends: list[asyncio.Future[list[Position]] | None] = []
+        for i, (txn, entries) in enumerate(runs):
+            if i in refused:
+                appends.append(None)
+            elif txn is None:
+                appends.append(asyncio.ensure_future(self.ledger.append_many(entries)))
+            else:
+                txn_append = self.transaction_buffer.append_many(txn, entries)
+                appends.append(asyncio.ensure_future(txn_append))
+        # The tasks above take their first step (the ledger call) before a group waiting
+        # on ``issued`` resumes: the loop runs ready callbacks in FIFO order.
+        issued.set_result(None)
+        results: list[Position | Exception] = []
+        try:
+            for i, append in enumerate(appends):
+                count = len(runs[i][1])
+                if append is None:
+                    results += [refused[i]] * count
+                    continue
+                try:
+                    results += await append
+                except Exception as err:
+                    results += [err] * count
+        except BaseException:
+            for append in appends:
+                if append is not None and not append.done():
+                    append.add_done_callback(_retrieve)  # cancelled: outcome unobserved
+            raise
         return results
 
-    async def _append_group(self, group: list[_Send]) -> None:
+    async def _append_group(
+        self,
+        group: list[_Send],
+        after: asyncio.Future[None] | None = None,
+        issued: asyncio.Future[None] | None = None,
+    ) -> None:
         """Store a group of judged sends in order; resolve their futures in order."""
         try:
-            results = await self._append_entries(group)
+            results = await self._append_entries(group, after, issued)
         except BaseException as err:
             if isinstance(err, StorageIOError) and self.on_storage_failure is not None:
                 self.on_storage_failure(self)
@@ -414,10 +465,15 @@ class PersistentTopic(ProducerAccess):
             if not isinstance(err, Exception):
                 raise
             return
+        finally:
+            if issued is not None and not issued.done():
+                issued.set_result(None)
         dedup = self.dedup
+        storage_failed = False
         for send, result in zip(group, results, strict=True):
             fut, producer_name, last, entry, count, _ = send
-            if isinstance(result, TransactionError):
+            if isinstance(result, Exception):
+                storage_failed = storage_failed or isinstance(result, StorageIOError)
                 if dedup is not None:
                     dedup.on_failed(producer_name)
                 if not fut.done():
@@ -432,6 +488,8 @@ class PersistentTopic(ProducerAccess):
                     self._schedule_snapshot(result)
             if not fut.done():
                 fut.set_result(result)
+        if storage_failed and self.on_storage_failure is not None:
+            self.on_storage_failure(self)
         self._notify_subscriptions()
 
     def transaction_state_changed(self) -> None:
@@ -587,6 +645,11 @@ class PersistentTopic(ProducerAccess):
             producer.detach()
         await self.transaction_buffer.close()
         await self.ledger.close()
+
+
+def _retrieve(fut: asyncio.Future[Any]) -> None:
+    if not fut.cancelled():
+        fut.exception()
 
 
 def _resolved(position: Position) -> asyncio.Future[Position]:

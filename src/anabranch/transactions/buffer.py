@@ -40,7 +40,14 @@ class TransactionBuffer(Protocol):
         ...
 
     async def append_many(self, txn_id: TxnId, entries: Sequence[bytes]) -> list[Position]:
-        """Append entries of one transaction in order, with one group commit."""
+        """Append entries of one transaction in order, with one group commit. After
+        :meth:`prepare` of ``txn_id`` it calls the ledger before its first suspension (the
+        topic relies on that to keep its appends in send order)."""
+        ...
+
+    async def prepare(self, txn_id: TxnId) -> None:
+        """Join ``txn_id`` (whatever must be durable before its first entry); raises as
+        ``append_many`` would."""
         ...
 
     async def close(self) -> None: ...
@@ -64,6 +71,9 @@ class NoTransactionBuffer:
         return await self._ledger.append(data)
 
     async def append_many(self, txn_id: TxnId, entries: Sequence[bytes]) -> list[Position]:
+        raise TransactionCoordinatorNotFound("transactions are not enabled on this broker")
+
+    async def prepare(self, txn_id: TxnId) -> None:
         raise TransactionCoordinatorNotFound("transactions are not enabled on this broker")
 
     async def close(self) -> None:
