@@ -1,17 +1,21 @@
 """A topic stores every producer's sends in the order they arrived, also when a
 transaction's op record (a metadata write) makes one group of sends wait before it can
-reach the ledger (seed 5003 of the fault harness: a metadata partition stalled a join,
-later plain sends of the same producers were stored first, and the stalled ones, failing
-after that, were answered as duplicates on retry: acknowledged and lost)."""
+reach the ledger, and after a send fails retriably nothing later of that producer is
+stored before its resend (seed 5003 of the fault harness: a metadata partition stalled a
+join, later plain sends of the same producers were stored first, and the stalled ones,
+failing after that, were answered as duplicates on retry: acknowledged and lost)."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from types import SimpleNamespace
 
-from anabranch.broker.topic import DUPLICATE_POSITION, PersistentTopic
+import pytest
+
+from anabranch.broker.topic import PersistentTopic
 from anabranch.clock import SystemClock
-from anabranch.errors import MetadataUnavailable
+from anabranch.errors import Closed, MetadataUnavailable, TransactionConflict
 from anabranch.metadata.memory import MemoryMetadataStore
 from anabranch.protocol._generated import pulsar_api_pb2 as pb
 from anabranch.protocol.frames import encode_entry
@@ -68,34 +72,71 @@ async def topic_with_held_join() -> tuple[PersistentTopic, HeldJoinBuffer, Manag
     return topic, buffer, ledger
 
 
-async def test_a_stalled_join_fails_its_send_alone_and_later_sends_wait_for_it() -> None:
+def attach(topic: PersistentTopic, name: str) -> SimpleNamespace:
+    producer = SimpleNamespace(
+        name=name, access_mode=pb.Shared, requested_epoch=None, detach=lambda: None
+    )
+    assert topic.add_producer(producer) is None  # type: ignore[arg-type]
+    return producer
+
+
+async def test_a_stalled_join_holds_later_sends_and_its_failure_fails_them_for_a_resend() -> None:
     topic, buffer, ledger = await topic_with_held_join()
+    a = attach(topic, "a")
+    attach(topic, "b")
     txn = TxnId(0, 1)
-    # One loop iteration: a transactional send, then a plain one of producer "a".
-    held = topic.publish("t", 0, None, entry("t", 0), 1, txn=txn)
-    first = topic.publish("a", 0, None, entry("a", 0), 1)
+    # One loop iteration: a transactional send of "a", a plain one of "a" and of "b".
+    held = topic.publish("a", 0, None, entry("a", 0), 1, txn=txn)
+    first = topic.publish("a", 1, None, entry("a", 1), 1)
+    other = topic.publish("b", 0, None, entry("b", 0), 1)
     await asyncio.sleep(0.01)
     # Next iteration (a later group): the next send of "a".
-    second = topic.publish("a", 1, None, entry("a", 1), 1)
+    second = topic.publish("a", 2, None, entry("a", 2), 1)
     await asyncio.sleep(0.05)
     assert not second.done(), "a later send was stored before an earlier one of its producer"
     assert await stored(ledger) == []
     buffer.error = MetadataUnavailable("metadata store unreachable")
     buffer.release.set()
-    results = await asyncio.gather(held, first, second, return_exceptions=True)
+    results = await asyncio.gather(held, first, other, second, return_exceptions=True)
+    # The client resends everything of "a" from its failed send on (the error is
+    # retriable): nothing of "a" after it may be stored first, or the resent send would
+    # be answered as a duplicate. "b" is not affected.
     assert isinstance(results[0], MetadataUnavailable)
-    assert isinstance(results[1], Position) and isinstance(results[2], Position)
-    assert results[1] < results[2]
-    assert await stored(ledger) == [entry("a", 0), entry("a", 1)]
-    # The failed transactional send is not a duplicate on retry; the stored ones are.
-    assert topic.publish("a", 0, None, entry("a", 0), 1).result() == DUPLICATE_POSITION
+    assert isinstance(results[1], Closed) and isinstance(results[3], Closed)
+    assert isinstance(results[2], Position)
+    assert await stored(ledger) == [entry("b", 0)]
+    # Until "a" reconnects, its sends are refused; then its resends are stored in order.
+    with pytest.raises(Closed):
+        topic.publish("a", 3, None, entry("a", 3), 1)
+    topic.remove_producer(a)  # type: ignore[arg-type]
+    attach(topic, "a")
     buffer.error = None
-    assert isinstance(await topic.publish("t", 0, None, entry("t", 0), 1, txn=txn), Position)
+    resent = [
+        topic.publish("a", n, None, entry("a", n), 1, txn=txn if n == 0 else None) for n in range(4)
+    ]
+    assert all(isinstance(p, Position) for p in await asyncio.gather(*resent))
+    assert await stored(ledger) == [entry("b", 0)] + [entry("a", n) for n in range(4)]
+    await topic.close()
+
+
+async def test_a_refused_transactional_send_fails_alone() -> None:
+    topic, buffer, ledger = await topic_with_held_join()
+    attach(topic, "a")
+    buffer.error = TransactionConflict("transaction 0:3 is already COMMITTED")
+    buffer.release.set()
+    late = topic.publish("a", 0, None, entry("a", 0), 1, txn=TxnId(0, 3))
+    after = topic.publish("a", 1, None, entry("a", 1), 1)
+    # Not retriable: the client fails that send alone and goes on, so later ones stay.
+    with pytest.raises(TransactionConflict):
+        await late
+    assert isinstance(await after, Position)
+    assert await stored(ledger) == [entry("a", 1)]
     await topic.close()
 
 
 async def test_groups_behind_a_joined_transaction_keep_send_order() -> None:
     topic, buffer, ledger = await topic_with_held_join()
+    attach(topic, "a")
     buffer.release.set()
     txn = TxnId(0, 2)
     futures = []

@@ -43,6 +43,7 @@ from anabranch.clock import Clock
 from anabranch.core.dedup import DedupState, DedupVerdict
 from anabranch.core.rate_window import RateWindow
 from anabranch.errors import (
+    AnabranchError,
     Closed,
     InvalidArgument,
     StorageIOError,
@@ -76,9 +77,9 @@ NEVER_COMPACTED = {
 _U16 = struct.Struct(">H")
 _I32 = struct.Struct(">i")
 
-_Send = tuple["asyncio.Future[Position]", str, int, bytes, int, "TxnId | None"]
+_Send = tuple["asyncio.Future[Position]", str, int, bytes, int, "TxnId | None", int]
 """A judged send waiting for its append: (future, producer, last sequence id, entry,
-message count, transaction)."""
+message count, transaction, the producer's send generation when it was judged)."""
 
 
 def entry_metadata(entry: bytes) -> pb.MessageMetadata:
@@ -158,6 +159,12 @@ class PersistentTopic(ProducerAccess):
         self._issuing: asyncio.Future[None] | None = None
         """Resolved once the last group that had to wait before appending issued its
         appends; a later group waits for it (see ``_start_group``)."""
+        self._send_generation: dict[str, int] = {}
+        """Bumped when a send of the producer failed retriably: its sends judged before
+        that and not yet stored fail too (the client resends them all, in order)."""
+        self._refusing: set[str] = set()
+        """Attached producers whose send failed retriably: their later sends are refused
+        until the producer detaches or attaches again (the client reconnects to resend)."""
         self._since_snapshot = 0
         self._snapshot_task: asyncio.Task[None] | None = None
         self._closing = False
@@ -250,11 +257,14 @@ class PersistentTopic(ProducerAccess):
         if not self._may_resend_here(producer.name):
             self._check_writable()
         self.quota.check_producer()
-        return self._admit(producer)
+        waiting = self._admit(producer)
+        self._refusing.discard(producer.name)
+        return waiting
 
     def remove_producer(self, producer: Producer) -> None:
         """Forget ``producer`` (closed or disconnected); hand exclusivity to a waiter."""
-        self._release(producer)
+        if self._release(producer):
+            self._refusing.discard(producer.name)
 
     # --- publishing -----------------------------------------------------------------------
 
@@ -338,6 +348,11 @@ class PersistentTopic(ProducerAccess):
         ):
             return _resolved(DUPLICATE_POSITION)
         self._check_writable()
+        if producer_name in self._refusing:
+            # An earlier send of this producer failed retriably: the client resends from
+            # that one once it reconnects; storing this one first would leave a gap that
+            # dedup would then answer as a duplicate (a silent loss).
+            raise Closed(f"an earlier send of producer {producer_name} failed; resend")
         if self.dedup is not None:
             verdict = self.dedup.admit(producer_name, sequence_id, last)
             if verdict is DedupVerdict.DUPLICATE:
@@ -350,7 +365,8 @@ class PersistentTopic(ProducerAccess):
         if group is None:
             group = self._group = []
             loop.call_soon(self._start_group)
-        group.append((fut, producer_name, last, entry, num_messages, txn))
+        generation = self._send_generation.get(producer_name, 0)
+        group.append((fut, producer_name, last, entry, num_messages, txn, generation))
         self._last_append = fut
         return fut
 
@@ -396,50 +412,99 @@ class PersistentTopic(ProducerAccess):
             return list(await self.ledger.append_many([send[3] for send in group]))
         # Runs of consecutive sends of one transaction (or of plain sends) share a group
         # commit. Every transaction joins first (its op record); a refused join fails its
-        # run alone. Then all runs are issued in order without a wait between them (the
-        # buffer's append of a joined transaction reaches the ledger before suspending).
-        runs: list[tuple[TxnId | None, list[bytes]]] = []
-        for send in group:
+        # run. Then all runs are issued in order without a wait between them (the buffer's
+        # append of a joined transaction reaches the ledger before suspending).
+        runs: list[tuple[TxnId | None, list[int]]] = []
+        for index, send in enumerate(group):
             if runs and runs[-1][0] == send[5]:
-                runs[-1][1].append(send[3])
+                runs[-1][1].append(index)
             else:
-                runs.append((send[5], [send[3]]))
-        refused: dict[int, Exception] = {}
-        for i, (txn, _) in enumerate(runs):
+                runs.append((send[5], [index]))
+        results: list[Position | Exception | None] = [None] * len(group)
+        for txn, indices in runs:
             if txn is not None:
                 try:
                     await self.transaction_buffer.prepare(txn)
                 except Exception as err:
-                    refused[i] = err
-        appends: list[asyncio.Future[list[Position]] | None] = []
-        for i, (txn, entries) in enumerate(runs):
-            if i in refused:
-                appends.append(None)
-            elif txn is None:
-                appends.append(asyncio.ensure_future(self.ledger.append_many(entries)))
-            else:
-                txn_append = self.transaction_buffer.append_many(txn, entries)
-                appends.append(asyncio.ensure_future(txn_append))
+                    self._fail_sends(group, indices, err, results)
+        appends = [
+            asyncio.ensure_future(self._append_run(group, txn, indices, results))
+            for txn, indices in runs
+        ]
         # The tasks above take their first step (the ledger call) before a group waiting
         # on ``issued`` resumes: the loop runs ready callbacks in FIFO order.
         issued.set_result(None)
-        results: list[Position | Exception] = []
         try:
-            for i, append in enumerate(appends):
-                count = len(runs[i][1])
-                if append is None:
-                    results += [refused[i]] * count
-                    continue
-                try:
-                    results += await append
-                except Exception as err:
-                    results += [err] * count
+            for append in appends:
+                await append
         except BaseException:
             for append in appends:
-                if append is not None and not append.done():
+                if not append.done():
                     append.add_done_callback(_retrieve)  # cancelled: outcome unobserved
             raise
-        return results
+        done = [result for result in results if result is not None]
+        assert len(done) == len(group)
+        return done
+
+    async def _append_run(
+        self,
+        group: list[_Send],
+        txn: TxnId | None,
+        indices: list[int],
+        results: list[Position | Exception | None],
+    ) -> None:
+        """Append one run of ``group`` (its sends at ``indices``), filling ``results``.
+        Sends of a producer whose earlier send failed retriably since they were judged
+        fail with a retriable Closed, unstored (see ``_fail_sends``)."""
+        live = []
+        for index in indices:
+            if results[index] is not None:
+                continue
+            send = group[index]
+            if self._send_generation.get(send[1], 0) != send[6]:
+                results[index] = Closed(f"an earlier send of producer {send[1]} failed; resend")
+            else:
+                live.append(index)
+        if not live:
+            return
+        entries = [group[index][3] for index in live]
+        try:
+            if txn is None:
+                positions = await self.ledger.append_many(entries)
+            else:
+                positions = await self.transaction_buffer.append_many(txn, entries)
+        except Exception as err:
+            self._fail_sends(group, live, err, results)
+            return
+        for index, position in zip(live, positions, strict=True):
+            results[index] = position
+
+    def _fail_sends(
+        self,
+        group: list[_Send],
+        indices: list[int],
+        err: Exception,
+        results: list[Position | Exception | None],
+    ) -> None:
+        """Fail the sends at ``indices`` with ``err`` (see :meth:`_note_failed`)."""
+        for index in indices:
+            results[index] = err
+            self._note_failed(group[index][1], err)
+
+    def _note_failed(self, producer_name: str, err: BaseException) -> None:
+        """A send of ``producer_name`` failed with ``err``. A retriable error makes the
+        client reconnect and resend from that send on, in order: every later send of the
+        producer must then fail too (those judged already and those still to come, until
+        it attaches again), or one would be stored first and the resent earlier one
+        answered as a duplicate: acknowledged, never stored."""
+        if not (isinstance(err, AnabranchError) and err.retriable):
+            return  # the client fails that send alone and goes on
+        if producer_name not in self.producers or producer_name in self._refusing:
+            return  # detached (nothing more comes from it), or noted already
+        if len(self._send_generation) >= limits.DEDUP_PRODUCERS_MAX:
+            self._send_generation.clear()  # bounded; a reset only fails more sends
+        self._send_generation[producer_name] = self._send_generation.get(producer_name, 0) + 1
+        self._refusing.add(producer_name)
 
     async def _append_group(
         self,
@@ -454,6 +519,7 @@ class PersistentTopic(ProducerAccess):
             if isinstance(err, StorageIOError) and self.on_storage_failure is not None:
                 self.on_storage_failure(self)
             for fut, producer_name, *_ in group:
+                self._note_failed(producer_name, err)
                 if self.dedup is not None:
                     self.dedup.on_failed(producer_name)
                 if fut.done():
@@ -471,9 +537,10 @@ class PersistentTopic(ProducerAccess):
         dedup = self.dedup
         storage_failed = False
         for send, result in zip(group, results, strict=True):
-            fut, producer_name, last, entry, count, _ = send
+            fut, producer_name, last, entry, count, *_ = send
             if isinstance(result, Exception):
                 storage_failed = storage_failed or isinstance(result, StorageIOError)
+                self._note_failed(producer_name, result)
                 if dedup is not None:
                     dedup.on_failed(producer_name)
                 if not fut.done():
