@@ -83,6 +83,11 @@ async def _serve(label: str, starting: Awaitable[_Node]) -> None:
         # for the operator, no traceback.
         console.print(f"[red]anabranch {label} cannot start: {err}[/]")
         raise SystemExit(1) from None
+    except OSError as err:
+        # A port in use, a data directory that cannot be written: the operator's to fix,
+        # said in one line (the node's partial start-up dies with the process).
+        console.print(f"[red]anabranch {label} cannot start: {err}[/]")
+        raise SystemExit(1) from None
     # What start-up created lives as long as the process: out of the collector's way, so a
     # full collection (a pause every client sees as latency) scans only the working set.
     gc.freeze()
