@@ -15,7 +15,12 @@ import pytest
 
 from anabranch.broker.topic import PersistentTopic
 from anabranch.clock import SystemClock
-from anabranch.errors import Closed, MetadataUnavailable, TransactionConflict
+from anabranch.errors import (
+    Closed,
+    MetadataUnavailable,
+    TransactionConflict,
+    TransactionTooLarge,
+)
 from anabranch.metadata.memory import MemoryMetadataStore
 from anabranch.protocol._generated import pulsar_api_pb2 as pb
 from anabranch.protocol.frames import encode_entry
@@ -119,14 +124,35 @@ async def test_a_stalled_join_holds_later_sends_and_its_failure_fails_them_for_a
     await topic.close()
 
 
-async def test_a_refused_transactional_send_fails_alone() -> None:
+async def test_after_a_final_refusal_later_sends_wait_for_a_reconnect() -> None:
+    topic, buffer, ledger = await topic_with_held_join()
+    a = attach(topic, "a")
+    buffer.error = TransactionTooLarge("transaction 0:3 has too many entries")
+    buffer.release.set()
+    big = topic.publish("a", 0, None, entry("a", 0), 1, txn=TxnId(0, 3))
+    after = topic.publish("a", 1, None, entry("a", 1), 1)
+    # The official clients resend after this error too (reconnecting): a later send stored
+    # first would turn that resend into a "duplicate" of a transaction still open, which
+    # would then commit without it. Ours fails the send alone and resends the later ones
+    # once it reconnects.
+    with pytest.raises(TransactionTooLarge):
+        await big
+    with pytest.raises(Closed):
+        await after
+    topic.remove_producer(a)  # type: ignore[arg-type]
+    attach(topic, "a")
+    assert isinstance(await topic.publish("a", 1, None, entry("a", 1), 1), Position)
+    assert await stored(ledger) == [entry("a", 1)]
+    await topic.close()
+
+
+async def test_a_send_of_a_finished_transaction_fails_alone() -> None:
     topic, buffer, ledger = await topic_with_held_join()
     attach(topic, "a")
-    buffer.error = TransactionConflict("transaction 0:3 is already COMMITTED")
+    buffer.error = TransactionConflict("transaction 0:4 is already ABORTED")
     buffer.release.set()
-    late = topic.publish("a", 0, None, entry("a", 0), 1, txn=TxnId(0, 3))
+    late = topic.publish("a", 0, None, entry("a", 0), 1, txn=TxnId(0, 4))
     after = topic.publish("a", 1, None, entry("a", 1), 1)
-    # Not retriable: the client fails that send alone and goes on, so later ones stay.
     with pytest.raises(TransactionConflict):
         await late
     assert isinstance(await after, Position)

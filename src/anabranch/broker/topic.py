@@ -43,11 +43,11 @@ from anabranch.clock import Clock
 from anabranch.core.dedup import DedupState, DedupVerdict
 from anabranch.core.rate_window import RateWindow
 from anabranch.errors import (
-    AnabranchError,
     Closed,
     InvalidArgument,
     StorageIOError,
     TopicTerminated,
+    TransactionConflict,
 )
 from anabranch.metadata.api import MetadataStore
 from anabranch.protocol._generated import pulsar_api_pb2 as pb
@@ -160,11 +160,11 @@ class PersistentTopic(ProducerAccess):
         """Resolved once the last group that had to wait before appending issued its
         appends; a later group waits for it (see ``_start_group``)."""
         self._send_generation: dict[str, int] = {}
-        """Bumped when a send of the producer failed retriably: its sends judged before
-        that and not yet stored fail too (the client resends them all, in order)."""
+        """Bumped when a send of the producer failed: its sends judged before that and not
+        yet stored fail too (the client resends them, in order; see ``_note_failed``)."""
         self._refusing: set[str] = set()
-        """Attached producers whose send failed retriably: their later sends are refused
-        until the producer detaches or attaches again (the client reconnects to resend)."""
+        """Attached producers whose send failed: their later sends are refused until the
+        producer detaches or attaches again (the client reconnects to resend)."""
         self._since_snapshot = 0
         self._snapshot_task: asyncio.Task[None] | None = None
         self._closing = False
@@ -349,9 +349,9 @@ class PersistentTopic(ProducerAccess):
             return _resolved(DUPLICATE_POSITION)
         self._check_writable()
         if producer_name in self._refusing:
-            # An earlier send of this producer failed retriably: the client resends from
-            # that one once it reconnects; storing this one first would leave a gap that
-            # dedup would then answer as a duplicate (a silent loss).
+            # An earlier send of this producer failed: the client resends once it
+            # reconnects; storing this one first would leave a gap that dedup would then
+            # answer as a duplicate (a silent loss). See ``_note_failed``.
             raise Closed(f"an earlier send of producer {producer_name} failed; resend")
         if self.dedup is not None:
             verdict = self.dedup.admit(producer_name, sequence_id, last)
@@ -454,8 +454,8 @@ class PersistentTopic(ProducerAccess):
         results: list[Position | Exception | None],
     ) -> None:
         """Append one run of ``group`` (its sends at ``indices``), filling ``results``.
-        Sends of a producer whose earlier send failed retriably since they were judged
-        fail with a retriable Closed, unstored (see ``_fail_sends``)."""
+        Sends of a producer whose earlier send failed since they were judged fail with a
+        retriable Closed, unstored (see ``_note_failed``)."""
         live = []
         for index in indices:
             if results[index] is not None:
@@ -492,13 +492,20 @@ class PersistentTopic(ProducerAccess):
             self._note_failed(group[index][1], err)
 
     def _note_failed(self, producer_name: str, err: BaseException) -> None:
-        """A send of ``producer_name`` failed with ``err``. A retriable error makes the
-        client reconnect and resend from that send on, in order: every later send of the
-        producer must then fail too (those judged already and those still to come, until
-        it attaches again), or one would be stored first and the resent earlier one
-        answered as a duplicate: acknowledged, never stored."""
-        if not (isinstance(err, AnabranchError) and err.retriable):
-            return  # the client fails that send alone and goes on
+        """A send of ``producer_name`` failed with ``err``: every later send of the
+        producer fails too (those judged already and those still to come, until it
+        attaches again), with a retriable Closed. A client resends after a retriable
+        error, and the official clients after any error but a checksum or terminated one,
+        reconnecting and resending from that send on, in order: had a later send been
+        stored first, dedup would answer the resent earlier one as a duplicate
+        (acknowledged, never stored). Our client, told a final error, fails that send
+        alone and resends the later ones once it reconnects.
+
+        Not after TransactionConflict: that transaction is over, the message can never be
+        part of it, so the connection goes on (a late send of an aborted transaction is
+        common; upstream answers the same)."""
+        if isinstance(err, TransactionConflict):
+            return
         if producer_name not in self.producers or producer_name in self._refusing:
             return  # detached (nothing more comes from it), or noted already
         if len(self._send_generation) >= limits.DEDUP_PRODUCERS_MAX:
