@@ -352,7 +352,7 @@ class PersistentTopic(ProducerAccess):
             # An earlier send of this producer failed: the client resends once it
             # reconnects; storing this one first would leave a gap that dedup would then
             # answer as a duplicate (a silent loss). See ``_note_failed``.
-            raise Closed(f"an earlier send of producer {producer_name} failed; resend")
+            raise _earlier_send_failed(producer_name)
         if self.dedup is not None:
             verdict = self.dedup.admit(producer_name, sequence_id, last)
             if verdict is DedupVerdict.DUPLICATE:
@@ -427,21 +427,12 @@ class PersistentTopic(ProducerAccess):
                     await self.transaction_buffer.prepare(txn)
                 except Exception as err:
                     self._fail_sends(group, indices, err, results)
-        appends = [
-            asyncio.ensure_future(self._append_run(group, txn, indices, results))
-            for txn, indices in runs
-        ]
-        # The tasks above take their first step (the ledger call) before a group waiting
-        # on ``issued`` resumes: the loop runs ready callbacks in FIFO order.
-        issued.set_result(None)
-        try:
-            for append in appends:
-                await append
-        except BaseException:
-            for append in appends:
-                if not append.done():
-                    append.add_done_callback(_retrieve)  # cancelled: outcome unobserved
-            raise
+        async with asyncio.TaskGroup() as runs_group:
+            for txn, indices in runs:
+                runs_group.create_task(self._append_run(group, txn, indices, results))
+            # The tasks take their first step (the ledger call) before a group waiting on
+            # ``issued`` resumes: the loop runs ready callbacks in FIFO order.
+            issued.set_result(None)
         done = [result for result in results if result is not None]
         assert len(done) == len(group)
         return done
@@ -462,7 +453,7 @@ class PersistentTopic(ProducerAccess):
                 continue
             send = group[index]
             if self._send_generation.get(send[1], 0) != send[6]:
-                results[index] = Closed(f"an earlier send of producer {send[1]} failed; resend")
+                results[index] = _earlier_send_failed(send[1])
             else:
                 live.append(index)
         if not live:
@@ -721,9 +712,8 @@ class PersistentTopic(ProducerAccess):
         await self.ledger.close()
 
 
-def _retrieve(fut: asyncio.Future[Any]) -> None:
-    if not fut.cancelled():
-        fut.exception()
+def _earlier_send_failed(producer_name: str) -> Closed:
+    return Closed(f"an earlier send of producer {producer_name} failed; resend")
 
 
 def _resolved(position: Position) -> asyncio.Future[Position]:
