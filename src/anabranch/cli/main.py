@@ -78,13 +78,9 @@ async def _serve(label: str, starting: Awaitable[_Node]) -> None:
         loop.add_signal_handler(sig, stop.set)
     try:
         node = await starting
-    except AnabranchError as err:
-        # A typed start-up failure (wrong storage credentials, a bad setting): one line
-        # for the operator, no traceback.
-        console.print(f"[red]anabranch {label} cannot start: {err}[/]")
-        raise SystemExit(1) from None
-    except OSError as err:
-        # A port in use, a data directory that cannot be written: the operator's to fix,
+    except (AnabranchError, OSError) as err:
+        # A typed start-up failure (wrong storage credentials, a bad setting) or an OS one
+        # (a port in use, a data directory that cannot be written): the operator's to fix,
         # said in one line (the node's partial start-up dies with the process).
         console.print(f"[red]anabranch {label} cannot start: {err}[/]")
         raise SystemExit(1) from None
