@@ -7,12 +7,14 @@ import asyncio
 import errno
 import itertools
 import random
+import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
 from anabranch.broker import standalone
+from anabranch.testing.broker import BrokerProcess
 from anabranch.testing.faults.control import Control, ControlReader, write_control
 from anabranch.testing.faults.disk import ControlledOpener, lose_unfsynced
 from anabranch.testing.faults.launcher import SEAMS
@@ -132,3 +134,24 @@ def test_lose_unfsynced_cuts_only_the_crashed_brokers_files(tmp_path: Path) -> N
 
 def test_the_launcher_seams_exist() -> None:
     assert all(hasattr(standalone, name) for name in SEAMS)
+
+
+class _SlowSpawn(BrokerProcess):
+    """Launches after a pause, so a cancel lands while the launch thread is busy."""
+
+    def _spawn(self, args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+        time.sleep(0.3)
+        return super()._spawn(args, env)
+
+
+async def test_a_start_cancelled_during_the_launch_leaves_no_process_running(
+    tmp_path: Path,
+) -> None:
+    broker = _SlowSpawn(tmp_path / "b")
+    start = asyncio.create_task(broker.start())
+    await asyncio.sleep(0.1)
+    start.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await start
+    assert broker.process is not None  # the launched process is owned...
+    assert broker.process.poll() is not None  # ...and was killed and reaped

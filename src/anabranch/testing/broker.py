@@ -177,7 +177,15 @@ class BrokerSubprocess:
         if self.running:
             return
         args, env = self._command()
-        self.process = await asyncio.to_thread(self._spawn, args, env)
+        spawn = asyncio.get_running_loop().run_in_executor(None, self._spawn, args, env)
+        try:
+            self.process = await asyncio.shield(spawn)
+        except asyncio.CancelledError:
+            # The thread launches the process whether or not we wait: own it and kill it,
+            # or it outlives the harness (a broker nobody stops).
+            self.process = await spawn
+            self.kill()
+            raise
         try:
             await self._wait_ready()
         except BaseException:
