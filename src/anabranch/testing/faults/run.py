@@ -158,6 +158,9 @@ async def _run(config: RunConfig, root: Path) -> RunResult:
     layout: SegmentLayout | None = None
     windows: list[tuple[float, float, str]] = []
     heal_t = 0.0
+    tasks: list[asyncio.Task[None]] = []
+    consumers: list[asyncio.Task[None]] = []
+    others: list[asyncio.Task[Any]] = []  # the RSS sampler, the split probe
     try:
         await cluster.start()
         await _prepare(cluster, config)
@@ -167,8 +170,7 @@ async def _run(config: RunConfig, root: Path) -> RunResult:
             rate_per_producer=config.rate_per_producer,
         )  # fmt: skip
         nemesis = Nemesis(cluster, history, config.topic)
-        tasks = [asyncio.create_task(workload.producer(i)) for i in range(config.producers)]
-        consumers = []
+        tasks += [asyncio.create_task(workload.producer(i)) for i in range(config.producers)]
         if config.stream:
             consumers.append(asyncio.create_task(workload.stream()))
         if config.queue:
@@ -186,6 +188,7 @@ async def _run(config: RunConfig, root: Path) -> RunResult:
             )
             tasks.append(asyncio.create_task(storm))
         sampler = asyncio.create_task(_sample_rss(cluster, rss))
+        others.append(sampler)
         start_t = history.now()
         try:
             await asyncio.gather(
@@ -204,6 +207,7 @@ async def _run(config: RunConfig, root: Path) -> RunResult:
         # A probe that succeeds only after the bound is flagged as one that never does:
         # probing on past it cannot change the verdict.
         probe = asyncio.create_task(workload.probe(config.availability_bound_s + 1.0))
+        others.append(probe)
         await asyncio.sleep(config.post_heal_produce_s)
         workload.producing = False
         await _finish(tasks, 2 * 30.0)
@@ -221,6 +225,11 @@ async def _run(config: RunConfig, root: Path) -> RunResult:
         sampler.cancel()
         await workload.close()
     finally:
+        # A run cut short leaves its tasks going: stop them before the cluster, or a storm
+        # restarts a broker nobody will stop.
+        for task in (*tasks, *consumers, *others):
+            task.cancel()
+        await asyncio.gather(*tasks, *consumers, *others, return_exceptions=True)
         history.close()
         await cluster.stop()
     if layout is None:
