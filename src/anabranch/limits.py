@@ -471,6 +471,14 @@ case a watch event was missed."""
 TXN_SWEEP_BATCH = 500
 """Transactions one sweep or GC pass handles before yielding."""
 
+TXN_GC_PASS_MAX = 100_000
+"""Final transactions one GC pass examines per outcome (page after page): a pass every
+``TXN_GC_INTERVAL_S`` must keep up with a sustained transaction rate, or headers pile up
+in the metadata store (etcd's space quota is 2 GiB by default)."""
+
+TXN_GC_READS_IN_FLIGHT = 32
+"""Op-record probes a GC pass has in flight at once."""
+
 TXN_PARTICIPANT_RETRY_MIN_S = 0.05
 """First retry delay of a participant's background outcome work (deleting op records,
 writing an aborted record, applying committed acks) after a metadata or cursor failure;

@@ -317,6 +317,42 @@ async def test_sweep_gc_retains_header_and_refans_out_when_ops_remain(
     ]
 
 
+async def test_one_gc_pass_collects_every_due_page(
+    tc: TransactionCoordinator,
+    store: MetadataStore,
+    clock: ManualClock,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Pages of 100: a pass must go on past the first page, and delete more headers than
+    # fit in one commit (64 per commit of 128 ops).
+    monkeypatch.setattr(limits, "TXN_SWEEP_BATCH", 100)
+    committed = [await tc.new_txn(5_000) for _ in range(230)]
+    aborted = [await tc.new_txn(5_000) for _ in range(3)]
+    for txn in committed:
+        await tc.end_txn(txn, TxnState.COMMITTED)
+    for txn in aborted:
+        await tc.end_txn(txn, TxnState.ABORTED)
+    clock.advance(11)
+    assert await tc.sweep_gc() == 233
+    assert await keys(store, records.HEADERS) == []
+    assert await keys(store, records.IDX_FINAL) == []
+    assert await tc.sweep_gc() == 0
+
+
+async def test_gc_of_a_page_with_a_header_already_gone_collects_the_others(
+    tc: TransactionCoordinator, store: MetadataStore, clock: ManualClock
+) -> None:
+    txns = [await tc.new_txn(5_000) for _ in range(5)]
+    for txn in txns:
+        await tc.end_txn(txn, TxnState.COMMITTED)
+    # Another broker's pass deleted one header; its index key is still listed here.
+    await store.delete(records.header_path(txns[2]))
+    clock.advance(11)
+    assert await tc.sweep_gc() == 4
+    assert await keys(store, records.HEADERS) == []
+    assert await keys(store, records.IDX_FINAL) == []
+
+
 # --- lifecycle --------------------------------------------------------------------------------
 
 
