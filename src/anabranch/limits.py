@@ -512,6 +512,14 @@ TXN_BRANCH_ID_BYTES_MAX = 128
 """Longest branch id (UTF-8) in a message's ``__txn_branch`` property or a commit's
 winners; a longer one is refused (InvalidArgument)."""
 
+TXN_BATCHES_RETAINED = 100
+"""Batch records a sink key keeps: committing batch N deletes those before N - 99 (as
+Spark's ``minBatchesToRetain`` keeps 100 of its own logs; a restarted query replays only
+its last batch), else a streaming query added a record per micro-batch forever."""
+
+TXN_BATCHES_PRUNED_MAX = 64
+"""Old batch records one commit deletes (one multi-op commit; a commit adds one)."""
+
 TXN_SINK_KEY_BYTES_MAX = 512
 """Longest sink key (UTF-8) of a batch transaction (one segment of its record's key)."""
 

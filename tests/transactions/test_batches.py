@@ -17,11 +17,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from anabranch import limits
 from anabranch.admin.client import AdminClient, AdminHttpError
 from anabranch.aio import Client
 from anabranch.core.txn_buffer_state import TxnBufferState
 from anabranch.core.txn_id import BRANCH_PROPERTY
-from anabranch.errors import InvalidArgument, InvalidTxnStatus, TransactionConflict
+from anabranch.errors import (
+    InvalidArgument,
+    InvalidTxnStatus,
+    TransactionConflict,
+    TransactionNotFound,
+)
 from anabranch.metadata.api import MUST_NOT_EXIST, MetadataStore
 from anabranch.metadata.memory import MemoryMetadataStore
 from anabranch.protocol._generated import pulsar_api_pb2 as pb
@@ -312,6 +318,28 @@ async def test_batches_another_query_takes_over_an_open_batch_and_begins_race(
     assert old is not None and old.state is ABORTED
     with pytest.raises(TransactionConflict):
         await batches.commit("s", 0, "q1", 0, [])
+
+
+async def test_a_sink_keeps_only_its_last_batches(
+    tc: tuple[TransactionCoordinator, ManualClock, list[Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(limits, "TXN_BATCHES_RETAINED", 3)
+    coordinator, clock, _ = tc
+    batches = TxnBatches(coordinator._store, coordinator, clock)
+    for batch_id in range(6):
+        for key in ("s", "other"):
+            batch = await batches.begin(key, batch_id, "q1")
+            await batches.commit(key, batch_id, "q1", batch.epoch, ["0-a"])
+    kept = await coordinator._store.list_prefix(records.BATCHES)
+    assert [records.batch_path(k, n) for k in ("other", "s") for n in (3, 4, 5)] == [
+        r.path for r in kept.records
+    ]
+    with pytest.raises(TransactionNotFound):
+        await batches.get("s", 2)
+    assert (await batches.begin("s", 5, "q1")).state is COMMITTED  # the last one replays
+    with pytest.raises(TransactionConflict):  # a new checkpoint location, batch 0 again
+        await batches.begin("s", 0, "q2")
+    assert (await batches.begin("s", 6, "q1")).state is OPEN
 
 
 # --- end to end: admin batch API + our client --------------------------------------------------

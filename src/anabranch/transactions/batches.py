@@ -64,7 +64,7 @@ from anabranch.errors import (
     TransactionConflict,
     TransactionNotFound,
 )
-from anabranch.metadata.api import MUST_NOT_EXIST, MetadataStore, Put
+from anabranch.metadata.api import MUST_NOT_EXIST, Delete, MetadataStore, Put
 from anabranch.transactions import records
 from anabranch.transactions.coordinator import TransactionCoordinator
 from anabranch.transactions.ids import TxnId
@@ -178,6 +178,7 @@ class TxnBatches:
         for _ in range(ATTEMPTS_MAX):
             got = await self._store.get(path)
             if got is None:
+                await self._check_sink_owner(sink_key, query_id)
                 created = await self._install(path, None, 0, query_id, timeout)
                 if created is not None:
                     return Batch(sink_key, batch_id, created, TxnState.OPEN)
@@ -255,8 +256,41 @@ class TxnBatches:
                 if err.path != path:
                     raise
                 continue  # the record moved (a concurrent commit or begin): judge again
+            await self._prune(sink_key, batch_id)
             return Batch(sink_key, batch_id, marked, TxnState.COMMITTED)
         raise BadVersion(path, None, -1)
+
+    async def _check_sink_owner(self, sink_key: str, query_id: str) -> None:
+        """TransactionConflict when the sink's oldest kept record was committed by another
+        query: a sink reused with a new checkpoint location fails loudly even once the
+        batch ids it starts at again were pruned."""
+        page = await self._store.list_prefix(records.batch_prefix(sink_key), limit=1)
+        if not page.records:
+            return
+        record = records.decode_batch(page.records[0].value)
+        if record.committed and record.query_id != query_id:
+            raise TransactionConflict(
+                f"sink {sink_key!r} was committed by query {record.query_id!r}, not "
+                f"{query_id!r}: sink reused with a new checkpoint location"
+            )
+
+    async def _prune(self, sink_key: str, batch_id: int) -> None:
+        """Delete the sink's records of batches before the last ``TXN_BATCHES_RETAINED``
+        (a few per commit). Best effort: the commit has landed, and the next commit
+        deletes what this one left."""
+        end = batch_id - limits.TXN_BATCHES_RETAINED + 1
+        if end <= 0:
+            return
+        try:
+            page = await self._store.list_range(
+                records.batch_prefix(sink_key),
+                records.batch_path(sink_key, end),
+                limit=limits.TXN_BATCHES_PRUNED_MAX,
+            )
+            if page.records:
+                await self._store.commit([Delete(record.path) for record in page.records])
+        except Exception:
+            log.warning("pruning old batch records of sink %r failed", sink_key, exc_info=True)
 
     async def abort(self, sink_key: str, batch_id: int, epoch: int) -> Batch:
         """Abort the batch's epoch ``epoch`` unless it is committed (a committed batch is

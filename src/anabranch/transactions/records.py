@@ -315,13 +315,22 @@ def decode_aborted(value: bytes) -> AbortedRecord:
     return AbortedRecord(tuple(positions))
 
 
+def batch_prefix(sink_key: str) -> str:
+    """Every batch record of sink ``sink_key`` starts with this.
+
+    >>> batch_prefix("q/out")
+    '/txn/batch/q%2Fout/'
+    """
+    return f"{BATCHES}{enc(sink_key)}/"
+
+
 def batch_path(sink_key: str, batch_id: int) -> str:
     """The record of batch ``batch_id`` of sink ``sink_key`` (see ``transactions/batches``).
 
     >>> batch_path("q/out", 7)
     '/txn/batch/q%2Fout/00000000000000000007'
     """
-    return f"{BATCHES}{enc(sink_key)}/{_n(batch_id)}"
+    return f"{batch_prefix(sink_key)}{_n(batch_id)}"
 
 
 @dataclass(frozen=True, slots=True)
