@@ -10,9 +10,11 @@ from anabranch.aio import Client, Producer
 from anabranch.client.connection import ConnectionPool
 from anabranch.client.errors import ConnectionClosed, ProducerQueueFull
 from anabranch.errors import NotAllowed
+from anabranch.protocol import commands
 from anabranch.protocol._generated import pulsar_api_pb2 as pb
 from anabranch.protocol.batch import decode_batch
 from anabranch.protocol.compression import decompress
+from anabranch.protocol.frames import encode_command
 from anabranch.testing.ports import free_port
 from tests.client.fake_broker import FakeBroker
 
@@ -303,3 +305,33 @@ async def test_individual_acks_of_one_loop_turn_go_out_as_one_ack_before_a_seek(
         kinds = [f.type for f in fake.frames if f.type in (T.ACK, T.SEEK)]
         assert kinds == [T.ACK, T.ACK, T.SEEK]  # the grouped ack went out before the seek
         seek.cancel()
+
+
+async def test_frames_written_in_one_loop_turn_share_one_socket_write(
+    fake: FakeBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pool = ConnectionPool(fake.url)
+    conn = await pool.get()
+    assert conn._wire is not None and conn._wire.transport is not None
+    transport = conn._wire.transport
+    writes: list[bytes] = []
+    write = transport.write
+
+    def counted(data: bytes | bytearray | memoryview) -> None:
+        writes.append(bytes(data))
+        write(data)
+
+    monkeypatch.setattr(transport, "write", counted)
+    for _ in range(3):
+        conn.send_command(commands.ping())
+    assert writes == []  # queued until the loop turn ends
+    await asyncio.sleep(0)
+    assert writes == [encode_command(commands.ping()) * 3]
+    # A request that must be on the wire at once (a join-ahead) takes what is queued along.
+    conn.send_command(commands.ping())
+    lookup = pb.CommandLookupTopic(topic=TOPIC, request_id=7, authoritative=True)
+    answer = conn.request_now(T(type=T.LOOKUP, lookupTopic=lookup), 7)
+    assert len(writes) == 2 and writes[1].startswith(encode_command(commands.ping()))
+    await answer
+    assert len(fake.of_type(T.PING)) == 4
+    await pool.close()
