@@ -565,8 +565,8 @@ class TransactionCoordinator:
         again (they re-apply and delete theirs) and keep it. Returns headers deleted.
 
         A pass goes page after page (up to ``TXN_GC_PASS_MAX`` per outcome) and deletes
-        in multi-op commits: one page per pass, one commit per header, collected about
-        17 transactions a second, so a steadier rate than that grew the store forever.
+        in multi-op commits: one page per pass and one commit per header would collect
+        about 17 transactions a second, and any steadier rate would grow the store.
         """
         cutoff = self._clock.wall_ms() - self._gc_retention_ms
         collected = 0
