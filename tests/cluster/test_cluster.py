@@ -98,7 +98,7 @@ async def test_concurrent_lookups_at_every_broker_agree_on_one_owner(
 ) -> None:
     # 24 topics: each broker judges loads from its own view (its own topics now, the
     # others' as last reported), so views can lean towards one broker: 12 topics all went
-    # to one in a CI run (loads reported 0/0/0). Each extra topic roughly halves the odds.
+    # to one in a CI run (loads reported 0/0/0); twice the topics squares those odds.
     topics = [fresh_topic("race") for _ in range(24)]
     status, records = await cluster.http("GET", f"/admin/v2/brokers/{cluster.cluster_name}/load")
     assert status == 200
