@@ -440,10 +440,7 @@ class ClientConnection:
         wire = self._wire
         if wire is None or wire.transport is None or wire.transport.is_closing():
             return  # closed meanwhile: its requests fail with the close
-        if len(out) == 1:
-            wire.transport.write(out[0])
-        else:
-            wire.transport.write(b"".join(out))
+        wire.transport.write(b"".join(out))  # one frame: join returns it, no copy
 
     def send_command(
         self,
