@@ -3,6 +3,7 @@
     AnabranchError                      retriable, wire_code, http_status
     ├── InvalidArgument                 bad name, path, option, value  (400)
     │   ├── ValueTooLarge               a value or message over its limit
+    │   ├── InvalidPolicyValue          a policy value out of its range (412)
     │   ├── UnknownSegment              no such segment id in the layout
     │   └── SegmentsNotAdjacent         merge of two ranges that do not touch
     ├── NotLeader                       not the controller leader (307, retriable)
@@ -81,6 +82,12 @@ class ValueTooLarge(InvalidArgument):
         self.what = what
         self.size = size
         self.max_size = max_size
+
+
+class InvalidPolicyValue(InvalidArgument):
+    """A policy value out of its range, such as a negative cap (Pulsar answers 412)."""
+
+    http_status = 412
 
 
 class NotAllowed(AnabranchError):

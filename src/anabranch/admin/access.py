@@ -266,6 +266,18 @@ ROUTE_ACCESS: dict[tuple[str, str], Need] = {
         for base in (NS, TOPIC)
         for method in ("GET", "POST", "DELETE")
     },
+    # Per-topic caps (admin/routes_topic_limits.py): the tenant's admins', as in Pulsar.
+    **{
+        (method, f"{base}/{policy}"): N.TENANT_ADMIN
+        for base, names in (
+            (NS, ("maxProducersPerTopic", "maxConsumersPerTopic")),
+            (TOPIC, ("maxProducers", "maxConsumers")),
+            (NS, ("maxConsumersPerSubscription", "maxSubscriptionsPerTopic")),
+            (TOPIC, ("maxConsumersPerSubscription", "maxSubscriptionsPerTopic")),
+        )
+        for policy in names
+        for method in ("GET", "POST", "DELETE")
+    },
     # the app's own
     ("GET", "/metrics"): N.NONE,
     ("GET", "/openapi.json"): N.NONE,

@@ -389,6 +389,24 @@ class AdminClient:
     async def remove_message_ttl(self, target: str) -> None:
         await self.request("DELETE", _policy_path(target) + "/messageTTL")
 
+    # --- per-topic caps (producers, consumers, subscriptions) -------------------------------
+
+    async def get_cap(self, target: str, cap: str, *, applied: bool = False) -> int | None:
+        """A cap of a namespace or topic by its REST name (``maxProducersPerTopic`` on a
+        namespace, ``maxProducers`` on a topic, ...; 0: none, None: unset); ``applied``: the
+        one in force on a topic."""
+        query = "?applied=true" if applied else ""
+        answer = await self.request("GET", f"{_policy_path(target)}/{cap}{query}")
+        return None if answer is None else int(answer)
+
+    async def set_cap(self, target: str, cap: str, value: int) -> None:
+        """Set a cap (see :meth:`get_cap`; 0: none)."""
+        await self.request("POST", f"{_policy_path(target)}/{cap}", value)
+
+    async def remove_cap(self, target: str, cap: str) -> None:
+        """Remove a cap (the next level's applies)."""
+        await self.request("DELETE", f"{_policy_path(target)}/{cap}")
+
     # --- topic compaction -----------------------------------------------------------------
 
     @staticmethod

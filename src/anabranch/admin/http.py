@@ -48,6 +48,7 @@ from anabranch.admin import (
     routes_retention,
     routes_scalable,
     routes_schemas,
+    routes_topic_limits,
     routes_transactions,
     routes_v2,
 )
@@ -102,6 +103,7 @@ def all_routes() -> list[Route]:
         *routes_messages.ROUTES,
         *routes_nonpersistent.ROUTES,
         *routes_compaction.ROUTES,
+        *routes_topic_limits.ROUTES,
         *OWN_ROUTES,
     ]
 

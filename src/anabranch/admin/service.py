@@ -308,8 +308,9 @@ class AdminService:
         if sub in topic.subscriptions or any(c.name == sub for c in topic.ledger.cursors()):
             raise AlreadyExists(f"subscription {sub} on {topic.name}")
         initial = start if start in (EARLIEST, LATEST) else EARLIEST
+        caps = await self.broker.topic_limits(parse_name(topic.name))
         subscription = await topic.get_or_create_subscription(
-            sub, pb.CommandSubscribe.Exclusive, initial
+            sub, pb.CommandSubscribe.Exclusive, initial, caps=caps
         )
         if initial != start:
             await subscription.seek(position=start)

@@ -225,6 +225,15 @@ class BrokerConfig(BaseSettings):
     """Topics a namespace may hold before auto-creation stops (lookups of new names then
     answer NotAllowed and write nothing); 0: no cap (upstream's maxTopicsPerNamespace
     default). At most ``limits.NAMESPACE_TOPICS_MAX``."""
+    # Per-topic caps (broker/topic_limits.py); a namespace or topic policy wins. 0: none.
+    max_producers_per_topic: int = Field(0, ge=0)
+    """Producers one topic (partition, segment) takes; one more gets ProducerBusy."""
+    max_consumers_per_topic: int = Field(0, ge=0)
+    """Consumers one topic takes over all its subscriptions; one more gets ConsumerBusy."""
+    max_consumers_per_subscription: int = Field(0, ge=0)
+    """Consumers one subscription takes; one more gets ConsumerBusy."""
+    max_subscriptions_per_topic: int = Field(0, ge=0)
+    """Subscriptions one topic takes; a new one past it gets NotAllowed."""
 
     @field_validator(
         "max_connections",

@@ -115,6 +115,7 @@ async def handle_subscribe(session: Session, cmd: pb.CommandSubscribe) -> None:
             session.reply_success(cmd.request_id)
             return
         topic = await session.service.get_topic(str(topic_name), create=cmd.force_topic_creation)
+        caps = await session.service.topic_limits(topic_name)
         if cmd.read_compacted:
             session.service.compactions.of(topic)  # so that dispatch finds the view
         if cmd.HasField("schema"):
@@ -124,7 +125,7 @@ async def handle_subscribe(session: Session, cmd: pb.CommandSubscribe) -> None:
         if cmd.durable:
             initial = EARLIEST if cmd.initialPosition == pb.CommandSubscribe.Earliest else LATEST
             sub = await topic.get_or_create_subscription(
-                cmd.subscription, int(cmd.subType), initial
+                cmd.subscription, int(cmd.subType), initial, caps=caps
             )
         else:
             sub = topic.subscriptions.get(cmd.subscription)
@@ -135,7 +136,7 @@ async def handle_subscribe(session: Session, cmd: pb.CommandSubscribe) -> None:
                     clock=topic.clock, durable=False,
                 )  # fmt: skip
                 topic.subscriptions[cmd.subscription] = sub
-        await sub.add_consumer(consumer)
+        await sub.add_consumer(consumer, caps)
     except BaseException:
         if session.consumers.get(cmd.consumer_id) is consumer:
             del session.consumers[cmd.consumer_id]
@@ -153,12 +154,13 @@ async def _subscribe_non_persistent(
     topic: NonPersistentTopic = await session.service.get_non_persistent_topic(
         cmd.topic, create=cmd.force_topic_creation
     )
+    caps = await session.service.topic_limits(parse_name(cmd.topic))
     if cmd.HasField("schema"):
         idle = not topic.in_use
         await session.service.schemas.check_for_consumer(topic.name, cmd.schema, idle=idle)
-    sub = topic.get_or_create_subscription(cmd.subscription, int(cmd.subType))
+    sub = topic.get_or_create_subscription(cmd.subscription, int(cmd.subType), caps)
     try:
-        await sub.add_consumer(consumer)
+        await sub.add_consumer(consumer, caps)
     except BaseException:
         if not sub.consumers:
             topic.forget_subscription(sub)

@@ -38,6 +38,7 @@ from anabranch import limits
 from anabranch.broker.dispatcher_entries import entry_info
 from anabranch.broker.nonpersistent_subscription import NonPersistentSubscription
 from anabranch.broker.producer_access import ProducerAccess
+from anabranch.broker.topic_limits import NO_LIMITS, TopicLimits
 from anabranch.clock import Clock
 from anabranch.core.names import TopicName
 from anabranch.core.rate_window import RateWindow
@@ -112,12 +113,15 @@ class NonPersistentTopic(ProducerAccess):
 
     # --- producers ------------------------------------------------------------------------
 
-    def add_producer(self, producer: Producer) -> asyncio.Future[None] | None:
-        """Admit ``producer`` under its access mode; a future when it must wait
-        (WaitForExclusive), else None. Raises ProducerBusy/ProducerFenced/TopicTerminated."""
+    def add_producer(
+        self, producer: Producer, caps: TopicLimits = NO_LIMITS
+    ) -> asyncio.Future[None] | None:
+        """Admit ``producer`` under its access mode and ``caps``; a future when it must
+        wait (WaitForExclusive), else None. Raises ProducerBusy/ProducerFenced/
+        TopicTerminated."""
         if self._closing:
             raise TopicTerminated(f"{self.name} is closing")
-        return self._admit(producer)
+        return self._admit(producer, caps)
 
     def remove_producer(self, producer: Producer) -> None:
         """Forget ``producer``; hand exclusivity to a waiter."""
@@ -181,12 +185,16 @@ class NonPersistentTopic(ProducerAccess):
 
     # --- subscriptions --------------------------------------------------------------------
 
-    def get_or_create_subscription(self, name: str, sub_type: int) -> NonPersistentSubscription:
-        """The subscription ``name`` (created empty; it takes its first consumer's type)."""
+    def get_or_create_subscription(
+        self, name: str, sub_type: int, caps: TopicLimits = NO_LIMITS
+    ) -> NonPersistentSubscription:
+        """The subscription ``name`` (created empty; it takes its first consumer's type;
+        a new one only within ``caps``)."""
         if self._closing:
             raise Closed(f"{self.name} is closing")
         sub = self.subscriptions.get(name)
         if sub is None:
+            caps.check_new_subscription(self.name, name, existing=self.subscriptions)
             if len(self.subscriptions) >= limits.NON_PERSISTENT_SUBSCRIPTIONS_MAX:
                 raise ResourceLimitReached(
                     f"subscriptions on {self.name}", limits.NON_PERSISTENT_SUBSCRIPTIONS_MAX

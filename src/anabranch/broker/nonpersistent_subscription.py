@@ -42,6 +42,7 @@ from anabranch.broker.dispatcher import choose_active, round_robin
 from anabranch.broker.dispatcher_entries import EntryInfo, hash_slot
 from anabranch.broker.dispatcher_key_shared import AutoSplitSelector, StickySelector, join_selector
 from anabranch.broker.subscription import TYPE_NAMES
+from anabranch.broker.topic_limits import NO_LIMITS, TopicLimits
 from anabranch.core.rate_window import RateWindow
 from anabranch.errors import (
     Closed,
@@ -103,11 +104,12 @@ class NonPersistentSubscription:
 
     # --- consumers ------------------------------------------------------------------------
 
-    async def add_consumer(self, consumer: Consumer) -> None:
-        """Attach ``consumer``; ConsumerBusy / ConsumerAssignError per the type's rules."""
-        self.attach(consumer)
+    async def add_consumer(self, consumer: Consumer, caps: TopicLimits = NO_LIMITS) -> None:
+        """Attach ``consumer``; ConsumerBusy / ConsumerAssignError per the type's rules
+        and ``caps``."""
+        self.attach(consumer, caps)
 
-    def attach(self, consumer: Consumer) -> None:
+    def attach(self, consumer: Consumer, caps: TopicLimits = NO_LIMITS) -> None:
         """:meth:`add_consumer` without the coroutine (the checks and the choice)."""
         if self._closed:
             raise Closed(f"subscription {self.name} is closed")
@@ -124,6 +126,8 @@ class NonPersistentSubscription:
             raise ConsumerBusy("Exclusive consumer is already connected")
         if self.topic is not None:
             self.topic.check_consumer_room()
+            on_topic = sum(len(s.consumers) for s in self.topic.subscriptions.values())
+            caps.check_consumer(self.name, on_topic=on_topic, on_subscription=len(self._consumers))
         if self.sub_type == SubType.Key_Shared:
             self._add_keyed(consumer)
         self._consumers.append(consumer)

@@ -212,9 +212,10 @@ async def handle_producer(session: Session, cmd: pb.CommandProducer) -> None:
         raise ResourceLimitReached("producers on this connection", limits.SESSION_PRODUCERS_MAX)
     session.creating_producers.add(pid)
     try:
-        name = str(canonical_topic(cmd.topic))  # invalid names fail before any write
+        parsed = canonical_topic(cmd.topic)  # invalid names fail before any write
         service = session.service
-        topic = await service.get_any_topic(name, create=True)
+        topic = await service.get_any_topic(str(parsed), create=True)
+        caps = await service.topic_limits(parsed)
         user_named = bool(cmd.producer_name)
         producer_name = cmd.producer_name if user_named else service.new_producer_name()
         schema_version = None
@@ -232,7 +233,7 @@ async def handle_producer(session: Session, cmd: pb.CommandProducer) -> None:
             schema_version=schema_version,
             requested_epoch=cmd.topic_epoch if cmd.HasField("topic_epoch") else None,
         )
-        waiter = topic.add_producer(producer)
+        waiter = topic.add_producer(producer, caps)
         session.producers[pid] = producer
         if waiter is not None:
             session.write(_producer_success(cmd.request_id, producer, ready=False))

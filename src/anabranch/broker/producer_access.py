@@ -12,13 +12,14 @@ A topic class mixes :class:`ProducerAccess` in and keeps the state it declares; 
 
 Example:
     >>> from types import SimpleNamespace
+    >>> from anabranch.broker.topic_limits import NO_LIMITS
     >>> class Topic(ProducerAccess):
     ...     def __init__(self) -> None:
     ...         self.name, self.producers, self.topic_epoch = "t", {}, 0
     ...         self._exclusive, self._waiting = None, deque()
     >>> topic = Topic()
     >>> p = SimpleNamespace(name="p", access_mode=Mode.Exclusive, requested_epoch=None)
-    >>> topic._admit(p) is None, topic.topic_epoch, p.topic_epoch
+    >>> topic._admit(p, NO_LIMITS) is None, topic.topic_epoch, p.topic_epoch
     (True, 1, 1)
 """
 
@@ -33,6 +34,7 @@ from anabranch.protocol._generated import pulsar_api_pb2 as pb
 
 if TYPE_CHECKING:
     from anabranch.broker.producer import Producer
+    from anabranch.broker.topic_limits import TopicLimits
 
 Mode = pb.ProducerAccessMode
 
@@ -48,11 +50,14 @@ class ProducerAccess:
     _waiting: deque[tuple[Producer, asyncio.Future[None]]]
     """WaitForExclusive producers in arrival order, with what they wait on."""
 
-    def _admit(self, producer: Producer) -> asyncio.Future[None] | None:
-        """Admit ``producer`` under its access mode; a future when it must wait
-        (WaitForExclusive), else None. Raises ProducerBusy/ProducerFenced/NotAllowed."""
+    def _admit(self, producer: Producer, caps: TopicLimits) -> asyncio.Future[None] | None:
+        """Admit ``producer`` under its access mode and the topic's producer cap; a future
+        when it must wait (WaitForExclusive), else None. Raises ProducerBusy/ProducerFenced/
+        NotAllowed."""
         if producer.name in self.producers:
             raise ProducerBusy(f"producer {producer.name!r} is already connected to {self.name}")
+        # Waiters count: each one holds a connection's request and its memory too.
+        caps.check_producer(self.name, producers=len(self.producers) + len(self._waiting))
         mode = producer.access_mode
         requested = producer.requested_epoch
         if mode != Mode.Shared and requested is not None and requested < self.topic_epoch:

@@ -59,6 +59,7 @@ from anabranch.broker.schema import SchemaRegistry
 from anabranch.broker.segment_ops import BrokerSegmentOps
 from anabranch.broker.subscription import Subscription
 from anabranch.broker.topic import PersistentTopic
+from anabranch.broker.topic_limits import TopicLimits
 from anabranch.broker.topic_policies import TopicPolicyStore
 from anabranch.clock import Clock, SystemClock
 from anabranch.core.names import SegmentName, TopicDomain, TopicName, parse_name
@@ -638,6 +639,30 @@ class BrokerService:
         task = asyncio.ensure_future(self.unload_topic(name))
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+
+    async def topic_limits(self, name: TopicName | SegmentName) -> TopicLimits:
+        """The producer, consumer and subscription caps in force on ``name``: its topic
+        policy's, else its namespace's, else this broker's (``broker/topic_limits.py``)."""
+        topic = name.topic if isinstance(name, SegmentName) else name
+        namespace = await self.policies.namespace_policies(f"{topic.tenant}/{topic.namespace}")
+        applied = (await TopicPolicyStore(self.store).get(topic)).over(namespace)
+        cfg = self.config
+        return TopicLimits.resolve(
+            [
+                (
+                    applied.max_producers_per_topic,
+                    applied.max_consumers_per_topic,
+                    applied.max_consumers_per_subscription,
+                    applied.max_subscriptions_per_topic,
+                ),
+                (
+                    cfg.max_producers_per_topic,
+                    cfg.max_consumers_per_topic,
+                    cfg.max_consumers_per_subscription,
+                    cfg.max_subscriptions_per_topic,
+                ),
+            ]
+        )
 
     async def _schema_strategy(self, topic: TopicName) -> Strategy:
         # Topic policy, then the namespace's, then the broker's default (as Pulsar).

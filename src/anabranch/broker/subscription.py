@@ -30,6 +30,7 @@ from anabranch.broker.dispatcher_entries import (
     read_info,
     wire_to_acked,
 )
+from anabranch.broker.topic_limits import NO_LIMITS, TopicLimits
 from anabranch.clock import Clock
 from anabranch.core.ack_state import AckState
 from anabranch.core.names import TopicName
@@ -198,9 +199,10 @@ class Subscription:
 
     # --- consumers ------------------------------------------------------------------------
 
-    async def add_consumer(self, consumer: Consumer) -> None:
-        """Attach ``consumer``; ConsumerBusy/ConsumerAssignError per the type's rules. A
-        subscription without consumers takes the type of its next consumer (upstream)."""
+    async def add_consumer(self, consumer: Consumer, caps: TopicLimits = NO_LIMITS) -> None:
+        """Attach ``consumer``; ConsumerBusy/ConsumerAssignError per the type's rules and
+        ``caps``. A subscription without consumers takes the type of its next consumer
+        (upstream)."""
         if self._closed:  # its topic was unloaded meanwhile: the client retries
             raise Closed(f"subscription {self.name} is closed")
         while consumer.sub_type != self.sub_type:
@@ -218,6 +220,9 @@ class Subscription:
             if self.dispatcher is old:
                 self.sub_type = consumer.sub_type
                 self.dispatcher = make_dispatcher(self, consumer.sub_type)
+        topic: Any = self.topic
+        on_topic = sum(len(s.consumers) for s in topic.subscriptions.values())
+        caps.check_consumer(self.name, on_topic=on_topic, on_subscription=len(self.consumers))
         self.dispatcher.add_consumer(consumer)
         consumer.subscription = self
         self.dispatcher.start()

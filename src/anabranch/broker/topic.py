@@ -39,6 +39,7 @@ from urllib.parse import quote
 from anabranch import failpoints, limits
 from anabranch.broker.backlog_quota import QuotaGate
 from anabranch.broker.producer_access import ProducerAccess
+from anabranch.broker.topic_limits import NO_LIMITS, TopicLimits
 from anabranch.clock import Clock
 from anabranch.core.dedup import DedupState, DedupVerdict
 from anabranch.core.rate_window import RateWindow
@@ -138,18 +139,20 @@ class PersistentTopic(ProducerAccess):
         """Makes a durable subscription's PendingAckStore (set when transactions are on)."""
         self.producers: dict[str, Producer] = {}
         self.on_drained: Callable[[str, str], None] | None = None
+        """``(topic, subscription)``: a sealed topic's subscription has acknowledged
+        everything (a scalable segment's controller hands out its children on that)."""
         self.on_storage_failure: Callable[[PersistentTopic], None] | None = None
         """An append failed on the disk: the managed ledger refuses every later append
         until it is opened again, so the broker unloads the topic (its clients reconnect,
         the reload recovers the ledger and they resend)."""
-        """``(topic, subscription)``: a sealed topic's subscription has acknowledged
-        everything (a scalable segment's controller hands out its children on that)."""
         self.dedup: DedupState | None = DedupState() if dedup_enabled else None
         self.topic_epoch = 0
         self.quota = QuotaGate(name, clock, quota_hold_max_s)
+        """Refuses or holds producers while the backlog is over quota (the sweep sets it)."""
+        self._subscribing: set[str] = set()
+        """Subscriptions being created (they count against the topic's cap)."""
         self.compaction: Any = None
         """The topic's ``broker.compaction.TopicCompaction`` once compaction was used."""
-        """Refuses or holds producers while the backlog is over quota (the sweep sets it)."""
         self._exclusive: str | None = None
         self._waiting: deque[tuple[Producer, asyncio.Future[None]]] = deque()
         self._inflight: set[asyncio.Task[None]] = set()
@@ -250,14 +253,16 @@ class PersistentTopic(ProducerAccess):
 
     # --- producers ------------------------------------------------------------------------
 
-    def add_producer(self, producer: Producer) -> asyncio.Future[None] | None:
-        """Admit ``producer`` under its access mode; a future when it must wait
-        (WaitForExclusive), else None. Raises ProducerBusy/ProducerFenced/TopicTerminated
-        (sealed) or Closed (closing: retriable)."""
+    def add_producer(
+        self, producer: Producer, caps: TopicLimits = NO_LIMITS
+    ) -> asyncio.Future[None] | None:
+        """Admit ``producer`` under its access mode and ``caps``; a future when it must
+        wait (WaitForExclusive), else None. Raises ProducerBusy/ProducerFenced/
+        TopicTerminated (sealed) or Closed (closing: retriable)."""
         if not self._may_resend_here(producer.name):
             self._check_writable()
         self.quota.check_producer()
-        waiting = self._admit(producer)
+        waiting = self._admit(producer, caps)
         self._refusing.discard(producer.name)
         return waiting
 
@@ -594,12 +599,34 @@ class PersistentTopic(ProducerAccess):
     # --- subscriptions --------------------------------------------------------------------
 
     async def get_or_create_subscription(
-        self, name: str, sub_type: int, initial_position: Position, *, replicated: bool = False
+        self,
+        name: str,
+        sub_type: int,
+        initial_position: Position,
+        *,
+        replicated: bool = False,
+        caps: TopicLimits = NO_LIMITS,
     ) -> Any:
-        """The named subscription, created over a (new or restored) cursor."""
+        """The named subscription, created over a (new or restored) cursor; a new one only
+        within ``caps`` (NotAllowed past it)."""
         sub = self.subscriptions.get(name)
         if sub is not None:
             return sub
+        # Names being created count too: concurrent subscribes cannot all take the last place.
+        caps.check_new_subscription(
+            self.name, name, existing=self.subscriptions.keys() | self._subscribing
+        )
+        claimed = name not in self._subscribing
+        self._subscribing.add(name)
+        try:
+            return await self._create_subscription(name, sub_type, initial_position)
+        finally:
+            if claimed:
+                self._subscribing.discard(name)
+
+    async def _create_subscription(
+        self, name: str, sub_type: int, initial_position: Position
+    ) -> Any:
         from anabranch.broker.subscription import Subscription
 
         cursor = await self.ledger.open_cursor(name, initial_position)

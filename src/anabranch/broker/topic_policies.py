@@ -51,6 +51,12 @@ class TopicPolicies(msgspec.Struct, kw_only=True):
     offload_policies: OffloadPoliciesRecord | None = msgspec.field(
         default=None, name="offloadPolicies"
     )
+    max_producers: int | None = msgspec.field(default=None, name="maxProducerPerTopic")
+    max_consumers: int | None = msgspec.field(default=None, name="maxConsumerPerTopic")
+    max_consumers_per_subscription: int | None = msgspec.field(
+        default=None, name="maxConsumersPerSubscription"
+    )
+    max_subscriptions: int | None = msgspec.field(default=None, name="maxSubscriptionsPerTopic")
 
     def over(self, namespace: NamespacePolicies) -> NamespacePolicies:
         """The namespace's policies with this topic's overrides applied.
@@ -79,8 +85,20 @@ class TopicPolicies(msgspec.Struct, kw_only=True):
                 if self.compaction_threshold is not None
                 else namespace.compaction_threshold
             ),
+            max_producers_per_topic=_first(self.max_producers, namespace.max_producers_per_topic),
+            max_consumers_per_topic=_first(self.max_consumers, namespace.max_consumers_per_topic),
+            max_consumers_per_subscription=_first(
+                self.max_consumers_per_subscription, namespace.max_consumers_per_subscription
+            ),
+            max_subscriptions_per_topic=_first(
+                self.max_subscriptions, namespace.max_subscriptions_per_topic
+            ),
             **_offload_over(self.offload_policies, namespace),
         )
+
+
+def _first(topic: int | None, namespace: int | None) -> int | None:
+    return topic if topic is not None else namespace
 
 
 def _offload_over(

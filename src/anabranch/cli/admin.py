@@ -549,6 +549,50 @@ _policy_commands(namespaces_app)
 _policy_commands(topics_app)
 
 
+def _cap_commands(app: typer.Typer, cli_name: str, rest_name: str, letter: str) -> None:
+    """pulsar-admin's ``set-``/``get-``/``remove-<cli_name>`` of one per-topic cap."""
+    noun = cli_name.replace("-", " ")
+    # A default, not an Annotated alias: the option's name is only known here, and the
+    # annotations (strings under ``from __future__``) resolve in the module's globals.
+    value_option = typer.Option(..., f"--{cli_name}", f"-{letter}", help="0: no cap")
+
+    def set_cap(target: Target, value: int = value_option, output: OutputOpt = None) -> None:
+        if value < 0:
+            raise typer.BadParameter(f"{noun} must be 0 or more")
+        _run(lambda c: c.set_cap(target, rest_name, value), output, f"{noun} of {target} set")
+
+    def get_cap(
+        target: Target,
+        applied: Annotated[bool, typer.Option(help="The cap in force on a topic.")] = False,
+        output: OutputOpt = None,
+    ) -> None:
+        _run(lambda c: c.get_cap(target, rest_name, applied=applied), output,
+             f"{noun} of {target}")  # fmt: skip
+
+    def remove_cap(target: Target, output: OutputOpt = None) -> None:
+        _run(lambda c: c.remove_cap(target, rest_name), output, f"{noun} of {target} removed")
+
+    app.command(f"set-{cli_name}", help=f"Set the {noun} (0: none).")(set_cap)
+    app.command(f"get-{cli_name}", help=f"The {noun} (null: unset).")(get_cap)
+    app.command(f"remove-{cli_name}", help=f"Remove the {noun}.")(remove_cap)
+
+
+for _cli, _rest, _letter in (
+    ("max-producers-per-topic", "maxProducersPerTopic", "p"),
+    ("max-consumers-per-topic", "maxConsumersPerTopic", "c"),
+    ("max-consumers-per-subscription", "maxConsumersPerSubscription", "c"),
+    ("max-subscriptions-per-topic", "maxSubscriptionsPerTopic", "m"),
+):
+    _cap_commands(namespaces_app, _cli, _rest, _letter)
+for _cli, _rest, _letter in (
+    ("max-producers", "maxProducers", "p"),
+    ("max-consumers", "maxConsumers", "c"),
+    ("max-consumers-per-subscription", "maxConsumersPerSubscription", "c"),
+    ("max-subscriptions-per-topic", "maxSubscriptionsPerTopic", "m"),
+):
+    _cap_commands(topics_app, _cli, _rest, _letter)
+
+
 # --- topics -----------------------------------------------------------------------------------
 
 

@@ -107,7 +107,8 @@ class LookupFailed(ClientError):
 
 
 class ConsumerBusy(ClientError):
-    """An Exclusive subscription already has a consumer (or the consumer id is taken)."""
+    """An Exclusive subscription already has a consumer, the consumer id is taken, or
+    the topic or subscription holds as many consumers as its cap allows."""
 
     wire_code = "ConsumerBusy"
 

@@ -1,0 +1,149 @@
+"""Pulsar admin v2 routes of the per-topic caps (``broker/topic_limits.py`` enforces them)::
+
+    POST/GET/DELETE /admin/v2/namespaces/{t}/{ns}/maxProducersPerTopic
+    POST/GET/DELETE /admin/v2/namespaces/{t}/{ns}/maxConsumersPerTopic
+    POST/GET/DELETE /admin/v2/namespaces/{t}/{ns}/maxConsumersPerSubscription
+    POST/GET/DELETE /admin/v2/namespaces/{t}/{ns}/maxSubscriptionsPerTopic
+    POST/GET/DELETE /admin/v2/persistent/{t}/{ns}/{topic}/maxProducers
+    POST/GET/DELETE /admin/v2/persistent/{t}/{ns}/{topic}/maxConsumers
+    POST/GET/DELETE /admin/v2/persistent/{t}/{ns}/{topic}/maxConsumersPerSubscription
+    POST/GET/DELETE /admin/v2/persistent/{t}/{ns}/{topic}/maxSubscriptionsPerTopic
+
+The body is an integer >= 0 (0: no cap; a negative one answers 412, as upstream). A GET of
+an unset cap answers ``null``; a topic's ``?applied=true`` answers the cap in force, its
+namespace's or the broker's included. A change applies to the next producer, consumer or
+subscription; the ones already there stay.
+
+Example:
+    >>> sorted({r.path.rsplit("/", 1)[1] for r in ROUTES})[:3]
+    ['maxConsumers', 'maxConsumersPerSubscription', 'maxConsumersPerTopic']
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import msgspec
+from aiohttp import web
+
+from anabranch.admin.routes import (
+    Route,
+    applied_policies,
+    flag,
+    json_body,
+    namespace_param,
+    policy_topic,
+)
+from anabranch.broker.topic_policies import TopicPolicies, TopicPolicyStore
+from anabranch.errors import InvalidPolicyValue
+
+if TYPE_CHECKING:
+    from anabranch.admin.service import AdminService
+
+NS = "/admin/v2/namespaces/{tenant}/{namespace}"
+TOPIC = "/admin/v2/persistent/{tenant}/{namespace}/{topic}"
+INTEGER = {"type": "integer"}
+
+
+@dataclass(frozen=True)
+class Cap:
+    """One cap: its REST names and its fields in the policy records and the config."""
+
+    namespace_route: str
+    topic_route: str
+    field: str
+    """The field of NamespacePolicies and of BrokerConfig."""
+    topic_field: str
+    """The field of TopicPolicies."""
+    what: str
+
+
+CAPS = (
+    Cap("maxProducersPerTopic", "maxProducers", "max_producers_per_topic", "max_producers",
+        "producers per topic"),
+    Cap("maxConsumersPerTopic", "maxConsumers", "max_consumers_per_topic", "max_consumers",
+        "consumers per topic"),
+    Cap("maxConsumersPerSubscription", "maxConsumersPerSubscription",
+        "max_consumers_per_subscription", "max_consumers_per_subscription",
+        "consumers per subscription"),
+    Cap("maxSubscriptionsPerTopic", "maxSubscriptionsPerTopic", "max_subscriptions_per_topic",
+        "max_subscriptions", "subscriptions per topic"),
+)  # fmt: skip
+
+
+async def _value(request: web.Request, cap: Cap) -> int:
+    value = await json_body(request, int, cap.namespace_route, None)
+    if value is None:
+        raise InvalidPolicyValue(f"the body must be the number of {cap.what} (0: no cap)")
+    if value < 0:
+        raise InvalidPolicyValue(f"{cap.namespace_route} must be 0 or more")
+    return int(value)
+
+
+def _namespace_routes(cap: Cap) -> list[Route]:
+    async def get(admin: AdminService, request: web.Request) -> object:
+        policies = await admin.policies.namespace_policies(namespace_param(request))
+        return getattr(policies, cap.field)
+
+    async def set_(admin: AdminService, request: web.Request) -> object:
+        value = await _value(request, cap)
+        await admin.policies.update_namespace_policies(
+            namespace_param(request), lambda p: msgspec.structs.replace(p, **{cap.field: value})
+        )
+        return None
+
+    async def remove(admin: AdminService, request: web.Request) -> object:
+        await admin.policies.update_namespace_policies(
+            namespace_param(request), lambda p: msgspec.structs.replace(p, **{cap.field: None})
+        )
+        return None
+
+    path = f"{NS}/{cap.namespace_route}"
+    return [
+        Route("GET", path, get, f"A namespace's cap on {cap.what} (null when unset).",
+              "namespaces", response_schema=INTEGER),
+        Route("POST", path, set_, f"Set a namespace's cap on {cap.what} (0: none).",
+              "namespaces", request_schema=INTEGER, errors=(400, 404, 412)),
+        Route("DELETE", path, remove, f"Remove a namespace's cap on {cap.what}.", "namespaces"),
+    ]  # fmt: skip
+
+
+def _topic_routes(cap: Cap) -> list[Route]:
+    async def get(admin: AdminService, request: web.Request) -> object:
+        topic = await policy_topic(admin, request)
+        if flag(request, "applied"):
+            value = getattr(await applied_policies(admin, topic), cap.field)
+            return value if value is not None else getattr(admin.broker.config, cap.field)
+        return getattr(await TopicPolicyStore(admin.broker.store).get(topic), cap.topic_field)
+
+    async def update(admin: AdminService, request: web.Request, value: int | None) -> None:
+        topic = await policy_topic(admin, request)
+
+        def change(p: TopicPolicies) -> TopicPolicies:
+            return msgspec.structs.replace(p, **{cap.topic_field: value})
+
+        await TopicPolicyStore(admin.broker.store).update(topic, change)
+
+    async def set_(admin: AdminService, request: web.Request) -> object:
+        await update(admin, request, await _value(request, cap))
+        return None
+
+    async def remove(admin: AdminService, request: web.Request) -> object:
+        await update(admin, request, None)
+        return None
+
+    path = f"{TOPIC}/{cap.topic_route}"
+    return [
+        Route("GET", path, get, f"A topic's cap on {cap.what} (?applied=true: in force).",
+              "persistent", response_schema=INTEGER, query=("applied",), errors=(404,)),
+        Route("POST", path, set_, f"Override the cap on {cap.what} for a topic (0: none).",
+              "persistent", request_schema=INTEGER, errors=(400, 404, 412)),
+        Route("DELETE", path, remove, f"Remove a topic's cap on {cap.what}.", "persistent",
+              errors=(404,)),
+    ]  # fmt: skip
+
+
+ROUTES: list[Route] = [
+    route for cap in CAPS for route in (*_namespace_routes(cap), *_topic_routes(cap))
+]

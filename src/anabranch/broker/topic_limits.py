@@ -1,0 +1,104 @@
+"""How many producers, consumers and subscriptions one topic takes (Pulsar's
+``maxProducersPerTopic``, ``maxConsumersPerTopic``, ``maxConsumersPerSubscription`` and
+``maxSubscriptionsPerTopic``).
+
+Each cap comes from the topic's policy, else its namespace's, else the broker's setting;
+0 means no cap (upstream's default everywhere). A partition takes its partitioned topic's
+policy and a segment its scalable topic's, so the caps count per partition or segment, as
+upstream counts per partition.
+
+The checks are synchronous and run right where the producer, consumer or subscription is
+added, after the last await of its path: two concurrent requests cannot both take the last
+place. What a refusal says is upstream's: ProducerBusy "Topic reached max producers limit",
+ConsumerBusy "Topic reached max consumers limit" / "Subscription reached max consumers
+limit", NotAllowed "Exceed the maximum number of subscriptions of the topic". Internal
+subscriptions (a ``__`` name, such as compaction's cursor) neither count nor are refused.
+
+Example:
+    >>> caps = TopicLimits(max_producers=1)
+    >>> caps.check_producer("persistent://t/ns/a", producers=0)
+    >>> caps.check_producer("persistent://t/ns/a", producers=1)
+    Traceback (most recent call last):
+    ...
+    anabranch.errors.ProducerBusy: Topic 'persistent://t/ns/a' reached max producers limit (1)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from anabranch.errors import ConsumerBusy, NotAllowed, ProducerBusy
+
+INTERNAL_SUBSCRIPTION_PREFIX = "__"
+"""Subscriptions the broker keeps for itself (``__compaction``): outside the caps."""
+
+
+@dataclass(frozen=True, slots=True)
+class TopicLimits:
+    """The caps in force on one topic (0: none); see the module docstring."""
+
+    max_producers: int = 0
+    max_consumers: int = 0
+    max_consumers_per_subscription: int = 0
+    max_subscriptions: int = 0
+
+    @classmethod
+    def resolve(
+        cls, levels: Iterable[tuple[int | None, int | None, int | None, int | None]]
+    ) -> TopicLimits:
+        """The first set value of each cap, levels from the topic's down to the broker's.
+
+        Example:
+            >>> TopicLimits.resolve([(None, 3, None, None), (2, 5, None, None), (0, 0, 0, 7)])
+            TopicLimits(max_producers=2, max_consumers=3, max_consumers_per_subscription=0, max_subscriptions=7)
+        """  # noqa: E501 (a doctest's output is one line)
+        # Each column is one cap across the levels; an all-None column is no cap.
+        caps = [
+            next((v for v in column if v is not None), 0) for column in zip(*levels, strict=True)
+        ]
+        return cls(*caps) if caps else cls()
+
+    @property
+    def unlimited(self) -> bool:
+        """No cap at all (nothing to count)."""
+        return not (
+            self.max_producers
+            or self.max_consumers
+            or self.max_consumers_per_subscription
+            or self.max_subscriptions
+        )
+
+    def check_producer(self, topic: str, *, producers: int) -> None:
+        """Raise ProducerBusy when ``producers`` (connected or waiting) fill the cap."""
+        if self.max_producers and producers >= self.max_producers:
+            raise ProducerBusy(
+                f"Topic '{topic}' reached max producers limit ({self.max_producers})"
+            )
+
+    def check_consumer(self, subscription: str, *, on_topic: int, on_subscription: int) -> None:
+        """Raise ConsumerBusy when one more consumer would pass the topic's or the
+        subscription's cap (``on_*``: consumers there now)."""
+        if subscription.startswith(INTERNAL_SUBSCRIPTION_PREFIX):
+            return
+        if self.max_consumers and on_topic >= self.max_consumers:
+            raise ConsumerBusy(f"Topic reached max consumers limit ({self.max_consumers})")
+        cap = self.max_consumers_per_subscription
+        if cap and on_subscription >= cap:
+            raise ConsumerBusy(f"Subscription reached max consumers limit ({cap})")
+
+    def check_new_subscription(self, topic: str, name: str, *, existing: Iterable[str]) -> None:
+        """Raise NotAllowed when a new subscription ``name`` would pass the cap
+        (``existing``: the names there now, and those being created)."""
+        if not self.max_subscriptions or name.startswith(INTERNAL_SUBSCRIPTION_PREFIX):
+            return
+        count = sum(1 for n in existing if not n.startswith(INTERNAL_SUBSCRIPTION_PREFIX))
+        if count >= self.max_subscriptions:
+            raise NotAllowed(
+                f"Exceed the maximum number of subscriptions of the topic: {topic} "
+                f"({self.max_subscriptions})"
+            )
+
+
+NO_LIMITS = TopicLimits()
+"""No cap (internal callers, and a broker, namespace and topic that set none)."""
