@@ -644,8 +644,13 @@ class BrokerService:
         """The producer, consumer and subscription caps in force on ``name``: its topic
         policy's, else its namespace's, else this broker's (``broker/topic_limits.py``)."""
         topic = name.topic if isinstance(name, SegmentName) else name
-        namespace = await self.policies.namespace_policies(f"{topic.tenant}/{topic.namespace}")
-        applied = (await TopicPolicyStore(self.store).get(topic)).over(namespace)
+        # Both reads at once: on etcd each is a round trip, and every producer and
+        # subscribe waits for them.
+        namespace, overrides = await asyncio.gather(
+            self.policies.namespace_policies(f"{topic.tenant}/{topic.namespace}"),
+            TopicPolicyStore(self.store).get(topic),
+        )
+        applied = overrides.over(namespace)
         cfg = self.config
         return TopicLimits.resolve(
             [
