@@ -266,6 +266,12 @@ ROUTE_ACCESS: dict[tuple[str, str], Need] = {
         for base in (NS, TOPIC)
         for method in ("GET", "POST", "DELETE")
     },
+    # Inactive topic policies (admin/routes_inactive_topics.py): the tenant's admins'.
+    **{
+        (method, f"{base}/inactiveTopicPolicies"): N.TENANT_ADMIN
+        for base in (NS, TOPIC)
+        for method in ("GET", "POST", "DELETE")
+    },
     # Per-topic caps (admin/routes_topic_limits.py): the tenant's admins', as in Pulsar.
     **{
         (method, f"{base}/{policy}"): N.TENANT_ADMIN

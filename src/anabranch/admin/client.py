@@ -407,6 +407,36 @@ class AdminClient:
         """Remove a cap (the next level's applies)."""
         await self.request("DELETE", f"{_policy_path(target)}/{cap}")
 
+    # --- inactive topic policies --------------------------------------------------------
+
+    async def get_inactive_topic_policies(
+        self, target: str, *, applied: bool = False
+    ) -> dict[str, Any] | None:
+        """``{"inactiveTopicDeleteMode", "maxInactiveDurationSeconds",
+        "deleteWhileInactive"}`` of a namespace or topic (None: unset); ``applied``: the
+        policy in force on a topic."""
+        query = "?applied=true" if applied else ""
+        answer = await self.request("GET", f"{_policy_path(target)}/inactiveTopicPolicies{query}")
+        return None if answer is None else dict(answer)
+
+    async def set_inactive_topic_policies(
+        self,
+        target: str,
+        *,
+        delete_while_inactive: bool,
+        max_inactive_duration_s: int,
+        mode: str = "delete_when_no_subscriptions",
+    ) -> None:
+        body = {
+            "inactiveTopicDeleteMode": mode,
+            "maxInactiveDurationSeconds": max_inactive_duration_s,
+            "deleteWhileInactive": delete_while_inactive,
+        }
+        await self.request("POST", f"{_policy_path(target)}/inactiveTopicPolicies", body)
+
+    async def remove_inactive_topic_policies(self, target: str) -> None:
+        await self.request("DELETE", f"{_policy_path(target)}/inactiveTopicPolicies")
+
     # --- topic compaction -----------------------------------------------------------------
 
     @staticmethod

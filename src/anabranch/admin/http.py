@@ -41,6 +41,7 @@ from anabranch.admin import (
     routes_autoscale,
     routes_cluster,
     routes_compaction,
+    routes_inactive_topics,
     routes_messages,
     routes_nonpersistent,
     routes_offload,
@@ -104,6 +105,7 @@ def all_routes() -> list[Route]:
         *routes_nonpersistent.ROUTES,
         *routes_compaction.ROUTES,
         *routes_topic_limits.ROUTES,
+        *routes_inactive_topics.ROUTES,
         *OWN_ROUTES,
     ]
 

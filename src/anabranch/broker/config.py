@@ -234,6 +234,19 @@ class BrokerConfig(BaseSettings):
     """Consumers one subscription takes; one more gets ConsumerBusy."""
     max_subscriptions_per_topic: int = Field(0, ge=0)
     """Subscriptions one topic takes; a new one past it gets NotAllowed."""
+    # Unused topics deleted (core/inactive_topics.py); a namespace or topic policy wins.
+    delete_inactive_topics_enabled: bool = False
+    """Delete a topic unused for ``delete_inactive_topics_max_inactive_duration_s``
+    (Pulsar's ``brokerDeleteInactiveTopicsEnabled``). Off by default, unlike Pulsar: a
+    topic written to without a subscription would lose its data a minute later, which
+    neither Kafka nor NATS users expect."""
+    delete_inactive_topics_frequency_s: float = Field(60.0, gt=0)
+    """How often loaded topics are checked."""
+    delete_inactive_topics_mode: Literal[
+        "delete_when_no_subscriptions", "delete_when_subscriptions_caught_up"
+    ] = "delete_when_no_subscriptions"
+    delete_inactive_topics_max_inactive_duration_s: float | None = Field(None, ge=0)
+    """How long a topic stays unused before it goes (None: the check frequency)."""
 
     @field_validator(
         "max_connections",

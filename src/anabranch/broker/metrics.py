@@ -65,6 +65,8 @@ class BrokerCounters:
     """Cursors moved forward by a consumer_backlog_eviction quota."""
     cleanup_failures: int = 0
     """Retention/TTL/quota sweeps (or one topic's step) that raised and were logged."""
+    inactive_topics_deleted: int = 0
+    """Topics deleted by the inactive-topic sweep."""
     ledgers_offloaded: int = 0
     """Sealed ledgers copied to the object store (tiered storage)."""
     offload_failures: int = 0
@@ -230,6 +232,8 @@ class BrokerCollector(Collector):
              c.backlog_evictions),
             ("cleanup_failures", "Retention/TTL/quota sweep steps that failed (logged).",
              c.cleanup_failures),
+            ("inactive_topics_deleted", "Topics deleted after their inactivity period.",
+             c.inactive_topics_deleted),
             ("ledgers_offloaded", "Sealed ledgers offloaded to the object store "
              "(brk_ledgeroffloader_*).", c.ledgers_offloaded),
             ("offload_failures", "Offload attempts that failed; the ledger stayed hot.",

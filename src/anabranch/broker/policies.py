@@ -98,6 +98,14 @@ class RetentionPolicies(msgspec.Struct, kw_only=True):
     retention_size_in_mb: int = msgspec.field(default=0, name="retentionSizeInMB")
 
 
+class InactiveTopicPoliciesRecord(msgspec.Struct, kw_only=True, rename="camel"):
+    """Pulsar's ``InactiveTopicPolicies`` JSON (``core/inactive_topics.py`` decides)."""
+
+    inactive_topic_delete_mode: str = "delete_when_no_subscriptions"
+    max_inactive_duration_seconds: int = 60
+    delete_while_inactive: bool = False
+
+
 class BacklogQuotaRecord(msgspec.Struct, kw_only=True):
     """One backlog quota as Pulsar's admin JSON has it (``limitSize`` bytes, ``limitTime``
     seconds, -1 unlimited; ``policy`` one of ``producer_request_hold``,
@@ -169,6 +177,7 @@ class NamespacePolicies(msgspec.Struct, kw_only=True):
     max_consumers_per_topic: int | None = None
     max_consumers_per_subscription: int | None = None
     max_subscriptions_per_topic: int | None = None
+    inactive_topic_policies: InactiveTopicPoliciesRecord | None = None
     properties: dict[str, str] = msgspec.field(default_factory=dict)
     auth_policies: AuthPolicies = msgspec.field(default_factory=AuthPolicies)
     scalable_autoscale: dict[str, Any] | None = msgspec.field(

@@ -1,8 +1,9 @@
-"""The broker's cleanup sweeps: retention, message TTL, backlog quotas, segment pruning.
+"""The broker's cleanup sweeps: retention, message TTL, backlog quotas, segment pruning,
+unused topics.
 
 Theory of operation
 -------------------
-Three :class:`~anabranch.supervisor.Supervised` periodic loops on the broker's clock (an
+Periodic :class:`~anabranch.supervisor.Supervised` loops on the broker's clock (an
 exception in one sweep is logged and the loop sleeps and sweeps again; one topic's failure
 does not stop the others):
 
@@ -19,10 +20,13 @@ does not stop the others):
 * every ``backlog_quota_check_interval_s``: a topic whose slowest subscription is over a
   ``destination_storage`` (estimated backlog bytes) or ``message_age`` (oldest unacked
   publish time) quota either evicts (``consumer_backlog_eviction``: the slowest cursors
-  move forward) or blocks producers (:class:`~anabranch.broker.backlog_quota.QuotaGate`).
+  move forward) or blocks producers (:class:`~anabranch.broker.backlog_quota.QuotaGate`);
+* every ``delete_inactive_topics_frequency_s``: a topic unused for longer than its
+  inactive-topic policy allows (:mod:`anabranch.core.inactive_topics`) is deleted, data
+  and subscriptions included; a load of its name waits for the deletion and starts afresh.
 
-Every decision is a pure function of :mod:`anabranch.core.retention`; this module only
-gathers the inputs and acts.
+Every decision is a pure function of :mod:`anabranch.core.retention` or
+:mod:`anabranch.core.inactive_topics`; this module only gathers the inputs and acts.
 
 Example:
     >>> async def demo(service: BrokerService) -> None:
@@ -44,6 +48,7 @@ from anabranch.broker.config import BrokerConfig
 from anabranch.broker.dispatcher_entries import entry_info
 from anabranch.broker.policies import NamespacePolicies
 from anabranch.broker.topic_policies import TopicPolicyStore
+from anabranch.core.inactive_topics import DeleteMode, InactivePolicy, due, in_use
 from anabranch.core.names import SegmentName, TopicName, parse_name
 from anabranch.core.retention import (
     BacklogPolicy,
@@ -164,7 +169,13 @@ class RetentionSweeps:
         self._topic_policies = TopicPolicyStore(service.store)
         self._loops: list[Supervised] = []
         self._closed = False
-        self.runs = {"retention": 0, "ttl": 0, "backlog_quota": 0, "non_persistent_idle": 0}
+        self.runs = {
+            "retention": 0,
+            "ttl": 0,
+            "backlog_quota": 0,
+            "non_persistent_idle": 0,
+            "inactive_topics": 0,
+        }
         """Completed sweeps by kind (tests wait on them; /metrics could export them)."""
         self.counters = service.counters
 
@@ -184,6 +195,7 @@ class RetentionSweeps:
                 limits.NON_PERSISTENT_IDLE_SWEEP_S,
                 self.service.sweep_idle_non_persistent,
             ),
+            ("inactive_topics", c.delete_inactive_topics_frequency_s, self.sweep_inactive_topics),
         ):
             loop = functools.partial(self._every, kind, interval, sweep)
             self._loops.append(
@@ -234,6 +246,32 @@ class RetentionSweeps:
             except Exception:
                 self.counters.cleanup_failures += 1
                 log.exception("%s: a cleanup step failed", topic.name)
+
+    # --- inactive topics ----------------------------------------------------------------------
+
+    async def sweep_inactive_topics(self) -> None:
+        """Delete each loaded topic unused for longer than its policy allows (partitions
+        and segments are left alone: a partitioned topic and a scalable topic live on as a
+        whole)."""
+
+        async def check(topic: PersistentTopic, policies: NamespacePolicies) -> None:
+            name = parse_name(topic.name)
+            if isinstance(name, SegmentName) or name.partition is not None:
+                return
+            policy = inactive_policy_of(self.config, policies)
+            now = self.clock.monotonic()
+            if in_use(topic.usage(), policy.mode):
+                topic.last_in_use_s = now
+                return
+            if not due(policy, last_in_use_s=topic.last_in_use_s, now_s=now):
+                return
+            if await self.service.delete_unused_topic(
+                topic, lambda: not in_use(topic.usage(), policy.mode)
+            ):
+                self.counters.inactive_topics_deleted += 1
+                log.info("%s: deleted after %.0fs unused", topic.name, now - topic.last_in_use_s)
+
+        await self._each_topic(check)
 
     # --- retention ----------------------------------------------------------------------------
 
@@ -378,6 +416,24 @@ class RetentionSweeps:
         if blocked != topic.quota.blocked:
             log.info("%s: producers %s by the backlog quota", topic.name, blocked or "unblocked")
         topic.quota.set_blocked(blocked)
+
+
+def inactive_policy_of(config: BrokerConfig, policies: NamespacePolicies) -> InactivePolicy:
+    """The inactive-topic policy in force: the topic's or namespace's record (already
+    merged into ``policies``), else the broker's settings."""
+    record = policies.inactive_topic_policies
+    if record is not None:
+        return InactivePolicy(
+            record.delete_while_inactive,
+            DeleteMode(record.inactive_topic_delete_mode),
+            float(record.max_inactive_duration_seconds),
+        )
+    duration = config.delete_inactive_topics_max_inactive_duration_s
+    return InactivePolicy(
+        config.delete_inactive_topics_enabled,
+        DeleteMode(config.delete_inactive_topics_mode),
+        config.delete_inactive_topics_frequency_s if duration is None else duration,
+    )
 
 
 async def checkpoint_subscribed(store: MetadataStore, topic: TopicName) -> bool:

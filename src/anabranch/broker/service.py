@@ -190,6 +190,9 @@ class BrokerService:
         """Which broker serves a segment; cluster mode replaces this function."""
         self._topics: dict[str, PersistentTopic] = {}
         self._loading: dict[str, asyncio.Task[PersistentTopic]] = {}
+        self._deleting: dict[str, asyncio.Future[None]] = {}
+        """Topics being deleted: a load of the name waits for the deletion to end, so it
+        never opens a ledger that is being deleted."""
         self._np_topics: dict[str, NonPersistentTopic] = {}
         """Loaded ``non-persistent://`` topics (memory only; they count in the topic cap)."""
         self._np_incarnation = 0
@@ -313,6 +316,9 @@ class BrokerService:
                     await self.check_exists(parsed, create=create)
             await self.ownership.claim(key)
         topic = self._topics.get(key)
+        while topic is None and key in self._deleting:
+            await asyncio.shield(self._deleting[key])
+            topic = self._topics.get(key)
         if topic is not None:
             return topic
         if self._closed:
@@ -678,26 +684,44 @@ class BrokerService:
             return Strategy.parse(self.config.schema_compatibility_strategy)
         return strategy
 
-    async def delete_topic(self, name: str) -> None:
-        """Close and delete a topic's ledger, subscriptions and registration; also a topic
-        whose replicated ledger was lost (its stream deleted behind our back), which never
-        loads again: its metadata goes, so the name can start afresh."""
+    async def delete_topic(self, name: str, *, loaded: PersistentTopic | None = None) -> None:
+        """Close and delete a topic's ledger, subscriptions and registration (``loaded``:
+        the instance, already taken out of the loaded map); also a topic whose replicated
+        ledger was lost (its stream deleted behind our back), which never loads again: its
+        metadata goes, so the name can start afresh. Loads of the name wait meanwhile."""
+        topic = loaded
+        if topic is None:
+            try:
+                topic = await self.get_topic(name, create=False)
+            except LedgerFenced:
+                parsed = canonical_topic(name)
+                delete_lost = getattr(self.ledgers, "delete_lost", None)
+                if delete_lost is None or not await delete_lost(managed_ledger_name(parsed)):
+                    raise
+                log.warning("%s: deleted; its ledger's storage was gone", name)
+                await self._forget_topic(parsed)
+                return
+            if self._topics.get(topic.name) is topic:
+                del self._topics[topic.name]
+            elif topic.name in self._deleting:  # another delete took it: that one finishes
+                await asyncio.shield(self._deleting[topic.name])
+                return
+        done = asyncio.get_running_loop().create_future()
+        self._deleting[topic.name] = done
         try:
-            topic = await self.get_topic(name, create=False)
-        except LedgerFenced:
-            parsed = canonical_topic(name)
-            delete_lost = getattr(self.ledgers, "delete_lost", None)
-            if delete_lost is None or not await delete_lost(managed_ledger_name(parsed)):
-                raise
-            log.warning("%s: deleted; its ledger's storage was gone", name)
-        else:
-            self._topics.pop(topic.name, None)
             compaction = self.compactions.of(topic)
             await topic.close()
             await compaction.delete()
             parsed = canonical_topic(topic.name)
             ledger = await self.ledgers.open(managed_ledger_name(parsed))
             await ledger.delete()
+            await self._forget_topic(parsed)
+        finally:
+            del self._deleting[topic.name]
+            done.set_result(None)
+
+    async def _forget_topic(self, parsed: TopicName | SegmentName) -> None:
+        """Delete what the metadata store keeps of a deleted topic."""
         ledger_name = managed_ledger_name(parsed)
         await self.store.delete(f"/dedup-snapshots/{quote(ledger_name, safe='')}")
         if not isinstance(parsed, SegmentName):  # segments are never registered
@@ -705,6 +729,17 @@ class BrokerService:
             if parsed.partition is None:  # a partitioned topic's are its parent's
                 await TopicPolicyStore(self.store).delete(parsed)
                 await self.schemas.delete(parsed, force=True)
+
+    async def delete_unused_topic(self, topic: PersistentTopic, unused: Callable[[], bool]) -> bool:
+        """Delete ``topic`` as :meth:`delete_topic` does if it is still this broker's
+        loaded instance and ``unused()`` holds: both judged with no await before it leaves
+        the loaded map, so no producer or consumer can attach in between (one arriving
+        later waits for the deletion and gets a new topic). True when deleted."""
+        if self._topics.get(topic.name) is not topic or not unused():
+            return False
+        del self._topics[topic.name]
+        await self.delete_topic(topic.name, loaded=topic)
+        return True
 
     async def close(self) -> None:
         """Close the scalable-topic controllers and watch sessions, then every topic:

@@ -231,6 +231,9 @@ class Subscription:
         """Detach ``consumer``; its unacknowledged entries go to the others (or rewind)."""
         consumer.closed = True
         self.dispatcher.remove_consumer(consumer)
+        touch = getattr(self.topic, "touch", None)
+        if touch is not None:
+            touch()
 
     def notify_new_entries(self) -> None:
         """Called by the topic after each append (and when max_read_position moves)."""

@@ -39,9 +39,10 @@ from urllib.parse import quote
 from anabranch import failpoints, limits
 from anabranch.broker.backlog_quota import QuotaGate
 from anabranch.broker.producer_access import ProducerAccess
-from anabranch.broker.topic_limits import NO_LIMITS, TopicLimits
+from anabranch.broker.topic_limits import INTERNAL_SUBSCRIPTION_PREFIX, NO_LIMITS, TopicLimits
 from anabranch.clock import Clock
 from anabranch.core.dedup import DedupState, DedupVerdict
+from anabranch.core.inactive_topics import TopicUsage
 from anabranch.core.rate_window import RateWindow
 from anabranch.errors import (
     Closed,
@@ -151,6 +152,8 @@ class PersistentTopic(ProducerAccess):
         """Refuses or holds producers while the backlog is over quota (the sweep sets it)."""
         self._subscribing: set[str] = set()
         """Subscriptions being created (they count against the topic's cap)."""
+        self.last_in_use_s = clock.monotonic()
+        """When the topic was last seen in use (:meth:`touch`; the inactive-topic sweep)."""
         self.compaction: Any = None
         """The topic's ``broker.compaction.TopicCompaction`` once compaction was used."""
         self._exclusive: str | None = None
@@ -270,6 +273,34 @@ class PersistentTopic(ProducerAccess):
         """Forget ``producer`` (closed or disconnected); hand exclusivity to a waiter."""
         if self._release(producer):
             self._refusing.discard(producer.name)
+        self.touch()
+
+    # --- use (core/inactive_topics.py) ------------------------------------------------------
+
+    def touch(self) -> None:
+        """The topic was in use until now (a producer or consumer just left, a
+        subscription was removed): an inactivity period starts here, not earlier."""
+        self.last_in_use_s = self.clock.monotonic()
+
+    def usage(self) -> TopicUsage:
+        """What the topic has now, internal subscriptions left out."""
+        subs = [
+            s
+            for n, s in self.subscriptions.items()
+            if not n.startswith(INTERNAL_SUBSCRIPTION_PREFIX)
+        ]
+        backlog = sum(
+            c.backlog()
+            for c in self.ledger.cursors()
+            if not c.name.startswith(INTERNAL_SUBSCRIPTION_PREFIX)
+        )
+        return TopicUsage(
+            producers=len(self.producers) + len(self._waiting),
+            consumers=sum(len(s.consumers) for s in subs),
+            subscriptions=len(subs),
+            backlog=backlog,
+            open_transactions=self.transaction_buffer.open_count(),
+        )
 
     # --- publishing -----------------------------------------------------------------------
 
@@ -651,6 +682,7 @@ class PersistentTopic(ProducerAccess):
         if sub is not None:
             await sub.close()
         await self.ledger.delete_cursor(name)
+        self.touch()
 
     # --- state ----------------------------------------------------------------------------
 

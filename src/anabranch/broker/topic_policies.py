@@ -1,5 +1,5 @@
-"""Topic-level overrides of retention, message TTL and backlog quotas (Pulsar's topic
-policies), one JSON record per topic in the metadata store.
+"""Topic-level overrides of retention, message TTL, backlog quotas, per-topic caps and the
+rest of Pulsar's topic policies, one JSON record per topic in the metadata store.
 
     /admin/topic-policies/{t}/{ns}/persistent/{topic}   TopicPolicies
 
@@ -25,6 +25,7 @@ import msgspec
 from anabranch import limits
 from anabranch.broker.policies import (
     BacklogQuotaRecord,
+    InactiveTopicPoliciesRecord,
     NamespacePolicies,
     OffloadPoliciesRecord,
     RetentionPolicies,
@@ -57,6 +58,9 @@ class TopicPolicies(msgspec.Struct, kw_only=True):
         default=None, name="maxConsumersPerSubscription"
     )
     max_subscriptions: int | None = msgspec.field(default=None, name="maxSubscriptionsPerTopic")
+    inactive_topic_policies: InactiveTopicPoliciesRecord | None = msgspec.field(
+        default=None, name="inactiveTopicPolicies"
+    )
 
     def over(self, namespace: NamespacePolicies) -> NamespacePolicies:
         """The namespace's policies with this topic's overrides applied.
@@ -92,6 +96,11 @@ class TopicPolicies(msgspec.Struct, kw_only=True):
             ),
             max_subscriptions_per_topic=_first(
                 self.max_subscriptions, namespace.max_subscriptions_per_topic
+            ),
+            inactive_topic_policies=(
+                self.inactive_topic_policies
+                if self.inactive_topic_policies is not None
+                else namespace.inactive_topic_policies
             ),
             **_offload_over(self.offload_policies, namespace),
         )

@@ -544,6 +544,53 @@ def _policy_commands(app: typer.Typer) -> None:
         _run(lambda c: c.remove_backlog_quota(target, quota_type), output,
              f"{quota_type} backlog quota of {target} removed")  # fmt: skip
 
+    @app.command("set-inactive-topic-policies")
+    def set_inactive_topic_policies(
+        target: Target,
+        *,
+        enable: Annotated[
+            bool,
+            typer.Option(
+                "--enable-delete-while-inactive/--disable-delete-while-inactive",
+                "-e/-d",
+                help="Delete unused topics (or keep them).",
+            ),
+        ],
+        duration: Annotated[
+            str, typer.Option("--max-inactive-duration", "-t", help="e.g. 30m, 1h")
+        ] = "60",
+        mode: Annotated[
+            str,
+            typer.Option(
+                "--delete-mode",
+                "-m",
+                help="delete_when_no_subscriptions or delete_when_subscriptions_caught_up",
+            ),
+        ] = "delete_when_no_subscriptions",
+        output: OutputOpt = None,
+    ) -> None:
+        """Set when unused topics are deleted."""
+        seconds = parse_time_s(duration)
+        _run(lambda c: c.set_inactive_topic_policies(
+                 target, delete_while_inactive=enable, max_inactive_duration_s=seconds, mode=mode),
+             output, f"inactive topic policies of {target} set")  # fmt: skip
+
+    @app.command("get-inactive-topic-policies")
+    def get_inactive_topic_policies(
+        target: Target,
+        applied: Annotated[bool, typer.Option(help="The policy in force on a topic.")] = False,
+        output: OutputOpt = None,
+    ) -> None:
+        """The inactive topic policies (null: unset)."""
+        _run(lambda c: c.get_inactive_topic_policies(target, applied=applied), output,
+             f"inactive topic policies of {target}")  # fmt: skip
+
+    @app.command("remove-inactive-topic-policies")
+    def remove_inactive_topic_policies(target: Target, output: OutputOpt = None) -> None:
+        """Remove the inactive topic policies (the next level's apply)."""
+        _run(lambda c: c.remove_inactive_topic_policies(target), output,
+             f"inactive topic policies of {target} removed")  # fmt: skip
+
 
 _policy_commands(namespaces_app)
 _policy_commands(topics_app)

@@ -35,6 +35,10 @@ class TransactionBuffer(Protocol):
         """True when the entry at ``position`` belongs to an aborted transaction."""
         ...
 
+    def open_count(self) -> int:
+        """Transactions this topic takes part in that have not ended here yet."""
+        ...
+
     async def append(self, txn_id: TxnId | None, data: bytes) -> Position:
         """Append an entry, transactional when ``txn_id`` is given."""
         ...
@@ -64,6 +68,9 @@ class NoTransactionBuffer:
 
     def is_aborted(self, position: Position) -> bool:
         return False
+
+    def open_count(self) -> int:
+        return 0
 
     async def append(self, txn_id: TxnId | None, data: bytes) -> Position:
         if txn_id is not None:

@@ -143,6 +143,9 @@ class MetadataTransactionBuffer:
 
     # --- TransactionBuffer ----------------------------------------------------------------
 
+    def open_count(self) -> int:
+        return len(self._participants) + len(self._joining)
+
     def max_read_position(self) -> Position:
         return Position(*self._state.max_read_position(self._ledger.last_confirmed))
 

@@ -1,0 +1,143 @@
+"""Pulsar admin v2 routes of the inactive-topic policies (``core/inactive_topics.py``
+decides, the broker's inactive-topic sweep deletes)::
+
+    POST/GET/DELETE /admin/v2/namespaces/{t}/{ns}/inactiveTopicPolicies
+    POST/GET/DELETE /admin/v2/persistent/{t}/{ns}/{topic}/inactiveTopicPolicies
+
+The body is upstream's ``{"inactiveTopicDeleteMode": "delete_when_no_subscriptions" |
+"delete_when_subscriptions_caught_up", "maxInactiveDurationSeconds": N,
+"deleteWhileInactive": bool}``. A GET of an unset policy answers ``null``; a topic's
+``?applied=true`` answers the policy in force, the broker's settings included.
+
+Example:
+    >>> sorted({(r.method, r.path.split("/")[3]) for r in ROUTES})[:2]
+    [('DELETE', 'namespaces'), ('DELETE', 'persistent')]
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import msgspec
+from aiohttp import web
+
+from anabranch.admin.routes import (
+    Route,
+    applied_policies,
+    flag,
+    json_body,
+    namespace_param,
+    policy_topic,
+)
+from anabranch.broker.policies import InactiveTopicPoliciesRecord
+from anabranch.broker.retention import inactive_policy_of
+from anabranch.broker.topic_policies import TopicPolicies, TopicPolicyStore
+from anabranch.core.inactive_topics import DeleteMode
+from anabranch.errors import InvalidPolicyValue
+
+if TYPE_CHECKING:
+    from anabranch.admin.service import AdminService
+
+NS = "/admin/v2/namespaces/{tenant}/{namespace}/inactiveTopicPolicies"
+TOPIC = "/admin/v2/persistent/{tenant}/{namespace}/{topic}/inactiveTopicPolicies"
+POLICY = {
+    "type": "object",
+    "properties": {
+        "inactiveTopicDeleteMode": {"type": "string", "enum": [m.value for m in DeleteMode]},
+        "maxInactiveDurationSeconds": {"type": "integer"},
+        "deleteWhileInactive": {"type": "boolean"},
+    },
+}
+
+
+async def _body(request: web.Request) -> InactiveTopicPoliciesRecord:
+    value: InactiveTopicPoliciesRecord | None = await json_body(
+        request, InactiveTopicPoliciesRecord, "inactiveTopicPolicies", None
+    )
+    if value is None:
+        raise InvalidPolicyValue("the body must be the inactive topic policies")
+    if value.inactive_topic_delete_mode not in {m.value for m in DeleteMode}:
+        raise InvalidPolicyValue(
+            f"inactiveTopicDeleteMode {value.inactive_topic_delete_mode!r} is not one of "
+            + ", ".join(m.value for m in DeleteMode)
+        )
+    if value.max_inactive_duration_seconds < 0:
+        raise InvalidPolicyValue("maxInactiveDurationSeconds must be 0 or more")
+    return value
+
+
+def _out(value: InactiveTopicPoliciesRecord | None) -> object:
+    return None if value is None else msgspec.to_builtins(value)
+
+
+async def get_namespace(admin: AdminService, request: web.Request) -> object:
+    policies = await admin.policies.namespace_policies(namespace_param(request))
+    return _out(policies.inactive_topic_policies)
+
+
+async def set_namespace(admin: AdminService, request: web.Request) -> object:
+    value = await _body(request)
+    await admin.policies.update_namespace_policies(
+        namespace_param(request),
+        lambda p: msgspec.structs.replace(p, inactive_topic_policies=value),
+    )
+    return None
+
+
+async def remove_namespace(admin: AdminService, request: web.Request) -> object:
+    await admin.policies.update_namespace_policies(
+        namespace_param(request),
+        lambda p: msgspec.structs.replace(p, inactive_topic_policies=None),
+    )
+    return None
+
+
+async def get_topic(admin: AdminService, request: web.Request) -> object:
+    topic = await policy_topic(admin, request)
+    if flag(request, "applied"):
+        policy = inactive_policy_of(admin.broker.config, await applied_policies(admin, topic))
+        return _out(
+            InactiveTopicPoliciesRecord(
+                inactive_topic_delete_mode=policy.mode.value,
+                max_inactive_duration_seconds=int(policy.max_inactive_s),
+                delete_while_inactive=policy.delete_while_inactive,
+            )
+        )
+    return _out((await TopicPolicyStore(admin.broker.store).get(topic)).inactive_topic_policies)
+
+
+async def _update_topic(
+    admin: AdminService, request: web.Request, value: InactiveTopicPoliciesRecord | None
+) -> None:
+    topic = await policy_topic(admin, request)
+
+    def change(p: TopicPolicies) -> TopicPolicies:
+        return msgspec.structs.replace(p, inactive_topic_policies=value)
+
+    await TopicPolicyStore(admin.broker.store).update(topic, change)
+
+
+async def set_topic(admin: AdminService, request: web.Request) -> object:
+    await _update_topic(admin, request, await _body(request))
+    return None
+
+
+async def remove_topic(admin: AdminService, request: web.Request) -> object:
+    await _update_topic(admin, request, None)
+    return None
+
+
+ROUTES: list[Route] = [
+    Route("GET", NS, get_namespace, "A namespace's inactive topic policies (null: unset).",
+          "namespaces", response_schema=POLICY),
+    Route("POST", NS, set_namespace, "Set a namespace's inactive topic policies.", "namespaces",
+          request_schema=POLICY, errors=(400, 404, 412)),
+    Route("DELETE", NS, remove_namespace, "Remove a namespace's inactive topic policies.",
+          "namespaces"),
+    Route("GET", TOPIC, get_topic, "A topic's inactive topic policies (?applied=true: in force).",
+          "persistent", response_schema=POLICY, query=("applied",), errors=(404,)),
+    Route("POST", TOPIC, set_topic, "Override the inactive topic policies for a topic.",
+          "persistent", request_schema=POLICY, errors=(400, 404, 412)),
+    Route("DELETE", TOPIC, remove_topic, "Remove a topic's inactive topic policies.",
+          "persistent", errors=(404,)),
+]  # fmt: skip
