@@ -85,3 +85,17 @@ def test_topic_level_commands(admin_url: str) -> None:
     cli(admin_url, "topics", "remove-retention", topic)
     assert cli_json(admin_url, "topics", "get-backlog-quotas", topic) == {}
     cli(admin_url, "topics", "get-retention", "persistent://public/default/absent", code=1)
+
+
+def test_inactive_topic_policy_commands(admin_url: str) -> None:
+    cli(admin_url, "namespaces", "set-inactive-topic-policies", NS, "-e", "-t", "1h",
+        "-m", "delete_when_subscriptions_caught_up")  # fmt: skip
+    assert cli_json(admin_url, "namespaces", "get-inactive-topic-policies", NS) == {
+        "inactiveTopicDeleteMode": "delete_when_subscriptions_caught_up",
+        "maxInactiveDurationSeconds": 3600,
+        "deleteWhileInactive": True,
+    }
+    cli(admin_url, "namespaces", "set-inactive-topic-policies", NS, "-d", "-m", "sometimes",
+        code=1)  # fmt: skip
+    cli(admin_url, "namespaces", "remove-inactive-topic-policies", NS)
+    assert cli_json(admin_url, "namespaces", "get-inactive-topic-policies", NS) is None
