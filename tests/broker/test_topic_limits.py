@@ -224,3 +224,15 @@ async def test_the_official_client_gets_upstreams_errors(world: World) -> None:
         official_refusals, world.broker.service_url, world.topic("cap-official")
     )
     assert refusals == ["ProducerBusy", "ConsumerBusy", "NotAllowedError"]
+
+
+async def test_a_refused_reader_leaves_no_subscription_behind(world: World) -> None:
+    topic = world.topic("cap-readers")
+    await world.admin.set_cap(NS, "maxConsumersPerTopic", 1)
+    await world.client.subscribe(topic, "only")
+    for _ in range(5):
+        with pytest.raises(ConsumerBusy):
+            await world.client.create_reader(topic, "earliest")
+    loaded = world.broker.service.loaded_topic(topic)
+    assert loaded is not None
+    assert list(loaded.subscriptions) == ["only"]

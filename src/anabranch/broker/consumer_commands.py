@@ -109,6 +109,7 @@ async def handle_subscribe(session: Session, cmd: pb.CommandSubscribe) -> None:
     consumer.read_compacted = cmd.read_compacted
     # Claimed before any await, so a concurrent SUBSCRIBE with the same id is refused.
     session.consumers[cmd.consumer_id] = consumer
+    reader_sub: Subscription | None = None
     try:
         if not isinstance(topic_name, SegmentName) and not topic_name.is_persistent:
             await _subscribe_non_persistent(session, cmd, consumer)
@@ -131,15 +132,22 @@ async def handle_subscribe(session: Session, cmd: pb.CommandSubscribe) -> None:
             sub = topic.subscriptions.get(cmd.subscription)
             if sub is None:
                 cursor = NonDurableCursor(topic.ledger, cmd.subscription, _start_position(cmd))
-                sub = Subscription(
+                reader_sub = Subscription(
                     topic, cmd.subscription, int(cmd.subType), cursor,
                     clock=topic.clock, durable=False,
                 )  # fmt: skip
-                topic.subscriptions[cmd.subscription] = sub
+                topic.subscriptions[cmd.subscription] = sub = reader_sub
         await sub.add_consumer(consumer, caps)
     except BaseException:
         if session.consumers.get(cmd.consumer_id) is consumer:
             del session.consumers[cmd.consumer_id]
+        if reader_sub is not None and not reader_sub.consumers:
+            # A reader's subscription made for a consumer that was refused (a consumer
+            # cap): it would stay without anyone to end it.
+            name, subscriptions = reader_sub.name, reader_sub.topic.subscriptions
+            if subscriptions.get(name) is reader_sub:
+                del subscriptions[name]
+            await reader_sub.close()
         raise
     session.reply_success(cmd.request_id)
 
