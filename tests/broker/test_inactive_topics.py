@@ -213,6 +213,7 @@ async def test_off_by_default_and_the_levels_of_the_policy(tmp_path: Path) -> No
     [
         {"inactiveTopicDeleteMode": "delete_sometimes", "maxInactiveDurationSeconds": 5},
         {"maxInactiveDurationSeconds": -1, "deleteWhileInactive": True},
+        {"maxInactiveDurationSeconds": 10**30, "deleteWhileInactive": True},
     ],
 )
 async def test_a_bad_policy_is_refused_and_changes_nothing(

@@ -29,6 +29,7 @@ from anabranch.admin.routes import (
     namespace_param,
     policy_topic,
 )
+from anabranch.admin.routes_topic_limits import INT32_MAX
 from anabranch.broker.policies import InactiveTopicPoliciesRecord
 from anabranch.broker.retention import inactive_policy_of
 from anabranch.broker.topic_policies import TopicPolicies, TopicPolicyStore
@@ -61,8 +62,8 @@ async def _body(request: web.Request) -> InactiveTopicPoliciesRecord:
             f"inactiveTopicDeleteMode {value.inactive_topic_delete_mode!r} is not one of "
             + ", ".join(m.value for m in DeleteMode)
         )
-    if value.max_inactive_duration_seconds < 0:
-        raise InvalidPolicyValue("maxInactiveDurationSeconds must be 0 or more")
+    if not 0 <= value.max_inactive_duration_seconds <= INT32_MAX:  # a Java int upstream
+        raise InvalidPolicyValue(f"maxInactiveDurationSeconds must be 0 to {INT32_MAX}")
     return value
 
 

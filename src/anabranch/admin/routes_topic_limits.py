@@ -9,7 +9,7 @@
     POST/GET/DELETE /admin/v2/persistent/{t}/{ns}/{topic}/maxConsumersPerSubscription
     POST/GET/DELETE /admin/v2/persistent/{t}/{ns}/{topic}/maxSubscriptionsPerTopic
 
-The body is an integer >= 0 (0: no cap; a negative one answers 412, as upstream). A GET of
+The body is an integer from 0 (no cap) to 2^31 - 1; another answers 412, as upstream. A GET of
 an unset cap answers ``null``; a topic's ``?applied=true`` answers the cap in force, its
 namespace's or the broker's included. A change applies to the next producer, consumer or
 subscription; the ones already there stay.
@@ -44,6 +44,7 @@ if TYPE_CHECKING:
 NS = "/admin/v2/namespaces/{tenant}/{namespace}"
 TOPIC = "/admin/v2/persistent/{tenant}/{namespace}/{topic}"
 INTEGER = {"type": "integer"}
+INT32_MAX = 2**31 - 1
 
 
 @dataclass(frozen=True)
@@ -76,8 +77,8 @@ async def _value(request: web.Request, cap: Cap) -> int:
     value = await json_body(request, int, cap.namespace_route, None)
     if value is None:
         raise InvalidPolicyValue(f"the body must be the number of {cap.what} (0: no cap)")
-    if value < 0:
-        raise InvalidPolicyValue(f"{cap.namespace_route} must be 0 or more")
+    if not 0 <= value <= INT32_MAX:  # upstream's field is a Java int
+        raise InvalidPolicyValue(f"{cap.namespace_route} must be 0 to {INT32_MAX}")
     return int(value)
 
 
