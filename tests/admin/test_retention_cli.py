@@ -99,3 +99,11 @@ def test_inactive_topic_policy_commands(admin_url: str) -> None:
         code=1)  # fmt: skip
     cli(admin_url, "namespaces", "remove-inactive-topic-policies", NS)
     assert cli_json(admin_url, "namespaces", "get-inactive-topic-policies", NS) is None
+
+
+def test_subscription_expiration_commands(admin_url: str) -> None:
+    cli(admin_url, "namespaces", "set-subscription-expiration-time", NS, "-t", "90")
+    assert cli_json(admin_url, "namespaces", "get-subscription-expiration-time", NS) == 90
+    cli(admin_url, "namespaces", "set-subscription-expiration-time", NS, "-t", "-5", code=2)
+    cli(admin_url, "namespaces", "remove-subscription-expiration-time", NS)
+    assert cli_json(admin_url, "namespaces", "get-subscription-expiration-time", NS) is None

@@ -1,6 +1,6 @@
-"""Unused topics deleted by the inactive-topic sweep (Pulsar's inactive topic policies) on
-a real in-process broker. The test calls the sweep itself and moves the broker's clock, so
-"a minute later" needs no waiting."""
+"""Unused topics deleted and unused subscriptions expired (Pulsar's inactive topic policies
+and subscription expiration time) on a real in-process broker. The test calls the sweeps
+itself and moves the broker's clock, so "a minute later" needs no waiting."""
 
 from __future__ import annotations
 
@@ -236,3 +236,60 @@ async def test_a_topic_used_while_it_is_deleted_comes_back_new_and_keeps_what_it
     await world.produce(topic, b"new")  # its load waits for the deletion to end
     await deleting
     assert await world.read_all(topic) == [b"new"]
+
+
+# --- subscription expiration -----------------------------------------------------------------
+
+
+async def expire_later(world: World, seconds: float) -> None:
+    world.clock.monotonic_offset_s += seconds
+    await world.broker.service.sweeps.sweep_expired_subscriptions()
+
+
+async def test_a_subscription_without_a_consumer_expires_after_its_time(world: World) -> None:
+    topic, parted = world.topic("expiry"), world.topic("expiry-parted")
+    await world.admin.create_partitioned_topic(parted, 2)
+    await (await world.client.subscribe(topic, "idle")).close()
+    await (await world.client.subscribe(parted, "idle")).close()  # on each partition
+    live = await world.client.subscribe(topic, "live")
+    await expire_later(world, 10**6)
+    assert sorted(await world.admin.subscriptions(topic)) == ["idle", "live"]  # broker: never
+    await world.admin.set_subscription_expiration_time(NS, 1)
+    await expire_later(world, 0)  # "idle" has been without a consumer for long enough
+    assert await world.admin.subscriptions(topic) == ["live"]
+    for i in range(2):
+        assert await world.admin.subscriptions(f"{parted}-partition-{i}") == []
+    assert world.broker.service.counters.subscriptions_expired == 3
+    # A consumer leaving starts the time again; the topic itself stays.
+    await live.close()
+    await expire_later(world, 30)
+    assert await world.admin.subscriptions(topic) == ["live"]
+    await expire_later(world, 31)
+    assert await world.admin.subscriptions(topic) == []
+    assert await world.exists(topic)
+
+
+async def test_a_subscription_holding_transactional_acks_waits_for_them(world: World) -> None:
+    topic = world.topic("expiry-txn")
+    await world.admin.set_subscription_expiration_time(NS, 1)
+    consumer = await world.client.subscribe(topic, "s")
+    await world.produce(topic, b"m")
+    msg = await consumer.receive(timeout=5)
+    assert msg is not None
+    txn = await world.client.new_transaction(timeout=3600)
+    await consumer.acknowledge(msg, txn=txn)
+    await consumer.close()
+    await expire_later(world, 120)
+    assert await world.admin.subscriptions(topic) == ["s"]  # the transaction holds an ack
+    await txn.commit()
+    await expire_later(world, 0)
+    assert await world.admin.subscriptions(topic) == []
+
+
+@pytest.mark.parametrize("body", [-1, 2**31])
+async def test_an_expiration_time_out_of_range_is_refused(world: World, body: int) -> None:
+    path = f"/admin/v2/namespaces/{NS}/subscriptionExpirationTime"
+    with pytest.raises(AdminHttpError) as refused:
+        await world.admin.request("POST", path, body)
+    assert refused.value.status == 412
+    assert await world.admin.get_subscription_expiration_time(NS) is None

@@ -266,10 +266,15 @@ ROUTE_ACCESS: dict[tuple[str, str], Need] = {
         for base in (NS, TOPIC)
         for method in ("GET", "POST", "DELETE")
     },
-    # Inactive topic policies (admin/routes_inactive_topics.py): the tenant's admins'.
+    # Inactive topic policies, subscription expiration (admin/routes_inactive_topics.py):
+    # the tenant's admins'.
     **{
-        (method, f"{base}/inactiveTopicPolicies"): N.TENANT_ADMIN
-        for base in (NS, TOPIC)
+        (method, path): N.TENANT_ADMIN
+        for path in (
+            f"{NS}/inactiveTopicPolicies",
+            f"{TOPIC}/inactiveTopicPolicies",
+            f"{NS}/subscriptionExpirationTime",
+        )
         for method in ("GET", "POST", "DELETE")
     },
     # Per-topic caps (admin/routes_topic_limits.py): the tenant's admins', as in Pulsar.

@@ -437,6 +437,18 @@ class AdminClient:
     async def remove_inactive_topic_policies(self, target: str) -> None:
         await self.request("DELETE", f"{_policy_path(target)}/inactiveTopicPolicies")
 
+    async def get_subscription_expiration_time(self, namespace: str) -> int | None:
+        """Minutes a durable subscription may go without a consumer (0: forever; None:
+        unset, the broker's)."""
+        answer = await self.request("GET", _ns_path(namespace) + "/subscriptionExpirationTime")
+        return None if answer is None else int(answer)
+
+    async def set_subscription_expiration_time(self, namespace: str, minutes: int) -> None:
+        await self.request("POST", _ns_path(namespace) + "/subscriptionExpirationTime", minutes)
+
+    async def remove_subscription_expiration_time(self, namespace: str) -> None:
+        await self.request("DELETE", _ns_path(namespace) + "/subscriptionExpirationTime")
+
     # --- topic compaction -----------------------------------------------------------------
 
     @staticmethod

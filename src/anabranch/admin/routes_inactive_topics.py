@@ -1,17 +1,19 @@
-"""Pulsar admin v2 routes of the inactive-topic policies (``core/inactive_topics.py``
-decides, the broker's inactive-topic sweep deletes)::
+"""Pulsar admin v2 routes of the inactive-topic policies and the subscription expiration
+time (``core/inactive_topics.py`` decides, the broker's sweeps delete)::
 
     POST/GET/DELETE /admin/v2/namespaces/{t}/{ns}/inactiveTopicPolicies
     POST/GET/DELETE /admin/v2/persistent/{t}/{ns}/{topic}/inactiveTopicPolicies
+    POST/GET/DELETE /admin/v2/namespaces/{t}/{ns}/subscriptionExpirationTime   minutes
 
 The body is upstream's ``{"inactiveTopicDeleteMode": "delete_when_no_subscriptions" |
 "delete_when_subscriptions_caught_up", "maxInactiveDurationSeconds": N,
 "deleteWhileInactive": bool}``. A GET of an unset policy answers ``null``; a topic's
-``?applied=true`` answers the policy in force, the broker's settings included.
+``?applied=true`` answers the policy in force, the broker's settings included. The
+expiration time is an integer of minutes (0: never; unset: the broker's).
 
 Example:
-    >>> sorted({(r.method, r.path.split("/")[3]) for r in ROUTES})[:2]
-    [('DELETE', 'namespaces'), ('DELETE', 'persistent')]
+    >>> sorted({r.path.rsplit("/", 1)[1] for r in ROUTES})
+    ['inactiveTopicPolicies', 'subscriptionExpirationTime']
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from anabranch.errors import InvalidPolicyValue
 if TYPE_CHECKING:
     from anabranch.admin.service import AdminService
 
+EXPIRY = "/admin/v2/namespaces/{tenant}/{namespace}/subscriptionExpirationTime"
 NS = "/admin/v2/namespaces/{tenant}/{namespace}/inactiveTopicPolicies"
 TOPIC = "/admin/v2/persistent/{tenant}/{namespace}/{topic}/inactiveTopicPolicies"
 POLICY = {
@@ -128,6 +131,30 @@ async def remove_topic(admin: AdminService, request: web.Request) -> object:
     return None
 
 
+async def get_expiry(admin: AdminService, request: web.Request) -> object:
+    policies = await admin.policies.namespace_policies(namespace_param(request))
+    return policies.subscription_expiration_time_minutes
+
+
+async def set_expiry(admin: AdminService, request: web.Request) -> object:
+    minutes = await json_body(request, int, "subscriptionExpirationTime", None)
+    if minutes is None or not 0 <= minutes <= INT32_MAX:
+        raise InvalidPolicyValue(f"the expiration time must be minutes, 0 to {INT32_MAX}")
+    await admin.policies.update_namespace_policies(
+        namespace_param(request),
+        lambda p: msgspec.structs.replace(p, subscription_expiration_time_minutes=minutes),
+    )
+    return None
+
+
+async def remove_expiry(admin: AdminService, request: web.Request) -> object:
+    await admin.policies.update_namespace_policies(
+        namespace_param(request),
+        lambda p: msgspec.structs.replace(p, subscription_expiration_time_minutes=None),
+    )
+    return None
+
+
 ROUTES: list[Route] = [
     Route("GET", NS, get_namespace, "A namespace's inactive topic policies (null: unset).",
           "namespaces", response_schema=POLICY),
@@ -141,4 +168,11 @@ ROUTES: list[Route] = [
           "persistent", request_schema=POLICY, errors=(400, 404, 412)),
     Route("DELETE", TOPIC, remove_topic, "Remove a topic's inactive topic policies.",
           "persistent", errors=(404,)),
+    Route("GET", EXPIRY, get_expiry, "A namespace's subscription expiration time in minutes.",
+          "namespaces", response_schema={"type": "integer"}),
+    Route("POST", EXPIRY, set_expiry, "Set a namespace's subscription expiration time "
+          "(minutes; 0: never).", "namespaces", request_schema={"type": "integer"},
+          errors=(400, 404, 412)),
+    Route("DELETE", EXPIRY, remove_expiry, "Remove a namespace's subscription expiration time.",
+          "namespaces"),
 ]  # fmt: skip

@@ -247,6 +247,11 @@ class BrokerConfig(BaseSettings):
     ] = "delete_when_no_subscriptions"
     delete_inactive_topics_max_inactive_duration_s: float | None = Field(None, ge=0)
     """How long a topic stays unused before it goes (None: the check frequency)."""
+    subscription_expiration_time_minutes: int = Field(0, ge=0)
+    """A durable subscription without a consumer for this long is deleted (Pulsar's
+    ``subscriptionExpirationTimeMinutes``; 0, the default: never). A namespace's wins."""
+    subscription_expiry_check_interval_s: float = Field(300.0, gt=0)
+    """How often subscriptions are checked for expiry."""
 
     @field_validator(
         "max_connections",

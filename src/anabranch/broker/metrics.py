@@ -67,6 +67,8 @@ class BrokerCounters:
     """Retention/TTL/quota sweeps (or one topic's step) that raised and were logged."""
     inactive_topics_deleted: int = 0
     """Topics deleted by the inactive-topic sweep."""
+    subscriptions_expired: int = 0
+    """Subscriptions deleted after their expiration time without a consumer."""
     ledgers_offloaded: int = 0
     """Sealed ledgers copied to the object store (tiered storage)."""
     offload_failures: int = 0
@@ -234,6 +236,8 @@ class BrokerCollector(Collector):
              c.cleanup_failures),
             ("inactive_topics_deleted", "Topics deleted after their inactivity period.",
              c.inactive_topics_deleted),
+            ("subscriptions_expired", "Subscriptions deleted after their expiration time.",
+             c.subscriptions_expired),
             ("ledgers_offloaded", "Sealed ledgers offloaded to the object store "
              "(brk_ledgeroffloader_*).", c.ledgers_offloaded),
             ("offload_failures", "Offload attempts that failed; the ledger stayed hot.",

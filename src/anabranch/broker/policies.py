@@ -178,6 +178,7 @@ class NamespacePolicies(msgspec.Struct, kw_only=True):
     max_consumers_per_subscription: int | None = None
     max_subscriptions_per_topic: int | None = None
     inactive_topic_policies: InactiveTopicPoliciesRecord | None = None
+    subscription_expiration_time_minutes: int | None = None
     properties: dict[str, str] = msgspec.field(default_factory=dict)
     auth_policies: AuthPolicies = msgspec.field(default_factory=AuthPolicies)
     scalable_autoscale: dict[str, Any] | None = msgspec.field(

@@ -23,7 +23,9 @@ does not stop the others):
   move forward) or blocks producers (:class:`~anabranch.broker.backlog_quota.QuotaGate`);
 * every ``delete_inactive_topics_frequency_s``: a topic unused for longer than its
   inactive-topic policy allows (:mod:`anabranch.core.inactive_topics`) is deleted, data
-  and subscriptions included; a load of its name waits for the deletion and starts afresh.
+  and subscriptions included; a load of its name waits for the deletion and starts afresh;
+* every ``subscription_expiry_check_interval_s``: a durable subscription without a
+  consumer for longer than the expiration time is deleted.
 
 Every decision is a pure function of :mod:`anabranch.core.retention` or
 :mod:`anabranch.core.inactive_topics`; this module only gathers the inputs and acts.
@@ -47,8 +49,16 @@ from anabranch import limits
 from anabranch.broker.config import BrokerConfig
 from anabranch.broker.dispatcher_entries import entry_info
 from anabranch.broker.policies import NamespacePolicies
+from anabranch.broker.topic_limits import INTERNAL_SUBSCRIPTION_PREFIX
 from anabranch.broker.topic_policies import TopicPolicyStore
-from anabranch.core.inactive_topics import DeleteMode, InactivePolicy, due, in_use
+from anabranch.core.inactive_topics import (
+    DeleteMode,
+    InactivePolicy,
+    SubscriptionUsage,
+    due,
+    in_use,
+    subscription_expired,
+)
 from anabranch.core.names import SegmentName, TopicName, parse_name
 from anabranch.core.retention import (
     BacklogPolicy,
@@ -175,6 +185,7 @@ class RetentionSweeps:
             "backlog_quota": 0,
             "non_persistent_idle": 0,
             "inactive_topics": 0,
+            "subscription_expiry": 0,
         }
         """Completed sweeps by kind (tests wait on them; /metrics could export them)."""
         self.counters = service.counters
@@ -196,6 +207,11 @@ class RetentionSweeps:
                 self.service.sweep_idle_non_persistent,
             ),
             ("inactive_topics", c.delete_inactive_topics_frequency_s, self.sweep_inactive_topics),
+            (
+                "subscription_expiry",
+                c.subscription_expiry_check_interval_s,
+                self.sweep_expired_subscriptions,
+            ),
         ):
             loop = functools.partial(self._every, kind, interval, sweep)
             self._loops.append(
@@ -270,6 +286,38 @@ class RetentionSweeps:
             ):
                 self.counters.inactive_topics_deleted += 1
                 log.info("%s: deleted after %.0fs unused", topic.name, now - topic.last_in_use_s)
+
+        await self._each_topic(check)
+
+    async def sweep_expired_subscriptions(self) -> None:
+        """Delete each durable subscription left without a consumer for longer than its
+        namespace's expiration time, else the broker's (a segment's are left alone: a
+        scalable topic's subscription spans its segments)."""
+
+        async def check(topic: PersistentTopic, policies: NamespacePolicies) -> None:
+            if isinstance(parse_name(topic.name), SegmentName):
+                return
+            minutes = policies.subscription_expiration_time_minutes
+            if minutes is None:
+                minutes = self.config.subscription_expiration_time_minutes
+            if minutes <= 0:
+                return
+            for name, sub in list(topic.subscriptions.items()):
+                if name.startswith(INTERNAL_SUBSCRIPTION_PREFIX) or not sub.durable:
+                    continue
+                # Judged afresh after each deletion's awaits, right before this one's.
+                usage = SubscriptionUsage(
+                    len(sub.consumers), sub.pending_acks.open_count(), sub.last_active_s
+                )
+                now = self.clock.monotonic()
+                if topic.subscriptions.get(name) is not sub or not subscription_expired(
+                    usage, expiration_s=minutes * 60.0, now_s=now
+                ):
+                    continue
+                await topic.remove_subscription(name)
+                self.counters.subscriptions_expired += 1
+                log.info("%s: subscription %s expired (%d min without a consumer)",
+                         topic.name, name, minutes)  # fmt: skip
 
         await self._each_topic(check)
 

@@ -173,6 +173,8 @@ class Subscription:
         self.bytes_out = 0
         self._rates = RateWindow(limits.STATS_RATE_WINDOW_MIN_S, clock.monotonic(), (0, 0))
         self._closed = False
+        self.last_active_s = clock.monotonic()
+        """When a consumer last came, left or acknowledged (subscription expiration)."""
 
     @property
     def consumers(self) -> list[Consumer]:
@@ -225,12 +227,14 @@ class Subscription:
         caps.check_consumer(self.name, on_topic=on_topic, on_subscription=len(self.consumers))
         self.dispatcher.add_consumer(consumer)
         consumer.subscription = self
+        self.last_active_s = self.clock.monotonic()
         self.dispatcher.start()
 
     async def remove_consumer(self, consumer: Consumer) -> None:
         """Detach ``consumer``; its unacknowledged entries go to the others (or rewind)."""
         consumer.closed = True
         self.dispatcher.remove_consumer(consumer)
+        self.last_active_s = self.clock.monotonic()
         touch = getattr(self.topic, "touch", None)
         if touch is not None:
             touch()

@@ -405,6 +405,35 @@ def namespaces_get_dedup(namespace: str, output: OutputOpt = None) -> None:
     _run(lambda c: c.get_deduplication(namespace), output, f"deduplication of {namespace}")
 
 
+@namespaces_app.command("set-subscription-expiration-time")
+def namespaces_set_sub_expiry(
+    namespace: str,
+    minutes: Annotated[
+        int, typer.Option("--time", "-t", help="Minutes without a consumer (0: never).")
+    ],
+    output: OutputOpt = None,
+) -> None:
+    """Delete durable subscriptions left without a consumer this long."""
+    if minutes < 0:
+        raise typer.BadParameter("the expiration time is minutes >= 0")
+    _run(lambda c: c.set_subscription_expiration_time(namespace, minutes), output,
+         f"subscription expiration time of {namespace} set")  # fmt: skip
+
+
+@namespaces_app.command("get-subscription-expiration-time")
+def namespaces_get_sub_expiry(namespace: str, output: OutputOpt = None) -> None:
+    """The subscription expiration time in minutes (null: the broker's)."""
+    _run(lambda c: c.get_subscription_expiration_time(namespace), output,
+         f"subscription expiration time of {namespace}")  # fmt: skip
+
+
+@namespaces_app.command("remove-subscription-expiration-time")
+def namespaces_remove_sub_expiry(namespace: str, output: OutputOpt = None) -> None:
+    """Remove the namespace's subscription expiration time (the broker's applies)."""
+    _run(lambda c: c.remove_subscription_expiration_time(namespace), output,
+         f"subscription expiration time of {namespace} removed")  # fmt: skip
+
+
 _SIZE_UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
 _TIME_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
 

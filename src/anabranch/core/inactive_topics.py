@@ -1,4 +1,5 @@
-"""When an unused topic is deleted (Pulsar's inactive-topic policies), as pure decisions.
+"""When an unused topic is deleted (Pulsar's inactive-topic policies), and an unused
+subscription expires (its ``subscriptionExpirationTimeMinutes``), as pure decisions.
 
 A topic is *in use* while it has a producer or a consumer, or an open transaction wrote
 to it, and, by the mode: ``delete_when_no_subscriptions`` while it has any subscription;
@@ -6,6 +7,9 @@ to it, and, by the mode: ``delete_when_no_subscriptions`` while it has any subsc
 acknowledge. A topic not in use for ``max_inactive_s`` (measured from the last time it
 was seen in use) is deleted, with its data and subscriptions, when the policy in force
 says ``delete_while_inactive``.
+
+A durable subscription expires once it had no consumer for the expiration time (0: never),
+unless a transaction still holds acknowledgements on it.
 
 Example:
     >>> policy = InactivePolicy(True, DeleteMode.NO_SUBSCRIPTIONS, max_inactive_s=60)
@@ -62,3 +66,28 @@ def in_use(usage: TopicUsage, mode: DeleteMode) -> bool:
 def due(policy: InactivePolicy, *, last_in_use_s: float, now_s: float) -> bool:
     """Whether a topic unused since ``last_in_use_s`` is to be deleted at ``now_s``."""
     return policy.delete_while_inactive and now_s - last_in_use_s >= policy.max_inactive_s
+
+
+@dataclass(frozen=True, slots=True)
+class SubscriptionUsage:
+    """What a durable subscription has now."""
+
+    consumers: int
+    open_transactions: int
+    last_active_s: float
+    """When a consumer last came or left (or the subscription was loaded)."""
+
+
+def subscription_expired(usage: SubscriptionUsage, *, expiration_s: float, now_s: float) -> bool:
+    """Whether the subscription is to be deleted (``expiration_s`` 0: never).
+
+    Example:
+        >>> idle = SubscriptionUsage(consumers=0, open_transactions=0, last_active_s=0.0)
+        >>> subscription_expired(idle, expiration_s=600, now_s=599.0)
+        False
+        >>> subscription_expired(idle, expiration_s=600, now_s=600.0)
+        True
+    """
+    if expiration_s <= 0 or usage.consumers or usage.open_transactions:
+        return False
+    return now_s - usage.last_active_s >= expiration_s

@@ -131,6 +131,9 @@ class MetadataPendingAckStore:
 
     # --- PendingAckStore ------------------------------------------------------------------
 
+    def open_count(self) -> int:
+        return len(self._txns) + len(self._joining)
+
     def is_pending(self, position: Position) -> bool:
         if position in self._held:
             return True

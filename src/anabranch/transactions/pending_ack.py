@@ -36,6 +36,10 @@ class PendingAckStore(Protocol):
         """True when a transaction holds an ack of ``position`` (not redelivered)."""
         ...
 
+    def open_count(self) -> int:
+        """Transactions holding acks here that have not ended yet."""
+        ...
+
     async def close(self) -> None: ...
 
 
@@ -62,6 +66,9 @@ class NoPendingAckStore:
 
     def is_pending(self, position: Position) -> bool:
         return False
+
+    def open_count(self) -> int:
+        return 0
 
     async def close(self) -> None:
         return None
