@@ -1,5 +1,6 @@
-"""``anabranch admin namespaces`` retention, message TTL and backlog-quota commands
-(pulsar-admin's names and units) against a broker running in a thread."""
+"""``anabranch admin namespaces`` retention, message TTL, backlog-quota, inactive-topic,
+subscription-expiration and publish-rate commands (pulsar-admin's names and units) against
+a broker running in a thread."""
 
 from __future__ import annotations
 
@@ -107,3 +108,14 @@ def test_subscription_expiration_commands(admin_url: str) -> None:
     cli(admin_url, "namespaces", "set-subscription-expiration-time", NS, "-t", "-5", code=2)
     cli(admin_url, "namespaces", "remove-subscription-expiration-time", NS)
     assert cli_json(admin_url, "namespaces", "get-subscription-expiration-time", NS) is None
+
+
+def test_publish_rate_commands(admin_url: str) -> None:
+    cli(admin_url, "namespaces", "set-publish-rate", NS, "-m", "500", "-b", "1048576")
+    assert cli_json(admin_url, "namespaces", "get-publish-rate", NS) == {
+        "publishThrottlingRateInMsg": 500,
+        "publishThrottlingRateInByte": 1048576,
+    }
+    cli(admin_url, "namespaces", "set-publish-rate", NS, "-m", "-7", code=1)
+    cli(admin_url, "namespaces", "remove-publish-rate", NS)
+    assert cli_json(admin_url, "namespaces", "get-publish-rate", NS) is None

@@ -266,14 +266,16 @@ ROUTE_ACCESS: dict[tuple[str, str], Need] = {
         for base in (NS, TOPIC)
         for method in ("GET", "POST", "DELETE")
     },
-    # Inactive topic policies, subscription expiration (admin/routes_inactive_topics.py):
-    # the tenant's admins'.
+    # Inactive topic policies, subscription expiration (admin/routes_inactive_topics.py),
+    # publish rates (admin/routes_publish_rate.py): the tenant's admins'.
     **{
         (method, path): N.TENANT_ADMIN
         for path in (
             f"{NS}/inactiveTopicPolicies",
             f"{TOPIC}/inactiveTopicPolicies",
             f"{NS}/subscriptionExpirationTime",
+            f"{NS}/publishRate",
+            f"{TOPIC}/publishRate",
         )
         for method in ("GET", "POST", "DELETE")
     },

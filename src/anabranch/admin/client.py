@@ -449,6 +449,23 @@ class AdminClient:
     async def remove_subscription_expiration_time(self, namespace: str) -> None:
         await self.request("DELETE", _ns_path(namespace) + "/subscriptionExpirationTime")
 
+    async def get_publish_rate(
+        self, target: str, *, applied: bool = False
+    ) -> dict[str, int] | None:
+        """``{"publishThrottlingRateInMsg", "publishThrottlingRateInByte"}`` of a namespace
+        or topic (-1: no limit; None: unset); ``applied``: the rate in force on a topic."""
+        query = "?applied=true" if applied else ""
+        answer = await self.request("GET", f"{_policy_path(target)}/publishRate{query}")
+        return None if answer is None else dict(answer)
+
+    async def set_publish_rate(self, target: str, *, messages: int = -1, size: int = -1) -> None:
+        """Messages and payload bytes per second a topic takes (-1: no limit)."""
+        body = {"publishThrottlingRateInMsg": messages, "publishThrottlingRateInByte": size}
+        await self.request("POST", f"{_policy_path(target)}/publishRate", body)
+
+    async def remove_publish_rate(self, target: str) -> None:
+        await self.request("DELETE", f"{_policy_path(target)}/publishRate")
+
     # --- topic compaction -----------------------------------------------------------------
 
     @staticmethod

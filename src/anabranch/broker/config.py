@@ -252,6 +252,15 @@ class BrokerConfig(BaseSettings):
     ``subscriptionExpirationTimeMinutes``; 0, the default: never). A namespace's wins."""
     subscription_expiry_check_interval_s: float = Field(300.0, gt=0)
     """How often subscriptions are checked for expiry."""
+    max_publish_rate_per_topic_in_messages: int = 0
+    """Messages per second one topic takes before its producers' connections are paused
+    (Pulsar's ``maxPublishRatePerTopicInMessages``; 0 or less: no limit). A namespace's
+    or topic's ``publishRate`` wins."""
+    max_publish_rate_per_topic_in_bytes: int = 0
+    """The same in payload bytes per second."""
+    publish_rate_refresh_interval_s: float = Field(10.0, gt=0)
+    """How often loaded topics take up changed publish rates set on another broker (a
+    change made through this broker applies at once)."""
 
     @field_validator(
         "max_connections",

@@ -69,6 +69,8 @@ class BrokerCounters:
     """Topics deleted by the inactive-topic sweep."""
     subscriptions_expired: int = 0
     """Subscriptions deleted after their expiration time without a consumer."""
+    publish_throttled: int = 0
+    """Sends that put a topic over its publish rate (their connection paused reading)."""
     ledgers_offloaded: int = 0
     """Sealed ledgers copied to the object store (tiered storage)."""
     offload_failures: int = 0
@@ -238,6 +240,8 @@ class BrokerCollector(Collector):
              c.inactive_topics_deleted),
             ("subscriptions_expired", "Subscriptions deleted after their expiration time.",
              c.subscriptions_expired),
+            ("publish_throttled", "Sends over a topic's publish rate: their connection "
+             "paused (pulsar_publish_rate_limit_times).", c.publish_throttled),
             ("ledgers_offloaded", "Sealed ledgers offloaded to the object store "
              "(brk_ledgeroffloader_*).", c.ledgers_offloaded),
             ("offload_failures", "Offload attempts that failed; the ledger stayed hot.",

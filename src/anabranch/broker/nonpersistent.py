@@ -41,6 +41,7 @@ from anabranch.broker.producer_access import ProducerAccess
 from anabranch.broker.topic_limits import NO_LIMITS, TopicLimits
 from anabranch.clock import Clock
 from anabranch.core.names import TopicName
+from anabranch.core.publish_rate import PublishThrottle
 from anabranch.core.rate_window import RateWindow
 from anabranch.errors import (
     Closed,
@@ -72,6 +73,8 @@ class NonPersistentTopic(ProducerAccess):
         parsed = TopicName.parse(name)
         self.partition = parsed.partition if parsed.partition is not None else -1
         self.subscriptions: dict[str, NonPersistentSubscription] = {}
+        self.publish_throttle: PublishThrottle | None = None
+        """The buckets of the topic's publish rate (``broker/publish_throttling.py``)."""
         self.producers: dict[str, Producer] = {}
         self.topic_epoch = 0
         self._exclusive: str | None = None

@@ -106,6 +106,13 @@ class InactiveTopicPoliciesRecord(msgspec.Struct, kw_only=True, rename="camel"):
     delete_while_inactive: bool = False
 
 
+class PublishRateRecord(msgspec.Struct, kw_only=True, rename="camel"):
+    """Pulsar's ``PublishRate`` JSON (-1: no limit)."""
+
+    publish_throttling_rate_in_msg: int = -1
+    publish_throttling_rate_in_byte: int = -1
+
+
 class BacklogQuotaRecord(msgspec.Struct, kw_only=True):
     """One backlog quota as Pulsar's admin JSON has it (``limitSize`` bytes, ``limitTime``
     seconds, -1 unlimited; ``policy`` one of ``producer_request_hold``,
@@ -179,6 +186,10 @@ class NamespacePolicies(msgspec.Struct, kw_only=True):
     max_subscriptions_per_topic: int | None = None
     inactive_topic_policies: InactiveTopicPoliciesRecord | None = None
     subscription_expiration_time_minutes: int | None = None
+    publish_max_message_rate: dict[str, PublishRateRecord] = msgspec.field(
+        default_factory=dict, name="publishMaxMessageRate"
+    )
+    """Keyed by cluster name, as upstream (a namespace may span clusters)."""
     properties: dict[str, str] = msgspec.field(default_factory=dict)
     auth_policies: AuthPolicies = msgspec.field(default_factory=AuthPolicies)
     scalable_autoscale: dict[str, Any] | None = msgspec.field(

@@ -97,6 +97,16 @@ class Producer:
         else:
             self.msg_in += max(cmd.num_messages, 1)
             self.bytes_in += len(frame.entry)
+            throttle = self.topic.publish_throttle
+            if throttle is not None:
+                delay = throttle.take(
+                    messages=max(cmd.num_messages, 1),
+                    size=len(frame.payload),
+                    now=self.session.service.clock.monotonic(),
+                )
+                if delay > 0:
+                    self.session.service.counters.publish_throttled += 1
+                    self.session.throttle(delay)
         self.pending.append((cmd.sequence_id, highest, future))
         self.session.pending_appends += 1
         if future.done():

@@ -25,7 +25,9 @@ does not stop the others):
   inactive-topic policy allows (:mod:`anabranch.core.inactive_topics`) is deleted, data
   and subscriptions included; a load of its name waits for the deletion and starts afresh;
 * every ``subscription_expiry_check_interval_s``: a durable subscription without a
-  consumer for longer than the expiration time is deleted.
+  consumer for longer than the expiration time is deleted;
+* every ``publish_rate_refresh_interval_s``: each loaded topic takes up its publish rate
+  as set now (a change made on another broker of a cluster).
 
 Every decision is a pure function of :mod:`anabranch.core.retention` or
 :mod:`anabranch.core.inactive_topics`; this module only gathers the inputs and acts.
@@ -49,6 +51,7 @@ from anabranch import limits
 from anabranch.broker.config import BrokerConfig
 from anabranch.broker.dispatcher_entries import entry_info
 from anabranch.broker.policies import NamespacePolicies
+from anabranch.broker.publish_throttling import publish_rate_of, put_in_force
 from anabranch.broker.topic_limits import INTERNAL_SUBSCRIPTION_PREFIX
 from anabranch.broker.topic_policies import TopicPolicyStore
 from anabranch.core.inactive_topics import (
@@ -84,6 +87,7 @@ from anabranch.storage.api import Cursor, ManagedLedger, Position
 from anabranch.supervisor import Supervised
 
 if TYPE_CHECKING:
+    from anabranch.broker.nonpersistent import NonPersistentTopic
     from anabranch.broker.service import BrokerService
     from anabranch.broker.topic import PersistentTopic
     from anabranch.scalable.controller import ScalableTopicController
@@ -186,6 +190,7 @@ class RetentionSweeps:
             "non_persistent_idle": 0,
             "inactive_topics": 0,
             "subscription_expiry": 0,
+            "publish_rates": 0,
         }
         """Completed sweeps by kind (tests wait on them; /metrics could export them)."""
         self.counters = service.counters
@@ -212,6 +217,7 @@ class RetentionSweeps:
                 c.subscription_expiry_check_interval_s,
                 self.sweep_expired_subscriptions,
             ),
+            ("publish_rates", c.publish_rate_refresh_interval_s, self.sweep_publish_rates),
         ):
             loop = functools.partial(self._every, kind, interval, sweep)
             self._loops.append(
@@ -320,6 +326,43 @@ class RetentionSweeps:
                          topic.name, name, minutes)  # fmt: skip
 
         await self._each_topic(check)
+
+    # --- publish rates --------------------------------------------------------------------------
+
+    async def sweep_publish_rates(self) -> None:
+        """Put every loaded topic's current publish rate in force: one read per namespace
+        and per topic that has its own policies (``broker/publish_throttling.py``)."""
+        namespaces: dict[str, NamespacePolicies | None] = {}
+        overridden: dict[tuple[str, str], frozenset[str]] = {}
+        service = self.service
+        topics: list[PersistentTopic | NonPersistentTopic] = [
+            *service.loaded_topics(),
+            *service.loaded_non_persistent_topics(),
+        ]
+        for topic in topics:
+            try:
+                name = parse_name(topic.name)
+                base = name.topic if isinstance(name, SegmentName) else name
+                ns = f"{base.tenant}/{base.namespace}"
+                if ns not in namespaces:
+                    try:
+                        namespaces[ns] = await service.policies.namespace_policies(ns)
+                    except NotFound:
+                        namespaces[ns] = None
+                domain = base.domain.value
+                if (ns, domain) not in overridden:
+                    overridden[ns, domain] = await self._topic_policies.overridden(ns, domain)
+                policies = namespaces[ns]
+                if policies is None:
+                    continue
+                own = None
+                if base.base.local_name in overridden[ns, domain]:
+                    own = await self._topic_policies.get(base)
+                rate = publish_rate_of(self.config, policies, own)
+                put_in_force(topic, rate, self.clock.monotonic())
+            except Exception:
+                self.counters.cleanup_failures += 1
+                log.exception("%s: putting its publish rate in force failed", topic.name)
 
     # --- retention ----------------------------------------------------------------------------
 

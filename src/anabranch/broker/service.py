@@ -53,6 +53,7 @@ from anabranch.broker.metrics import BrokerCounters
 from anabranch.broker.nonpersistent import NonPersistentTopic
 from anabranch.broker.offload import Offloader
 from anabranch.broker.policies import NamespacePolicies, Policies
+from anabranch.broker.publish_throttling import publish_rate_of, put_in_force
 from anabranch.broker.retention import RetentionSweeps, retention_of
 from anabranch.broker.scalable_commands import ScalableEndpoint
 from anabranch.broker.schema import SchemaRegistry
@@ -393,6 +394,7 @@ class BrokerService:
             topic = NonPersistentTopic(key, clock=self.clock, incarnation=self._np_incarnation)
             self._np_topics[key] = topic
             log.info("loaded non-persistent topic %s", key)
+            await self.put_publish_rate_in_force(topic)
         return topic
 
     async def _check_non_persistent(self, name: TopicName, *, create: bool) -> None:
@@ -483,6 +485,7 @@ class BrokerService:
             if isinstance(name, SegmentName):
                 topic.on_drained = self.scalable.segment_drained
             topic.on_storage_failure = self._storage_failed
+            await self.put_publish_rate_in_force(topic)
         except BaseException:
             await ledger.close()
             raise
@@ -611,6 +614,21 @@ class BrokerService:
     def loaded_topics(self) -> list[PersistentTopic]:
         """Topics loaded on this broker now."""
         return list(self._topics.values())
+
+    async def put_publish_rate_in_force(self, topic: PersistentTopic | NonPersistentTopic) -> None:
+        """Give a topic just loaded its publish rate (``broker/publish_throttling.py``; the
+        sweep keeps it up to date)."""
+        name = canonical_topic(topic.name)
+        base = name.topic if isinstance(name, SegmentName) else name
+        try:
+            namespace, overrides = await asyncio.gather(
+                self.policies.namespace_policies(f"{base.tenant}/{base.namespace}"),
+                TopicPolicyStore(self.store).get(base),
+            )
+        except NotFound:
+            return  # its namespace is being deleted: nothing to publish to for long
+        rate = publish_rate_of(self.config, namespace, overrides)
+        put_in_force(topic, rate, self.clock.monotonic())
 
     def loaded_topic(self, name: str) -> PersistentTopic | None:
         """The topic if it is loaded here, without loading it."""

@@ -38,9 +38,11 @@ client command absent from the table gets ERROR and a close. When the connection
 
 Reading from the socket pauses while too many appends are pending, too many commands
 are queued, or the socket's output buffer is over its high-water mark
-(``limits.SESSION_*``), and resumes below the low marks. The worker itself stops taking
-commands while ``SESSION_PENDING_APPENDS_MAX`` appends are pending, so that bound holds
-exactly (frames already read wait in the queue, which the pause bounds).
+(``limits.SESSION_*``), and resumes below the low marks; it also pauses for as long as a
+topic the connection just published to is over its publish rate (:meth:`Session.throttle`).
+The worker itself stops taking commands while ``SESSION_PENDING_APPENDS_MAX`` appends are
+pending, and while a publish-rate pause lasts, so those bounds hold exactly (frames
+already read wait in the queue, which the pause bounds).
 
 Example:
     >>> # server.py: session = Session(service, transport); session.data_received(data)
@@ -138,6 +140,8 @@ class Session:
         self._task_slots = asyncio.Semaphore(limits.SESSION_HANDLER_TASKS_MAX)
         self._write_paused = False
         self._reading_paused = False
+        self._throttle: asyncio.TimerHandle | None = None
+        """Ends a pause of reading for a topic over its publish rate (:meth:`throttle`)."""
         self._on_close: list[Callable[[Session], None]] = []
         self._closing: set[asyncio.Future[Any]] = set()
         self._loop = asyncio.get_running_loop()
@@ -301,6 +305,8 @@ class Session:
             while self._queue and not self.closed:
                 if self.pending_appends >= limits.SESSION_PENDING_APPENDS_MAX:
                     break  # the rest waits for receipts; update_reading wakes us
+                if self._throttle is not None:
+                    break  # over a publish rate: frames read already wait too
                 frame = self._queue.popleft()
                 await self._dispatch(frame)
                 handled += 1
@@ -383,16 +389,33 @@ class Session:
         self._write_paused = paused
         self.update_reading()
 
+    def throttle(self, delay_s: float) -> None:
+        """Stop reading this connection for ``delay_s`` seconds (or longer, if a pause
+        already runs that long): a topic it publishes to is over its publish rate, as
+        upstream stops reading a throttled producer's connection."""
+        until = self._loop.time() + delay_s
+        if self.closed or (self._throttle is not None and self._throttle.when() >= until):
+            return
+        if self._throttle is not None:
+            self._throttle.cancel()
+        self._throttle = self._loop.call_at(until, self._end_throttle)
+        self.update_reading()
+
+    def _end_throttle(self) -> None:
+        self._throttle = None
+        self.update_reading()
+
     def update_reading(self) -> None:
         """Pause or resume reading the socket per the bounds in the module docstring."""
         if self.closed:
             return
         pending, queued = self.pending_appends, len(self._queue)
-        if queued and pending < limits.SESSION_PENDING_APPENDS_MAX:
-            self._wakeup.set()  # the worker stopped at the bound; there is room again
+        if queued and pending < limits.SESSION_PENDING_APPENDS_MAX and self._throttle is None:
+            self._wakeup.set()  # the worker stopped at a bound; there is room again
         if self._reading_paused:
             if (
                 not self._write_paused
+                and self._throttle is None
                 and pending <= limits.SESSION_PENDING_APPENDS_MAX // 2
                 and queued <= limits.SESSION_COMMAND_QUEUE_MAX // 2
             ):
@@ -400,6 +423,7 @@ class Session:
                 self.transport.resume_reading()
         elif (
             self._write_paused
+            or self._throttle is not None
             or pending >= limits.SESSION_PENDING_APPENDS_MAX
             or queued > limits.SESSION_COMMAND_QUEUE_MAX
         ):
@@ -461,6 +485,9 @@ class Session:
             return
         self.flush()  # what was written before the close still goes out
         self.closed = True
+        if self._throttle is not None:
+            self._throttle.cancel()
+            self._throttle = None
         self.protocol.close()
         self._queue.clear()
         for producer in list(self.producers.values()):

@@ -43,6 +43,7 @@ from anabranch.broker.topic_limits import INTERNAL_SUBSCRIPTION_PREFIX, NO_LIMIT
 from anabranch.clock import Clock
 from anabranch.core.dedup import DedupState, DedupVerdict
 from anabranch.core.inactive_topics import TopicUsage
+from anabranch.core.publish_rate import PublishThrottle
 from anabranch.core.rate_window import RateWindow
 from anabranch.errors import (
     Closed,
@@ -154,6 +155,8 @@ class PersistentTopic(ProducerAccess):
         """Subscriptions being created (they count against the topic's cap)."""
         self.last_in_use_s = clock.monotonic()
         """When the topic was last seen in use (:meth:`touch`; the inactive-topic sweep)."""
+        self.publish_throttle: PublishThrottle | None = None
+        """The buckets of the topic's publish rate; None: no limit (publish_throttling.py)."""
         self.compaction: Any = None
         """The topic's ``broker.compaction.TopicCompaction`` once compaction was used."""
         self._exclusive: str | None = None

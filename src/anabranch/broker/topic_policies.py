@@ -28,6 +28,7 @@ from anabranch.broker.policies import (
     InactiveTopicPoliciesRecord,
     NamespacePolicies,
     OffloadPoliciesRecord,
+    PublishRateRecord,
     RetentionPolicies,
 )
 from anabranch.core.names import TopicName
@@ -61,6 +62,9 @@ class TopicPolicies(msgspec.Struct, kw_only=True):
     inactive_topic_policies: InactiveTopicPoliciesRecord | None = msgspec.field(
         default=None, name="inactiveTopicPolicies"
     )
+    publish_rate: PublishRateRecord | None = msgspec.field(default=None, name="publishRate")
+    """Not merged by :meth:`over` (the namespace's is per cluster): see
+    ``broker/publish_throttling.py``."""
 
     def over(self, namespace: NamespacePolicies) -> NamespacePolicies:
         """The namespace's policies with this topic's overrides applied.
@@ -174,10 +178,10 @@ class TopicPolicyStore:
             return new
         raise BadVersion(path, None, -1)
 
-    async def overridden(self, namespace: str) -> frozenset[str]:
-        """Local names of the persistent topics of ``namespace`` (``tenant/ns``) that have
+    async def overridden(self, namespace: str, domain: str = "persistent") -> frozenset[str]:
+        """Local names of the ``domain`` topics of ``namespace`` (``tenant/ns``) that have
         overrides: one listing, so a sweep reads records only for those."""
-        children = await self.store.list_children(f"{TOPIC_POLICIES}/{namespace}/persistent")
+        children = await self.store.list_children(f"{TOPIC_POLICIES}/{namespace}/{domain}")
         return frozenset(children)
 
     async def delete(self, topic: TopicName) -> None:

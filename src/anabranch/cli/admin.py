@@ -620,6 +620,37 @@ def _policy_commands(app: typer.Typer) -> None:
         _run(lambda c: c.remove_inactive_topic_policies(target), output,
              f"inactive topic policies of {target} removed")  # fmt: skip
 
+    @app.command("set-publish-rate")
+    def set_publish_rate(
+        target: Target,
+        messages: Annotated[
+            int, typer.Option("--msg-publish-rate", "-m", help="Messages/s (-1: no limit).")
+        ] = -1,
+        size: Annotated[
+            int, typer.Option("--byte-publish-rate", "-b", help="Bytes/s (-1: no limit).")
+        ] = -1,
+        output: OutputOpt = None,
+    ) -> None:
+        """Set how fast producers may publish to a topic (each topic of a namespace)."""
+        _run(lambda c: c.set_publish_rate(target, messages=messages, size=size), output,
+             f"publish rate of {target} set")  # fmt: skip
+
+    @app.command("get-publish-rate")
+    def get_publish_rate(
+        target: Target,
+        applied: Annotated[bool, typer.Option(help="The rate in force on a topic.")] = False,
+        output: OutputOpt = None,
+    ) -> None:
+        """The publish rate (null: unset)."""
+        _run(lambda c: c.get_publish_rate(target, applied=applied), output,
+             f"publish rate of {target}")  # fmt: skip
+
+    @app.command("remove-publish-rate")
+    def remove_publish_rate(target: Target, output: OutputOpt = None) -> None:
+        """Remove the publish rate (the next level's applies)."""
+        _run(lambda c: c.remove_publish_rate(target), output,
+             f"publish rate of {target} removed")  # fmt: skip
+
 
 _policy_commands(namespaces_app)
 _policy_commands(topics_app)
