@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import msgspec
 from aiohttp import web
 
 from anabranch import limits
@@ -104,6 +105,8 @@ async def json_body(request: web.Request, kind: type[Any], what: str, default: A
 
 
 BODY_LIMIT = limits.ADMIN_REQUEST_BODY_BYTES_MAX
+INT32_MAX = 2**31 - 1
+"""The largest value of a policy field that is a Java ``int`` upstream."""
 
 
 async def policy_topic(admin: AdminService, request: web.Request) -> TopicName:
@@ -113,6 +116,21 @@ async def policy_topic(admin: AdminService, request: web.Request) -> TopicName:
     if await admin.policies.get_partitions(name) == 0 and not await admin.topic_exists(name):
         raise NotFound(f"topic {name}")
     return name
+
+
+async def set_namespace_fields(admin: AdminService, request: web.Request, **fields: Any) -> None:
+    """Set fields of the path's namespace policies (None: unset), by compare-and-set."""
+    await admin.policies.update_namespace_policies(
+        namespace_param(request), lambda p: msgspec.structs.replace(p, **fields)
+    )
+
+
+async def set_topic_fields(admin: AdminService, request: web.Request, **fields: Any) -> None:
+    """Set fields of the path's topic policies (None: unset), by compare-and-set."""
+    topic = await policy_topic(admin, request)
+    await TopicPolicyStore(admin.broker.store).update(
+        topic, lambda p: msgspec.structs.replace(p, **fields)
+    )
 
 
 async def partition_count(request: web.Request) -> int:

@@ -24,17 +24,19 @@ import msgspec
 from aiohttp import web
 
 from anabranch.admin.routes import (
+    INT32_MAX,
     Route,
     applied_policies,
     flag,
     json_body,
     namespace_param,
     policy_topic,
+    set_namespace_fields,
+    set_topic_fields,
 )
-from anabranch.admin.routes_topic_limits import INT32_MAX
 from anabranch.broker.policies import InactiveTopicPoliciesRecord
 from anabranch.broker.retention import inactive_policy_of
-from anabranch.broker.topic_policies import TopicPolicies, TopicPolicyStore
+from anabranch.broker.topic_policies import TopicPolicyStore
 from anabranch.core.inactive_topics import DeleteMode
 from anabranch.errors import InvalidPolicyValue
 
@@ -80,19 +82,12 @@ async def get_namespace(admin: AdminService, request: web.Request) -> object:
 
 
 async def set_namespace(admin: AdminService, request: web.Request) -> object:
-    value = await _body(request)
-    await admin.policies.update_namespace_policies(
-        namespace_param(request),
-        lambda p: msgspec.structs.replace(p, inactive_topic_policies=value),
-    )
+    await set_namespace_fields(admin, request, inactive_topic_policies=await _body(request))
     return None
 
 
 async def remove_namespace(admin: AdminService, request: web.Request) -> object:
-    await admin.policies.update_namespace_policies(
-        namespace_param(request),
-        lambda p: msgspec.structs.replace(p, inactive_topic_policies=None),
-    )
+    await set_namespace_fields(admin, request, inactive_topic_policies=None)
     return None
 
 
@@ -110,24 +105,13 @@ async def get_topic(admin: AdminService, request: web.Request) -> object:
     return _out((await TopicPolicyStore(admin.broker.store).get(topic)).inactive_topic_policies)
 
 
-async def _update_topic(
-    admin: AdminService, request: web.Request, value: InactiveTopicPoliciesRecord | None
-) -> None:
-    topic = await policy_topic(admin, request)
-
-    def change(p: TopicPolicies) -> TopicPolicies:
-        return msgspec.structs.replace(p, inactive_topic_policies=value)
-
-    await TopicPolicyStore(admin.broker.store).update(topic, change)
-
-
 async def set_topic(admin: AdminService, request: web.Request) -> object:
-    await _update_topic(admin, request, await _body(request))
+    await set_topic_fields(admin, request, inactive_topic_policies=await _body(request))
     return None
 
 
 async def remove_topic(admin: AdminService, request: web.Request) -> object:
-    await _update_topic(admin, request, None)
+    await set_topic_fields(admin, request, inactive_topic_policies=None)
     return None
 
 
@@ -140,18 +124,12 @@ async def set_expiry(admin: AdminService, request: web.Request) -> object:
     minutes = await json_body(request, int, "subscriptionExpirationTime", None)
     if minutes is None or not 0 <= minutes <= INT32_MAX:
         raise InvalidPolicyValue(f"the expiration time must be minutes, 0 to {INT32_MAX}")
-    await admin.policies.update_namespace_policies(
-        namespace_param(request),
-        lambda p: msgspec.structs.replace(p, subscription_expiration_time_minutes=minutes),
-    )
+    await set_namespace_fields(admin, request, subscription_expiration_time_minutes=minutes)
     return None
 
 
 async def remove_expiry(admin: AdminService, request: web.Request) -> object:
-    await admin.policies.update_namespace_policies(
-        namespace_param(request),
-        lambda p: msgspec.structs.replace(p, subscription_expiration_time_minutes=None),
-    )
+    await set_namespace_fields(admin, request, subscription_expiration_time_minutes=None)
     return None
 
 

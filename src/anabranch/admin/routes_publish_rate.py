@@ -22,16 +22,17 @@ import msgspec
 from aiohttp import web
 
 from anabranch.admin.routes import (
+    INT32_MAX,
     Route,
     flag,
     json_body,
     namespace_param,
     policy_topic,
+    set_topic_fields,
 )
-from anabranch.admin.routes_topic_limits import INT32_MAX
 from anabranch.broker.policies import NamespacePolicies, PublishRateRecord
 from anabranch.broker.publish_throttling import publish_rate_of
-from anabranch.broker.topic_policies import TopicPolicies, TopicPolicyStore
+from anabranch.broker.topic_policies import TopicPolicyStore
 from anabranch.errors import InvalidPolicyValue
 
 if TYPE_CHECKING:
@@ -116,25 +117,15 @@ async def get_topic(admin: AdminService, request: web.Request) -> object:
     return _out(own.publish_rate)
 
 
-async def _update_topic(
-    admin: AdminService, request: web.Request, value: PublishRateRecord | None
-) -> None:
-    topic = await policy_topic(admin, request)
-
-    def change(p: TopicPolicies) -> TopicPolicies:
-        return msgspec.structs.replace(p, publish_rate=value)
-
-    await TopicPolicyStore(admin.broker.store).update(topic, change)
-    await _changed(admin)
-
-
 async def set_topic(admin: AdminService, request: web.Request) -> object:
-    await _update_topic(admin, request, await _body(request))
+    await set_topic_fields(admin, request, publish_rate=await _body(request))
+    await _changed(admin)
     return None
 
 
 async def remove_topic(admin: AdminService, request: web.Request) -> object:
-    await _update_topic(admin, request, None)
+    await set_topic_fields(admin, request, publish_rate=None)
+    await _changed(admin)
     return None
 
 

@@ -24,18 +24,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import msgspec
 from aiohttp import web
 
 from anabranch.admin.routes import (
+    INT32_MAX,
     Route,
     applied_policies,
     flag,
     json_body,
     namespace_param,
     policy_topic,
+    set_namespace_fields,
+    set_topic_fields,
 )
-from anabranch.broker.topic_policies import TopicPolicies, TopicPolicyStore
+from anabranch.broker.topic_policies import TopicPolicyStore
 from anabranch.errors import InvalidPolicyValue
 
 if TYPE_CHECKING:
@@ -44,7 +46,6 @@ if TYPE_CHECKING:
 NS = "/admin/v2/namespaces/{tenant}/{namespace}"
 TOPIC = "/admin/v2/persistent/{tenant}/{namespace}/{topic}"
 INTEGER = {"type": "integer"}
-INT32_MAX = 2**31 - 1
 
 
 @dataclass(frozen=True)
@@ -88,16 +89,11 @@ def _namespace_routes(cap: Cap) -> list[Route]:
         return getattr(policies, cap.field)
 
     async def set_(admin: AdminService, request: web.Request) -> object:
-        value = await _value(request, cap)
-        await admin.policies.update_namespace_policies(
-            namespace_param(request), lambda p: msgspec.structs.replace(p, **{cap.field: value})
-        )
+        await set_namespace_fields(admin, request, **{cap.field: await _value(request, cap)})
         return None
 
     async def remove(admin: AdminService, request: web.Request) -> object:
-        await admin.policies.update_namespace_policies(
-            namespace_param(request), lambda p: msgspec.structs.replace(p, **{cap.field: None})
-        )
+        await set_namespace_fields(admin, request, **{cap.field: None})
         return None
 
     path = f"{NS}/{cap.namespace_route}"
@@ -118,20 +114,12 @@ def _topic_routes(cap: Cap) -> list[Route]:
             return value if value is not None else getattr(admin.broker.config, cap.field)
         return getattr(await TopicPolicyStore(admin.broker.store).get(topic), cap.topic_field)
 
-    async def update(admin: AdminService, request: web.Request, value: int | None) -> None:
-        topic = await policy_topic(admin, request)
-
-        def change(p: TopicPolicies) -> TopicPolicies:
-            return msgspec.structs.replace(p, **{cap.topic_field: value})
-
-        await TopicPolicyStore(admin.broker.store).update(topic, change)
-
     async def set_(admin: AdminService, request: web.Request) -> object:
-        await update(admin, request, await _value(request, cap))
+        await set_topic_fields(admin, request, **{cap.topic_field: await _value(request, cap)})
         return None
 
     async def remove(admin: AdminService, request: web.Request) -> object:
-        await update(admin, request, None)
+        await set_topic_fields(admin, request, **{cap.topic_field: None})
         return None
 
     path = f"{TOPIC}/{cap.topic_route}"
