@@ -1,5 +1,5 @@
-"""The broker's cleanup sweeps: retention, message TTL, backlog quotas, segment pruning,
-unused topics.
+"""The broker's periodic policy sweeps: retention, message TTL, backlog quotas, segment
+pruning, unused topics and subscriptions, and publish rates.
 
 Theory of operation
 -------------------
@@ -29,8 +29,9 @@ does not stop the others):
 * every ``publish_rate_refresh_interval_s``: each loaded topic takes up its publish rate
   as set now (a change made on another broker of a cluster).
 
-Every decision is a pure function of :mod:`anabranch.core.retention` or
-:mod:`anabranch.core.inactive_topics`; this module only gathers the inputs and acts.
+Every decision is a pure function (:mod:`anabranch.core.retention`,
+:mod:`anabranch.core.inactive_topics`, ``broker/publish_throttling.py``); this module only
+gathers the inputs and acts.
 
 Example:
     >>> async def demo(service: BrokerService) -> None:
