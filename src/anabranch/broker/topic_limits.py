@@ -59,16 +59,6 @@ class TopicLimits:
         ]
         return cls(*caps) if caps else cls()
 
-    @property
-    def unlimited(self) -> bool:
-        """No cap at all (nothing to count)."""
-        return not (
-            self.max_producers
-            or self.max_consumers
-            or self.max_consumers_per_subscription
-            or self.max_subscriptions
-        )
-
     def check_producer(self, topic: str, *, producers: int) -> None:
         """Raise ProducerBusy when ``producers`` (connected or waiting) fill the cap."""
         if self.max_producers and producers >= self.max_producers:
