@@ -9,6 +9,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pulsar
@@ -18,7 +19,7 @@ from hypothesis import strategies as st
 
 from anabranch.admin.client import AdminClient, AdminHttpError
 from anabranch.aio import Client
-from anabranch.broker.topic_limits import TopicLimits
+from anabranch.broker.topic_limits import CAP_FIELDS, TopicLimits
 from anabranch.client.errors import ConsumerBusy
 from anabranch.errors import NotAllowed, ProducerBusy
 from anabranch.testing.broker import InProcessBroker
@@ -53,7 +54,10 @@ level = st.tuples(cap_value, cap_value, cap_value, cap_value)
 
 @given(st.lists(level, max_size=4))
 def test_each_cap_is_the_first_level_that_sets_it(levels: list[Any]) -> None:
-    caps = TopicLimits.resolve(levels)
+    # Each level as the policies and the config hold it: the caps by their field names.
+    caps = TopicLimits.resolve(
+        *(SimpleNamespace(**dict(zip(CAP_FIELDS, lv, strict=True))) for lv in levels)
+    )
     got = (
         caps.max_producers,
         caps.max_consumers,

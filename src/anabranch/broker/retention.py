@@ -45,8 +45,8 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable, Iterable
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from anabranch import limits
 from anabranch.broker.config import BrokerConfig
@@ -54,7 +54,7 @@ from anabranch.broker.dispatcher_entries import entry_info
 from anabranch.broker.policies import NamespacePolicies
 from anabranch.broker.publish_throttling import publish_rate_of, put_in_force
 from anabranch.broker.topic_limits import INTERNAL_SUBSCRIPTION_PREFIX
-from anabranch.broker.topic_policies import TopicPolicyStore
+from anabranch.broker.topic_policies import TopicPolicies, TopicPolicyStore
 from anabranch.core.inactive_topics import (
     DeleteMode,
     InactivePolicy,
@@ -94,6 +94,14 @@ if TYPE_CHECKING:
     from anabranch.scalable.controller import ScalableTopicController
 
 log = logging.getLogger(__name__)
+
+
+class _Named(Protocol):
+    @property
+    def name(self) -> str: ...
+
+
+T = TypeVar("T", bound=_Named)
 
 COMPACTION_CURSOR = "__compaction"
 """The compaction cursor (``broker/compaction.py``): message TTL leaves it alone."""
@@ -248,27 +256,56 @@ class RetentionSweeps:
     async def _each_topic(
         self, step: Callable[[PersistentTopic, NamespacePolicies], Awaitable[None]]
     ) -> None:
-        cache: dict[str, NamespacePolicies | None] = {}
-        overridden: dict[str, frozenset[str]] = {}
-        for topic in self.service.loaded_topics():
+        """``step`` on each loaded persistent topic (not one sealed with no cursor left)
+        with the policies in force: its own (a segment has none) over its namespace's."""
+
+        async def merged(
+            topic: PersistentTopic, policies: NamespacePolicies, own: TopicPolicies | None
+        ) -> None:
+            if topic.ledger.is_terminated and not topic.ledger.cursors():
+                return
+            await step(topic, policies if own is None else own.over(policies))
+
+        await self._with_policies(self.service.loaded_topics(), merged, segments_own=False)
+
+    async def _with_policies(
+        self,
+        topics: Iterable[T],
+        step: Callable[[T, NamespacePolicies, TopicPolicies | None], Awaitable[None]],
+        *,
+        segments_own: bool,
+    ) -> None:
+        """``step(topic, namespace policies, its own policies or None)`` on each of
+        ``topics`` whose namespace exists (a segment's own are its scalable topic's, if
+        ``segments_own``): one read per namespace, one listing per namespace and domain,
+        one read per topic with policies of its own. A step that raises is counted and
+        logged; the others still run."""
+        namespaces: dict[str, NamespacePolicies | None] = {}
+        overridden: dict[tuple[str, str], frozenset[str]] = {}
+        for topic in topics:
             try:
                 name = parse_name(topic.name)
                 ns = namespace_of(name)
-                if ns not in cache:
+                if ns not in namespaces:
                     try:
-                        cache[ns] = await self.service.policies.namespace_policies(ns)
+                        namespaces[ns] = await self.service.policies.namespace_policies(ns)
                     except NotFound:
-                        cache[ns] = None
-                    overridden[ns] = await self._topic_policies.overridden(ns)
-                policies = cache[ns]
-                if policies is None or (topic.ledger.is_terminated and not topic.ledger.cursors()):
+                        namespaces[ns] = None
+                policies = namespaces[ns]
+                if policies is None:
                     continue
-                if isinstance(name, TopicName) and name.local_name in overridden[ns]:
-                    policies = (await self._topic_policies.get(name)).over(policies)
-                await step(topic, policies)
+                own = None
+                base = name.topic if isinstance(name, SegmentName) else name
+                if segments_own or base is name:
+                    listed = (ns, base.domain.value)
+                    if listed not in overridden:
+                        overridden[listed] = await self._topic_policies.overridden(*listed)
+                    if base.local_name in overridden[listed]:
+                        own = await self._topic_policies.get(base)
+                await step(topic, policies, own)
             except Exception:
                 self.counters.cleanup_failures += 1
-                log.exception("%s: a cleanup step failed", topic.name)
+                log.exception("%s: a sweep step failed", topic.name)
 
     # --- inactive topics ----------------------------------------------------------------------
 
@@ -331,39 +368,22 @@ class RetentionSweeps:
     # --- publish rates --------------------------------------------------------------------------
 
     async def sweep_publish_rates(self) -> None:
-        """Put every loaded topic's current publish rate in force: one read per namespace
-        and per topic that has its own policies (``broker/publish_throttling.py``)."""
-        namespaces: dict[str, NamespacePolicies | None] = {}
-        overridden: dict[tuple[str, str], frozenset[str]] = {}
-        service = self.service
+        """Put every loaded topic's current publish rate in force
+        (``broker/publish_throttling.py``)."""
+
+        async def refresh(
+            topic: PersistentTopic | NonPersistentTopic,
+            policies: NamespacePolicies,
+            own: TopicPolicies | None,
+        ) -> None:
+            rate = publish_rate_of(self.config, policies, own)
+            put_in_force(topic, rate, self.clock.monotonic())
+
         topics: list[PersistentTopic | NonPersistentTopic] = [
-            *service.loaded_topics(),
-            *service.loaded_non_persistent_topics(),
+            *self.service.loaded_topics(),
+            *self.service.loaded_non_persistent_topics(),
         ]
-        for topic in topics:
-            try:
-                name = parse_name(topic.name)
-                base = name.topic if isinstance(name, SegmentName) else name
-                ns = f"{base.tenant}/{base.namespace}"
-                if ns not in namespaces:
-                    try:
-                        namespaces[ns] = await service.policies.namespace_policies(ns)
-                    except NotFound:
-                        namespaces[ns] = None
-                domain = base.domain.value
-                if (ns, domain) not in overridden:
-                    overridden[ns, domain] = await self._topic_policies.overridden(ns, domain)
-                policies = namespaces[ns]
-                if policies is None:
-                    continue
-                own = None
-                if base.base.local_name in overridden[ns, domain]:
-                    own = await self._topic_policies.get(base)
-                rate = publish_rate_of(self.config, policies, own)
-                put_in_force(topic, rate, self.clock.monotonic())
-            except Exception:
-                self.counters.cleanup_failures += 1
-                log.exception("%s: putting its publish rate in force failed", topic.name)
+        await self._with_policies(topics, refresh, segments_own=True)
 
     # --- retention ----------------------------------------------------------------------------
 

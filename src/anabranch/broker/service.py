@@ -61,7 +61,7 @@ from anabranch.broker.segment_ops import BrokerSegmentOps
 from anabranch.broker.subscription import Subscription
 from anabranch.broker.topic import PersistentTopic
 from anabranch.broker.topic_limits import TopicLimits
-from anabranch.broker.topic_policies import TopicPolicyStore
+from anabranch.broker.topic_policies import TopicPolicies, TopicPolicyStore
 from anabranch.clock import Clock, SystemClock
 from anabranch.core.names import SegmentName, TopicDomain, TopicName, parse_name
 from anabranch.core.schema_compat import Strategy
@@ -485,7 +485,7 @@ class BrokerService:
             if isinstance(name, SegmentName):
                 topic.on_drained = self.scalable.segment_drained
             topic.on_storage_failure = self._storage_failed
-            await self.put_publish_rate_in_force(topic)
+            await self.put_publish_rate_in_force(topic, ns_policies)
         except BaseException:
             await ledger.close()
             raise
@@ -615,16 +615,15 @@ class BrokerService:
         """Topics loaded on this broker now."""
         return list(self._topics.values())
 
-    async def put_publish_rate_in_force(self, topic: PersistentTopic | NonPersistentTopic) -> None:
+    async def put_publish_rate_in_force(
+        self,
+        topic: PersistentTopic | NonPersistentTopic,
+        namespace: NamespacePolicies | None = None,
+    ) -> None:
         """Give a topic just loaded its publish rate (``broker/publish_throttling.py``; the
-        sweep keeps it up to date)."""
-        name = canonical_topic(topic.name)
-        base = name.topic if isinstance(name, SegmentName) else name
+        sweep keeps it up to date). ``namespace``: its policies, when already read."""
         try:
-            namespace, overrides = await asyncio.gather(
-                self.policies.namespace_policies(f"{base.tenant}/{base.namespace}"),
-                TopicPolicyStore(self.store).get(base),
-            )
+            namespace, overrides = await self.policy_levels(canonical_topic(topic.name), namespace)
         except NotFound:
             return  # its namespace is being deleted: nothing to publish to for long
         rate = publish_rate_of(self.config, namespace, overrides)
@@ -664,40 +663,29 @@ class BrokerService:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
+    async def policy_levels(
+        self, name: TopicName | SegmentName, namespace: NamespacePolicies | None = None
+    ) -> tuple[NamespacePolicies, TopicPolicies]:
+        """The namespace's policies and the topic's own (a segment's: its scalable topic's),
+        read together: on etcd each read is a round trip. ``namespace``: already read."""
+        topic = name.topic if isinstance(name, SegmentName) else name
+        overrides = TopicPolicyStore(self.store).get(topic)
+        if namespace is not None:
+            return namespace, await overrides
+        return await asyncio.gather(
+            self.policies.namespace_policies(f"{topic.tenant}/{topic.namespace}"), overrides
+        )
+
     async def topic_limits(self, name: TopicName | SegmentName) -> TopicLimits:
         """The producer, consumer and subscription caps in force on ``name``: its topic
         policy's, else its namespace's, else this broker's (``broker/topic_limits.py``)."""
-        topic = name.topic if isinstance(name, SegmentName) else name
-        # Both reads at once: on etcd each is a round trip, and every producer and
-        # subscribe waits for them.
-        namespace, overrides = await asyncio.gather(
-            self.policies.namespace_policies(f"{topic.tenant}/{topic.namespace}"),
-            TopicPolicyStore(self.store).get(topic),
-        )
-        applied = overrides.over(namespace)
-        cfg = self.config
-        return TopicLimits.resolve(
-            [
-                (
-                    applied.max_producers_per_topic,
-                    applied.max_consumers_per_topic,
-                    applied.max_consumers_per_subscription,
-                    applied.max_subscriptions_per_topic,
-                ),
-                (
-                    cfg.max_producers_per_topic,
-                    cfg.max_consumers_per_topic,
-                    cfg.max_consumers_per_subscription,
-                    cfg.max_subscriptions_per_topic,
-                ),
-            ]
-        )
+        namespace, overrides = await self.policy_levels(name)
+        return TopicLimits.resolve(overrides.over(namespace), self.config)
 
     async def _schema_strategy(self, topic: TopicName) -> Strategy:
         # Topic policy, then the namespace's, then the broker's default (as Pulsar).
-        namespace = await self.policies.namespace_policies(f"{topic.tenant}/{topic.namespace}")
-        applied = (await TopicPolicyStore(self.store).get(topic)).over(namespace)
-        strategy = Strategy.parse(applied.schema_compatibility_strategy)
+        namespace, overrides = await self.policy_levels(topic)
+        strategy = Strategy.parse(overrides.over(namespace).schema_compatibility_strategy)
         if strategy is Strategy.UNDEFINED:
             return Strategy.parse(self.config.schema_compatibility_strategy)
         return strategy

@@ -27,8 +27,31 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Protocol
 
 from anabranch.errors import ConsumerBusy, NotAllowed, ProducerBusy
+
+CAP_FIELDS = (
+    "max_producers_per_topic",
+    "max_consumers_per_topic",
+    "max_consumers_per_subscription",
+    "max_subscriptions_per_topic",
+)
+"""The caps' names in the namespace policies and the broker's config, in field order."""
+
+
+class CapLevel(Protocol):
+    """Where caps are set (``NamespacePolicies``, ``BrokerConfig``); None: not here."""
+
+    @property
+    def max_producers_per_topic(self) -> int | None: ...
+    @property
+    def max_consumers_per_topic(self) -> int | None: ...
+    @property
+    def max_consumers_per_subscription(self) -> int | None: ...
+    @property
+    def max_subscriptions_per_topic(self) -> int | None: ...
+
 
 INTERNAL_SUBSCRIPTION_PREFIX = "__"
 """Subscriptions the broker keeps for itself (``__compaction``): outside the caps."""
@@ -44,20 +67,26 @@ class TopicLimits:
     max_subscriptions: int = 0
 
     @classmethod
-    def resolve(
-        cls, levels: Iterable[tuple[int | None, int | None, int | None, int | None]]
-    ) -> TopicLimits:
-        """The first set value of each cap, levels from the topic's down to the broker's.
+    def resolve(cls, *levels: CapLevel) -> TopicLimits:
+        """The first set value of each cap, levels from the policies in force (a topic's
+        over its namespace's) down to the broker's config: they name the caps alike.
 
         Example:
-            >>> TopicLimits.resolve([(None, 3, None, None), (2, 5, None, None), (0, 0, 0, 7)])
+            >>> from types import SimpleNamespace as Level
+            >>> policy = Level(max_producers_per_topic=2, max_consumers_per_topic=None,
+            ...                max_consumers_per_subscription=None,
+            ...                max_subscriptions_per_topic=None)
+            >>> config = Level(max_producers_per_topic=0, max_consumers_per_topic=3,
+            ...                max_consumers_per_subscription=0, max_subscriptions_per_topic=7)
+            >>> TopicLimits.resolve(policy, config)
             TopicLimits(max_producers=2, max_consumers=3, max_consumers_per_subscription=0, max_subscriptions=7)
         """  # noqa: E501 (a doctest's output is one line)
-        # Each column is one cap across the levels; an all-None column is no cap.
-        caps = [
-            next((v for v in column if v is not None), 0) for column in zip(*levels, strict=True)
-        ]
-        return cls(*caps) if caps else cls()
+
+        def first(field: str) -> int:
+            # A cap no level sets is no cap.
+            return next((v for v in (getattr(lv, field) for lv in levels) if v is not None), 0)
+
+        return cls(*(first(field) for field in CAP_FIELDS))
 
     def check_producer(self, topic: str, *, producers: int) -> None:
         """Raise ProducerBusy when ``producers`` (connected or waiting) fill the cap."""
