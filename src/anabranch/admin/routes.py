@@ -143,5 +143,5 @@ async def partition_count(request: web.Request) -> int:
 
 async def applied_policies(admin: AdminService, topic: TopicName) -> NamespacePolicies:
     """The policies in force for ``topic``: its overrides over its namespace's."""
-    namespace = await admin.policies.namespace_policies(f"{topic.tenant}/{topic.namespace}")
-    return (await TopicPolicyStore(admin.broker.store).get(topic)).over(namespace)
+    namespace, own = await admin.broker.policy_levels(topic)
+    return own.over(namespace)

@@ -104,9 +104,8 @@ async def remove_namespace(admin: AdminService, request: web.Request) -> object:
 
 async def get_topic(admin: AdminService, request: web.Request) -> object:
     topic = await policy_topic(admin, request)
-    own = await TopicPolicyStore(admin.broker.store).get(topic)
     if flag(request, "applied"):
-        namespace = await admin.policies.namespace_policies(f"{topic.tenant}/{topic.namespace}")
+        namespace, own = await admin.broker.policy_levels(topic)
         rate = publish_rate_of(admin.broker.config, namespace, own)
         return _out(
             PublishRateRecord(
@@ -114,7 +113,7 @@ async def get_topic(admin: AdminService, request: web.Request) -> object:
                 publish_throttling_rate_in_byte=rate.bytes if rate.bytes > 0 else -1,
             )
         )
-    return _out(own.publish_rate)
+    return _out((await TopicPolicyStore(admin.broker.store).get(topic)).publish_rate)
 
 
 async def set_topic(admin: AdminService, request: web.Request) -> object:

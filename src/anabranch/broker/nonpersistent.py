@@ -208,13 +208,18 @@ class NonPersistentTopic(ProducerAccess):
             self.subscriptions[name] = sub
         return sub
 
-    def check_consumer_room(self) -> None:
-        """ResourceLimitReached when the topic holds NON_PERSISTENT_CONSUMERS_MAX."""
+    def check_consumer_room(
+        self, subscription: str, on_subscription: int, caps: TopicLimits = NO_LIMITS
+    ) -> None:
+        """ResourceLimitReached when the topic holds NON_PERSISTENT_CONSUMERS_MAX;
+        ConsumerBusy when one more consumer of ``subscription`` (which has
+        ``on_subscription``) would pass ``caps``."""
         count = sum(len(s.consumers) for s in self.subscriptions.values())
         if count >= limits.NON_PERSISTENT_CONSUMERS_MAX:
             raise ResourceLimitReached(
                 f"consumers on {self.name}", limits.NON_PERSISTENT_CONSUMERS_MAX
             )
+        caps.check_consumer(subscription, on_topic=count, on_subscription=on_subscription)
 
     def forget_subscription(self, sub: NonPersistentSubscription) -> None:
         """``sub`` ended (its last consumer left): keep its counts in the topic's."""

@@ -125,9 +125,7 @@ class NonPersistentSubscription:
         if self.sub_type == SubType.Exclusive and self._consumers:
             raise ConsumerBusy("Exclusive consumer is already connected")
         if self.topic is not None:
-            self.topic.check_consumer_room()
-            on_topic = sum(len(s.consumers) for s in self.topic.subscriptions.values())
-            caps.check_consumer(self.name, on_topic=on_topic, on_subscription=len(self._consumers))
+            self.topic.check_consumer_room(self.name, len(self._consumers), caps)
         if self.sub_type == SubType.Key_Shared:
             self._add_keyed(consumer)
         self._consumers.append(consumer)
