@@ -296,9 +296,10 @@ DISPATCH_DELAYED_ENTRIES_MAX = 100_000
 """Delayed-delivery positions a Shared subscription holds in memory until due; past it
 reading pauses until some come due (upstream keeps them in an in-memory tracker too)."""
 
-CONSUMER_UNACKED_MESSAGES_MAX = 50_000
-"""Unacknowledged messages one Shared/Key_Shared consumer may hold; past it the
-dispatcher skips that consumer until it acks (upstream maxUnackedMessagesPerConsumer)."""
+CONSUMER_UNACKED_MESSAGES_MAX = 1_000_000
+"""Unacknowledged messages one Shared/Key_Shared consumer may hold whatever its policy says
+(``max_unacked_messages_per_consumer`` 0 included: upstream's "no cap"): the broker keeps
+a pending record per unacknowledged entry, so this bounds what one consumer costs it."""
 
 # --- admin: policies, HTTP ----------------------------------------------------------------
 

@@ -21,6 +21,10 @@ def test_namespace_cap_commands(admin_url: str) -> None:
     cli(admin_url, "namespaces", "remove-max-producers-per-topic", NS)
     assert cli_json(admin_url, "namespaces", "get-max-producers-per-topic", NS) is None
     cli(admin_url, "namespaces", "set-max-consumers-per-topic", NS, "-c", "-1", code=2)
+    cli(admin_url, "namespaces", "set-max-unacked-messages-per-consumer", NS, "-c", "9")
+    assert cli_json(admin_url, "namespaces", "get-max-unacked-messages-per-consumer", NS) == 9
+    cli(admin_url, "namespaces", "remove-max-unacked-messages-per-consumer", NS)
+    assert cli_json(admin_url, "namespaces", "get-max-unacked-messages-per-consumer", NS) is None
 
 
 def test_topic_cap_commands_and_the_applied_value(admin_url: str) -> None:
@@ -35,3 +39,7 @@ def test_topic_cap_commands_and_the_applied_value(admin_url: str) -> None:
     assert cli_json(admin_url, "topics", "get-max-producers", TOPIC) == 1
     cli(admin_url, "topics", "remove-max-consumers-per-subscription", TOPIC)
     assert cli_json(admin_url, *applied) == 4
+    on_sub = ("topics", "get-max-unacked-messages-on-subscription", TOPIC, "--applied")
+    assert cli_json(admin_url, *on_sub) == 200_000  # the broker's default
+    cli(admin_url, "topics", "set-max-unacked-messages-on-subscription", TOPIC, "-m", "7")
+    assert cli_json(admin_url, *on_sub) == 7

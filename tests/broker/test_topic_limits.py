@@ -6,6 +6,7 @@ the official one refused with upstream's errors."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,7 +50,7 @@ async def world(tmp_path: Path) -> AsyncIterator[World]:
 # --- the resolution (pure) -------------------------------------------------------------------
 
 cap_value = st.one_of(st.none(), st.integers(min_value=0, max_value=5))
-level = st.tuples(cap_value, cap_value, cap_value, cap_value)
+level = st.tuples(*[cap_value] * len(CAP_FIELDS))
 
 
 @given(st.lists(level, max_size=4))
@@ -58,13 +59,7 @@ def test_each_cap_is_the_first_level_that_sets_it(levels: list[Any]) -> None:
     caps = TopicLimits.resolve(
         *(SimpleNamespace(**dict(zip(CAP_FIELDS, lv, strict=True))) for lv in levels)
     )
-    got = (
-        caps.max_producers,
-        caps.max_consumers,
-        caps.max_consumers_per_subscription,
-        caps.max_subscriptions,
-    )
-    for i, value in enumerate(got):
+    for i, value in enumerate(dataclasses.astuple(caps)):
         set_here = [lv[i] for lv in levels if lv[i] is not None]
         assert value == (set_here[0] if set_here else 0)
 

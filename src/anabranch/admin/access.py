@@ -287,6 +287,8 @@ ROUTE_ACCESS: dict[tuple[str, str], Need] = {
             (TOPIC, ("maxProducers", "maxConsumers")),
             (NS, ("maxConsumersPerSubscription", "maxSubscriptionsPerTopic")),
             (TOPIC, ("maxConsumersPerSubscription", "maxSubscriptionsPerTopic")),
+            (NS, ("maxUnackedMessagesPerConsumer", "maxUnackedMessagesPerSubscription")),
+            (TOPIC, ("maxUnackedMessagesOnConsumer", "maxUnackedMessagesOnSubscription")),
         )
         for policy in names
         for method in ("GET", "POST", "DELETE")

@@ -4,15 +4,21 @@
     POST/GET/DELETE /admin/v2/namespaces/{t}/{ns}/maxConsumersPerTopic
     POST/GET/DELETE /admin/v2/namespaces/{t}/{ns}/maxConsumersPerSubscription
     POST/GET/DELETE /admin/v2/namespaces/{t}/{ns}/maxSubscriptionsPerTopic
+    POST/GET/DELETE /admin/v2/namespaces/{t}/{ns}/maxUnackedMessagesPerConsumer
+    POST/GET/DELETE /admin/v2/namespaces/{t}/{ns}/maxUnackedMessagesPerSubscription
     POST/GET/DELETE /admin/v2/persistent/{t}/{ns}/{topic}/maxProducers
     POST/GET/DELETE /admin/v2/persistent/{t}/{ns}/{topic}/maxConsumers
     POST/GET/DELETE /admin/v2/persistent/{t}/{ns}/{topic}/maxConsumersPerSubscription
     POST/GET/DELETE /admin/v2/persistent/{t}/{ns}/{topic}/maxSubscriptionsPerTopic
+    POST/GET/DELETE /admin/v2/persistent/{t}/{ns}/{topic}/maxUnackedMessagesOnConsumer
+    POST/GET/DELETE /admin/v2/persistent/{t}/{ns}/{topic}/maxUnackedMessagesOnSubscription
 
 The body is an integer from 0 (no cap) to 2^31 - 1; another answers 412, as upstream. A GET of
 an unset cap answers ``null``; a topic's ``?applied=true`` answers the cap in force, its
 namespace's or the broker's included. A change applies to the next producer, consumer or
-subscription; the ones already there stay.
+subscription; the ones already there stay, but for a subscription's cap on unacknowledged
+messages, which its subscription takes up within ``publish_rate_refresh_interval_s`` (a
+consumer keeps the cap it subscribed with, as upstream's).
 
 Example:
     >>> sorted({r.path.rsplit("/", 1)[1] for r in ROUTES})[:3]
@@ -71,6 +77,12 @@ CAPS = (
         "consumers per subscription"),
     Cap("maxSubscriptionsPerTopic", "maxSubscriptionsPerTopic", "max_subscriptions_per_topic",
         "max_subscriptions", "subscriptions per topic"),
+    Cap("maxUnackedMessagesPerConsumer", "maxUnackedMessagesOnConsumer",
+        "max_unacked_messages_per_consumer", "max_unacked_on_consumer",
+        "unacknowledged messages per consumer"),
+    Cap("maxUnackedMessagesPerSubscription", "maxUnackedMessagesOnSubscription",
+        "max_unacked_messages_per_subscription", "max_unacked_on_subscription",
+        "unacknowledged messages per subscription"),
 )  # fmt: skip
 
 

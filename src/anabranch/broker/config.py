@@ -234,6 +234,14 @@ class BrokerConfig(BaseSettings):
     """Consumers one subscription takes; one more gets ConsumerBusy."""
     max_subscriptions_per_topic: int = Field(0, ge=0)
     """Subscriptions one topic takes; a new one past it gets NotAllowed."""
+    max_unacked_messages_per_consumer: int = Field(50_000, ge=0)
+    """Unacknowledged messages a Shared or Key_Shared consumer holds before the broker stops
+    sending to it, until it is down to half (upstream's default). 0: no cap but
+    ``limits.CONSUMER_UNACKED_MESSAGES_MAX``."""
+    max_unacked_messages_per_subscription: int = Field(200_000, ge=0)
+    """Unacknowledged messages of all the consumers of a Shared or Key_Shared subscription
+    before the broker stops reading for it, until they are down to half (upstream's
+    default). 0: no cap."""
     # Unused topics deleted (core/inactive_topics.py); a namespace or topic policy wins.
     delete_inactive_topics_enabled: bool = False
     """Delete a topic unused for ``delete_inactive_topics_max_inactive_duration_s``

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from anabranch import limits
 from anabranch.broker.hot_frames import encode_message_head
+from anabranch.core.unacked_gate import UnackedGate
 from anabranch.protocol import commands
 from anabranch.protocol._generated import pulsar_api_pb2 as pb
 from anabranch.storage.api import Position
@@ -156,6 +157,9 @@ class Consumer:
         self.permits = 0
         self.pending: dict[Position, PendingEntry] = {}
         self.unacked_messages = 0
+        self.unacked_gate = UnackedGate(limits.CONSUMER_UNACKED_MESSAGES_MAX)
+        """Closed while this consumer holds too many unacknowledged messages (Shared and
+        Key_Shared only: the other types deliver in order to one consumer)."""
         self.subscription: Subscription | NonPersistentSubscription | None = None
         self.closed = False
         self.reached_end_sent = False
@@ -289,6 +293,7 @@ class Consumer:
             "consumerName": self.name,
             "availablePermits": self.permits,
             "unackedMessages": self.unacked_messages,
+            "blockedConsumerOnUnackedMsgs": self.unacked_gate.is_closed,
             "msgOutCounter": self.messages_out,
             "bytesOutCounter": self.bytes_out,
             "msgRedeliverCounter": self.redelivered_messages,

@@ -44,12 +44,14 @@ from anabranch import failpoints, limits
 from anabranch.broker.consumer import Consumer, PendingEntry
 from anabranch.broker.dispatcher_entries import EntryInfo, acked_to_wire, entry_info, merge_acked
 from anabranch.client.backoff import Backoff
+from anabranch.core.unacked_gate import UnackedGate
 from anabranch.errors import Closed, ConsumerBusy, StorageIOError
 from anabranch.protocol._generated import pulsar_api_pb2 as pb
 from anabranch.storage.api import Entry, Position
 
 if TYPE_CHECKING:
     from anabranch.broker.subscription import Subscription
+    from anabranch.broker.topic_limits import TopicLimits
 
 log = logging.getLogger(__name__)
 
@@ -414,6 +416,11 @@ class Dispatcher:
     def redeliver(self, consumer: Consumer, positions: Sequence[Position] | None) -> None:
         raise NotImplementedError
 
+    def set_unacked_caps(self, caps: TopicLimits) -> None:
+        """Put the subscription's cap on unacknowledged messages in force: only Shared
+        and Key_Shared dispatchers have one (the others deliver in order to one
+        consumer)."""
+
     def forgotten(self, consumer: Consumer, position: Position, entry: PendingEntry) -> None:
         """``position`` left ``consumer``'s pending set (ack); Key_Shared tracks slots."""
 
@@ -607,6 +614,9 @@ class SharedDispatcher(Dispatcher):
         self._chunk_owner: dict[str, Consumer] = {}
         """Chunked messages part-delivered: the consumer holding their first chunks gets
         the rest (the client reassembles; chunks split over consumers never complete)."""
+        self.unacked_gate = UnackedGate(reopen_at_half=False)
+        """Closed while the consumers together hold too many unacknowledged messages: no
+        read then (a read under way still goes out, as upstream's)."""
 
     # --- consumers ------------------------------------------------------------------------
 
@@ -627,9 +637,22 @@ class SharedDispatcher(Dispatcher):
         self.kick()
 
     def available(self, consumer: Consumer) -> bool:
-        return consumer.has_permits and (
-            consumer.unacked_messages < limits.CONSUMER_UNACKED_MESSAGES_MAX
-        )
+        return consumer.has_permits and not consumer.unacked_gate.closed(consumer.unacked_messages)
+
+    def set_unacked_caps(self, caps: TopicLimits) -> None:
+        """Put the unacknowledged-message caps in force on the subscription (the
+        consumers take theirs when they subscribe, as upstream's), and dispatch again."""
+        cap = caps.max_unacked_per_subscription
+        if cap != self.unacked_gate.cap:
+            # Judged afresh against the new cap at the next dispatch.
+            self.unacked_gate = UnackedGate(cap, reopen_at_half=False)
+            self.kick()
+
+    def _blocked_on_unacked(self) -> bool:
+        gate = self.unacked_gate
+        if not gate.cap:
+            return False
+        return gate.closed(sum(c.unacked_messages for c in self.consumers))
 
     def _next_consumer(self) -> Consumer | None:
         """Round-robin over the available consumers of the best (lowest) priority level."""
@@ -676,11 +699,23 @@ class SharedDispatcher(Dispatcher):
             self._add_replay(pos, None)
 
     def _read_budget(self) -> int:
+        if self._blocked_on_unacked():
+            return 0
         if len(self.replay) >= limits.DISPATCH_REPLAY_ENTRIES_MAX:
             return 0
         if len(self._delayed) >= limits.DISPATCH_DELAYED_ENTRIES_MAX:
             return 0
-        return sum(max(c.permits, 0) for c in self.consumers if self.available(c))
+        return self._within_unacked_room(
+            sum(max(c.permits, 0) for c in self.consumers if self.available(c))
+        )
+
+    def _within_unacked_room(self, budget: int) -> int:
+        """``budget``, but no more than the subscription may still be sent before its cap
+        on unacknowledged messages (a batch entry may still take it past, as upstream's)."""
+        cap = self.unacked_gate.cap
+        if not cap:
+            return budget
+        return min(budget, max(cap - sum(c.unacked_messages for c in self.consumers), 0))
 
     async def _read_replay(self, positions: list[Position]) -> list[Entry]:
         out: list[Entry] = []
@@ -694,7 +729,9 @@ class SharedDispatcher(Dispatcher):
         return out
 
     async def _dispatch_replay(self) -> bool:
-        if not self.replay or not any(self.available(c) for c in self.consumers):
+        if not self.replay or self._blocked_on_unacked():
+            return False
+        if not any(self.available(c) for c in self.consumers):
             return False
         generation = self.generation
         budget = min(self._read_budget_replay(), limits.DISPATCH_READ_ENTRIES_MAX)
@@ -723,7 +760,9 @@ class SharedDispatcher(Dispatcher):
         return sent
 
     def _read_budget_replay(self) -> int:
-        return sum(max(c.permits, 0) for c in self.consumers if self.available(c))
+        return self._within_unacked_room(
+            sum(max(c.permits, 0) for c in self.consumers if self.available(c))
+        )
 
     def _dispatch_new(self, entries: Sequence[Entry]) -> None:
         now = self.sub.clock.wall_ms()
@@ -760,7 +799,11 @@ class SharedDispatcher(Dispatcher):
         super().reset()
 
     def stats(self) -> dict[str, Any]:
-        return {"msgInReplay": len(self.replay), "msgDelayed": len(self._delayed)}
+        return {
+            "msgInReplay": len(self.replay),
+            "msgDelayed": len(self._delayed),
+            "blockedSubscriptionOnUnackedMsgs": self.unacked_gate.is_closed,
+        }
 
 
 def make_dispatcher(subscription: Subscription, sub_type: int) -> Dispatcher:

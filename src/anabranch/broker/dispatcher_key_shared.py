@@ -442,7 +442,9 @@ class KeySharedDispatcher(SharedDispatcher):
         return self.selector.select(slot) if self.selector is not None else None
 
     async def _dispatch_replay(self) -> bool:
-        if not self.replay or not any(self.available(c) for c in self.consumers):
+        if not self.replay or self._blocked_on_unacked():
+            return False
+        if not any(self.available(c) for c in self.consumers):
             return False
         generation = self.generation
         blocked: set[int] = set()

@@ -26,8 +26,9 @@ does not stop the others):
   and subscriptions included; a load of its name waits for the deletion and starts afresh;
 * every ``subscription_expiry_check_interval_s``: a durable subscription without a
   consumer for longer than the expiration time is deleted;
-* every ``publish_rate_refresh_interval_s``: each loaded topic takes up its publish rate
-  as set now (a change made on another broker of a cluster).
+* every ``publish_rate_refresh_interval_s``: each loaded topic takes up its publish rate,
+  and its Shared and Key_Shared subscriptions their caps on unacknowledged messages, as set
+  now (a change made on another broker of a cluster, or since they subscribed).
 
 Every decision is a pure function (:mod:`anabranch.core.retention`,
 :mod:`anabranch.core.inactive_topics`, ``broker/publish_throttling.py``); this module only
@@ -53,7 +54,7 @@ from anabranch.broker.config import BrokerConfig
 from anabranch.broker.dispatcher_entries import entry_info
 from anabranch.broker.policies import NamespacePolicies
 from anabranch.broker.publish_throttling import publish_rate_of, put_in_force
-from anabranch.broker.topic_limits import INTERNAL_SUBSCRIPTION_PREFIX
+from anabranch.broker.topic_limits import INTERNAL_SUBSCRIPTION_PREFIX, TopicLimits
 from anabranch.broker.topic_policies import TopicPolicies, TopicPolicyStore
 from anabranch.core.inactive_topics import (
     DeleteMode,
@@ -369,7 +370,8 @@ class RetentionSweeps:
 
     async def sweep_publish_rates(self) -> None:
         """Put every loaded topic's current publish rate in force
-        (``broker/publish_throttling.py``)."""
+        (``broker/publish_throttling.py``), and its subscriptions' caps on unacknowledged
+        messages (``broker/topic_limits.py``)."""
 
         async def refresh(
             topic: PersistentTopic | NonPersistentTopic,
@@ -378,9 +380,15 @@ class RetentionSweeps:
         ) -> None:
             rate = publish_rate_of(self.config, policies, own)
             put_in_force(topic, rate, self.clock.monotonic())
+            if topic.name in persistent:
+                level = policies if own is None else own.over(policies)
+                caps = TopicLimits.resolve(level, self.config)
+                for subscription in persistent[topic.name].subscriptions.values():
+                    subscription.dispatcher.set_unacked_caps(caps)
 
+        persistent = {topic.name: topic for topic in self.service.loaded_topics()}
         topics: list[PersistentTopic | NonPersistentTopic] = [
-            *self.service.loaded_topics(),
+            *persistent.values(),
             *self.service.loaded_non_persistent_topics(),
         ]
         await self._with_policies(topics, refresh, segments_own=True)

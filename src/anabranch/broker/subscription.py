@@ -225,6 +225,8 @@ class Subscription:
         topic: Any = self.topic
         on_topic = sum(len(s.consumers) for s in topic.subscriptions.values())
         caps.check_consumer(self.name, on_topic=on_topic, on_subscription=len(self.consumers))
+        consumer.unacked_gate.cap = caps.consumer_unacked_cap
+        self.dispatcher.set_unacked_caps(caps)
         self.dispatcher.add_consumer(consumer)
         consumer.subscription = self
         self.last_active_s = self.clock.monotonic()
@@ -473,6 +475,7 @@ class Subscription:
             "isDurable": self.durable,
             "markDeletePosition": "{}:{}".format(*self.cursor.mark_delete_position),
             "readPosition": "{}:{}".format(*self.dispatcher.read_position),
+            "blockedSubscriptionOnUnackedMsgs": False,  # a Shared dispatcher's says
         }
         out.update(self.dispatcher.stats())
         return out

@@ -1,9 +1,12 @@
 """How many producers, consumers and subscriptions one topic takes (Pulsar's
 ``maxProducersPerTopic``, ``maxConsumersPerTopic``, ``maxConsumersPerSubscription`` and
-``maxSubscriptionsPerTopic``).
+``maxSubscriptionsPerTopic``), and how many unacknowledged messages its Shared and
+Key_Shared consumers and subscriptions hold (``maxUnackedMessagesPerConsumer``,
+``maxUnackedMessagesPerSubscription``: the Shared dispatcher applies those through
+``core/unacked_gate.py``).
 
 Each cap comes from the topic's policy, else its namespace's, else the broker's setting;
-0 means no cap (upstream's default everywhere). A partition takes its partitioned topic's
+0 means no cap (upstream's default for the first four). A partition takes its partitioned topic's
 policy and a segment its scalable topic's, so the caps count per partition or segment, as
 upstream counts per partition.
 
@@ -29,6 +32,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
+from anabranch import limits
 from anabranch.errors import ConsumerBusy, NotAllowed, ProducerBusy
 
 CAP_FIELDS = (
@@ -36,6 +40,8 @@ CAP_FIELDS = (
     "max_consumers_per_topic",
     "max_consumers_per_subscription",
     "max_subscriptions_per_topic",
+    "max_unacked_messages_per_consumer",
+    "max_unacked_messages_per_subscription",
 )
 """The caps' names in the namespace policies and the broker's config, in field order."""
 
@@ -51,6 +57,10 @@ class CapLevel(Protocol):
     def max_consumers_per_subscription(self) -> int | None: ...
     @property
     def max_subscriptions_per_topic(self) -> int | None: ...
+    @property
+    def max_unacked_messages_per_consumer(self) -> int | None: ...
+    @property
+    def max_unacked_messages_per_subscription(self) -> int | None: ...
 
 
 INTERNAL_SUBSCRIPTION_PREFIX = "__"
@@ -65,6 +75,8 @@ class TopicLimits:
     max_consumers: int = 0
     max_consumers_per_subscription: int = 0
     max_subscriptions: int = 0
+    max_unacked_per_consumer: int = 0
+    max_unacked_per_subscription: int = 0
 
     @classmethod
     def resolve(cls, *levels: CapLevel) -> TopicLimits:
@@ -73,20 +85,34 @@ class TopicLimits:
 
         Example:
             >>> from types import SimpleNamespace as Level
-            >>> policy = Level(max_producers_per_topic=2, max_consumers_per_topic=None,
-            ...                max_consumers_per_subscription=None,
-            ...                max_subscriptions_per_topic=None)
-            >>> config = Level(max_producers_per_topic=0, max_consumers_per_topic=3,
-            ...                max_consumers_per_subscription=0, max_subscriptions_per_topic=7)
-            >>> TopicLimits.resolve(policy, config)
-            TopicLimits(max_producers=2, max_consumers=3, max_consumers_per_subscription=0, max_subscriptions=7)
-        """  # noqa: E501 (a doctest's output is one line)
+            >>> unset = dict.fromkeys(CAP_FIELDS)
+            >>> policy = Level(**{**unset, "max_producers_per_topic": 2})
+            >>> config = Level(**{**dict.fromkeys(CAP_FIELDS, 0), "max_consumers_per_topic": 3})
+            >>> limits = TopicLimits.resolve(policy, config)
+            >>> limits.max_producers, limits.max_consumers, limits.max_subscriptions
+            (2, 3, 0)
+        """
 
         def first(field: str) -> int:
             # A cap no level sets is no cap.
             return next((v for v in (getattr(lv, field) for lv in levels) if v is not None), 0)
 
         return cls(*(first(field) for field in CAP_FIELDS))
+
+    @property
+    def consumer_unacked_cap(self) -> int:
+        """A Shared or Key_Shared consumer's cap on unacknowledged messages: its policy's
+        within ``limits.CONSUMER_UNACKED_MESSAGES_MAX``, which is also the cap of "no cap".
+
+        Example:
+            >>> TopicLimits(max_unacked_per_consumer=10).consumer_unacked_cap
+            10
+            >>> NO_LIMITS.consumer_unacked_cap == limits.CONSUMER_UNACKED_MESSAGES_MAX
+            True
+        """
+        ceiling = limits.CONSUMER_UNACKED_MESSAGES_MAX
+        cap = self.max_unacked_per_consumer
+        return min(cap, ceiling) if cap > 0 else ceiling
 
     def check_producer(self, topic: str, *, producers: int) -> None:
         """Raise ProducerBusy when ``producers`` (connected or waiting) fill the cap."""

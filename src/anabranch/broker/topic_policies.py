@@ -59,6 +59,12 @@ class TopicPolicies(msgspec.Struct, kw_only=True):
         default=None, name="maxConsumersPerSubscription"
     )
     max_subscriptions: int | None = msgspec.field(default=None, name="maxSubscriptionsPerTopic")
+    max_unacked_on_consumer: int | None = msgspec.field(
+        default=None, name="maxUnackedMessagesOnConsumer"
+    )
+    max_unacked_on_subscription: int | None = msgspec.field(
+        default=None, name="maxUnackedMessagesOnSubscription"
+    )
     inactive_topic_policies: InactiveTopicPoliciesRecord | None = msgspec.field(
         default=None, name="inactiveTopicPolicies"
     )
@@ -100,6 +106,12 @@ class TopicPolicies(msgspec.Struct, kw_only=True):
             ),
             max_subscriptions_per_topic=_first(
                 self.max_subscriptions, namespace.max_subscriptions_per_topic
+            ),
+            max_unacked_messages_per_consumer=_first(
+                self.max_unacked_on_consumer, namespace.max_unacked_messages_per_consumer
+            ),
+            max_unacked_messages_per_subscription=_first(
+                self.max_unacked_on_subscription, namespace.max_unacked_messages_per_subscription
             ),
             inactive_topic_policies=(
                 self.inactive_topic_policies

@@ -689,6 +689,8 @@ for _cli, _rest, _letter in (
     ("max-consumers-per-topic", "maxConsumersPerTopic", "c"),
     ("max-consumers-per-subscription", "maxConsumersPerSubscription", "c"),
     ("max-subscriptions-per-topic", "maxSubscriptionsPerTopic", "m"),
+    ("max-unacked-messages-per-consumer", "maxUnackedMessagesPerConsumer", "c"),
+    ("max-unacked-messages-per-subscription", "maxUnackedMessagesPerSubscription", "c"),
 ):
     _cap_commands(namespaces_app, _cli, _rest, _letter)
 for _cli, _rest, _letter in (
@@ -696,6 +698,8 @@ for _cli, _rest, _letter in (
     ("max-consumers", "maxConsumers", "c"),
     ("max-consumers-per-subscription", "maxConsumersPerSubscription", "c"),
     ("max-subscriptions-per-topic", "maxSubscriptionsPerTopic", "m"),
+    ("max-unacked-messages-on-consumer", "maxUnackedMessagesOnConsumer", "m"),
+    ("max-unacked-messages-on-subscription", "maxUnackedMessagesOnSubscription", "m"),
 ):
     _cap_commands(topics_app, _cli, _rest, _letter)
 
