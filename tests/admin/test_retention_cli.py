@@ -119,3 +119,25 @@ def test_publish_rate_commands(admin_url: str) -> None:
     cli(admin_url, "namespaces", "set-publish-rate", NS, "-m", "-7", code=1)
     cli(admin_url, "namespaces", "remove-publish-rate", NS)
     assert cli_json(admin_url, "namespaces", "get-publish-rate", NS) is None
+
+
+def test_dispatch_rate_commands(admin_url: str) -> None:
+    topic = "persistent://public/default/dispatch-cli"
+    cli(admin_url, "topics", "create", topic)
+    cli(admin_url, "namespaces", "set-dispatch-rate", NS, "-md", "100", "-dt", "2")
+    assert cli_json(admin_url, "namespaces", "get-dispatch-rate", NS) == {
+        "dispatchThrottlingRateInMsg": 100,
+        "dispatchThrottlingRateInByte": -1,
+        "relativeToPublishRate": False,
+        "ratePeriodInSecond": 2,
+    }
+    cli(admin_url, "topics", "set-subscription-dispatch-rate", topic, "-bd", "4096")
+    applied = cli_json(admin_url, "topics", "get-subscription-dispatch-rate", topic, "--applied")
+    assert applied["dispatchThrottlingRateInByte"] == 4096
+    applied = cli_json(admin_url, "topics", "get-dispatch-rate", topic, "--applied")
+    assert applied["dispatchThrottlingRateInMsg"] == 100  # the namespace's
+    cli(admin_url, "namespaces", "set-dispatch-rate", NS, "-dt", "0", code=1)
+    cli(admin_url, "namespaces", "remove-dispatch-rate", NS)
+    assert cli_json(admin_url, "namespaces", "get-dispatch-rate", NS) is None
+    cli(admin_url, "topics", "remove-subscription-dispatch-rate", topic)
+    assert cli_json(admin_url, "topics", "get-subscription-dispatch-rate", topic) is None

@@ -149,7 +149,7 @@ async def test_a_changed_subscription_cap_applies_to_a_subscription_already_ther
     assert len(await drain(consumer)) == 4
     await world.admin.set_cap(NS, "maxUnackedMessagesPerSubscription", 0)  # 0: no cap
     assert await drain(consumer) == []  # not before the refresh
-    await world.broker.service.sweeps.sweep_publish_rates()
+    await world.broker.service.sweeps.sweep_rates()
     assert len(await drain(consumer)) == 16
     stats = await world.stats(topic, "s")
     assert stats["blockedSubscriptionOnUnackedMsgs"] is False

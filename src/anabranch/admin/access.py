@@ -267,7 +267,7 @@ ROUTE_ACCESS: dict[tuple[str, str], Need] = {
         for method in ("GET", "POST", "DELETE")
     },
     # Inactive topic policies, subscription expiration (admin/routes_inactive_topics.py),
-    # publish rates (admin/routes_publish_rate.py): the tenant's admins'.
+    # publish and dispatch rates (admin/routes_rates.py): the tenant's admins'.
     **{
         (method, path): N.TENANT_ADMIN
         for path in (
@@ -276,6 +276,10 @@ ROUTE_ACCESS: dict[tuple[str, str], Need] = {
             f"{NS}/subscriptionExpirationTime",
             f"{NS}/publishRate",
             f"{TOPIC}/publishRate",
+            f"{NS}/dispatchRate",
+            f"{TOPIC}/dispatchRate",
+            f"{NS}/subscriptionDispatchRate",
+            f"{TOPIC}/subscriptionDispatchRate",
         )
         for method in ("GET", "POST", "DELETE")
     },

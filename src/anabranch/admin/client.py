@@ -67,6 +67,12 @@ def _ns_path(namespace: str) -> str:
     return f"/admin/v2/namespaces/{_q(ns.tenant)}/{_q(ns.namespace)}"
 
 
+def _dispatch_rate_path(target: str, subscription: bool) -> str:
+    return (
+        f"{_policy_path(target)}/{'subscriptionDispatchRate' if subscription else 'dispatchRate'}"
+    )
+
+
 def _policy_path(target: str) -> str:
     """A namespace's path for ``tenant/ns``, else the topic's.
 
@@ -465,6 +471,39 @@ class AdminClient:
 
     async def remove_publish_rate(self, target: str) -> None:
         await self.request("DELETE", f"{_policy_path(target)}/publishRate")
+
+    async def get_dispatch_rate(
+        self, target: str, *, subscription: bool = False, applied: bool = False
+    ) -> dict[str, Any] | None:
+        """``{"dispatchThrottlingRateInMsg", "dispatchThrottlingRateInByte",
+        "ratePeriodInSecond", "relativeToPublishRate"}`` of a namespace or topic: the rate
+        per topic, or per subscription (-1: no limit; None: unset); ``applied``: the rate in
+        force on a topic."""
+        query = "?applied=true" if applied else ""
+        answer = await self.request("GET", _dispatch_rate_path(target, subscription) + query)
+        return None if answer is None else dict(answer)
+
+    async def set_dispatch_rate(
+        self,
+        target: str,
+        *,
+        subscription: bool = False,
+        messages: int = -1,
+        size: int = -1,
+        period_s: int = 1,
+    ) -> None:
+        """Messages and bytes per ``period_s`` a topic's subscriptions are sent in all, or
+        each subscription (``subscription``) is sent (-1: no limit)."""
+        body = {
+            "dispatchThrottlingRateInMsg": messages,
+            "dispatchThrottlingRateInByte": size,
+            "ratePeriodInSecond": period_s,
+            "relativeToPublishRate": False,
+        }
+        await self.request("POST", _dispatch_rate_path(target, subscription), body)
+
+    async def remove_dispatch_rate(self, target: str, *, subscription: bool = False) -> None:
+        await self.request("DELETE", _dispatch_rate_path(target, subscription))
 
     # --- topic compaction -----------------------------------------------------------------
 

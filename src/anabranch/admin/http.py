@@ -46,7 +46,7 @@ from anabranch.admin import (
     routes_nonpersistent,
     routes_offload,
     routes_permissions,
-    routes_publish_rate,
+    routes_rates,
     routes_retention,
     routes_scalable,
     routes_schemas,
@@ -107,7 +107,7 @@ def all_routes() -> list[Route]:
         *routes_compaction.ROUTES,
         *routes_topic_limits.ROUTES,
         *routes_inactive_topics.ROUTES,
-        *routes_publish_rate.ROUTES,
+        *routes_rates.ROUTES,
         *OWN_ROUTES,
     ]
 

@@ -234,6 +234,15 @@ class BrokerConfig(BaseSettings):
     """Consumers one subscription takes; one more gets ConsumerBusy."""
     max_subscriptions_per_topic: int = Field(0, ge=0)
     """Subscriptions one topic takes; a new one past it gets NotAllowed."""
+    # Dispatch rates (broker/dispatch_throttling.py); a namespace or topic policy wins. 0: none.
+    dispatch_throttling_rate_per_topic_in_msg: int = Field(0, ge=0)
+    """Messages per second the broker sends a topic's subscriptions in all."""
+    dispatch_throttling_rate_per_topic_in_byte: int = Field(0, ge=0)
+    """Bytes per second the broker sends a topic's subscriptions in all."""
+    dispatch_throttling_rate_per_subscription_in_msg: int = Field(0, ge=0)
+    """Messages per second the broker sends one subscription's consumers."""
+    dispatch_throttling_rate_per_subscription_in_byte: int = Field(0, ge=0)
+    """Bytes per second the broker sends one subscription's consumers."""
     max_unacked_messages_per_consumer: int = Field(50_000, ge=0)
     """Unacknowledged messages a Shared or Key_Shared consumer holds before the broker stops
     sending to it, until it is down to half (upstream's default). 0: no cap but

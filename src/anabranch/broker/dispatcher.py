@@ -153,6 +153,10 @@ class Dispatcher:
         )
         self._retry_in_s: float | None = None
         """Set after a failed pass: the idle loop wakes itself after this long."""
+        self._throttled_s: float | None = None
+        """Set by a pass the dispatch rates stopped: the idle loop wakes after this long."""
+        self._bytes_allowed: int | None = None
+        """Bytes the dispatch rates let go at the last check (None: any)."""
         self.read_failure_streak = 0
         """Passes in a row whose read failed (0 after a successful pass)."""
         self.read_retry_delays: list[float] = []
@@ -253,8 +257,9 @@ class Dispatcher:
         delay: float | None = None
         if due is not None:
             delay = max(due - self.sub.clock.wall_ms(), 0) / 1000
-        if self._retry_in_s is not None:
-            delay = self._retry_in_s if delay is None else min(delay, self._retry_in_s)
+        for wake_in in (self._retry_in_s, self._throttled_s):
+            if wake_in is not None:
+                delay = wake_in if delay is None else min(delay, wake_in)
         if delay is not None:
             sleeper = asyncio.ensure_future(self.sub.clock.sleep(delay))
             sleeper.add_done_callback(self._kick_cb)
@@ -273,11 +278,15 @@ class Dispatcher:
         if not self.consumers:
             return False
         self._before_pass()
+        self._throttled_s = None
         generation = self.generation
         progressed = await self._dispatch_replay()
         if generation != self.generation or self._closed:
             return True
         budget = min(self._read_budget(), limits.DISPATCH_READ_ENTRIES_MAX)
+        if budget <= 0:
+            return progressed
+        budget = self._within_dispatch_rate(budget)
         if budget <= 0:
             return progressed
         max_read = await self._max_read()
@@ -289,7 +298,7 @@ class Dispatcher:
         entries = await self._read(self.read_position, budget)
         if generation != self.generation or self._closed:
             return True
-        usable = [e for e in entries if e.position <= max_read]
+        usable = self._within_bytes([e for e in entries if e.position <= max_read])
         if not usable:
             self._check_end()
             return progressed
@@ -301,6 +310,31 @@ class Dispatcher:
             await self.sub.cursor.acknowledge(aborted)
         self._dispatch_new(fresh)
         return True
+
+    def _within_dispatch_rate(self, budget: int) -> int:
+        """``budget``, but no more messages than the dispatch rates in force let go now
+        (``broker/dispatch_throttling.py``); 0 when they let none, and the idle loop then
+        wakes when they will. Notes the bytes they let go for :meth:`_within_bytes`."""
+        allowed = self.sub.dispatch_allowance()
+        self._bytes_allowed = allowed.bytes
+        if allowed.messages is None:
+            return budget
+        if allowed.messages <= 0:
+            self._throttled_s = allowed.wait_s
+            return 0
+        return min(budget, allowed.messages)
+
+    def _within_bytes(self, entries: list[Entry]) -> list[Entry]:
+        """The first of ``entries`` that fit the bytes the dispatch rates let go (at least
+        one: a rate below an entry's size must not stall the subscription)."""
+        room = self._bytes_allowed
+        if room is None:
+            return entries
+        for n, entry in enumerate(entries):
+            room -= len(entry.data)
+            if room < 0:
+                return entries[: max(n, 1)]
+        return entries
 
     async def _read(self, position: Position, budget: int) -> list[Entry]:
         """New entries from ``position``: the topic's compacted view (then its tail) for a
@@ -735,6 +769,8 @@ class SharedDispatcher(Dispatcher):
             return False
         generation = self.generation
         budget = min(self._read_budget_replay(), limits.DISPATCH_READ_ENTRIES_MAX)
+        if budget <= 0:
+            return False
         positions = sorted(self.replay)[:budget]
         entries = await self._read_replay(positions)
         if generation != self.generation:
@@ -760,8 +796,10 @@ class SharedDispatcher(Dispatcher):
         return sent
 
     def _read_budget_replay(self) -> int:
-        return self._within_unacked_room(
-            sum(max(c.permits, 0) for c in self.consumers if self.available(c))
+        return self._within_dispatch_rate(
+            self._within_unacked_room(
+                sum(max(c.permits, 0) for c in self.consumers if self.available(c))
+            )
         )
 
     def _dispatch_new(self, entries: Sequence[Entry]) -> None:

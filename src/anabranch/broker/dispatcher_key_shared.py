@@ -446,6 +446,9 @@ class KeySharedDispatcher(SharedDispatcher):
             return False
         if not any(self.available(c) for c in self.consumers):
             return False
+        budget = self._read_budget_replay()
+        if budget <= 0:
+            return False
         generation = self.generation
         blocked: set[int] = set()
         chosen: list[Position] = []
@@ -457,7 +460,7 @@ class KeySharedDispatcher(SharedDispatcher):
                 blocked.update(slots)  # later entries of the slots must wait behind this one
                 continue
             chosen.append(pos)
-            if len(chosen) >= self._read_budget_replay():
+            if len(chosen) >= budget:
                 break
         if not chosen:
             return False

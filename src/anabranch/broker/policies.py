@@ -113,6 +113,15 @@ class PublishRateRecord(msgspec.Struct, kw_only=True, rename="camel"):
     publish_throttling_rate_in_byte: int = -1
 
 
+class DispatchRateRecord(msgspec.Struct, kw_only=True, rename="camel"):
+    """Pulsar's ``DispatchRate`` JSON (-1: no limit; per ``ratePeriodInSecond``)."""
+
+    dispatch_throttling_rate_in_msg: int = -1
+    dispatch_throttling_rate_in_byte: int = -1
+    relative_to_publish_rate: bool = False
+    rate_period_in_second: int = 1
+
+
 class BacklogQuotaRecord(msgspec.Struct, kw_only=True):
     """One backlog quota as Pulsar's admin JSON has it (``limitSize`` bytes, ``limitTime``
     seconds, -1 unlimited; ``policy`` one of ``producer_request_hold``,
@@ -192,6 +201,14 @@ class NamespacePolicies(msgspec.Struct, kw_only=True):
         default_factory=dict, name="publishMaxMessageRate"
     )
     """Keyed by cluster name, as upstream (a namespace may span clusters)."""
+    topic_dispatch_rate: dict[str, DispatchRateRecord] = msgspec.field(
+        default_factory=dict, name="topicDispatchRate"
+    )
+    """Each topic's dispatch rate, keyed by cluster name as upstream."""
+    subscription_dispatch_rate: dict[str, DispatchRateRecord] = msgspec.field(
+        default_factory=dict, name="subscriptionDispatchRate"
+    )
+    """Each subscription's dispatch rate, keyed by cluster name as upstream."""
     properties: dict[str, str] = msgspec.field(default_factory=dict)
     auth_policies: AuthPolicies = msgspec.field(default_factory=AuthPolicies)
     scalable_autoscale: dict[str, Any] | None = msgspec.field(

@@ -26,9 +26,10 @@ does not stop the others):
   and subscriptions included; a load of its name waits for the deletion and starts afresh;
 * every ``subscription_expiry_check_interval_s``: a durable subscription without a
   consumer for longer than the expiration time is deleted;
-* every ``publish_rate_refresh_interval_s``: each loaded topic takes up its publish rate,
-  and its Shared and Key_Shared subscriptions their caps on unacknowledged messages, as set
-  now (a change made on another broker of a cluster, or since they subscribed).
+* every ``publish_rate_refresh_interval_s``: each loaded topic takes up its publish and
+  dispatch rates, and its Shared and Key_Shared subscriptions their caps on unacknowledged
+  messages, as set now (a change made on another broker of a cluster, or since they
+  subscribed).
 
 Every decision is a pure function (:mod:`anabranch.core.retention`,
 :mod:`anabranch.core.inactive_topics`, ``broker/publish_throttling.py``); this module only
@@ -53,8 +54,7 @@ from anabranch import limits
 from anabranch.broker.config import BrokerConfig
 from anabranch.broker.dispatcher_entries import entry_info
 from anabranch.broker.policies import NamespacePolicies
-from anabranch.broker.publish_throttling import publish_rate_of, put_in_force
-from anabranch.broker.topic_limits import INTERNAL_SUBSCRIPTION_PREFIX, TopicLimits
+from anabranch.broker.topic_limits import INTERNAL_SUBSCRIPTION_PREFIX
 from anabranch.broker.topic_policies import TopicPolicies, TopicPolicyStore
 from anabranch.core.inactive_topics import (
     DeleteMode,
@@ -200,7 +200,7 @@ class RetentionSweeps:
             "non_persistent_idle": 0,
             "inactive_topics": 0,
             "subscription_expiry": 0,
-            "publish_rates": 0,
+            "rates": 0,
         }
         """Completed sweeps by kind (tests wait on them; /metrics could export them)."""
         self.counters = service.counters
@@ -227,7 +227,7 @@ class RetentionSweeps:
                 c.subscription_expiry_check_interval_s,
                 self.sweep_expired_subscriptions,
             ),
-            ("publish_rates", c.publish_rate_refresh_interval_s, self.sweep_publish_rates),
+            ("rates", c.publish_rate_refresh_interval_s, self.sweep_rates),
         ):
             loop = functools.partial(self._every, kind, interval, sweep)
             self._loops.append(
@@ -368,27 +368,19 @@ class RetentionSweeps:
 
     # --- publish rates --------------------------------------------------------------------------
 
-    async def sweep_publish_rates(self) -> None:
-        """Put every loaded topic's current publish rate in force
-        (``broker/publish_throttling.py``), and its subscriptions' caps on unacknowledged
-        messages (``broker/topic_limits.py``)."""
+    async def sweep_rates(self) -> None:
+        """Put every loaded topic's current rates and subscription caps in force
+        (``service.apply_policies``)."""
 
         async def refresh(
             topic: PersistentTopic | NonPersistentTopic,
             policies: NamespacePolicies,
             own: TopicPolicies | None,
         ) -> None:
-            rate = publish_rate_of(self.config, policies, own)
-            put_in_force(topic, rate, self.clock.monotonic())
-            if topic.name in persistent:
-                level = policies if own is None else own.over(policies)
-                caps = TopicLimits.resolve(level, self.config)
-                for subscription in persistent[topic.name].subscriptions.values():
-                    subscription.dispatcher.set_unacked_caps(caps)
+            self.service.apply_policies(topic, policies, own)
 
-        persistent = {topic.name: topic for topic in self.service.loaded_topics()}
         topics: list[PersistentTopic | NonPersistentTopic] = [
-            *persistent.values(),
+            *self.service.loaded_topics(),
             *self.service.loaded_non_persistent_topics(),
         ]
         await self._with_policies(topics, refresh, segments_own=True)

@@ -49,6 +49,7 @@ from anabranch.broker.autoscale import broker_autoscaler
 from anabranch.broker.cluster.ownership import ClusterOwnership
 from anabranch.broker.compaction import Compactions
 from anabranch.broker.config import BrokerConfig
+from anabranch.broker.dispatch_throttling import dispatch_rates_of, put_rates_in_force
 from anabranch.broker.metrics import BrokerCounters
 from anabranch.broker.nonpersistent import NonPersistentTopic
 from anabranch.broker.offload import Offloader
@@ -394,7 +395,7 @@ class BrokerService:
             topic = NonPersistentTopic(key, clock=self.clock, incarnation=self._np_incarnation)
             self._np_topics[key] = topic
             log.info("loaded non-persistent topic %s", key)
-            await self.put_publish_rate_in_force(topic)
+            await self.put_policies_in_force(topic)
         return topic
 
     async def _check_non_persistent(self, name: TopicName, *, create: bool) -> None:
@@ -485,7 +486,7 @@ class BrokerService:
             if isinstance(name, SegmentName):
                 topic.on_drained = self.scalable.segment_drained
             topic.on_storage_failure = self._storage_failed
-            await self.put_publish_rate_in_force(topic, ns_policies)
+            await self.put_policies_in_force(topic, ns_policies)
         except BaseException:
             await ledger.close()
             raise
@@ -615,19 +616,39 @@ class BrokerService:
         """Topics loaded on this broker now."""
         return list(self._topics.values())
 
-    async def put_publish_rate_in_force(
+    async def put_policies_in_force(
         self,
         topic: PersistentTopic | NonPersistentTopic,
         namespace: NamespacePolicies | None = None,
     ) -> None:
-        """Give a topic just loaded its publish rate (``broker/publish_throttling.py``; the
-        sweep keeps it up to date). ``namespace``: its policies, when already read."""
+        """Give a topic just loaded its rates (:meth:`apply_policies`; the sweep keeps
+        them up to date). ``namespace``: its policies, when already read."""
         try:
             namespace, overrides = await self.policy_levels(canonical_topic(topic.name), namespace)
         except NotFound:
             return  # its namespace is being deleted: nothing to publish to for long
-        rate = publish_rate_of(self.config, namespace, overrides)
-        put_in_force(topic, rate, self.clock.monotonic())
+        self.apply_policies(topic, namespace, overrides)
+
+    def apply_policies(
+        self,
+        topic: PersistentTopic | NonPersistentTopic,
+        namespace: NamespacePolicies,
+        overrides: TopicPolicies | None,
+    ) -> None:
+        """Put what a loaded topic applies continuously in force, from the policies given:
+        its publish rate (``broker/publish_throttling.py``) and, on a persistent topic,
+        its dispatch rates (``broker/dispatch_throttling.py``) and its subscriptions' caps
+        on unacknowledged messages (``broker/topic_limits.py``; consumers keep the cap
+        they subscribed with)."""
+        now = self.clock.monotonic()
+        put_in_force(topic, publish_rate_of(self.config, namespace, overrides), now)
+        if isinstance(topic, PersistentTopic):
+            rates = dispatch_rates_of(self.config, namespace, overrides)
+            put_rates_in_force(topic, rates, now)
+            level = namespace if overrides is None else overrides.over(namespace)
+            caps = TopicLimits.resolve(level, self.config)
+            for subscription in topic.subscriptions.values():
+                subscription.dispatcher.set_unacked_caps(caps)
 
     def loaded_topic(self, name: str) -> PersistentTopic | None:
         """The topic if it is loaded here, without loading it."""

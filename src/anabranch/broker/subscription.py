@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from anabranch import limits
 from anabranch.broker.consumer import Consumer, from_u64
+from anabranch.broker.dispatch_throttling import put_in_force
 from anabranch.broker.dispatcher import Dispatcher, make_dispatcher
 from anabranch.broker.dispatcher_entries import (
     acked_count,
@@ -33,6 +34,13 @@ from anabranch.broker.dispatcher_entries import (
 from anabranch.broker.topic_limits import NO_LIMITS, TopicLimits
 from anabranch.clock import Clock
 from anabranch.core.ack_state import AckState
+from anabranch.core.dispatch_rate import (
+    UNLIMITED,
+    Allowance,
+    DispatchRate,
+    DispatchThrottle,
+    combined,
+)
 from anabranch.core.names import TopicName
 from anabranch.core.rate_window import RateWindow
 from anabranch.errors import Closed, ConsumerBusy, InvalidArgument, NotAllowed
@@ -175,6 +183,11 @@ class Subscription:
         self._closed = False
         self.last_active_s = clock.monotonic()
         """When a consumer last came, left or acknowledged (subscription expiration)."""
+        self.dispatch_throttle: DispatchThrottle | None = None
+        """The buckets of the subscription's own dispatch rate (dispatch_throttling.py)."""
+        rate: DispatchRate | None = getattr(topic, "subscription_dispatch_rate", None)
+        if rate is not None:
+            put_in_force(self, rate, clock.monotonic())
 
     @property
     def consumers(self) -> list[Consumer]:
@@ -252,6 +265,25 @@ class Subscription:
         if hasattr(topic, "msg_out_counter"):
             topic.msg_out_counter += messages
             topic.bytes_out_counter += size
+        throttles = self._dispatch_throttles()
+        if throttles:
+            now = self.clock.monotonic()
+            for throttle in throttles:
+                throttle.take(messages=messages, size=size, now=now)
+
+    def dispatch_allowance(self) -> Allowance:
+        """What the dispatch rates in force (the topic's, the subscription's) let go now
+        (``core/dispatch_rate.py``)."""
+        throttles = self._dispatch_throttles()
+        if not throttles:
+            return UNLIMITED
+        now = self.clock.monotonic()
+        return combined([throttle.allowance(now) for throttle in throttles])
+
+    def _dispatch_throttles(self) -> list[DispatchThrottle]:
+        own = self.dispatch_throttle
+        shared: DispatchThrottle | None = getattr(self.topic, "dispatch_throttle", None)
+        return [t for t in (shared, own) if t is not None]
 
     # --- acknowledgements -----------------------------------------------------------------
 

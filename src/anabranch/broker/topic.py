@@ -42,6 +42,7 @@ from anabranch.broker.producer_access import ProducerAccess
 from anabranch.broker.topic_limits import INTERNAL_SUBSCRIPTION_PREFIX, NO_LIMITS, TopicLimits
 from anabranch.clock import Clock
 from anabranch.core.dedup import DedupState, DedupVerdict
+from anabranch.core.dispatch_rate import DispatchRate, DispatchThrottle
 from anabranch.core.inactive_topics import TopicUsage
 from anabranch.core.publish_rate import PublishThrottle
 from anabranch.core.rate_window import RateWindow
@@ -157,6 +158,11 @@ class PersistentTopic(ProducerAccess):
         """When the topic was last seen in use (:meth:`touch`; the inactive-topic sweep)."""
         self.publish_throttle: PublishThrottle | None = None
         """The buckets of the topic's publish rate; None: no limit (publish_throttling.py)."""
+        self.dispatch_throttle: DispatchThrottle | None = None
+        """The buckets of the topic's dispatch rate, shared by its subscriptions; None: no
+        limit (dispatch_throttling.py)."""
+        self.subscription_dispatch_rate = DispatchRate()
+        """Each subscription's own dispatch rate (new subscriptions take it up)."""
         self.compaction: Any = None
         """The topic's ``broker.compaction.TopicCompaction`` once compaction was used."""
         self._exclusive: str | None = None

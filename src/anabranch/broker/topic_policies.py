@@ -25,6 +25,7 @@ import msgspec
 from anabranch import limits
 from anabranch.broker.policies import (
     BacklogQuotaRecord,
+    DispatchRateRecord,
     InactiveTopicPoliciesRecord,
     NamespacePolicies,
     OffloadPoliciesRecord,
@@ -71,6 +72,12 @@ class TopicPolicies(msgspec.Struct, kw_only=True):
     publish_rate: PublishRateRecord | None = msgspec.field(default=None, name="publishRate")
     """Not merged by :meth:`over` (the namespace's is per cluster): see
     ``broker/publish_throttling.py``."""
+    dispatch_rate: DispatchRateRecord | None = msgspec.field(default=None, name="dispatchRate")
+    subscription_dispatch_rate: DispatchRateRecord | None = msgspec.field(
+        default=None, name="subscriptionDispatchRate"
+    )
+    """Neither dispatch rate is merged by :meth:`over` (the namespace's are per cluster):
+    see ``broker/dispatch_throttling.py``."""
 
     def over(self, namespace: NamespacePolicies) -> NamespacePolicies:
         """The namespace's policies with this topic's overrides applied.

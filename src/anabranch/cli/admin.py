@@ -651,6 +651,48 @@ def _policy_commands(app: typer.Typer) -> None:
         _run(lambda c: c.remove_publish_rate(target), output,
              f"publish rate of {target} removed")  # fmt: skip
 
+    for prefix, per_subscription in (("", False), ("subscription-", True)):
+        _dispatch_rate_commands(app, prefix, per_subscription)
+
+
+def _dispatch_rate_commands(app: typer.Typer, prefix: str, per_subscription: bool) -> None:
+    """pulsar-admin's ``set-``/``get-``/``remove-[subscription-]dispatch-rate``."""
+    noun = ("each subscription's" if per_subscription else "the topic's") + " dispatch rate"
+
+    def set_rate(
+        target: Target,
+        messages: Annotated[
+            int, typer.Option("--msg-dispatch-rate", "-md", help="Messages (-1: no limit).")
+        ] = -1,
+        size: Annotated[
+            int, typer.Option("--byte-dispatch-rate", "-bd", help="Bytes (-1: no limit).")
+        ] = -1,
+        period: Annotated[
+            int, typer.Option("--dispatch-rate-period", "-dt", help="Seconds per period.")
+        ] = 1,
+        output: OutputOpt = None,
+    ) -> None:
+        _run(lambda c: c.set_dispatch_rate(target, subscription=per_subscription,
+                                           messages=messages, size=size, period_s=period),
+             output, f"{noun} of {target} set")  # fmt: skip
+
+    def get_rate(
+        target: Target,
+        applied: Annotated[bool, typer.Option(help="The rate in force on a topic.")] = False,
+        output: OutputOpt = None,
+    ) -> None:
+        _run(lambda c: c.get_dispatch_rate(target, subscription=per_subscription,
+                                           applied=applied),
+             output, f"{noun} of {target}")  # fmt: skip
+
+    def remove_rate(target: Target, output: OutputOpt = None) -> None:
+        _run(lambda c: c.remove_dispatch_rate(target, subscription=per_subscription), output,
+             f"{noun} of {target} removed")  # fmt: skip
+
+    app.command(f"set-{prefix}dispatch-rate", help=f"Set {noun}.")(set_rate)
+    app.command(f"get-{prefix}dispatch-rate", help=f"Get {noun} (null: unset).")(get_rate)
+    app.command(f"remove-{prefix}dispatch-rate", help=f"Remove {noun}.")(remove_rate)
+
 
 _policy_commands(namespaces_app)
 _policy_commands(topics_app)

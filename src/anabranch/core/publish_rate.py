@@ -36,23 +36,29 @@ class PublishRate:
 
 
 class TokenBucket:
-    """One rate; see the module docstring."""
+    """One rate; see the module docstring. ``burst``: what the bucket holds when full
+    (default: one second of the rate)."""
 
-    __slots__ = ("_at", "_tokens", "rate")
+    __slots__ = ("_at", "_burst", "_tokens", "rate")
 
-    def __init__(self, rate: float, now: float) -> None:
+    def __init__(self, rate: float, now: float, burst: float | None = None) -> None:
         self.rate = rate
-        self._tokens = rate
+        self._burst = rate if burst is None else burst
+        self._tokens = self._burst
         self._at = now
+
+    def level(self, now: float) -> float:
+        """The tokens in the bucket at ``now`` (below zero: over the rate)."""
+        if now > self._at:
+            self._tokens = min(self._burst, self._tokens + (now - self._at) * self.rate)
+            self._at = now
+        return self._tokens
 
     def take(self, amount: float, now: float) -> float:
         """Take ``amount``; seconds until the bucket is back at zero (0.0: not over)."""
         if self.rate <= 0:
             return 0.0
-        if now > self._at:
-            self._tokens = min(self.rate, self._tokens + (now - self._at) * self.rate)
-            self._at = now
-        self._tokens -= amount
+        self._tokens = self.level(now) - amount
         return 0.0 if self._tokens >= 0 else -self._tokens / self.rate
 
 
