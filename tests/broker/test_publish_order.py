@@ -41,7 +41,7 @@ class HeldJoinBuffer(NoTransactionBuffer):
         self.error: Exception | None = None
         self.joined: set[TxnId] = set()
 
-    async def prepare(self, txn_id: TxnId) -> None:
+    async def prepare(self, txn_id: TxnId, role: str | None = None) -> None:
         if txn_id in self.joined:
             return
         await self.release.wait()

@@ -82,6 +82,11 @@ class Authorizer:
         self.enforced = enforced
         """False: Pulsar's ``authorizationEnabled=false`` (only CLUSTER is checked)."""
 
+    def txn_role(self, role: str | None) -> str | None:
+        """The role a transaction must be owned by for ``role`` to add to it or end it:
+        None (any transaction) with authentication off or for a superuser."""
+        return None if role is None or role in self.superusers else role
+
     async def is_allowed(self, role: str | None, need: Need, resource: Resource) -> bool:
         """Whether ``role`` may do ``need`` on ``resource``."""
         unscoped = role is None or role in self.superusers or not need.scoped

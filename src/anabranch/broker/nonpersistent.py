@@ -147,11 +147,12 @@ class NonPersistentTopic(ProducerAccess):
         num_messages: int,
         *,
         txn: TxnId | None = None,
+        role: str | None = None,
     ) -> asyncio.Future[Position]:
         """Dispatch one SEND to the subscriptions now; the future is already resolved
         with its message id (DROPPED_POSITION when the in-flight bound dropped it).
-        Raises NonPersistentUnsupported for a transactional send, TopicTerminated while
-        closing."""
+        Raises NonPersistentUnsupported for a transactional send (whatever ``role``),
+        TopicTerminated while closing."""
         if txn is not None:
             raise NonPersistentUnsupported("transactions")
         if self._closing:

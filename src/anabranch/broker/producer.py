@@ -86,11 +86,18 @@ class Producer:
         try:
             self._validate(frame)
             assert frame.metadata is not None
-            txn = None
+            txn = role = None
             if cmd.HasField("txnid_most_bits") or cmd.HasField("txnid_least_bits"):
                 txn = TxnId(cmd.txnid_most_bits, cmd.txnid_least_bits)
+                role = self.session.service.authorizer.txn_role(getattr(self.session, "role", None))
             future = self.topic.publish(
-                self.name, cmd.sequence_id, highest, frame.entry, cmd.num_messages, txn=txn
+                self.name,
+                cmd.sequence_id,
+                highest,
+                frame.entry,
+                cmd.num_messages,
+                txn=txn,
+                role=role,
             )
         except BaseException as err:  # a refused send is answered in its turn
             future = _failed(err)

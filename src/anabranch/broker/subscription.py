@@ -350,7 +350,8 @@ class Subscription:
             else:
                 full.append(pos)
         if full:
-            await self.pending_acks.acknowledge(txn, full, cumulative=False)
+            role = _txn_role(consumer) if txn is not None else None
+            await self.pending_acks.acknowledge(txn, full, cumulative=False, role=role)
             if txn is None:
                 self.dispatcher.acked(consumer, full)
 
@@ -424,7 +425,8 @@ class Subscription:
             target = Position(pos[0], pos[1] - 1)
         if target <= self.cursor.mark_delete_position:
             return
-        await self.pending_acks.acknowledge(txn, [target], cumulative=True)
+        role = _txn_role(consumer) if txn is not None else None
+        await self.pending_acks.acknowledge(txn, [target], cumulative=True, role=role)
         if txn is None:
             self.dispatcher.acked_cumulative(consumer, target)
 
@@ -511,6 +513,15 @@ class Subscription:
         }
         out.update(self.dispatcher.stats())
         return out
+
+
+def _txn_role(consumer: Consumer) -> str | None:
+    """The role a transaction must be owned by for this consumer to ack in it."""
+    service = getattr(consumer.session, "service", None)
+    if service is None:  # a test's stand-in connection
+        return None
+    role: str | None = service.authorizer.txn_role(getattr(consumer.session, "role", None))
+    return role
 
 
 def _drop_from_session(consumer: Consumer) -> None:

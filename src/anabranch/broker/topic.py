@@ -81,9 +81,10 @@ NEVER_COMPACTED = {
 _U16 = struct.Struct(">H")
 _I32 = struct.Struct(">i")
 
-_Send = tuple["asyncio.Future[Position]", str, int, bytes, int, "TxnId | None", int]
+_Send = tuple["asyncio.Future[Position]", str, int, bytes, int, "TxnId | None", int, "str | None"]
 """A judged send waiting for its append: (future, producer, last sequence id, entry,
-message count, transaction, the producer's send generation when it was judged)."""
+message count, transaction, the producer's send generation when it was judged, the role
+the transaction must be owned by: ``Authorizer.txn_role``)."""
 
 
 def entry_metadata(entry: bytes) -> pb.MessageMetadata:
@@ -348,10 +349,12 @@ class PersistentTopic(ProducerAccess):
         num_messages: int,
         *,
         txn: TxnId | None = None,
+        role: str | None = None,
     ) -> asyncio.Future[Position]:
         """Judge and start storing one SEND (see the module docstring); call in the order
         the SENDs arrived. Raises TopicTerminated/InvalidArgument synchronously. A send in
-        transaction ``txn`` goes through the transaction buffer (op record first).
+        transaction ``txn`` goes through the transaction buffer (op record first), refused
+        unless ``role`` may write in it (``Authorizer.txn_role``; None: any).
 
         Sends published in one loop iteration (e.g. every SEND of one socket read) are
         stored with one ``append_many`` by one task: no task per send.
@@ -361,13 +364,19 @@ class PersistentTopic(ProducerAccess):
         if self.quota.blocked is not None or self.quota.held:
             held = self.quota.admit(
                 lambda: self._publish(
-                    producer_name, sequence_id, highest_sequence_id, entry, num_messages, txn=txn
+                    producer_name,
+                    sequence_id,
+                    highest_sequence_id,
+                    entry,
+                    num_messages,
+                    txn=txn,
+                    role=role,
                 )
             )
             if held is not None:
                 return held
         return self._publish(
-            producer_name, sequence_id, highest_sequence_id, entry, num_messages, txn=txn
+            producer_name, sequence_id, highest_sequence_id, entry, num_messages, txn=txn, role=role
         )
 
     def _publish(
@@ -379,6 +388,7 @@ class PersistentTopic(ProducerAccess):
         num_messages: int,
         *,
         txn: TxnId | None = None,
+        role: str | None = None,
     ) -> asyncio.Future[Position]:
         last = last_sequence_id(sequence_id, num_messages, highest_sequence_id)
         # A resend of what the sealed ledger already holds (its receipt was lost with a
@@ -411,7 +421,7 @@ class PersistentTopic(ProducerAccess):
             group = self._group = []
             loop.call_soon(self._start_group)
         generation = self._send_generation.get(producer_name, 0)
-        group.append((fut, producer_name, last, entry, num_messages, txn, generation))
+        group.append((fut, producer_name, last, entry, num_messages, txn, generation, role))
         self._last_append = fut
         return fut
 
@@ -467,11 +477,16 @@ class PersistentTopic(ProducerAccess):
                 runs.append((send[5], [index]))
         results: list[Position | Exception | None] = [None] * len(group)
         for txn, indices in runs:
-            if txn is not None:
+            if txn is None:
+                continue
+            by_role: dict[str | None, list[int]] = {}
+            for index in indices:
+                by_role.setdefault(group[index][7], []).append(index)
+            for role, sends in by_role.items():
                 try:
-                    await self.transaction_buffer.prepare(txn)
+                    await self.transaction_buffer.prepare(txn, role)
                 except Exception as err:
-                    self._fail_sends(group, indices, err, results)
+                    self._fail_sends(group, sends, err, results)
         async with asyncio.TaskGroup() as runs_group:
             for txn, indices in runs:
                 runs_group.create_task(self._append_run(group, txn, indices, results))

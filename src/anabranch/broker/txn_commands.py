@@ -36,12 +36,12 @@ from anabranch.errors import (
     NonPersistentUnsupported,
     ResourceLimitReached,
     TransactionCoordinatorNotFound,
-    TransactionNotFound,
     TransactionTooLarge,
 )
 from anabranch.protocol._generated import pulsar_api_pb2 as pb
 from anabranch.transactions.ids import TxnId
 from anabranch.transactions.keys import BINDING_ATTR, TransactionKeys
+from anabranch.transactions.op_records import check_owner
 from anabranch.transactions.records import TxnState
 
 log = logging.getLogger(__name__)
@@ -59,19 +59,15 @@ def _coordinator(session: Session) -> Any:
 
 
 async def _check_owner(session: Session, txn: TxnId) -> None:
-    """Pulsar's ownership rule: with authentication on, only the role that opened a
-    transaction, or a superuser, may add to it or end it; anyone else gets
-    TransactionNotFound, as upstream answers (transaction ids are sequential, so they are
-    easy to guess). An unknown transaction is left to the command itself."""
-    role = getattr(session, "role", None)
-    if role is None or role in session.service.authorizer.superusers:
+    """Pulsar's ownership rule (``op_records.check_owner``); an unknown transaction is
+    left to the command itself."""
+    role = session.service.authorizer.txn_role(getattr(session, "role", None))
+    if role is None:
         return
     coordinator = _coordinator(session)
     header = coordinator.open_header(txn) or await coordinator.get(txn)
-    if header is not None and header.owner is not None and header.owner != role:
-        raise TransactionNotFound(
-            f"role {role} is neither the owner of transaction {txn} nor a superuser"
-        )
+    if header is not None:
+        check_owner(txn, header.owner, role)
 
 
 @contextlib.contextmanager

@@ -49,9 +49,10 @@ class TransactionBuffer(Protocol):
         topic relies on that to keep its appends in send order)."""
         ...
 
-    async def prepare(self, txn_id: TxnId) -> None:
+    async def prepare(self, txn_id: TxnId, role: str | None = None) -> None:
         """Join ``txn_id`` (whatever must be durable before its first entry); raises as
-        ``append_many`` would."""
+        ``append_many`` would, and TransactionNotFound when ``role`` may not write in it
+        (``op_records.check_owner``; None: no check)."""
         ...
 
     async def close(self) -> None: ...
@@ -80,7 +81,7 @@ class NoTransactionBuffer:
     async def append_many(self, txn_id: TxnId, entries: Sequence[bytes]) -> list[Position]:
         raise TransactionCoordinatorNotFound("transactions are not enabled on this broker")
 
-    async def prepare(self, txn_id: TxnId) -> None:
+    async def prepare(self, txn_id: TxnId, role: str | None = None) -> None:
         raise TransactionCoordinatorNotFound("transactions are not enabled on this broker")
 
     async def close(self) -> None:

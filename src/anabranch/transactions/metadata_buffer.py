@@ -73,6 +73,7 @@ from anabranch.transactions.ids import TxnId
 from anabranch.transactions.op_records import (
     OutcomeWork,
     check_joinable,
+    check_owner,
     delete_ops,
     join_and_count,
     op_count,
@@ -98,6 +99,8 @@ class _Participant:
     """The COMMIT's own CAS deleted the op records (this broker's coordinator)."""
     offered: bool = False
     """Those deletions ride on a COMMIT's CAS whose result is not known yet."""
+    owner: str | None = None
+    """The role that opened the transaction (None: authentication was off)."""
 
 
 class MetadataTransactionBuffer:
@@ -184,11 +187,13 @@ class MetadataTransactionBuffer:
         self._after_append()
         return list(positions)
 
-    async def prepare(self, txn_id: TxnId) -> None:
+    async def prepare(self, txn_id: TxnId, role: str | None = None) -> None:
         """Join ``txn_id`` now (its op record), ahead of its first append (a producer's
         ADD_PARTITION_TO_TXN); raises as that append would (not found, conflict, too
-        large)."""
-        await self._participant(txn_id)
+        large), and TransactionNotFound when ``role`` may not write in it (``check_owner``;
+        None: no check)."""
+        participant = await self._participant(txn_id)
+        check_owner(txn_id, participant.owner, role)
 
     def _refuse_if_finished(self, txn: TxnId) -> None:
         state = self._finished.get(txn)
@@ -227,7 +232,7 @@ class MetadataTransactionBuffer:
         known = self._outcomes.local_header(txn)
         next_seq = -1
         if known is None:
-            _, next_seq = await join_and_count(self._store, txn, self._clock.wall_ms())
+            known, _, next_seq = await join_and_count(self._store, txn, self._clock.wall_ms())
         else:
             check_joinable(txn, known, self._clock.wall_ms())
         # Registered before the guarded write: an outcome decided after it can only be
@@ -257,7 +262,7 @@ class MetadataTransactionBuffer:
             self._work.wake()
             raise
         self.op_writes += 1
-        participant = self._participants[txn] = _Participant([seq])
+        participant = self._participants[txn] = _Participant([seq], owner=known.owner)
         if txn not in self._finished:  # an outcome can arrive while the write returns
             self._state.open_txn(txn)
         self._work.wake()  # an outcome delivered during the write can be persisted now

@@ -63,7 +63,13 @@ from anabranch.metadata.api import MetadataStore
 from anabranch.storage.api import Cursor, Position
 from anabranch.transactions import records
 from anabranch.transactions.ids import TxnId
-from anabranch.transactions.op_records import OutcomeWork, delete_ops, join_and_count, write_op
+from anabranch.transactions.op_records import (
+    OutcomeWork,
+    check_owner,
+    delete_ops,
+    join_and_count,
+    write_op,
+)
 from anabranch.transactions.outcomes import TxnOutcomes
 from anabranch.transactions.records import TxnState
 
@@ -86,6 +92,8 @@ class _AckTxn:
     writing: int = 0
     """Acks of this transaction whose op record is being written."""
     joined: bool = False
+    owner: str | None = None
+    """The role that opened the transaction (None: authentication was off)."""
     applied: bool = False
     """The outcome reached memory and callbacks; only the durable cleanup may remain."""
 
@@ -140,22 +148,28 @@ class MetadataPendingAckStore:
         return self._cumulative is not None and position <= self._cumulative[1]
 
     async def acknowledge(
-        self, txn_id: TxnId | None, positions: Sequence[Position], *, cumulative: bool
+        self,
+        txn_id: TxnId | None,
+        positions: Sequence[Position],
+        *,
+        cumulative: bool,
+        role: str | None = None,
     ) -> None:
-        """Ack now (``txn_id`` None) or hold the ack pending until ``txn_id`` ends."""
+        """Ack now (``txn_id`` None) or hold the ack pending until ``txn_id`` ends;
+        TransactionNotFound when ``role`` may not ack in it (``check_owner``)."""
         if not positions:
             return
         if txn_id is None:
             await self._plain_ack(positions, cumulative)
         elif cumulative:
-            await self._txn_ack(txn_id, [], max(positions))
+            await self._txn_ack(txn_id, [], max(positions), role)
         else:
             if len(positions) > limits.TXN_ACK_POSITIONS_PER_RECORD_MAX:
                 raise TransactionTooLarge(
                     f"{len(positions)} positions in one transactional ack "
                     f"(limit {limits.TXN_ACK_POSITIONS_PER_RECORD_MAX})"
                 )
-            await self._txn_ack(txn_id, sorted(set(positions)), None)
+            await self._txn_ack(txn_id, sorted(set(positions)), None, role)
 
     async def _plain_ack(self, positions: Sequence[Position], cumulative: bool) -> None:
         if cumulative:
@@ -196,10 +210,12 @@ class MetadataPendingAckStore:
                 self._conflict(f"{target.ledger_id}:{target.entry_id} is already acknowledged")
 
     async def _txn_ack(
-        self, txn: TxnId, individual: list[Position], target: Position | None
+        self, txn: TxnId, individual: list[Position], target: Position | None, role: str | None
     ) -> None:
         self._check(txn, individual, target)
         entry = self._txns.setdefault(txn, _AckTxn())
+        if entry.joined:
+            check_owner(txn, entry.owner, role)
         fresh = [p for p in individual if p not in entry.individual]
         previous = entry.cumulative
         if target is not None and previous is not None and target <= previous:
@@ -216,6 +232,7 @@ class MetadataPendingAckStore:
         entry.writing += 1
         try:
             await self._join(txn, entry)
+            check_owner(txn, entry.owner, role)
             if entry.records >= limits.TXN_OP_RECORDS_MAX:
                 raise TransactionTooLarge(f"transaction {txn} has too many op records")
             op = records.TxnOp(
@@ -272,9 +289,10 @@ class MetadataPendingAckStore:
             joining = asyncio.get_running_loop().create_future()
             self._joining[txn] = joining
             try:
-                entry.records, entry.next_seq = await join_and_count(
+                header, entry.records, entry.next_seq = await join_and_count(
                     self._store, txn, self._clock.wall_ms()
                 )
+                entry.owner = header.owner
                 # Registered before any guarded write: see MetadataTransactionBuffer._join.
                 self._outcomes.register(txn, self)
                 entry.joined = True

@@ -58,12 +58,15 @@ OPEN_VERSION = 1
 """The header's version while OPEN (created at 1; the finalizing CAS makes it 2)."""
 
 
-async def join(store: MetadataStore, txn: TxnId, now_ms: int) -> None:
-    """Refuse to join ``txn`` unless its header is OPEN and within its deadline."""
+async def join(store: MetadataStore, txn: TxnId, now_ms: int) -> records.TxnHeader:
+    """Refuse to join ``txn`` unless its header is OPEN and within its deadline; returns
+    the header."""
     record = await store.get(records.header_path(txn))
     if record is None:
         raise TransactionNotFound(f"transaction {txn} not found")
-    check_joinable(txn, records.decode_header(record.value), now_ms)
+    header = records.decode_header(record.value)
+    check_joinable(txn, header, now_ms)
+    return header
 
 
 def check_joinable(txn: TxnId, header: records.TxnHeader, now_ms: int) -> None:
@@ -75,9 +78,31 @@ def check_joinable(txn: TxnId, header: records.TxnHeader, now_ms: int) -> None:
         raise TransactionConflict(f"transaction {txn} timed out")
 
 
-async def join_and_count(store: MetadataStore, txn: TxnId, now_ms: int) -> tuple[int, int]:
+def check_owner(txn: TxnId, owner: str | None, role: str | None) -> None:
+    """Pulsar's ownership rule: with authentication on, only the role that opened a
+    transaction (``owner``), or a superuser (``role`` None, as with authentication off),
+    may add to it or end it. Anyone else gets TransactionNotFound, as upstream answers:
+    transaction ids are sequential, so they are easy to guess.
+
+    Example:
+        >>> check_owner(TxnId(0, 1), "app", None)
+        >>> check_owner(TxnId(0, 1), "app", "intruder")
+        Traceback (most recent call last):
+        ...
+        anabranch.errors.TransactionNotFound: role intruder is neither the owner of transaction 0_1 nor a superuser
+    """  # noqa: E501 (a doctest's output is one line)
+    if role is not None and owner is not None and owner != role:
+        raise TransactionNotFound(
+            f"role {role} is neither the owner of transaction {txn} nor a superuser"
+        )
+
+
+async def join_and_count(
+    store: MetadataStore, txn: TxnId, now_ms: int
+) -> tuple[records.TxnHeader, int, int]:
     """:func:`join` and :func:`op_count` as one round trip (both reads run together; a
-    refusal to join wins over the count)."""
+    refusal to join wins over the count): the header, its op records, the next free
+    sequence."""
     joined, counted = await asyncio.gather(
         join(store, txn, now_ms), op_count(store, txn), return_exceptions=True
     )
@@ -85,7 +110,7 @@ async def join_and_count(store: MetadataStore, txn: TxnId, now_ms: int) -> tuple
         raise joined
     if isinstance(counted, BaseException):
         raise counted
-    return counted
+    return joined, *counted
 
 
 async def op_count(store: MetadataStore, txn: TxnId) -> tuple[int, int]:

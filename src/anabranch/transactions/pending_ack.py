@@ -27,9 +27,16 @@ class PendingAckStore(Protocol):
     """Where a subscription's acknowledgements go."""
 
     async def acknowledge(
-        self, txn_id: TxnId | None, positions: Sequence[Position], *, cumulative: bool
+        self,
+        txn_id: TxnId | None,
+        positions: Sequence[Position],
+        *,
+        cumulative: bool,
+        role: str | None = None,
     ) -> None:
-        """Ack now (``txn_id`` None) or hold the ack pending until ``txn_id`` ends."""
+        """Ack now (``txn_id`` None) or hold the ack pending until ``txn_id`` ends;
+        TransactionNotFound when ``role`` may not ack in it (``op_records.check_owner``;
+        None: no check)."""
         ...
 
     def is_pending(self, position: Position) -> bool:
@@ -51,7 +58,12 @@ class NoPendingAckStore:
         self._durable = durable
 
     async def acknowledge(
-        self, txn_id: TxnId | None, positions: Sequence[Position], *, cumulative: bool
+        self,
+        txn_id: TxnId | None,
+        positions: Sequence[Position],
+        *,
+        cumulative: bool,
+        role: str | None = None,
     ) -> None:
         if txn_id is not None:
             if not self._durable:
