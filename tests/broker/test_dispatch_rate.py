@@ -7,21 +7,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from anabranch.admin.client import AdminClient, AdminHttpError
-from anabranch.aio import Client
+from anabranch.admin.client import AdminHttpError
 from anabranch.core.dispatch_rate import DispatchRate, DispatchThrottle
-from anabranch.testing.broker import InProcessBroker
-
-NS = "public/default"
-
+from tests.broker.policy_world import NS, PolicyWorld, worlds
 
 # --- the buckets (pure) --------------------------------------------------------------------
 
@@ -67,16 +61,7 @@ def test_no_limit_lets_anything_go_and_bytes_alone_stop_at_zero() -> None:
 # --- on a broker ---------------------------------------------------------------------------
 
 
-@dataclass
-class World:
-    broker: InProcessBroker
-    admin: AdminClient
-    client: Client
-
-    @staticmethod
-    def topic(name: str) -> str:
-        return f"persistent://{NS}/{name}"
-
+class World(PolicyWorld):
     async def produce(self, topic: str, count: int, size: int = 10) -> None:
         producer = await self.client.create_producer(topic, batching=False)
         for i in range(count):
@@ -100,16 +85,9 @@ class World:
         return elapsed
 
 
-async def world_of(tmp_path: Path, **config: Any) -> AsyncIterator[World]:
-    async with InProcessBroker(tmp_path / "data", **config) as broker:
-        assert broker.http_url is not None
-        async with AdminClient(broker.http_url) as admin, Client(broker.service_url) as client:
-            yield World(broker, admin, client)
-
-
 @pytest.fixture
 async def world(tmp_path: Path) -> AsyncIterator[World]:
-    async for w in world_of(tmp_path):
+    async for w in worlds(World, tmp_path):
         yield w
 
 
@@ -151,7 +129,7 @@ async def test_a_byte_rate_with_a_period_paces_by_size(world: World) -> None:
 
 
 async def test_the_brokers_default_rate_applies_without_a_policy(tmp_path: Path) -> None:
-    async for world in world_of(tmp_path, dispatch_throttling_rate_per_subscription_in_msg=25):
+    async for world in worlds(World, tmp_path, dispatch_throttling_rate_per_subscription_in_msg=25):
         topic = world.topic("dispatch-default")
         await world.produce(topic, 50)
         applied = await world.admin.get_dispatch_rate(topic, subscription=True, applied=True)

@@ -8,7 +8,6 @@ import asyncio
 import copy
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -16,12 +15,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from anabranch.admin.client import AdminClient, AdminHttpError
-from anabranch.aio import Client
+from anabranch.admin.client import AdminHttpError
 from anabranch.core.publish_rate import PublishRate, PublishThrottle, TokenBucket
-from anabranch.testing.broker import InProcessBroker
-
-NS = "public/default"
+from tests.broker.policy_world import NS, PolicyWorld, worlds
 
 # --- the buckets (pure) ----------------------------------------------------------------------
 
@@ -57,16 +53,7 @@ def test_the_slower_of_the_two_rates_decides_and_unlimited_never_waits() -> None
 # --- on a broker -----------------------------------------------------------------------------
 
 
-@dataclass
-class World:
-    broker: InProcessBroker
-    admin: AdminClient
-    client: Client
-
-    @staticmethod
-    def topic(name: str) -> str:
-        return f"persistent://{NS}/{name}"
-
+class World(PolicyWorld):
     @property
     def throttled(self) -> int:
         return self.broker.service.counters.publish_throttled
@@ -82,16 +69,9 @@ class World:
         return elapsed
 
 
-async def world_of(tmp_path: Path, **config: Any) -> AsyncIterator[World]:
-    async with InProcessBroker(tmp_path / "data", **config) as broker:
-        assert broker.http_url is not None
-        async with AdminClient(broker.http_url) as admin, Client(broker.service_url) as client:
-            yield World(broker, admin, client)
-
-
 @pytest.fixture
 async def world(tmp_path: Path) -> AsyncIterator[World]:
-    async for w in world_of(tmp_path):
+    async for w in worlds(World, tmp_path):
         yield w
 
 
@@ -132,7 +112,7 @@ async def test_a_topic_rate_of_bytes_wins_over_its_namespace(world: World) -> No
 async def test_the_broker_default_applies_to_persistent_and_non_persistent_topics(
     tmp_path: Path,
 ) -> None:
-    async for w in world_of(tmp_path, max_publish_rate_per_topic_in_messages=100):
+    async for w in worlds(World, tmp_path, max_publish_rate_per_topic_in_messages=100):
         assert await w.produce_s(w.topic("rate-default"), 250) >= 1.2
         assert await w.produce_s(f"non-persistent://{NS}/rate-default", 250) >= 1.2
 

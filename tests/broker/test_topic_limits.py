@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -24,27 +23,15 @@ from anabranch.broker.topic_limits import CAP_FIELDS, TopicLimits
 from anabranch.client.errors import ConsumerBusy
 from anabranch.errors import NotAllowed, ProducerBusy
 from anabranch.testing.broker import InProcessBroker
+from tests.broker.policy_world import NS, PolicyWorld, worlds
 
-NS = "public/default"
-
-
-@dataclass
-class World:
-    broker: InProcessBroker
-    admin: AdminClient
-    client: Client
-
-    @staticmethod
-    def topic(name: str) -> str:
-        return f"persistent://{NS}/{name}"
+World = PolicyWorld
 
 
 @pytest.fixture
 async def world(tmp_path: Path) -> AsyncIterator[World]:
-    async with InProcessBroker(tmp_path / "data") as broker:
-        assert broker.http_url is not None
-        async with AdminClient(broker.http_url) as admin, Client(broker.service_url) as client:
-            yield World(broker, admin, client)
+    async for w in worlds(World, tmp_path):
+        yield w
 
 
 # --- the resolution (pure) -------------------------------------------------------------------

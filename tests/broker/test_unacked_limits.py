@@ -6,7 +6,6 @@ messages at their cap and start again once acknowledgements bring them down to h
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -15,15 +14,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from anabranch import limits
-from anabranch.admin.client import AdminClient, AdminHttpError
-from anabranch.aio import Client
+from anabranch.admin.client import AdminHttpError
 from anabranch.broker.topic_limits import TopicLimits
 from anabranch.client.consumer import Consumer, PartitionedConsumer
 from anabranch.client.message import Message
 from anabranch.core.unacked_gate import UnackedGate
-from anabranch.testing.broker import InProcessBroker
+from tests.broker.policy_world import NS, PolicyWorld, worlds
 
-NS = "public/default"
 QUIET_S = 0.4
 """How long a consumer at its cap must get nothing (the broker would have sent at once)."""
 
@@ -55,16 +52,7 @@ def test_the_gate_closes_at_the_cap_and_opens_at_half(
 # --- on a broker ---------------------------------------------------------------------------
 
 
-@dataclass
-class World:
-    broker: InProcessBroker
-    admin: AdminClient
-    client: Client
-
-    @staticmethod
-    def topic(name: str) -> str:
-        return f"persistent://{NS}/{name}"
-
+class World(PolicyWorld):
     async def produce(self, topic: str, count: int) -> None:
         producer = await self.client.create_producer(topic, batching=False)
         for i in range(count):
@@ -78,10 +66,8 @@ class World:
 
 @pytest.fixture
 async def world(tmp_path: Path) -> AsyncIterator[World]:
-    async with InProcessBroker(tmp_path / "data") as broker:
-        assert broker.http_url is not None
-        async with AdminClient(broker.http_url) as admin, Client(broker.service_url) as client:
-            yield World(broker, admin, client)
+    async for w in worlds(World, tmp_path):
+        yield w
 
 
 async def drain(consumer: Consumer | PartitionedConsumer) -> list[Message]:
