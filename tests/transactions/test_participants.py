@@ -886,3 +886,41 @@ async def test_recovery_rebuilds_pending_acks(env: Env) -> None:
     assert len(await keys(env.store, records.OPS)) == 1  # T1's, still open
     await again.acknowledge(T1, [p[2]], cumulative=False)  # joins without a header read
     await again.close()
+
+
+async def test_a_stale_owners_late_abort_keeps_the_new_owners_positions(env: Env) -> None:
+    """Found by the soak (seed 15102): a broker paused with a transaction's entry on a
+    segment; the new owner recovered the transaction as OPEN and took its resent entries;
+    the abort was persisted by the new owner, then by the old one when it resumed, whose
+    record held only its own entry. After the next load the new owner's entries were read
+    as committed. The record now only grows."""
+    await open_txn(env.store, env.clock, T1)
+    ledger = await env.factory.open(TOPIC)
+    # Each broker has its own outcome listener; these are woken by hand, in the order of
+    # the incident (no watch: neither is started).
+    old_outcomes, new_outcomes = (
+        TxnOutcomes(env.store, env.clock),
+        TxnOutcomes(env.store, env.clock),
+    )
+
+    async def owner(outcomes: TxnOutcomes) -> MetadataTransactionBuffer:
+        buf = MetadataTransactionBuffer(
+            TOPIC, ledger, env.store, outcomes, env.clock, on_change=lambda: None
+        )
+        await buf.recover()
+        env.buffers.append(buf)
+        return buf
+
+    old = await owner(old_outcomes)
+    a = await old.append(T1, entry(0))
+    new = await owner(new_outcomes)  # takes over while the old one is paused
+    b = await new.append(T1, entry(1))
+    await finish(env.store, env.clock, T1, ABORTED)
+    new_outcomes.wake(T1, ABORTED)
+    await new.wait_persisted()
+    old_outcomes.wake(T1, ABORTED)  # the old owner resumes
+    await old.wait_persisted()
+    record = await env.store.get(records.aborted_path(TOPIC, T1))
+    assert record is not None and records.decode_aborted(record.value).positions == (a, b)
+    again = await env.buffer(ledger)
+    assert again.is_aborted(a) and again.is_aborted(b)

@@ -65,7 +65,7 @@ from anabranch import limits
 from anabranch.clock import Clock
 from anabranch.core.txn_buffer_state import TxnBufferState
 from anabranch.errors import TransactionConflict, TransactionTooLarge
-from anabranch.metadata.api import Delete, MetadataStore, Op, Put
+from anabranch.metadata.api import MUST_NOT_EXIST, Delete, MetadataStore, Op, Put
 from anabranch.storage.api import ManagedLedger, Position
 from anabranch.transactions import records
 from anabranch.transactions.entry_stamp import entry_txn_branch, stamp_txn_branch
@@ -323,16 +323,32 @@ class MetadataTransactionBuffer:
         if not (participant.cleaned and state is TxnState.COMMITTED):
             first: list[Op] = []
             # ABORTED, or COMMITTED with winners: the entries of losing branches.
-            positions = tuple(Position(*p) for p in self._state.aborted_positions(txn))
+            positions = {Position(*p) for p in self._state.aborted_positions(txn)}
             if positions:
-                value = records.encode_aborted(records.AbortedRecord(positions))
-                first.append(Put(records.aborted_path(self._topic, txn), value))
+                first.append(await self._aborted_record_put(txn, positions))
             await delete_ops(self._store, txn, self._op_paths(txn, participant), first)
             self.aborted_writes += bool(first)
         self.op_deletes += 1
         del self._participants[txn]
         self._outcomes.unregister(txn, self)
         return True
+
+    async def _aborted_record_put(self, txn: TxnId, positions: set[Position]) -> Put:
+        """The write of ``txn``'s aborted record holding ``positions`` and those already
+        recorded, guarded by the version read. Another owner of the topic may have written
+        it: a new one while this broker was paused, which took later entries of the
+        transaction, and then this one, late (its work runs when it resumes, before it
+        learns it lost the topic). A plain put would shrink the record to what this one
+        knew, and the new owner's entries would be read as committed after the next load.
+        An aborted entry stays aborted: the union is always right."""
+        path = records.aborted_path(self._topic, txn)
+        existing = await self._store.get(path)
+        version = MUST_NOT_EXIST
+        if existing is not None:
+            positions |= set(records.decode_aborted(existing.value).positions)
+            version = existing.stat.version
+        value = records.encode_aborted(records.AbortedRecord(tuple(sorted(positions))))
+        return Put(path, value, expected_version=version)
 
     def _op_paths(self, txn: TxnId, participant: _Participant) -> list[str]:
         """This topic's op records of ``txn`` and their index keys."""
