@@ -366,7 +366,7 @@ class RetentionSweeps:
 
         await self._each_topic(check)
 
-    # --- publish rates --------------------------------------------------------------------------
+    # --- rates and caps --------------------------------------------------------------------------
 
     async def sweep_rates(self) -> None:
         """Put every loaded topic's current rates and subscription caps in force

@@ -621,8 +621,8 @@ class BrokerService:
         topic: PersistentTopic | NonPersistentTopic,
         namespace: NamespacePolicies | None = None,
     ) -> None:
-        """Give a topic just loaded its rates (:meth:`apply_policies`; the sweep keeps
-        them up to date). ``namespace``: its policies, when already read."""
+        """Give a topic just loaded its rates and caps (:meth:`apply_policies`; the sweep
+        keeps them up to date). ``namespace``: its policies, when already read."""
         try:
             namespace, overrides = await self.policy_levels(canonical_topic(topic.name), namespace)
         except NotFound:
