@@ -296,6 +296,10 @@ DISPATCH_DELAYED_ENTRIES_MAX = 100_000
 """Delayed-delivery positions a Shared subscription holds in memory until due; past it
 reading pauses until some come due (upstream keeps them in an in-memory tracker too)."""
 
+SUBSCRIBE_RATE_CONSUMERS_MAX = 10_000
+"""Consumers one topic's subscribe rate limiter tracks (the least recently seen are
+forgotten past it, which only ever lets a forgotten consumer subscribe sooner)."""
+
 CONSUMER_UNACKED_MESSAGES_MAX = 1_000_000
 """Unacknowledged messages one Shared/Key_Shared consumer may hold whatever its policy says
 (``max_unacked_messages_per_consumer`` 0 included: upstream's "no cap"): the broker keeps

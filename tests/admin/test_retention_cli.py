@@ -141,3 +141,14 @@ def test_dispatch_rate_commands(admin_url: str) -> None:
     assert cli_json(admin_url, "namespaces", "get-dispatch-rate", NS) is None
     cli(admin_url, "topics", "remove-subscription-dispatch-rate", topic)
     assert cli_json(admin_url, "topics", "get-subscription-dispatch-rate", topic) is None
+
+
+def test_subscribe_rate_commands(admin_url: str) -> None:
+    cli(admin_url, "namespaces", "set-subscribe-rate", NS, "-sr", "5", "-st", "10")
+    assert cli_json(admin_url, "namespaces", "get-subscribe-rate", NS) == {
+        "subscribeThrottlingRatePerConsumer": 5,
+        "ratePeriodInSecond": 10,
+    }
+    cli(admin_url, "namespaces", "set-subscribe-rate", NS, "-sr", "5", "-st", "0", code=1)
+    cli(admin_url, "namespaces", "remove-subscribe-rate", NS)
+    assert cli_json(admin_url, "namespaces", "get-subscribe-rate", NS) is None

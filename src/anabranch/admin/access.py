@@ -267,7 +267,7 @@ ROUTE_ACCESS: dict[tuple[str, str], Need] = {
         for method in ("GET", "POST", "DELETE")
     },
     # Inactive topic policies, subscription expiration (admin/routes_inactive_topics.py),
-    # publish and dispatch rates (admin/routes_rates.py): the tenant's admins'.
+    # publish, dispatch and subscribe rates (admin/routes_rates.py): the tenant's admins'.
     **{
         (method, path): N.TENANT_ADMIN
         for path in (
@@ -280,6 +280,8 @@ ROUTE_ACCESS: dict[tuple[str, str], Need] = {
             f"{TOPIC}/dispatchRate",
             f"{NS}/subscriptionDispatchRate",
             f"{TOPIC}/subscriptionDispatchRate",
+            f"{NS}/subscribeRate",
+            f"{TOPIC}/subscribeRate",
         )
         for method in ("GET", "POST", "DELETE")
     },

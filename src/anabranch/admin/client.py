@@ -505,6 +505,23 @@ class AdminClient:
     async def remove_dispatch_rate(self, target: str, *, subscription: bool = False) -> None:
         await self.request("DELETE", _dispatch_rate_path(target, subscription))
 
+    async def get_subscribe_rate(
+        self, target: str, *, applied: bool = False
+    ) -> dict[str, int] | None:
+        """``{"subscribeThrottlingRatePerConsumer", "ratePeriodInSecond"}`` of a namespace
+        or topic (-1: no limit; None: unset); ``applied``: the rate in force on a topic."""
+        query = "?applied=true" if applied else ""
+        answer = await self.request("GET", f"{_policy_path(target)}/subscribeRate{query}")
+        return None if answer is None else dict(answer)
+
+    async def set_subscribe_rate(self, target: str, *, per_consumer: int, period_s: int) -> None:
+        """Subscribes one consumer may make to a topic per ``period_s`` (-1: no limit)."""
+        body = {"subscribeThrottlingRatePerConsumer": per_consumer, "ratePeriodInSecond": period_s}
+        await self.request("POST", f"{_policy_path(target)}/subscribeRate", body)
+
+    async def remove_subscribe_rate(self, target: str) -> None:
+        await self.request("DELETE", f"{_policy_path(target)}/subscribeRate")
+
     # --- topic compaction -----------------------------------------------------------------
 
     @staticmethod

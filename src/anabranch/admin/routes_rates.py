@@ -4,14 +4,17 @@
     POST/GET/DELETE /admin/v2/namespaces/{t}/{ns}/publishRate
     POST/GET/DELETE /admin/v2/namespaces/{t}/{ns}/dispatchRate
     POST/GET/DELETE /admin/v2/namespaces/{t}/{ns}/subscriptionDispatchRate
+    POST/GET/DELETE /admin/v2/namespaces/{t}/{ns}/subscribeRate
     POST/GET/DELETE /admin/v2/persistent/{t}/{ns}/{topic}/publishRate
     POST/GET/DELETE /admin/v2/persistent/{t}/{ns}/{topic}/dispatchRate
     POST/GET/DELETE /admin/v2/persistent/{t}/{ns}/{topic}/subscriptionDispatchRate
+    POST/GET/DELETE /admin/v2/persistent/{t}/{ns}/{topic}/subscribeRate
 
 The bodies are upstream's: ``{"publishThrottlingRateInMsg": N,
 "publishThrottlingRateInByte": N}`` and ``{"dispatchThrottlingRateInMsg": N,
 "dispatchThrottlingRateInByte": N, "ratePeriodInSecond": N, "relativeToPublishRate":
-false}`` (-1: no limit; a rate relative to the publish rate is not supported: 412). A
+false}`` and ``{"subscribeThrottlingRatePerConsumer": N, "ratePeriodInSecond": N}`` (-1: no
+limit; a rate relative to the publish rate is not supported: 412). A
 namespace's rate is this broker's cluster's (upstream keys them by cluster). A GET of an
 unset rate answers ``null``; a topic's ``?applied=true`` answers the rate in force, the
 broker's settings included. A change applies at once to the topics this broker serves,
@@ -19,7 +22,7 @@ within ``publish_rate_refresh_interval_s`` on the others.
 
 Example:
     >>> sorted({r.path.rsplit("/", 1)[1] for r in ROUTES})
-    ['dispatchRate', 'publishRate', 'subscriptionDispatchRate']
+    ['dispatchRate', 'publishRate', 'subscribeRate', 'subscriptionDispatchRate']
 """
 
 from __future__ import annotations
@@ -42,8 +45,14 @@ from anabranch.admin.routes import (
 )
 from anabranch.broker.config import BrokerConfig
 from anabranch.broker.dispatch_throttling import dispatch_rates_of
-from anabranch.broker.policies import DispatchRateRecord, NamespacePolicies, PublishRateRecord
+from anabranch.broker.policies import (
+    DispatchRateRecord,
+    NamespacePolicies,
+    PublishRateRecord,
+    SubscribeRateRecord,
+)
 from anabranch.broker.publish_throttling import publish_rate_of
+from anabranch.broker.subscribe_throttling import subscribe_rate_of
 from anabranch.broker.topic_policies import TopicPolicies, TopicPolicyStore
 from anabranch.core.dispatch_rate import DispatchRate
 from anabranch.errors import InvalidPolicyValue
@@ -60,6 +69,13 @@ PUBLISH_RATE = {
     "properties": {
         "publishThrottlingRateInMsg": INTEGER,
         "publishThrottlingRateInByte": INTEGER,
+    },
+}
+SUBSCRIBE_RATE = {
+    "type": "object",
+    "properties": {
+        "subscribeThrottlingRatePerConsumer": INTEGER,
+        "ratePeriodInSecond": INTEGER,
     },
 }
 DISPATCH_RATE = {
@@ -80,7 +96,7 @@ class RateKind:
     """One rate: its REST name, record type, fields and how the one in force is found."""
 
     route: str
-    record: type[PublishRateRecord] | type[DispatchRateRecord]
+    record: type[PublishRateRecord] | type[DispatchRateRecord] | type[SubscribeRateRecord]
     namespace_field: str
     """The field of NamespacePolicies (records keyed by cluster)."""
     topic_field: str
@@ -102,6 +118,16 @@ def _applied_publish(config: BrokerConfig, ns: NamespacePolicies, own: TopicPoli
     )
 
 
+def _applied_subscribe(
+    config: BrokerConfig, ns: NamespacePolicies, own: TopicPolicies | None
+) -> Any:
+    rate = subscribe_rate_of(config, ns, own)
+    return SubscribeRateRecord(
+        subscribe_throttling_rate_per_consumer=_no_limit(rate.per_consumer),
+        rate_period_in_second=rate.period_s,
+    )
+
+
 def _dispatch_record(rate: DispatchRate) -> DispatchRateRecord:
     return DispatchRateRecord(
         dispatch_throttling_rate_in_msg=_no_limit(rate.messages),
@@ -120,11 +146,21 @@ KINDS = (
              "subscription_dispatch_rate",
              lambda c, n, o: _dispatch_record(dispatch_rates_of(c, n, o).subscription),
              "dispatch rate per subscription", DISPATCH_RATE),
+    RateKind("subscribeRate", SubscribeRateRecord, "cluster_subscribe_rate", "subscribe_rate",
+             _applied_subscribe, "subscribe rate per consumer", SUBSCRIBE_RATE),
 )  # fmt: skip
 
 
-def _check(value: PublishRateRecord | DispatchRateRecord) -> None:
+def _check(value: PublishRateRecord | DispatchRateRecord | SubscribeRateRecord) -> None:
     """Upstream's ranges (Java ints, byte rates longs); -1 is no limit."""
+    if isinstance(value, SubscribeRateRecord):
+        if not -1 <= value.subscribe_throttling_rate_per_consumer <= INT32_MAX:
+            raise InvalidPolicyValue(
+                f"subscribeThrottlingRatePerConsumer must be -1 to {INT32_MAX}"
+            )
+        if not 1 <= value.rate_period_in_second <= INT32_MAX:
+            raise InvalidPolicyValue(f"ratePeriodInSecond must be 1 to {INT32_MAX}")
+        return
     if isinstance(value, PublishRateRecord):
         prefix = "publishThrottlingRate"
         limits = (value.publish_throttling_rate_in_msg, value.publish_throttling_rate_in_byte)
@@ -141,10 +177,8 @@ def _check(value: PublishRateRecord | DispatchRateRecord) -> None:
         raise InvalidPolicyValue(f"{prefix}InByte must be -1 to {INT64_MAX}")
 
 
-async def _body(request: web.Request, kind: RateKind) -> PublishRateRecord | DispatchRateRecord:
-    value: PublishRateRecord | DispatchRateRecord | None = await json_body(
-        request, kind.record, kind.route, None
-    )
+async def _body(request: web.Request, kind: RateKind) -> Any:
+    value: Any = await json_body(request, kind.record, kind.route, None)
     if value is None:
         raise InvalidPolicyValue(f"the body must be the {kind.what}")
     _check(value)

@@ -243,6 +243,12 @@ class BrokerConfig(BaseSettings):
     """Messages per second the broker sends one subscription's consumers."""
     dispatch_throttling_rate_per_subscription_in_byte: int = Field(0, ge=0)
     """Bytes per second the broker sends one subscription's consumers."""
+    # Subscribe rates (broker/subscribe_throttling.py); a namespace or topic policy wins.
+    subscribe_throttling_rate_per_consumer: int = Field(0, ge=0)
+    """Subscribes one consumer (client host, name, id) may make to a topic per period; one
+    more gets NotAllowed. 0: no limit (upstream's default)."""
+    subscribe_rate_period_per_consumer_in_second: int = Field(30, ge=1)
+    """The period of ``subscribe_throttling_rate_per_consumer``."""
     max_unacked_messages_per_consumer: int = Field(50_000, ge=0)
     """Unacknowledged messages a Shared or Key_Shared consumer holds before the broker stops
     sending to it, until it is down to half (upstream's default). 0: no cap but

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from anabranch import limits
 from anabranch.broker.consumer import Consumer, message_id_data
@@ -37,6 +37,9 @@ from anabranch.errors import (
 from anabranch.protocol import commands
 from anabranch.protocol._generated import pulsar_api_pb2 as pb
 from anabranch.storage.api import EARLIEST, LATEST, Position
+
+if TYPE_CHECKING:
+    from anabranch.broker.topic import PersistentTopic
 
 log = logging.getLogger(__name__)
 T = pb.BaseCommand
@@ -84,6 +87,19 @@ def _start_position(cmd: pb.CommandSubscribe) -> Position:
     return pos
 
 
+def _check_subscribe_rate(session: Session, topic: PersistentTopic, consumer: Consumer) -> None:
+    """Refuse a consumer (client host, name, id) that subscribes to ``topic`` more often
+    than its subscribe rate allows (``broker/subscribe_throttling.py``), as upstream does."""
+    limiter = topic.subscribe_limiter
+    if limiter is None:
+        return
+    host = consumer.remote_address.rsplit(":", 1)[0]
+    key = (host, consumer.name, consumer.consumer_id)
+    if not limiter.try_acquire(key, topic.clock.monotonic()):
+        session.service.counters.subscribes_throttled += 1
+        raise NotAllowed("Subscribe limited by subscribe rate limit per consumer.")
+
+
 async def handle_subscribe(session: Session, cmd: pb.CommandSubscribe) -> None:
     """SUBSCRIBE -> SUCCESS, or ERROR (ConsumerBusy, bad names, ...)."""
     if cmd.consumer_id in session.consumers:
@@ -116,6 +132,7 @@ async def handle_subscribe(session: Session, cmd: pb.CommandSubscribe) -> None:
             session.reply_success(cmd.request_id)
             return
         topic = await session.service.get_topic(str(topic_name), create=cmd.force_topic_creation)
+        _check_subscribe_rate(session, topic, consumer)
         caps = await session.service.topic_limits(topic_name)
         if cmd.read_compacted:
             session.service.compactions.of(topic)  # so that dispatch finds the view

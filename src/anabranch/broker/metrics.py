@@ -71,6 +71,8 @@ class BrokerCounters:
     """Subscriptions deleted after their expiration time without a consumer."""
     publish_throttled: int = 0
     """Sends that put a topic over its publish rate (their connection paused reading)."""
+    subscribes_throttled: int = 0
+    """Subscribes refused by a topic's subscribe rate."""
     ledgers_offloaded: int = 0
     """Sealed ledgers copied to the object store (tiered storage)."""
     offload_failures: int = 0
@@ -242,6 +244,8 @@ class BrokerCollector(Collector):
              c.subscriptions_expired),
             ("publish_throttled", "Sends over a topic's publish rate: their connection "
              "paused (pulsar_publish_rate_limit_times).", c.publish_throttled),
+            ("subscribes_throttled", "Subscribes refused by a topic's subscribe rate per "
+             "consumer.", c.subscribes_throttled),
             ("ledgers_offloaded", "Sealed ledgers offloaded to the object store "
              "(brk_ledgeroffloader_*).", c.ledgers_offloaded),
             ("offload_failures", "Offload attempts that failed; the ledger stayed hot.",

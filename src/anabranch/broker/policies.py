@@ -122,6 +122,13 @@ class DispatchRateRecord(msgspec.Struct, kw_only=True, rename="camel"):
     rate_period_in_second: int = 1
 
 
+class SubscribeRateRecord(msgspec.Struct, kw_only=True, rename="camel"):
+    """Pulsar's ``SubscribeRate`` JSON (-1: no limit; per ``ratePeriodInSecond``)."""
+
+    subscribe_throttling_rate_per_consumer: int = -1
+    rate_period_in_second: int = 30
+
+
 class BacklogQuotaRecord(msgspec.Struct, kw_only=True):
     """One backlog quota as Pulsar's admin JSON has it (``limitSize`` bytes, ``limitTime``
     seconds, -1 unlimited; ``policy`` one of ``producer_request_hold``,
@@ -209,6 +216,10 @@ class NamespacePolicies(msgspec.Struct, kw_only=True):
         default_factory=dict, name="subscriptionDispatchRate"
     )
     """Each subscription's dispatch rate, keyed by cluster name as upstream."""
+    cluster_subscribe_rate: dict[str, SubscribeRateRecord] = msgspec.field(
+        default_factory=dict, name="clusterSubscribeRate"
+    )
+    """Each consumer's subscribe rate, keyed by cluster name as upstream."""
     properties: dict[str, str] = msgspec.field(default_factory=dict)
     auth_policies: AuthPolicies = msgspec.field(default_factory=AuthPolicies)
     scalable_autoscale: dict[str, Any] | None = msgspec.field(

@@ -59,6 +59,8 @@ from anabranch.broker.retention import RetentionSweeps, retention_of
 from anabranch.broker.scalable_commands import ScalableEndpoint
 from anabranch.broker.schema import SchemaRegistry
 from anabranch.broker.segment_ops import BrokerSegmentOps
+from anabranch.broker.subscribe_throttling import put_in_force as put_subscribe_rate
+from anabranch.broker.subscribe_throttling import subscribe_rate_of
 from anabranch.broker.subscription import Subscription
 from anabranch.broker.topic import PersistentTopic
 from anabranch.broker.topic_limits import TopicLimits
@@ -637,7 +639,8 @@ class BrokerService:
     ) -> None:
         """Put what a loaded topic applies continuously in force, from the policies given:
         its publish rate (``broker/publish_throttling.py``) and, on a persistent topic,
-        its dispatch rates (``broker/dispatch_throttling.py``) and its subscriptions' caps
+        its dispatch rates (``broker/dispatch_throttling.py``), its subscribe rate
+        (``broker/subscribe_throttling.py``) and its subscriptions' caps
         on unacknowledged messages (``broker/topic_limits.py``; consumers keep the cap
         they subscribed with)."""
         now = self.clock.monotonic()
@@ -645,6 +648,7 @@ class BrokerService:
         if isinstance(topic, PersistentTopic):
             rates = dispatch_rates_of(self.config, namespace, overrides)
             put_rates_in_force(topic, rates, now)
+            put_subscribe_rate(topic, subscribe_rate_of(self.config, namespace, overrides))
             level = namespace if overrides is None else overrides.over(namespace)
             caps = TopicLimits.resolve(level, self.config)
             for subscription in topic.subscriptions.values():

@@ -46,6 +46,7 @@ from anabranch.core.dispatch_rate import DispatchRate, DispatchThrottle
 from anabranch.core.inactive_topics import TopicUsage
 from anabranch.core.publish_rate import PublishThrottle
 from anabranch.core.rate_window import RateWindow
+from anabranch.core.subscribe_rate import SubscribeLimiter
 from anabranch.errors import (
     Closed,
     InvalidArgument,
@@ -164,6 +165,8 @@ class PersistentTopic(ProducerAccess):
         limit (dispatch_throttling.py)."""
         self.subscription_dispatch_rate = DispatchRate()
         """Each subscription's own dispatch rate (new subscriptions take it up)."""
+        self.subscribe_limiter: SubscribeLimiter | None = None
+        """How often each consumer may subscribe; None: no limit (subscribe_throttling.py)."""
         self.compaction: Any = None
         """The topic's ``broker.compaction.TopicCompaction`` once compaction was used."""
         self._exclusive: str | None = None

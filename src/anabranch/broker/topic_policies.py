@@ -31,6 +31,7 @@ from anabranch.broker.policies import (
     OffloadPoliciesRecord,
     PublishRateRecord,
     RetentionPolicies,
+    SubscribeRateRecord,
 )
 from anabranch.core.names import TopicName
 from anabranch.errors import BadVersion, InvalidArgument
@@ -78,6 +79,8 @@ class TopicPolicies(msgspec.Struct, kw_only=True):
     )
     """Neither dispatch rate is merged by :meth:`over` (the namespace's are per cluster):
     see ``broker/dispatch_throttling.py``."""
+    subscribe_rate: SubscribeRateRecord | None = msgspec.field(default=None, name="subscribeRate")
+    """Not merged by :meth:`over` either: see ``broker/subscribe_throttling.py``."""
 
     def over(self, namespace: NamespacePolicies) -> NamespacePolicies:
         """The namespace's policies with this topic's overrides applied.

@@ -654,6 +654,37 @@ def _policy_commands(app: typer.Typer) -> None:
     for prefix, per_subscription in (("", False), ("subscription-", True)):
         _dispatch_rate_commands(app, prefix, per_subscription)
 
+    @app.command("set-subscribe-rate")
+    def set_subscribe_rate(
+        target: Target,
+        per_consumer: Annotated[
+            int, typer.Option("--subscribe-rate", "-sr", help="Subscribes (-1: no limit).")
+        ] = -1,
+        period: Annotated[
+            int, typer.Option("--subscribe-rate-period", "-st", help="Seconds per period.")
+        ] = 30,
+        output: OutputOpt = None,
+    ) -> None:
+        """Set how often one consumer may subscribe to a topic (each topic of a namespace)."""
+        _run(lambda c: c.set_subscribe_rate(target, per_consumer=per_consumer, period_s=period),
+             output, f"subscribe rate of {target} set")  # fmt: skip
+
+    @app.command("get-subscribe-rate")
+    def get_subscribe_rate(
+        target: Target,
+        applied: Annotated[bool, typer.Option(help="The rate in force on a topic.")] = False,
+        output: OutputOpt = None,
+    ) -> None:
+        """The subscribe rate (null: unset)."""
+        _run(lambda c: c.get_subscribe_rate(target, applied=applied), output,
+             f"subscribe rate of {target}")  # fmt: skip
+
+    @app.command("remove-subscribe-rate")
+    def remove_subscribe_rate(target: Target, output: OutputOpt = None) -> None:
+        """Remove the subscribe rate (the next level's applies)."""
+        _run(lambda c: c.remove_subscribe_rate(target), output,
+             f"subscribe rate of {target} removed")  # fmt: skip
+
 
 def _dispatch_rate_commands(app: typer.Typer, prefix: str, per_subscription: bool) -> None:
     """pulsar-admin's ``set-``/``get-``/``remove-[subscription-]dispatch-rate``."""

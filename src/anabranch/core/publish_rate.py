@@ -54,6 +54,16 @@ class TokenBucket:
             self._at = now
         return self._tokens
 
+    def try_take(self, amount: float, now: float) -> bool:
+        """Take ``amount`` only if the bucket holds it; whether it did."""
+        if self.rate <= 0:
+            return True
+        level = self.level(now)
+        if level < amount:
+            return False
+        self._tokens = level - amount
+        return True
+
     def take(self, amount: float, now: float) -> float:
         """Take ``amount``; seconds until the bucket is back at zero (0.0: not over)."""
         if self.rate <= 0:
