@@ -682,11 +682,17 @@ class SharedDispatcher(Dispatcher):
             self.unacked_gate = UnackedGate(cap, reopen_at_half=False)
             self.kick()
 
-    def _blocked_on_unacked(self) -> bool:
+    def _unacked_room(self) -> int | None:
+        """Messages the subscription may still be sent under its cap on unacknowledged
+        messages: 0 while the gate is closed, None without a cap."""
         gate = self.unacked_gate
         if not gate.cap:
-            return False
-        return gate.closed(sum(c.unacked_messages for c in self.consumers))
+            return None
+        total = sum(c.unacked_messages for c in self.consumers)
+        return 0 if gate.closed(total) else max(gate.cap - total, 0)
+
+    def _blocked_on_unacked(self) -> bool:
+        return self._unacked_room() == 0
 
     def _next_consumer(self) -> Consumer | None:
         """Round-robin over the available consumers of the best (lowest) priority level."""
@@ -733,8 +739,6 @@ class SharedDispatcher(Dispatcher):
             self._add_replay(pos, None)
 
     def _read_budget(self) -> int:
-        if self._blocked_on_unacked():
-            return 0
         if len(self.replay) >= limits.DISPATCH_REPLAY_ENTRIES_MAX:
             return 0
         if len(self._delayed) >= limits.DISPATCH_DELAYED_ENTRIES_MAX:
@@ -746,10 +750,8 @@ class SharedDispatcher(Dispatcher):
     def _within_unacked_room(self, budget: int) -> int:
         """``budget``, but no more than the subscription may still be sent before its cap
         on unacknowledged messages (a batch entry may still take it past, as upstream's)."""
-        cap = self.unacked_gate.cap
-        if not cap:
-            return budget
-        return min(budget, max(cap - sum(c.unacked_messages for c in self.consumers), 0))
+        room = self._unacked_room()
+        return budget if room is None else min(budget, room)
 
     async def _read_replay(self, positions: list[Position]) -> list[Entry]:
         out: list[Entry] = []

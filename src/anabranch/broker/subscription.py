@@ -265,11 +265,11 @@ class Subscription:
         if hasattr(topic, "msg_out_counter"):
             topic.msg_out_counter += messages
             topic.bytes_out_counter += size
-        throttles = self._dispatch_throttles()
-        if throttles:
-            now = self.clock.monotonic()
-            for throttle in throttles:
-                throttle.take(messages=messages, size=size, now=now)
+        if self.dispatch_throttle is None and getattr(topic, "dispatch_throttle", None) is None:
+            return  # per dispatched entry: no list built when no rate is set
+        now = self.clock.monotonic()
+        for throttle in self._dispatch_throttles():
+            throttle.take(messages=messages, size=size, now=now)
 
     def dispatch_allowance(self) -> Allowance:
         """What the dispatch rates in force (the topic's, the subscription's) let go now
