@@ -24,7 +24,8 @@ from anabranch.broker.cluster.records import (
 )
 from anabranch.broker.service import BrokerService
 from anabranch.core.names import TopicName
-from anabranch.errors import InvalidArgument, NotFound, NotOwner
+from anabranch.errors import BadVersion, InvalidArgument, NotFound, NotOwner
+from anabranch.metadata.api import Put
 from anabranch.metadata.memory import MemoryMetadataStore
 from anabranch.protocol import commands
 from anabranch.protocol._generated import pulsar_api_pb2 as pb
@@ -348,3 +349,36 @@ async def test_ownerships_of_looked_up_but_unused_topics_are_released(
     finally:
         await broker.stop()
         await store.close()
+
+
+async def test_the_fence_holds_until_another_broker_owns_the_topic(
+    brokers: list[Broker],
+) -> None:
+    """A stale owner (its session gone while it was paused) must not write for a topic
+    someone else owns: its transaction participants guard every write with this fence."""
+    owner, other, third = brokers
+    with pytest.raises(NotOwner):
+        owner.ownership.fence(TOPIC)  # not owned: no fence to hand out
+    await owner.ownership.claim(TOPIC)
+    fence = owner.ownership.fence(TOPIC)
+    store = owner.ownership._store
+    await store.commit([Put("/probe", b"1"), fence])  # holds while owned
+    await owner.ownership.claim(TOPIC)  # claiming again keeps it
+    assert owner.ownership.fence(TOPIC) == fence
+    session = owner.ownership._session
+    assert session is not None
+    await session.close()  # as when its lease expires: the ephemeral record goes
+    await other.ownership.claim(TOPIC)
+    with pytest.raises(BadVersion) as caught:
+        await store.commit([Put("/probe", b"2"), fence])
+    assert caught.value.path == ownership_path(TOPIC)
+    probe = await store.get("/probe")
+    assert probe is not None and probe.value == b"1"  # the fenced write wrote nothing
+    # A handover after an unload keeps the record (and its create revision), but the
+    # unload closed the topic at the old owner before it released it.
+    assert await other.ownership.unload(TOPIC, third.ownership.broker_id) == (
+        third.ownership.broker_id
+    )
+    assert other.service.unloaded == [TOPIC]
+    await third.ownership.claim(TOPIC)
+    await store.commit([Put("/probe", b"3"), third.ownership.fence(TOPIC)])

@@ -16,19 +16,22 @@ from typing import Any, cast
 import pytest
 
 from anabranch import failpoints, limits
+from anabranch.broker.cluster.records import ownership_path
 from anabranch.errors import (
     Compacted,
     MetadataUnavailable,
+    NotOwner,
     StorageIOError,
     TransactionConflict,
     TransactionNotFound,
     TransactionTooLarge,
 )
-from anabranch.metadata.api import MUST_NOT_EXIST, MetadataStore, Put, Watch
+from anabranch.metadata.api import MUST_NOT_EXIST, Check, MetadataStore, Put, Watch
 from anabranch.protocol._generated import pulsar_api_pb2 as pb
 from anabranch.protocol.frames import encode_entry
 from anabranch.storage.api import EARLIEST, Cursor, ManagedLedger, Position
 from anabranch.storage.memory import MemoryManagedLedgerFactory
+from anabranch.testing.broker import InProcessBroker
 from anabranch.testing.clock import ManualClock
 from anabranch.transactions import records
 from anabranch.transactions.coordinator import TransactionCoordinator
@@ -731,6 +734,8 @@ class Subscription:
         self.cursor: Cursor | None = None
         self.called = asyncio.Event()
 
+    fence: Check | None = None
+
     async def start(self, entries: int = 6) -> MetadataPendingAckStore:
         self.ledger = await self.env.factory.open(TOPIC)
         self.positions = [await self.ledger.append(entry(i)) for i in range(entries)]
@@ -748,6 +753,7 @@ class Subscription:
             self.env.clock,
             on_committed=lambda ps, c: self._record(self.committed, ps, c),
             on_aborted=lambda ps, c: self._record(self.aborted, ps, c),
+            fence=self.fence,
         )
         await acks.recover()
         return acks
@@ -924,3 +930,117 @@ async def test_a_stale_owners_late_abort_keeps_the_new_owners_positions(env: Env
     assert record is not None and records.decode_aborted(record.value).positions == (a, b)
     again = await env.buffer(ledger)
     assert again.is_aborted(a) and again.is_aborted(b)
+
+
+# --- the ownership fence (cluster mode) --------------------------------------------------------
+
+OWNERSHIP = ownership_path(TOPIC)
+
+
+async def claim(store: MetadataStore) -> Check:
+    """This broker's claim of TOPIC: the fence its participants are given."""
+    stat = await store.put(OWNERSHIP, b"this broker", MUST_NOT_EXIST)
+    return Check(OWNERSHIP, expected_create_revision=stat.create_revision)
+
+
+async def take_over(store: MetadataStore) -> None:
+    """This broker's session expired (its ephemeral record went) and another claimed."""
+    await store.delete(OWNERSHIP)
+    await store.put(OWNERSHIP, b"another broker", MUST_NOT_EXIST)
+
+
+async def until(done: Any) -> None:
+    for _ in range(1000):
+        if done():
+            return
+        await asyncio.sleep(0.001)
+    raise AssertionError("never happened")
+
+
+async def test_a_stale_owners_buffer_writes_nothing_for_a_topic_another_broker_owns(
+    env: Env,
+) -> None:
+    """The class of seed 15102's bug: a broker that resumes after losing its session must
+    not join transactions, write aborted records or delete op records for the topic."""
+    fence = await claim(env.store)
+    await open_txn(env.store, env.clock, T1)
+    await open_txn(env.store, env.clock, T2)
+    ledger = await env.factory.open(TOPIC)
+    old = MetadataTransactionBuffer(
+        TOPIC, ledger, env.store, env.outcomes, env.clock, on_change=lambda: None, fence=fence
+    )
+    await old.recover()
+    env.buffers.append(old)
+    a = await old.append(T1, entry(0))  # owned: the fence holds
+    await take_over(env.store)
+    with pytest.raises(NotOwner):
+        await old.append(T2, entry(1))
+    assert ledger.last_confirmed == a  # nothing appended,
+    assert await keys(env.store, records.op_prefix(T2)) == []  # and no op record
+    await finish(env.store, env.clock, T1, ABORTED)
+    env.outcomes.wake(T1, ABORTED)
+    await until(lambda: old._work.failures > 0)  # its late abort is refused,
+    assert await env.store.get(records.aborted_path(TOPIC, T1)) is None
+    assert len(await keys(env.store, records.op_prefix(T1))) == 1  # left for the owner
+    new = await env.buffer(ledger)  # the new owner's load applies the abort
+    await new.wait_persisted()
+    assert new.is_aborted(a)
+    record = await env.store.get(records.aborted_path(TOPIC, T1))
+    assert record is not None and records.decode_aborted(record.value).positions == (a,)
+
+
+async def test_a_stale_owners_pending_acks_take_no_ack_for_a_topic_another_broker_owns(
+    env: Env,
+) -> None:
+    await open_txn(env.store, env.clock, T1)
+    sub = Subscription(env)
+    sub.fence = await claim(env.store)
+    acks = await sub.start()
+    p = sub.positions
+    await acks.acknowledge(T1, [p[0]], cumulative=False)
+    await take_over(env.store)
+    with pytest.raises(NotOwner):
+        await acks.acknowledge(T1, [p[1]], cumulative=False)
+    with pytest.raises(NotOwner):
+        await acks.acknowledge(T1, [p[2]], cumulative=True)
+    assert acks.is_pending(p[0]) and not acks.is_pending(p[1]) and not acks.is_pending(p[2])
+    assert len(await keys(env.store, records.acks_index_prefix(TOPIC, "sub"))) == 1
+    await finish(env.store, env.clock, T1, ABORTED)
+    env.outcomes.wake(T1, ABORTED)
+    await until(lambda: acks._work.failures > 0)  # its op record stays for the owner
+    assert len(await keys(env.store, records.op_prefix(T1))) == 1
+    await acks.close()
+
+
+class OneRecordGate:
+    """An ownership gate (cluster mode's say) whose claim is the record ``claim`` made."""
+
+    def __init__(self, fence: Check) -> None:
+        self._fence = fence
+
+    async def claim(self, topic: str) -> None:
+        return None
+
+    def serving(self, topic: str) -> bool:
+        return True
+
+    def fence(self, topic: str) -> Check:
+        return self._fence
+
+
+async def test_a_cluster_brokers_topics_join_transactions_under_its_ownership_fence(
+    tmp_path: Path,
+) -> None:
+    async with InProcessBroker(tmp_path) as broker:
+        service = broker.service
+        service.ownership = OneRecordGate(await claim(service.store))
+        topic = await service.get_topic(TOPIC, create=True)
+        clock = ManualClock()
+        for txn in (T1, T2):
+            await open_txn(service.store, clock, txn, timeout_ms=10**12)
+        buffer = topic.transaction_buffer
+        await buffer.append(T1, entry(0))
+        await take_over(service.store)
+        with pytest.raises(NotOwner):
+            await buffer.append(T2, entry(1))
+        assert await keys(service.store, records.op_prefix(T2)) == []

@@ -79,7 +79,7 @@ from anabranch.errors import (
     ResourceLimitReached,
     ScalableTopicsDisabled,
 )
-from anabranch.metadata.api import MetadataStore
+from anabranch.metadata.api import Check, MetadataStore
 from anabranch.scalable.dag_watch import DagWatcher
 from anabranch.scalable.paths import TopicPaths
 from anabranch.scalable.segment_ops import decode_dedup_snapshot
@@ -134,6 +134,11 @@ class OwnershipGate(Protocol):
 
     def serving(self, topic: str) -> bool:
         """Whether this broker owns ``topic`` right now (no I/O: checked on every SEND)."""
+        ...
+
+    def fence(self, topic: str) -> Check:
+        """The condition this broker's metadata writes for ``topic`` carry: it fails once
+        another broker owns ``topic``. NotOwner if this broker does not own it."""
         ...
 
 
@@ -504,6 +509,7 @@ class BrokerService:
         recovering what the metadata store says about their open transactions."""
         outcomes = self.txn_outcomes
         assert outcomes is not None
+        fence = None if self.ownership is None else self.ownership.fence(topic.name)
         buffer = MetadataTransactionBuffer(
             topic.name,
             topic.ledger,
@@ -511,6 +517,7 @@ class BrokerService:
             outcomes,
             self.clock,
             on_change=topic.transaction_state_changed,
+            fence=fence,
         )
         await buffer.recover()
         topic.transaction_buffer = buffer
@@ -525,6 +532,7 @@ class BrokerService:
                 self.clock,
                 on_committed=sub.txn_acks_committed,
                 on_aborted=sub.txn_acks_aborted,
+                fence=fence,
             )
 
         topic.pending_ack_factory = pending_acks

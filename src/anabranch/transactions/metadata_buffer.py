@@ -27,6 +27,9 @@ entries; COMMITTED (or unknown: upstream reads unknown as committed) ones lose t
 records; ABORTED ones get their aborted record from the same scan; aborted records are
 loaded.
 
+In a cluster each of these writes carries ``fence``, this broker's claim on the topic
+(``op_records.commit_fenced``): once another broker owns it, they fail with NotOwner.
+
 Example:
     >>> import asyncio
     >>> from anabranch.clock import SystemClock
@@ -65,7 +68,7 @@ from anabranch import limits
 from anabranch.clock import Clock
 from anabranch.core.txn_buffer_state import TxnBufferState
 from anabranch.errors import TransactionConflict, TransactionTooLarge
-from anabranch.metadata.api import MUST_NOT_EXIST, Delete, MetadataStore, Op, Put
+from anabranch.metadata.api import MUST_NOT_EXIST, Check, Delete, MetadataStore, Op, Put
 from anabranch.storage.api import ManagedLedger, Position
 from anabranch.transactions import records
 from anabranch.transactions.entry_stamp import entry_txn_branch, stamp_txn_branch
@@ -74,6 +77,7 @@ from anabranch.transactions.op_records import (
     OutcomeWork,
     check_joinable,
     check_owner,
+    commit_fenced,
     delete_ops,
     join_and_count,
     op_count,
@@ -115,10 +119,12 @@ class MetadataTransactionBuffer:
         clock: Clock,
         *,
         on_change: Callable[[], None],
+        fence: Check | None = None,
     ) -> None:
         self._topic = topic
         self._ledger = ledger
         self._store = store
+        self._fence = fence
         self._outcomes = outcomes
         self._clock = clock
         self._on_change = on_change
@@ -256,6 +262,7 @@ class MetadataTransactionBuffer:
                 op,
                 lambda s: records.writes_index_path(self._topic, txn, s),
                 next_seq=next_seq,
+                fence=self._fence,
             )
         except BaseException:
             self._outcomes.unregister(txn, self)
@@ -326,7 +333,7 @@ class MetadataTransactionBuffer:
             positions = {Position(*p) for p in self._state.aborted_positions(txn)}
             if positions:
                 first.append(await self._aborted_record_put(txn, positions))
-            await delete_ops(self._store, txn, self._op_paths(txn, participant), first)
+            await delete_ops(self._store, txn, self._op_paths(txn, participant), first, self._fence)
             self.aborted_writes += bool(first)
         self.op_deletes += 1
         del self._participants[txn]
@@ -402,7 +409,7 @@ class MetadataTransactionBuffer:
                 txn, seq = records.parse_op_name(key.path[len(prefix) :])
                 record = await self._store.get(records.op_path(txn, seq))
                 if record is None:  # an orphan index key: its op record is gone
-                    await self._store.delete(key.path)
+                    await commit_fenced(self._store, [Delete(key.path)], self._fence)
                     continue
                 op = records.decode_op(record.value)
                 first = op.first_after if op.first_after is not None else Position(-1, -1)
@@ -479,7 +486,8 @@ class MetadataTransactionBuffer:
         ledger trimmed them) and delete their aborted records; returns how many."""
         gone = self._state.prune_aborted(first_valid)
         for txn in gone:
-            await self._store.delete(records.aborted_path(self._topic, TxnId(*txn)))
+            path = records.aborted_path(self._topic, TxnId(*txn))
+            await commit_fenced(self._store, [Delete(path)], self._fence)
         return len(gone)
 
     def stats(self) -> dict[str, Any]:

@@ -59,13 +59,14 @@ from typing import Any
 from anabranch import limits
 from anabranch.clock import Clock
 from anabranch.errors import TransactionConflict, TransactionTooLarge
-from anabranch.metadata.api import MetadataStore
+from anabranch.metadata.api import Check, Delete, MetadataStore
 from anabranch.storage.api import Cursor, Position
 from anabranch.transactions import records
 from anabranch.transactions.ids import TxnId
 from anabranch.transactions.op_records import (
     OutcomeWork,
     check_owner,
+    commit_fenced,
     delete_ops,
     join_and_count,
     write_op,
@@ -112,11 +113,13 @@ class MetadataPendingAckStore:
         *,
         on_committed: AckCallback,
         on_aborted: AckCallback,
+        fence: Check | None = None,
     ) -> None:
         self._topic = topic
         self._subscription = subscription
         self._cursor = cursor
         self._store = store
+        self._fence = fence
         self._outcomes = outcomes
         self._clock = clock
         self._on_committed = on_committed
@@ -248,6 +251,7 @@ class MetadataPendingAckStore:
                 op,
                 lambda s: records.acks_index_path(self._topic, self._subscription, txn, s),
                 next_seq=entry.next_seq,
+                fence=self._fence,
             )
         except BaseException:
             self._release(txn, entry, fresh, target, previous)
@@ -341,7 +345,7 @@ class MetadataPendingAckStore:
         for seq in entry.seqs:
             paths.append(records.op_path(txn, seq))
             paths.append(records.acks_index_path(self._topic, self._subscription, txn, seq))
-        await delete_ops(self._store, txn, paths)
+        await delete_ops(self._store, txn, paths, fence=self._fence)
         del self._txns[txn]
         self._outcomes.unregister(txn, self)
         return True
@@ -380,7 +384,7 @@ class MetadataPendingAckStore:
                 txn, seq = records.parse_op_name(key.path[len(prefix) :])
                 record = await self._store.get(records.op_path(txn, seq))
                 if record is None:  # an orphan index key: its op record is gone
-                    await self._store.delete(key.path)
+                    await commit_fenced(self._store, [Delete(key.path)], self._fence)
                     continue
                 self._restore(txn, seq, records.decode_op(record.value))
             if not page.more or not page.records:

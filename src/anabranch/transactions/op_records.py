@@ -11,6 +11,11 @@ Sequence numbers of a transaction's op records are shared by all its participant
 writer takes the one after the highest it listed, and a collision with another writer
 (``BadVersion`` on the op path) re-lists and tries the next one.
 
+In a cluster every participant write also carries the broker's ownership fence
+(``ClusterOwnership.fence``, a ``Check`` on the topic's ownership record): a broker that
+was paused past its session and resumes cannot write anything for a topic another broker
+now owns (:func:`commit_fenced` turns that into NotOwner, which the client retries).
+
 :class:`OutcomeWork` runs the durable part of applying an outcome (delete op records,
 write an aborted record, move a cursor) in one background task per participant,
 retrying each transaction with backoff until its work succeeds.
@@ -39,10 +44,12 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 
 from anabranch import limits
+from anabranch.broker.cluster.records import topic_of_ownership_path
 from anabranch.clock import Clock
 from anabranch.errors import (
     BadVersion,
     MetadataUnavailable,
+    NotOwner,
     TransactionConflict,
     TransactionNotFound,
     TransactionTooLarge,
@@ -126,6 +133,20 @@ async def op_count(store: MetadataStore, txn: TxnId) -> tuple[int, int]:
     return len(page.records), last + 1
 
 
+async def commit_fenced(store: MetadataStore, ops: Sequence[Op], fence: Check | None) -> None:
+    """Commit ``ops`` and ``fence`` (None: no fence) atomically; NotOwner when the fence
+    no longer holds (nothing is written then)."""
+    if fence is None:
+        await store.commit(ops)
+        return
+    try:
+        await store.commit([*ops, fence])
+    except BadVersion as err:
+        if err.path == fence.path:
+            raise NotOwner(topic_of_ownership_path(fence.path), None) from err
+        raise
+
+
 async def write_op(
     store: MetadataStore,
     txn: TxnId,
@@ -133,9 +154,10 @@ async def write_op(
     index_path: Callable[[int], str],
     *,
     next_seq: int,
+    fence: Check | None = None,
 ) -> int:
     """Write ``op`` (and its index key) as ``txn``'s op record, guarded by the header
-    being OPEN; returns the sequence number used."""
+    being OPEN (and by ``fence``); returns the sequence number used."""
     header = records.header_path(txn)
     value = records.encode_op(op)
     for _ in range(limits.TXN_OP_WRITE_ATTEMPTS_MAX):
@@ -146,7 +168,7 @@ async def write_op(
             Check(header, expected_version=OPEN_VERSION),
         ]
         try:
-            await store.commit(ops)
+            await commit_fenced(store, ops, fence)
             return seq
         except BadVersion as err:
             if err.path == header:
@@ -160,18 +182,23 @@ async def write_op(
 
 
 async def delete_ops(
-    store: MetadataStore, txn: TxnId, paths: Sequence[str], first: Sequence[Op] = ()
+    store: MetadataStore,
+    txn: TxnId,
+    paths: Sequence[str],
+    first: Sequence[Op] = (),
+    fence: Check | None = None,
 ) -> None:
     """Delete op records and index keys (absent ones are fine), ``first`` ops going in
-    the first commit (an aborted record is written with the first deletions)."""
+    the first commit (an aborted record is written with the first deletions), each commit
+    guarded by ``fence``."""
     ops: list[Op] = list(first)
     pending = list(paths)
     while True:
-        room = limits.METADATA_TXN_OPS_MAX - len(ops)
+        room = limits.METADATA_TXN_OPS_MAX - len(ops) - (fence is not None)
         ops += [Delete(p) for p in pending[:room]]
         pending = pending[room:]
         if ops:
-            await store.commit(ops)
+            await commit_fenced(store, ops, fence)
         if not pending:
             return
         ops = []

@@ -31,7 +31,9 @@ taken over only by compare-and-set, so however lookups race, one broker wins eac
   successful keepalive was sent, so it passes before etcd drops the lease and anyone else
   can claim the topics. A broker paused past its TTL (SIGSTOP) wakes with the deadline
   passed; anything it still tries to append fails because the new owner's recovery-open
-  fenced the ledger.
+  fenced the ledger, and any metadata its transaction participants still try to write
+  fails on :meth:`ClusterOwnership.fence` (DESIGN.md §2: leadership is never proof of the
+  right to write).
 * **Unload** (:meth:`ClusterOwnership.unload`): owned → ``releasing`` (stop serving, close
   the topic so its clients reconnect) → ``released`` with a ``target`` broker, which takes
   the topic over by CAS when its clients arrive.
@@ -85,7 +87,7 @@ from anabranch.errors import (
     NotOwner,
     SessionExpired,
 )
-from anabranch.metadata.api import MUST_NOT_EXIST, MetadataStore, Record, Session
+from anabranch.metadata.api import MUST_NOT_EXIST, Check, MetadataStore, Record, Session
 from anabranch.security.broker_client import BrokerClientCredentials
 from anabranch.supervisor import Supervised
 
@@ -113,6 +115,18 @@ class LookupAnswer:
 _NO_CREDENTIALS = BrokerClientCredentials()
 
 
+@dataclass(frozen=True, slots=True)
+class _Claim:
+    """What this broker wrote (or found of its own) when it claimed a topic."""
+
+    version: int
+    """The record's version: an unload CASes on it."""
+    create_revision: int
+    """The record's create revision: the fencing token. A new owner after our session
+    expired re-creates the (ephemeral) record, so it gets a new one; a handover after an
+    unload keeps it, but the unload closed the topic here before releasing it."""
+
+
 class ClusterOwnership:
     """One broker's session, registry record and topic ownerships (module docstring)."""
 
@@ -134,7 +148,7 @@ class ClusterOwnership:
         self.load_report_interval_s = load_report_interval_s
         self._connections = connections
         self._session: Session | None = None
-        self._owned: dict[str, int] = {}
+        self._owned: dict[str, _Claim] = {}
         """Topic → version of its ownership record as we last wrote it."""
         self._ready = asyncio.Event()
         self._stopping = False
@@ -214,6 +228,15 @@ class ClusterOwnership:
         self.sends_refused += 1
         return False
 
+    def fence(self, topic: str) -> Check:
+        """The condition that holds while this claim of ``topic`` does: a write guarded by
+        it fails (BadVersion on its path) once another broker re-created the record after
+        our session expired. NotOwner if we do not own ``topic``."""
+        claim = self._owned.get(topic)
+        if claim is None:
+            raise NotOwner(topic, None)
+        return Check(ownership_path(topic), expected_create_revision=claim.create_revision)
+
     async def claim(self, topic: str) -> None:
         """Own ``topic`` or raise NotOwner (see the module docstring)."""
         if topic in self._owned and self._alive():
@@ -228,7 +251,7 @@ class ClusterOwnership:
             if record is not None:
                 owner = decode_owner(record.value)
                 if self._is_mine(owner, session):
-                    self._owned[topic] = record.stat.version
+                    self._owned[topic] = _Claim(record.stat.version, record.stat.create_revision)
                     return
                 if not await self._may_take(owner):
                     raise _not_owner(topic, owner)
@@ -246,7 +269,7 @@ class ClusterOwnership:
                 continue  # someone else moved first: look again
             except SessionExpired:
                 raise NotOwner(topic, None) from None
-            self._owned[topic] = stat.version
+            self._owned[topic] = _Claim(stat.version, stat.create_revision)
             log.info("%s: now owned by %s", topic, self.me.broker_id)
             return
         raise NotOwner(topic, None)
@@ -462,7 +485,7 @@ class ClusterOwnership:
         if destination is None:
             others = {k: v for k, v in self._loads(live).items() if k != self.me.broker_id}
             destination = choose_broker(topic, others)
-        version = self._owned.pop(topic)  # from here on every SEND is refused
+        version = self._owned.pop(topic).version  # from here on every SEND is refused
         path = ownership_path(topic)
         session = await self._live_session(topic)
         releasing = OwnerRecord(
@@ -586,13 +609,13 @@ class ClusterOwnership:
         now = time.monotonic()
         idle = self._idle_since
         due: list[tuple[str, int]] = []
-        for topic, version in self._owned.items():
+        for topic, claim in self._owned.items():
             if topic.startswith("segment://"):
                 continue  # created by a controller, not by a name a client made up
             if self._service.topic_in_use(topic):
                 idle.pop(topic, None)
             elif now - idle.setdefault(topic, now) >= self.idle_release_s:
-                due.append((topic, version))
+                due.append((topic, claim.version))
         for topic in [t for t in idle if t not in self._owned]:
             del idle[topic]
         session = self._session
