@@ -34,6 +34,14 @@ METADATA_WRITE_QUEUE_MAX = 10_000
 METADATA_GROUP_COMMIT_OPS_MAX = 512
 """Writes applied per SQLite transaction; bounds commit latency under load."""
 
+METADATA_CACHE_ENTRIES_MAX = 20_000
+"""Records a broker's policy cache keeps (``metadata/record_cache.py``): namespace and
+topic policies and partitioned metadata, absent ones included; least recently used go."""
+
+METADATA_CACHE_RETRY_S = 0.5
+"""Pause before the policy cache's watch starts again after a failure (reads go to the
+store meanwhile)."""
+
 METADATA_SESSION_TTL_MIN_S = 0.2
 METADATA_SESSION_TTL_MAX_S = 3600.0
 """Session TTL bounds: shorter is unusable over a real network, longer hides dead brokers."""

@@ -24,7 +24,6 @@ from aiohttp import web
 from anabranch import limits
 from anabranch.admin.models import decode_json
 from anabranch.broker.policies import NamespacePolicies
-from anabranch.broker.topic_policies import TopicPolicyStore
 from anabranch.core.names import TopicName
 from anabranch.errors import InvalidArgument, NotFound
 
@@ -128,9 +127,7 @@ async def set_namespace_fields(admin: AdminService, request: web.Request, **fiel
 async def set_topic_fields(admin: AdminService, request: web.Request, **fields: Any) -> None:
     """Set fields of the path's topic policies (None: unset), by compare-and-set."""
     topic = await policy_topic(admin, request)
-    await TopicPolicyStore(admin.broker.store).update(
-        topic, lambda p: msgspec.structs.replace(p, **fields)
-    )
+    await admin.broker.topic_policies.update(topic, lambda p: msgspec.structs.replace(p, **fields))
 
 
 async def partition_count(request: web.Request) -> int:

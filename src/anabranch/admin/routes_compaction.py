@@ -36,7 +36,7 @@ from anabranch.admin.routes import (
 )
 from anabranch.admin.routes_scalable import scalable_topic, segment_param
 from anabranch.broker.compaction import TopicCompaction
-from anabranch.broker.topic_policies import TopicPolicies, TopicPolicyStore
+from anabranch.broker.topic_policies import TopicPolicies
 from anabranch.core.names import SegmentName, TopicName
 from anabranch.errors import CompactionInProgress, InvalidArgument
 
@@ -148,7 +148,7 @@ async def get_topic_threshold(admin: AdminService, request: web.Request) -> obje
         return (
             value if value is not None else admin.broker.config.compaction_threshold_default_bytes
         )
-    return (await TopicPolicyStore(admin.broker.store).get(topic)).compaction_threshold
+    return (await admin.broker.topic_policies.get(topic)).compaction_threshold
 
 
 async def set_topic_threshold(admin: AdminService, request: web.Request) -> object:
@@ -158,7 +158,7 @@ async def set_topic_threshold(admin: AdminService, request: web.Request) -> obje
     def change(p: TopicPolicies) -> TopicPolicies:
         return msgspec.structs.replace(p, compaction_threshold=value)
 
-    await TopicPolicyStore(admin.broker.store).update(topic, change)
+    await admin.broker.topic_policies.update(topic, change)
     return None
 
 
@@ -168,7 +168,7 @@ async def remove_topic_threshold(admin: AdminService, request: web.Request) -> o
     def change(p: TopicPolicies) -> TopicPolicies:
         return msgspec.structs.replace(p, compaction_threshold=None)
 
-    await TopicPolicyStore(admin.broker.store).update(topic, change)
+    await admin.broker.topic_policies.update(topic, change)
     return None
 
 

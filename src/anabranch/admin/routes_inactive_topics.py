@@ -36,7 +36,6 @@ from anabranch.admin.routes import (
 )
 from anabranch.broker.policies import InactiveTopicPoliciesRecord
 from anabranch.broker.retention import inactive_policy_of
-from anabranch.broker.topic_policies import TopicPolicyStore
 from anabranch.core.inactive_topics import DeleteMode
 from anabranch.errors import InvalidPolicyValue
 
@@ -102,7 +101,7 @@ async def get_topic(admin: AdminService, request: web.Request) -> object:
                 delete_while_inactive=policy.delete_while_inactive,
             )
         )
-    return _out((await TopicPolicyStore(admin.broker.store).get(topic)).inactive_topic_policies)
+    return _out((await admin.broker.topic_policies.get(topic)).inactive_topic_policies)
 
 
 async def set_topic(admin: AdminService, request: web.Request) -> object:

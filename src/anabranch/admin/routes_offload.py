@@ -33,7 +33,6 @@ from aiohttp import web
 from anabranch.admin.models import MessageIdBody
 from anabranch.admin.routes import Route, json_body, namespace_param, policy_topic, topic_param
 from anabranch.broker.policies import NamespacePolicies, OffloadPoliciesRecord
-from anabranch.broker.topic_policies import TopicPolicyStore
 from anabranch.errors import InvalidArgument
 
 if TYPE_CHECKING:
@@ -137,14 +136,14 @@ def _check_record(record: OffloadPoliciesRecord | None) -> OffloadPoliciesRecord
 
 async def get_topic_offload_policies(admin: AdminService, request: web.Request) -> object:
     topic = await policy_topic(admin, request)
-    record = (await TopicPolicyStore(admin.broker.store).get(topic)).offload_policies
+    record = (await admin.broker.topic_policies.get(topic)).offload_policies
     return None if record is None else msgspec.to_builtins(record)
 
 
 async def set_topic_offload_policies(admin: AdminService, request: web.Request) -> object:
     record = _check_record(await json_body(request, OffloadPoliciesRecord, "offloadPolicies", None))
     topic = await policy_topic(admin, request)
-    await TopicPolicyStore(admin.broker.store).update(
+    await admin.broker.topic_policies.update(
         topic, lambda p: msgspec.structs.replace(p, offload_policies=record)
     )
     return None
@@ -152,7 +151,7 @@ async def set_topic_offload_policies(admin: AdminService, request: web.Request) 
 
 async def remove_topic_offload_policies(admin: AdminService, request: web.Request) -> object:
     topic = await policy_topic(admin, request)
-    await TopicPolicyStore(admin.broker.store).update(
+    await admin.broker.topic_policies.update(
         topic, lambda p: msgspec.structs.replace(p, offload_policies=None)
     )
     return None

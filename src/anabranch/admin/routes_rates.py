@@ -53,7 +53,7 @@ from anabranch.broker.policies import (
 )
 from anabranch.broker.publish_throttling import publish_rate_of
 from anabranch.broker.subscribe_throttling import subscribe_rate_of
-from anabranch.broker.topic_policies import TopicPolicies, TopicPolicyStore
+from anabranch.broker.topic_policies import TopicPolicies
 from anabranch.core.dispatch_rate import DispatchRate
 from anabranch.errors import InvalidPolicyValue
 
@@ -236,7 +236,7 @@ def _topic_routes(kind: RateKind) -> list[Route]:
         if flag(request, "applied"):
             namespace, own = await admin.broker.policy_levels(topic)
             return _out(kind.applied(admin.broker.config, namespace, own))
-        own = await TopicPolicyStore(admin.broker.store).get(topic)
+        own = await admin.broker.topic_policies.get(topic)
         return _out(getattr(own, kind.topic_field))
 
     async def set_(admin: AdminService, request: web.Request) -> object:

@@ -42,7 +42,7 @@ from anabranch.admin.routes import (
 )
 from anabranch.broker.policies import BacklogQuotaRecord, NamespacePolicies, RetentionPolicies
 from anabranch.broker.retention import retention_of
-from anabranch.broker.topic_policies import TopicPolicies, TopicPolicyStore
+from anabranch.broker.topic_policies import TopicPolicies
 from anabranch.core.retention import (
     BacklogPolicy,
     BacklogQuota,
@@ -220,7 +220,7 @@ async def _update_topic(
     admin: AdminService, request: web.Request, change: Callable[[TopicPolicies], TopicPolicies]
 ) -> None:
     topic = await policy_topic(admin, request)
-    await TopicPolicyStore(admin.broker.store).update(topic, change)
+    await admin.broker.topic_policies.update(topic, change)
 
 
 async def get_topic_retention(admin: AdminService, request: web.Request) -> object:
@@ -230,7 +230,7 @@ async def get_topic_retention(admin: AdminService, request: web.Request) -> obje
         minutes = -1 if r.time_ms == -1 else r.time_ms // 60_000
         mb = -1 if r.size_bytes == -1 else r.size_bytes // (1024 * 1024)
         return {"retentionTimeInMinutes": minutes, "retentionSizeInMB": mb}
-    value = (await TopicPolicyStore(admin.broker.store).get(topic)).retention
+    value = (await admin.broker.topic_policies.get(topic)).retention
     return None if value is None else msgspec.to_builtins(value)
 
 
@@ -257,7 +257,7 @@ async def get_topic_message_ttl(admin: AdminService, request: web.Request) -> ob
     topic = await policy_topic(admin, request)
     if flag(request, "applied"):
         return (await applied_policies(admin, topic)).message_ttl_in_seconds
-    return (await TopicPolicyStore(admin.broker.store).get(topic)).message_ttl_in_seconds
+    return (await admin.broker.topic_policies.get(topic)).message_ttl_in_seconds
 
 
 async def set_topic_message_ttl(admin: AdminService, request: web.Request) -> object:
@@ -286,7 +286,7 @@ async def get_topic_backlog_quota_map(admin: AdminService, request: web.Request)
     if flag(request, "applied"):
         quotas = (await applied_policies(admin, topic)).backlog_quota_map
     else:
-        quotas = (await TopicPolicyStore(admin.broker.store).get(topic)).backlog_quota_map
+        quotas = (await admin.broker.topic_policies.get(topic)).backlog_quota_map
     answer: dict[str, Any] = msgspec.to_builtins(quotas)
     return answer
 

@@ -32,7 +32,7 @@ from aiohttp import web
 from anabranch.admin.routes import Route, flag, json_body, namespace_param, param, policy_topic
 from anabranch.broker.policies import NamespacePolicies
 from anabranch.broker.schema import SchemaVersion, schema_type_name, schema_type_value
-from anabranch.broker.topic_policies import TopicPolicies, TopicPolicyStore
+from anabranch.broker.topic_policies import TopicPolicies
 from anabranch.core.names import TopicName
 from anabranch.core.schema_compat import Strategy
 from anabranch.errors import IncompatibleSchema, InvalidArgument, NotFound
@@ -204,7 +204,7 @@ async def get_topic_strategy(admin: AdminService, request: web.Request) -> objec
     topic = await policy_topic(admin, request)
     if flag(request, "applied"):
         return (await admin.broker.schemas.strategy(topic)).value
-    return (await TopicPolicyStore(admin.broker.store).get(topic)).schema_compatibility_strategy
+    return (await admin.broker.topic_policies.get(topic)).schema_compatibility_strategy
 
 
 async def set_topic_strategy(admin: AdminService, request: web.Request) -> object:
@@ -214,7 +214,7 @@ async def set_topic_strategy(admin: AdminService, request: web.Request) -> objec
     def change(p: TopicPolicies) -> TopicPolicies:
         return msgspec.structs.replace(p, schema_compatibility_strategy=strategy.value)
 
-    await TopicPolicyStore(admin.broker.store).update(topic, change)
+    await admin.broker.topic_policies.update(topic, change)
     return None
 
 
@@ -224,7 +224,7 @@ async def remove_topic_strategy(admin: AdminService, request: web.Request) -> ob
     def change(p: TopicPolicies) -> TopicPolicies:
         return msgspec.structs.replace(p, schema_compatibility_strategy=None)
 
-    await TopicPolicyStore(admin.broker.store).update(topic, change)
+    await admin.broker.topic_policies.update(topic, change)
     return None
 
 

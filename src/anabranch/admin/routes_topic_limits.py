@@ -43,7 +43,6 @@ from anabranch.admin.routes import (
     set_namespace_fields,
     set_topic_fields,
 )
-from anabranch.broker.topic_policies import TopicPolicyStore
 from anabranch.errors import InvalidPolicyValue
 
 if TYPE_CHECKING:
@@ -124,7 +123,7 @@ def _topic_routes(cap: Cap) -> list[Route]:
         if flag(request, "applied"):
             value = getattr(await applied_policies(admin, topic), cap.field)
             return value if value is not None else getattr(admin.broker.config, cap.field)
-        return getattr(await TopicPolicyStore(admin.broker.store).get(topic), cap.topic_field)
+        return getattr(await admin.broker.topic_policies.get(topic), cap.topic_field)
 
     async def set_(admin: AdminService, request: web.Request) -> object:
         await set_topic_fields(admin, request, **{cap.topic_field: await _value(request, cap)})

@@ -18,7 +18,6 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from anabranch.admin.models import LookupData, MessageIdBody
-from anabranch.broker.topic_policies import TopicPolicyStore
 from anabranch.core.names import NamespaceName, SegmentName, TopicDomain, TopicName, parse_name
 from anabranch.core.segment_layout import SegmentLayout, segment_is_active, segment_name
 from anabranch.errors import (
@@ -214,7 +213,7 @@ class AdminService:
                     pass
             await self.policies.unregister_topic(partition)
         await self.policies.delete_partitioned_topic(name)
-        await TopicPolicyStore(self.broker.store).delete(name)
+        await self.broker.topic_policies.delete(name)
         await self.broker.schemas.delete(name, force=True)
         await self.policies.forget_topic_permissions(name)
 

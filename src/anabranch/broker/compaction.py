@@ -62,7 +62,6 @@ from anabranch.broker.compaction_messages import ChunkGroups, entry_messages
 from anabranch.broker.dispatcher_entries import entry_info
 from anabranch.broker.policies import NamespacePolicies
 from anabranch.broker.retention import COMPACTION_CURSOR, ledger_spans
-from anabranch.broker.topic_policies import TopicPolicyStore
 from anabranch.core.compaction import CompactionPlan, removed_bits
 from anabranch.core.names import TopicName, parse_name
 from anabranch.core.retention import backlog_bytes
@@ -470,7 +469,7 @@ class Compactions:
         self.service = service
         self.counters = CompactionCounters()
         self._loop: Supervised | None = None
-        self._topic_policies = TopicPolicyStore(service.store)
+        self._topic_policies = service.topic_policies
 
     def of(self, topic: PersistentTopic) -> TopicCompaction:
         """``topic``'s compaction state (made on first use; it lives as long as the topic)."""

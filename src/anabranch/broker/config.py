@@ -135,6 +135,11 @@ class BrokerConfig(BaseSettings):
     mark-delete rate limit); a crash redelivers what was acknowledged since. Draining a
     sealed segment saves at once whatever this is."""
     allow_auto_topic_creation: bool = True
+    policy_cache_enabled: bool = True
+    """Read namespace and topic policies and partitioned metadata (what every producer,
+    consumer and lookup reads) from memory, kept fresh by a watch of the metadata store
+    (``metadata/record_cache.py``). A change made through another broker is seen within
+    the watch's delay; off, every such read goes to the store."""
     transactions_enabled: bool = True
     """Serve the transaction coordinator and make every topic a transaction participant
     (Pulsar's ``transactionCoordinatorEnabled``; on by default here)."""

@@ -32,7 +32,6 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 from anabranch.broker.retention import namespace_of
-from anabranch.broker.topic_policies import TopicPolicyStore
 from anabranch.core.names import TopicName, parse_name
 from anabranch.core.offload import (
     DISABLED,
@@ -128,7 +127,7 @@ class Offloader:
         self._states: dict[str, _TopicState] = {}
         self._manual: dict[str, asyncio.Task[None]] = {}
         self._locks: dict[str, asyncio.Lock] = {}
-        self._topic_policies = TopicPolicyStore(service.store)
+        self._topic_policies = service.topic_policies
         self._loop: Supervised | None = None
         self._closed = False
         self._retry_s = RETRY_MIN_S

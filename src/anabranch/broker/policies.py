@@ -39,7 +39,7 @@ Example:
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
 import msgspec
@@ -55,7 +55,8 @@ from anabranch.errors import (
     NotEmpty,
     NotFound,
 )
-from anabranch.metadata.api import MUST_NOT_EXIST, Check, MetadataStore, Put, Record
+from anabranch.metadata.api import MUST_NOT_EXIST, Check, MetadataStore, Op, Put, Record, Stat
+from anabranch.metadata.record_cache import RecordCache
 
 ROOT = "/admin"
 CLUSTERS = f"{ROOT}/clusters"
@@ -327,8 +328,46 @@ class Policies:
 
     def __init__(self, store: MetadataStore) -> None:
         self.store = store
+        self.cache: RecordCache | None = None
+        """The broker's cache of the records under ``/admin/`` (set by the broker): what
+        producers, consumers and lookups read goes through it. Every write here forgets
+        what it wrote, so this process reads its own writes."""
 
     # --- helpers ------------------------------------------------------------------------------
+
+    async def _get(self, path: str) -> Record | None:
+        """A read of a hot path (producers, consumers, lookups): from the cache if any."""
+        cache = self.cache
+        return await (self.store.get(path) if cache is None else cache.get(path))
+
+    async def _read_cached(self, path: str, kind: type[R]) -> R:
+        record = await self._get(path)
+        if record is None:
+            raise NotFound(path)
+        return _decode(record, kind)
+
+    def _forget(self, paths: Iterable[str]) -> None:
+        if self.cache is not None:
+            for path in paths:
+                self.cache.forget(path)
+
+    async def _put(self, path: str, value: bytes, expected_version: int | None = None) -> Stat:
+        try:
+            return await self.store.put(path, value, expected_version=expected_version)
+        finally:  # even when it failed: a write that timed out may have landed
+            self._forget([path])
+
+    async def _delete(self, path: str, expected_version: int | None = None) -> bool:
+        try:
+            return await self.store.delete(path, expected_version=expected_version)
+        finally:
+            self._forget([path])
+
+    async def _commit(self, ops: Sequence[Op]) -> None:
+        try:
+            await self.store.commit(ops)
+        finally:
+            self._forget(op.path for op in ops if not isinstance(op, Check))
 
     async def _read(self, path: str, kind: type[R]) -> tuple[R, int]:
         record = await self.store.get(path)
@@ -350,7 +389,7 @@ class Policies:
                 raise BadVersion(path, expected_version, version)
             new = change(current)
             try:
-                await self.store.put(path, _encode(new), expected_version=version)
+                await self._put(path, _encode(new), expected_version=version)
             except BadVersion:
                 if expected_version is not None:
                     raise
@@ -373,7 +412,7 @@ class Policies:
         """Create a cluster; AlreadyExists if it exists."""
         path = cluster_path(name)
         try:
-            await self.store.put(path, _encode(data or ClusterData()), MUST_NOT_EXIST)
+            await self._put(path, _encode(data or ClusterData()), MUST_NOT_EXIST)
         except BadVersion:
             raise AlreadyExists(path) from None
 
@@ -404,7 +443,7 @@ class Policies:
                 continue
             if name in info.allowed_clusters:
                 raise NotEmpty(path, f"tenant {tenant} still uses cluster {name}")
-        await self.store.delete(path, expected_version=record.stat.version)
+        await self._delete(path, expected_version=record.stat.version)
 
     # --- tenants ------------------------------------------------------------------------------
 
@@ -419,7 +458,7 @@ class Policies:
         info = info or TenantInfo()
         await self._check_clusters(info)
         try:
-            await self.store.put(path, _encode(info), MUST_NOT_EXIST)
+            await self._put(path, _encode(info), MUST_NOT_EXIST)
         except BadVersion:
             raise AlreadyExists(path) from None
 
@@ -451,7 +490,7 @@ class Policies:
             if namespaces:
                 raise NotEmpty(path, f"tenant {name} still has namespaces {namespaces}")
             # A namespace created since the read bumped the tenant's version: BadVersion.
-            await self.store.delete(path, expected_version=record.stat.version)
+            await self._delete(path, expected_version=record.stat.version)
 
         await self._retry(attempt)
 
@@ -473,7 +512,7 @@ class Policies:
             if await self.store.get(path) is not None:
                 raise AlreadyExists(path)
             # Re-putting the tenant at its version fences a concurrent tenant delete.
-            await self.store.commit(
+            await self._commit(
                 [
                     Put(tpath, tenant.value, expected_version=tenant.stat.version),
                     Put(path, value, expected_version=MUST_NOT_EXIST),
@@ -489,10 +528,19 @@ class Policies:
             raise NotFound(tpath)
         return [f"{tenant}/{ns}" for ns in await self.store.list_children(f"{NAMESPACES}/{tenant}")]
 
-    async def namespace_policies(self, namespace: str | NamespaceName) -> NamespacePolicies:
-        """The namespace's policies; NotFound if it does not exist (or is being deleted)."""
+    async def namespace_policies(
+        self, namespace: str | NamespaceName, *, fresh: bool = False
+    ) -> NamespacePolicies:
+        """The namespace's policies; NotFound if it does not exist (or is being deleted).
+        ``fresh``: read the store, not the cache (what a decision that sticks is based on,
+        such as a topic's deduplication when it loads, must not lag a change made through
+        another broker that the client already saw acknowledged)."""
         ns = _ns(namespace)
-        policies, _ = await self._read(namespace_path(ns), NamespacePolicies)
+        path = namespace_path(ns)
+        if fresh:
+            policies, _ = await self._read(path, NamespacePolicies)
+        else:
+            policies = await self._read_cached(path, NamespacePolicies)
         if policies.deleted:
             raise NotFound(namespace_path(ns))
         return policies
@@ -552,7 +600,7 @@ class Policies:
             raise NotEmpty(path, f"namespace {ns} still has topics {(topics + partitioned)[:10]}")
         record = await self.store.get(path)
         if record is not None:
-            await self.store.delete(path, expected_version=record.stat.version)
+            await self._delete(path, expected_version=record.stat.version)
 
     async def _live_namespace_version(self, ns: NamespaceName) -> int:
         """The namespace record's version; NotFound if absent or being deleted."""
@@ -680,7 +728,7 @@ class Policies:
             if await self.store.get(topic_path(name)) is not None:
                 raise AlreadyExists(topic_path(name))
             try:
-                await self.store.commit(
+                await self._commit(
                     [
                         Check(namespace_path(name.namespace_name), expected_version=version),
                         Check(topic_path(name), expected_version=MUST_NOT_EXIST),
@@ -697,7 +745,7 @@ class Policies:
     async def get_partitioned_topic(self, topic: str | TopicName) -> PartitionedTopicMetadata:
         """The partitioned metadata; NotFound if ``topic`` is not partitioned."""
         path = partitioned_topic_path(self._persistent_base(topic))
-        return (await self._read(path, PartitionedTopicMetadata))[0]
+        return await self._read_cached(path, PartitionedTopicMetadata)
 
     async def get_partitions(self, topic: str | TopicName) -> int:
         """Number of partitions of ``topic``; 0 when it is not partitioned (or is a partition).
@@ -709,7 +757,7 @@ class Policies:
         name = _topic(topic)
         if name.partition is not None or name.domain not in _PARTITIONABLE:
             return 0
-        record = await self.store.get(partitioned_topic_path(name))
+        record = await self._get(partitioned_topic_path(name))
         if record is None:
             return 0
         return _decode(record, PartitionedTopicMetadata).partitions
@@ -743,7 +791,7 @@ class Policies:
         record = await self.store.get(path)
         if record is None:
             raise NotFound(path)
-        await self.store.delete(path, expected_version=record.stat.version)
+        await self._delete(path, expected_version=record.stat.version)
         return _decode(record, PartitionedTopicMetadata).partitions
 
     async def list_partitioned_topics(
@@ -780,18 +828,18 @@ class Policies:
                     raise AlreadyExists(ppath)
                 ops.append(Check(ppath, expected_version=MUST_NOT_EXIST))
             ops.append(Put(path, value, expected_version=MUST_NOT_EXIST))
-            await self.store.commit(ops)
+            await self._commit(ops)
             return True
 
         return await self._retry(attempt)
 
     async def topic_exists(self, topic: str | TopicName) -> bool:
         """Whether ``topic`` is registered."""
-        return await self.store.get(topic_path(_topic(topic))) is not None
+        return await self._get(topic_path(_topic(topic))) is not None
 
     async def unregister_topic(self, topic: str | TopicName) -> bool:
         """Forget ``topic``; False if it was not registered."""
-        return await self.store.delete(topic_path(_topic(topic)))
+        return await self._delete(topic_path(_topic(topic)))
 
     async def list_topics(
         self,

@@ -55,7 +55,7 @@ from anabranch.broker.config import BrokerConfig
 from anabranch.broker.dispatcher_entries import entry_info
 from anabranch.broker.policies import NamespacePolicies
 from anabranch.broker.topic_limits import INTERNAL_SUBSCRIPTION_PREFIX
-from anabranch.broker.topic_policies import TopicPolicies, TopicPolicyStore
+from anabranch.broker.topic_policies import TopicPolicies
 from anabranch.core.inactive_topics import (
     DeleteMode,
     InactivePolicy,
@@ -190,7 +190,7 @@ class RetentionSweeps:
         self.service = service
         self.config = service.config
         self.clock = service.clock
-        self._topic_policies = TopicPolicyStore(service.store)
+        self._topic_policies = service.topic_policies
         self._loops: list[Supervised] = []
         self._closed = False
         self.runs = {

@@ -53,6 +53,7 @@ from anabranch.broker.dispatch_throttling import dispatch_rates_of, put_rates_in
 from anabranch.broker.metrics import BrokerCounters
 from anabranch.broker.nonpersistent import NonPersistentTopic
 from anabranch.broker.offload import Offloader
+from anabranch.broker.policies import ROOT as POLICIES_ROOT
 from anabranch.broker.policies import NamespacePolicies, Policies
 from anabranch.broker.publish_throttling import publish_rate_of, put_in_force
 from anabranch.broker.retention import RetentionSweeps, retention_of
@@ -80,6 +81,7 @@ from anabranch.errors import (
     ScalableTopicsDisabled,
 )
 from anabranch.metadata.api import Check, MetadataStore
+from anabranch.metadata.record_cache import RecordCache
 from anabranch.scalable.dag_watch import DagWatcher
 from anabranch.scalable.paths import TopicPaths
 from anabranch.scalable.segment_ops import decode_dedup_snapshot
@@ -170,6 +172,11 @@ class BrokerService:
         """What this broker presents to other brokers (cluster calls and probes)."""
         self.fatal = Fatal()
         """Set when an essential background loop keeps dying: the process exits non-zero."""
+        self.policy_cache = RecordCache(store, POLICIES_ROOT + "/", on_give_up=self.fatal.fail)
+        """Namespace and topic policies and partitioned metadata, as producers, consumers
+        and lookups read them: from memory, kept fresh by a watch (started by ``start``)."""
+        self.policies.cache = self.policy_cache
+        self.topic_policies = TopicPolicyStore(store, self.policy_cache)
         self.advertised_url = f"pulsar://{config.advertised_address}:{config.port}"
         self.http_url = f"http://{config.advertised_address}:{config.http_port}"
         self.advertised_url_tls: str | None = None
@@ -250,6 +257,8 @@ class BrokerService:
         producer names, so a restarted broker must never hand out an old one."""
         path = await self.store.create_sequential(PRODUCER_NAME_COUNTER_PREFIX, b"")
         self._broker_index = int(path.rsplit("-", 1)[1])
+        if self.config.policy_cache_enabled:
+            await self.policy_cache.start()
         self.sweeps.start()
         self.compactions.start()
         self.autoscaler.start()
@@ -459,7 +468,8 @@ class BrokerService:
             if isinstance(name, SegmentName)
             else f"{name.tenant}/{name.namespace}"
         )
-        ns_policies = await self._namespace_policies(ns_text, key)
+        # Fresh: deduplication and retention are fixed for as long as the topic stays loaded.
+        ns_policies = await self._namespace_policies(ns_text, key, fresh=True)
         if not isinstance(name, SegmentName) and not await self.policies.topic_exists(key):
             await self.check_exists(name, create=create)
             await self.policies.register_topic(key)
@@ -551,9 +561,11 @@ class BrokerService:
                 marks.append(decode_dedup_snapshot(sealed.value))
         return marks
 
-    async def _namespace_policies(self, ns_text: str, key: str) -> NamespacePolicies:
+    async def _namespace_policies(
+        self, ns_text: str, key: str, *, fresh: bool = False
+    ) -> NamespacePolicies:
         try:
-            return await self.policies.namespace_policies(ns_text)
+            return await self.policies.namespace_policies(ns_text, fresh=fresh)
         except NotFound:
             raise NotFound(f"namespace {ns_text} of topic {key}") from None
 
@@ -702,7 +714,7 @@ class BrokerService:
         """The namespace's policies and the topic's own (a segment's: its scalable topic's),
         read together: on etcd each read is a round trip. ``namespace``: already read."""
         topic = name.topic if isinstance(name, SegmentName) else name
-        overrides = TopicPolicyStore(self.store).get(topic)
+        overrides = self.topic_policies.get(topic)
         if namespace is not None:
             return namespace, await overrides
         return await asyncio.gather(
@@ -766,7 +778,7 @@ class BrokerService:
         if not isinstance(parsed, SegmentName):  # segments are never registered
             await self.policies.unregister_topic(str(parsed))
             if parsed.partition is None:  # a partitioned topic's are its parent's
-                await TopicPolicyStore(self.store).delete(parsed)
+                await self.topic_policies.delete(parsed)
                 await self.schemas.delete(parsed, force=True)
 
     async def delete_unused_topic(self, topic: PersistentTopic, unused: Callable[[], bool]) -> bool:
@@ -810,3 +822,4 @@ class BrokerService:
                 log.exception("closing topic %s failed", topic.name)
         if self.txn_outcomes is not None:
             await self.txn_outcomes.close()
+        await self.policy_cache.close()

@@ -36,6 +36,7 @@ from anabranch.broker.policies import (
 from anabranch.core.names import TopicName
 from anabranch.errors import BadVersion, InvalidArgument
 from anabranch.metadata.api import MUST_NOT_EXIST, MetadataStore
+from anabranch.metadata.record_cache import RecordCache
 
 TOPIC_POLICIES = "/admin/topic-policies"
 
@@ -166,12 +167,16 @@ def topic_policies_path(topic: TopicName) -> str:
 class TopicPolicyStore:
     """Reads and CAS-updates topic policies (see the module docstring)."""
 
-    def __init__(self, store: MetadataStore) -> None:
+    def __init__(self, store: MetadataStore, cache: RecordCache | None = None) -> None:
         self.store = store
+        self._cache = cache
+        """The broker's policy cache: reads go through it, writes forget what they wrote."""
 
     async def get(self, topic: TopicName) -> TopicPolicies:
         """The topic's overrides (empty when none were set)."""
-        record = await self.store.get(topic_policies_path(topic))
+        path = topic_policies_path(topic)
+        cache = self._cache
+        record = await (self.store.get(path) if cache is None else cache.get(path))
         if record is None:
             return TopicPolicies()
         try:
@@ -197,6 +202,8 @@ class TopicPolicyStore:
                 await self.store.put(path, msgspec.json.encode(new), expected_version=version)
             except BadVersion:
                 continue
+            finally:
+                self._forget(path)
             return new
         raise BadVersion(path, None, -1)
 
@@ -208,4 +215,12 @@ class TopicPolicyStore:
 
     async def delete(self, topic: TopicName) -> None:
         """Forget the topic's overrides (the topic was deleted)."""
-        await self.store.delete(topic_policies_path(topic))
+        path = topic_policies_path(topic)
+        try:
+            await self.store.delete(path)
+        finally:
+            self._forget(path)
+
+    def _forget(self, path: str) -> None:
+        if self._cache is not None:
+            self._cache.forget(path)
