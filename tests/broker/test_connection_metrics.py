@@ -12,6 +12,7 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from anabranch.aio import Client
 from anabranch.protocol import commands
 from anabranch.protocol._generated import pulsar_api_pb2 as pb
 from anabranch.protocol.frames import encode_command
@@ -101,3 +102,18 @@ async def test_internal_stats_report_storage_size(broker: InProcessBroker) -> No
     assert internal["currentLedgerEntries"] == 5
     assert internal["currentLedgerSize"] == stored
     assert stats["storageSize"] == stored
+
+
+async def test_the_policy_cache_reports_its_hits(broker: InProcessBroker) -> None:
+    before = await scrape(broker)
+    assert before["anabranch_policy_cache_live"] == 1
+    async with Client(broker.service_url) as client:
+        for _ in range(3):
+            producer = await client.create_producer(TOPIC)
+            await producer.close()
+    after = await scrape(broker)
+    # Each create reads the partitioned metadata, namespace and topic policies: the
+    # first ones from the store, the others from memory.
+    hits = after["anabranch_policy_cache_hits_total"] - before["anabranch_policy_cache_hits_total"]
+    assert hits >= 6
+    assert after["anabranch_policy_cache_entries"] >= 3

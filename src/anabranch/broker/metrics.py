@@ -37,6 +37,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from anabranch.broker.txn_metrics import TxnCollector
+from anabranch.metadata.record_cache import RecordCache
 
 if TYPE_CHECKING:
     from anabranch.broker.service import BrokerService
@@ -274,6 +275,36 @@ def _namespace_of(topic: str) -> str:
     return "/".join(rest.split("/")[:2])
 
 
+class PolicyCacheCollector(Collector):
+    """The broker's policy cache (``metadata/record_cache.py``): hits, misses, entries
+    dropped by changes, entries held and whether its watch is live."""
+
+    def __init__(self, cache: RecordCache, cluster: str) -> None:
+        self._cache = cache
+        self._cluster = cluster
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        c = self._cache
+        for name, text, value in (
+            ("policy_cache_hits", "Policy reads answered from memory.", c.hits),
+            ("policy_cache_misses", "Policy reads that went to the metadata store.", c.misses),
+            ("policy_cache_drops", "Cached policy records dropped by a change.", c.dropped),
+        ):  # fmt: skip
+            counter = CounterMetricFamily(f"anabranch_{name}", text, labels=["cluster"])
+            counter.add_metric([self._cluster], value)
+            yield counter
+        for name, text, value in (
+            ("policy_cache_entries", "Policy records held in memory.", c.size),
+            ("policy_cache_live", "1 while the policy cache's watch is live.", int(c.live)),
+        ):  # fmt: skip
+            gauge = GaugeMetricFamily(f"anabranch_{name}", text, labels=["cluster"])
+            gauge.add_metric([self._cluster], value)
+            yield gauge
+
+
 class ScalableCollector(Collector):
     """Scalable-topic families: segments per topic (of the topics this broker's controller
     leads), split/merge/leadership/assignment counters and the open watch sessions and
@@ -397,6 +428,9 @@ def broker_registry(service: BrokerService) -> CollectorRegistry:
         )
     if getattr(service, "txn_coordinator", None) is not None:
         registry.register(TxnCollector(service))  # the anabranch_txn_* families
+    cache = getattr(service, "policy_cache", None)
+    if isinstance(cache, RecordCache):
+        registry.register(PolicyCacheCollector(cache, service.config.cluster_name))
     compactions = getattr(service, "compactions", None)
     if compactions is not None:
         from anabranch.broker.compaction_metrics import CompactionCollector

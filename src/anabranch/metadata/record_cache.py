@@ -113,6 +113,11 @@ class RecordCache:
         """Whether answers come from memory now."""
         return self._live
 
+    @property
+    def size(self) -> int:
+        """Entries held now (metrics)."""
+        return len(self._entries)
+
     def cached(self, path: str) -> bool:
         """Whether ``path`` has an entry (tests)."""
         return path in self._entries
