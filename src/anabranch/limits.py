@@ -39,8 +39,8 @@ METADATA_CACHE_ENTRIES_MAX = 20_000
 topic policies and partitioned metadata, absent ones included; least recently used go."""
 
 METADATA_CACHE_RETRY_S = 0.5
-"""Pause before the policy cache's watch starts again after a failure (reads go to the
-store meanwhile)."""
+"""First pause before the policy cache's watch starts again after a failure, doubling up to
+8x while it keeps failing (reads go to the store meanwhile)."""
 
 METADATA_SESSION_TTL_MIN_S = 0.2
 METADATA_SESSION_TTL_MAX_S = 3600.0

@@ -166,6 +166,7 @@ class RecordCache:
         self.seen_revision = 0
 
     async def _watch_loop(self) -> None:
+        delay = limits.METADATA_CACHE_RETRY_S
         while not self._closed:
             try:
                 revision = await self._store.current_revision()
@@ -176,6 +177,7 @@ class RecordCache:
                     self._epoch += 1
                     self._live = True
                     self.seen_revision = revision
+                    delay = limits.METADATA_CACHE_RETRY_S
                     async for event in watch:
                         self._drop(event.path)
                         self.seen_revision = event.revision
@@ -188,8 +190,14 @@ class RecordCache:
             except Compacted:
                 continue  # fell behind the store's history: start again from now
             except Exception as err:
-                log.warning("record cache %s: watch failed (%s); retrying", self._prefix, err)
-                await asyncio.sleep(limits.METADATA_CACHE_RETRY_S)
+                log.warning(
+                    "record cache %s: watch failed (%s); retrying in %.1fs",
+                    self._prefix,
+                    err,
+                    delay,
+                )
+                await asyncio.sleep(delay)
+                delay = min(2 * delay, 8 * limits.METADATA_CACHE_RETRY_S)
 
 
 _MISSING = object()
