@@ -39,6 +39,7 @@ from anabranch.transactions.entry_stamp import entry_txn, stamp_txn
 from anabranch.transactions.ids import TxnId
 from anabranch.transactions.metadata_buffer import MetadataTransactionBuffer
 from anabranch.transactions.metadata_pending_ack import MetadataPendingAckStore
+from anabranch.transactions.op_records import OwnershipFence
 from anabranch.transactions.outcomes import TxnOutcomes
 from anabranch.transactions.records import TxnState
 
@@ -734,7 +735,7 @@ class Subscription:
         self.cursor: Cursor | None = None
         self.called = asyncio.Event()
 
-    fence: Check | None = None
+    fence: OwnershipFence | None = None
 
     async def start(self, entries: int = 6) -> MetadataPendingAckStore:
         self.ledger = await self.env.factory.open(TOPIC)
@@ -937,10 +938,10 @@ async def test_a_stale_owners_late_abort_keeps_the_new_owners_positions(env: Env
 OWNERSHIP = ownership_path(TOPIC)
 
 
-async def claim(store: MetadataStore) -> Check:
+async def claim(store: MetadataStore) -> OwnershipFence:
     """This broker's claim of TOPIC: the fence its participants are given."""
     stat = await store.put(OWNERSHIP, b"this broker", MUST_NOT_EXIST)
-    return Check(OWNERSHIP, expected_create_revision=stat.create_revision)
+    return OwnershipFence(Check(OWNERSHIP, expected_create_revision=stat.create_revision), TOPIC)
 
 
 async def take_over(store: MetadataStore) -> None:
@@ -1015,8 +1016,8 @@ async def test_a_stale_owners_pending_acks_take_no_ack_for_a_topic_another_broke
 class OneRecordGate:
     """An ownership gate (cluster mode's say) whose claim is the record ``claim`` made."""
 
-    def __init__(self, fence: Check) -> None:
-        self._fence = fence
+    def __init__(self, fence: OwnershipFence) -> None:
+        self._fence = fence.check
 
     async def claim(self, topic: str) -> None:
         return None

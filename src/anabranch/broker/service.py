@@ -94,6 +94,7 @@ from anabranch.transactions.coordinator import TransactionCoordinator
 from anabranch.transactions.keys import TransactionKeys
 from anabranch.transactions.metadata_buffer import MetadataTransactionBuffer
 from anabranch.transactions.metadata_pending_ack import MetadataPendingAckStore
+from anabranch.transactions.op_records import OwnershipFence
 from anabranch.transactions.outcomes import TxnOutcomes
 
 log = logging.getLogger(__name__)
@@ -519,7 +520,11 @@ class BrokerService:
         recovering what the metadata store says about their open transactions."""
         outcomes = self.txn_outcomes
         assert outcomes is not None
-        fence = None if self.ownership is None else self.ownership.fence(topic.name)
+        fence = (
+            None
+            if self.ownership is None
+            else OwnershipFence(self.ownership.fence(topic.name), topic.name)
+        )
         buffer = MetadataTransactionBuffer(
             topic.name,
             topic.ledger,

@@ -68,13 +68,14 @@ from anabranch import limits
 from anabranch.clock import Clock
 from anabranch.core.txn_buffer_state import TxnBufferState
 from anabranch.errors import TransactionConflict, TransactionTooLarge
-from anabranch.metadata.api import MUST_NOT_EXIST, Check, Delete, MetadataStore, Op, Put
+from anabranch.metadata.api import MUST_NOT_EXIST, Delete, MetadataStore, Op, Put
 from anabranch.storage.api import ManagedLedger, Position
 from anabranch.transactions import records
 from anabranch.transactions.entry_stamp import entry_txn_branch, stamp_txn_branch
 from anabranch.transactions.ids import TxnId
 from anabranch.transactions.op_records import (
     OutcomeWork,
+    OwnershipFence,
     check_joinable,
     check_owner,
     commit_fenced,
@@ -119,7 +120,7 @@ class MetadataTransactionBuffer:
         clock: Clock,
         *,
         on_change: Callable[[], None],
-        fence: Check | None = None,
+        fence: OwnershipFence | None = None,
     ) -> None:
         self._topic = topic
         self._ledger = ledger

@@ -59,12 +59,13 @@ from typing import Any
 from anabranch import limits
 from anabranch.clock import Clock
 from anabranch.errors import TransactionConflict, TransactionTooLarge
-from anabranch.metadata.api import Check, Delete, MetadataStore
+from anabranch.metadata.api import Delete, MetadataStore
 from anabranch.storage.api import Cursor, Position
 from anabranch.transactions import records
 from anabranch.transactions.ids import TxnId
 from anabranch.transactions.op_records import (
     OutcomeWork,
+    OwnershipFence,
     check_owner,
     commit_fenced,
     delete_ops,
@@ -113,7 +114,7 @@ class MetadataPendingAckStore:
         *,
         on_committed: AckCallback,
         on_aborted: AckCallback,
-        fence: Check | None = None,
+        fence: OwnershipFence | None = None,
     ) -> None:
         self._topic = topic
         self._subscription = subscription

@@ -42,9 +42,9 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Sequence
+from typing import NamedTuple
 
 from anabranch import limits
-from anabranch.broker.cluster.records import topic_of_ownership_path
 from anabranch.clock import Clock
 from anabranch.errors import (
     BadVersion,
@@ -133,17 +133,27 @@ async def op_count(store: MetadataStore, txn: TxnId) -> tuple[int, int]:
     return len(page.records), last + 1
 
 
-async def commit_fenced(store: MetadataStore, ops: Sequence[Op], fence: Check | None) -> None:
+class OwnershipFence(NamedTuple):
+    """This broker's claim on ``topic`` as its participants' writes carry it: ``check``
+    holds while the claim does (``ClusterOwnership.fence``)."""
+
+    check: Check
+    topic: str
+
+
+async def commit_fenced(
+    store: MetadataStore, ops: Sequence[Op], fence: OwnershipFence | None
+) -> None:
     """Commit ``ops`` and ``fence`` (None: no fence) atomically; NotOwner when the fence
     no longer holds (nothing is written then)."""
     if fence is None:
         await store.commit(ops)
         return
     try:
-        await store.commit([*ops, fence])
+        await store.commit([*ops, fence.check])
     except BadVersion as err:
-        if err.path == fence.path:
-            raise NotOwner(topic_of_ownership_path(fence.path), None) from err
+        if err.path == fence.check.path:
+            raise NotOwner(fence.topic, None) from err
         raise
 
 
@@ -154,7 +164,7 @@ async def write_op(
     index_path: Callable[[int], str],
     *,
     next_seq: int,
-    fence: Check | None = None,
+    fence: OwnershipFence | None = None,
 ) -> int:
     """Write ``op`` (and its index key) as ``txn``'s op record, guarded by the header
     being OPEN (and by ``fence``); returns the sequence number used."""
@@ -186,7 +196,7 @@ async def delete_ops(
     txn: TxnId,
     paths: Sequence[str],
     first: Sequence[Op] = (),
-    fence: Check | None = None,
+    fence: OwnershipFence | None = None,
 ) -> None:
     """Delete op records and index keys (absent ones are fine), ``first`` ops going in
     the first commit (an aborted record is written with the first deletions), each commit

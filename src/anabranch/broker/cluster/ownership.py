@@ -149,7 +149,7 @@ class ClusterOwnership:
         self._connections = connections
         self._session: Session | None = None
         self._owned: dict[str, _Claim] = {}
-        """Topic → version of its ownership record as we last wrote it."""
+        """Topic → our claim on it (its ownership record as we last wrote it)."""
         self._ready = asyncio.Event()
         self._stopping = False
         self._loops: list[Supervised] = []
