@@ -9,11 +9,20 @@ Security: ``auth_token=`` (or ``auth=`` an ``AuthenticationToken``/``Authenticat
 ``https://`` URL verifies the broker against ``tls_trust_certs_file_path``.
 
 Example:
-    >>> async def demo() -> None:
-    ...     async with AdminClient("http://127.0.0.1:8080") as admin:
+    >>> import asyncio, tempfile
+    >>> from pathlib import Path
+    >>> from anabranch.testing.broker import InProcessBroker
+    >>> async def demo(http_url: str) -> None:        # e.g. "http://127.0.0.1:8080"
+    ...     async with AdminClient(http_url) as admin:
     ...         await admin.create_partitioned_topic("orders", 4)
     ...         assert await admin.get_partitions("orders") == 4
-    ...         print(await admin.stats("orders-partition-0"))
+    ...         print((await admin.stats("orders-partition-0"))["msgInCounter"])
+    >>> async def main() -> None:
+    ...     with tempfile.TemporaryDirectory() as tmp:
+    ...         async with InProcessBroker(Path(tmp)) as broker:
+    ...             await demo(broker.http_url or "")
+    >>> asyncio.run(main())
+    0
 """
 
 from __future__ import annotations

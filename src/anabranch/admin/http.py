@@ -19,11 +19,24 @@ AuthorizationError), inside one error middleware:
   server never dies. Bodies say what ``error_codes.client_message`` says, never a file
   path or a traceback.
 
-Example:
+Example (a second admin listener for a running broker's service):
+    >>> import asyncio, tempfile
+    >>> from pathlib import Path
+    >>> import aiohttp
+    >>> from anabranch.testing.broker import InProcessBroker
     >>> async def run(service: BrokerService) -> None:
-    ...     runner = await start_http(service, "127.0.0.1", 8080)
-    ...     ...                                  # GET http://127.0.0.1:8080/admin/v2/tenants
+    ...     runner = await start_http(service, "127.0.0.1", 0)   # 0: any free port
+    ...     port = runner.addresses[0][1]
+    ...     async with aiohttp.ClientSession() as http:
+    ...         async with http.get(f"http://127.0.0.1:{port}/admin/v2/tenants") as answer:
+    ...             print(answer.status, await answer.json())
     ...     await runner.cleanup()
+    >>> async def main() -> None:
+    ...     with tempfile.TemporaryDirectory() as tmp:
+    ...         async with InProcessBroker(Path(tmp)) as broker:
+    ...             await run(broker.service)
+    >>> asyncio.run(main())
+    200 ['public']
 """
 
 from __future__ import annotations

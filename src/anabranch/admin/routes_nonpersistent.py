@@ -60,8 +60,21 @@ async def non_persistent_topics(admin: AdminService, namespace: str) -> list[str
     another broker. NotFound for an unknown namespace.
 
     Example:
+        >>> import asyncio, tempfile
+        >>> from pathlib import Path
+        >>> from anabranch.admin.service import AdminService
+        >>> from anabranch.testing.broker import InProcessBroker
         >>> async def demo(admin: AdminService) -> None:
         ...     assert await non_persistent_topics(admin, "public/default") == []
+        ...     await admin.broker.get_non_persistent_topic(
+        ...         "non-persistent://public/default/t", create=True)
+        ...     print(await non_persistent_topics(admin, "public/default"))
+        >>> async def main() -> None:
+        ...     with tempfile.TemporaryDirectory() as tmp:
+        ...         async with InProcessBroker(Path(tmp)) as broker:
+        ...             await demo(AdminService(broker.service))
+        >>> asyncio.run(main())
+        ['non-persistent://public/default/t']
     """
     ns = NamespaceName.parse(namespace)
     await admin.policies.namespace_policies(str(ns))

@@ -6,10 +6,20 @@ structs. Topic arguments are full names (``persistent://t/ns/x``); invalid names
 InvalidArgument before anything is written.
 
 Example:
+    >>> import asyncio, tempfile
+    >>> from pathlib import Path
+    >>> from anabranch.testing.broker import InProcessBroker
     >>> async def demo(admin: AdminService) -> None:
     ...     await admin.create_partitioned_topic("persistent://public/default/orders", 4)
     ...     assert await admin.list_topics("public/default") == [
     ...         f"persistent://public/default/orders-partition-{i}" for i in range(4)]
+    ...     print(await admin.policies.get_partitions("persistent://public/default/orders"))
+    >>> async def main() -> None:
+    ...     with tempfile.TemporaryDirectory() as tmp:
+    ...         async with InProcessBroker(Path(tmp)) as broker:
+    ...             await demo(AdminService(broker.service))
+    >>> asyncio.run(main())
+    4
 """
 
 from __future__ import annotations

@@ -15,9 +15,24 @@ PARTITIONED_METADATA, whose handler upstream turns the tenant check's 404 into
 TopicNotFound, and clients rely on it).
 
 Example:
+    >>> from anabranch.metadata.memory import MemoryMetadataStore
     >>> async def demo(authorizer: Authorizer) -> None:
     ...     topic = Resource.of_topic("persistent://acme/orders/in-partition-3")
     ...     await authorizer.check("app", Need.PRODUCE, topic, "produce")
+    ...     try:
+    ...         await authorizer.check("app", Need.CONSUME, topic, "consume")
+    ...     except AuthorizationError as err:
+    ...         print(err)
+    >>> async def main() -> None:
+    ...     policies = Policies(MemoryMetadataStore())
+    ...     await policies.create_cluster("c1")
+    ...     await policies.create_tenant("acme")
+    ...     await policies.create_namespace("acme/orders")
+    ...     await policies.grant_namespace_permission("acme/orders", "app", ["produce"])
+    ...     await demo(Authorizer(policies))
+    ...     await policies.store.close()
+    >>> asyncio.run(main())
+    role app is not authorized to consume on persistent://acme/orders/in
 """
 
 from __future__ import annotations

@@ -12,11 +12,24 @@ producers, and sets :attr:`QuotaGate.blocked`:
 * None: everything passes; held sends are released in order at once.
 
 Example:
+    >>> from anabranch.clock import SystemClock
     >>> async def demo(gate: QuotaGate, send: Callable[[], asyncio.Future[Position]]) -> None:
+    ...     print(gate.admit(send))           # not blocked: None, the caller sends now
     ...     gate.set_blocked(BacklogPolicy.PRODUCER_REQUEST_HOLD)
     ...     held = gate.admit(send)           # a future: the send waits
+    ...     print(gate.held)
     ...     gate.set_blocked(None)            # the backlog shrank: it is sent now
-    ...     await held
+    ...     print(await held)
+    ...     await gate.close()
+    >>> async def send() -> Position:         # stands for the topic's append
+    ...     return Position(3, 0)
+    >>> async def main() -> None:
+    ...     gate = QuotaGate("persistent://public/default/t", SystemClock(), hold_max_s=30)
+    ...     await demo(gate, lambda: asyncio.ensure_future(send()))
+    >>> asyncio.run(main())
+    None
+    1
+    Position(ledger_id=3, entry_id=0)
 """
 
 from __future__ import annotations

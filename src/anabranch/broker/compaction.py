@@ -31,11 +31,27 @@ Theory of operation
   broker's threshold, a compaction starts.
 
 Example:
+    >>> import tempfile
+    >>> from pathlib import Path
+    >>> from anabranch.protocol.frames import encode_entry
+    >>> from anabranch.testing.broker import InProcessBroker
     >>> async def demo(compactions: Compactions, topic: PersistentTopic) -> None:
+    ...     for seq, key in enumerate(["a", "b", "a"]):
+    ...         md = pb.MessageMetadata(producer_name="p", sequence_id=seq, publish_time=0,
+    ...                                 partition_key=key)
+    ...         await topic.publish("p", seq, None, encode_entry(md, b"v"), 1)
     ...     run = compactions.of(topic)
     ...     await run.trigger()                  # CompactionInProgress if one runs
     ...     await run.wait()
-    ...     assert run.status == "SUCCESS"
+    ...     print(run.status, run.last_removed)  # the first "a" is gone from the view
+    >>> async def main() -> None:
+    ...     with tempfile.TemporaryDirectory() as tmp:
+    ...         async with InProcessBroker(Path(tmp)) as broker:
+    ...             service = broker.service
+    ...             topic = await service.get_topic("persistent://public/default/t", create=True)
+    ...             await demo(service.compactions, topic)
+    >>> asyncio.run(main())
+    SUCCESS 1
 """
 
 from __future__ import annotations

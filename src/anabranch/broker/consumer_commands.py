@@ -6,9 +6,28 @@ stays). Commands without a request id (FLOW, ACK without receipt, REDELIVER) nam
 unknown consumer are ignored, as upstream does. ``HANDLERS`` maps each BaseCommand type to
 its handler; the session also finds them by name.
 
-Example:
-    >>> async def demo(session: Session, cmd: pb.CommandSubscribe) -> None:
-    ...     await HANDLERS[pb.BaseCommand.SUBSCRIBE](session, cmd)   # SUCCESS on the wire
+Example (a client's SUBSCRIBE reaches ``HANDLERS[pb.BaseCommand.SUBSCRIBE]`` through its
+session, which answers SUCCESS on the wire):
+    >>> import asyncio, tempfile
+    >>> from pathlib import Path
+    >>> from anabranch.aio import Client
+    >>> from anabranch.testing.broker import InProcessBroker
+    >>> HANDLERS[pb.BaseCommand.SUBSCRIBE].__name__
+    'handle_subscribe'
+    >>> async def demo(client: Client, service: BrokerService) -> None:
+    ...     consumer = await client.subscribe("persistent://public/default/t", "billing")
+    ...     topic = await service.get_topic("persistent://public/default/t", create=False)
+    ...     print(topic.subscriptions["billing"].consumers)
+    ...     await consumer.close()                            # CLOSE_CONSUMER
+    ...     print(topic.subscriptions["billing"].consumers)
+    >>> async def main() -> None:
+    ...     with tempfile.TemporaryDirectory() as tmp:
+    ...         async with InProcessBroker(Path(tmp)) as broker:
+    ...             async with Client(broker.service_url) as client:
+    ...                 await demo(client, broker.service)
+    >>> asyncio.run(main())
+    [Consumer(id=1, name='billing-1')]
+    []
 """
 
 from __future__ import annotations

@@ -23,11 +23,42 @@ Types (upstream ``PersistentDispatcherSingleActiveConsumer`` /
   the consumer (a mixed-key batch is split by message); see that module for the per-key
   ordering rule. Delayed entries are held as in Shared.
 
-Example:
-    >>> async def demo(sub: Subscription, consumer: Consumer) -> None:
+Example (two Shared consumers take turns):
+    >>> import tempfile
+    >>> from pathlib import Path
+    >>> from anabranch.broker.consumer import Consumer, FakeWriter
+    >>> from anabranch.broker.subscription import Subscription
+    >>> from anabranch.clock import SystemClock
+    >>> from anabranch.protocol.frames import encode_entry
+    >>> from anabranch.storage.api import EARLIEST
+    >>> from anabranch.testing.broker import InProcessBroker
+    >>> async def demo(sub: Subscription) -> None:
     ...     dispatcher = SharedDispatcher(sub)
-    ...     dispatcher.add_consumer(consumer)
-    ...     consumer.add_permits(10); dispatcher.kick()     # FLOW
+    ...     a, b = (Consumer(FakeWriter(), i, name, SubType.Shared) for i, name in enumerate("ab"))
+    ...     for consumer in (a, b):
+    ...         dispatcher.add_consumer(consumer)
+    ...         consumer.add_permits(10); dispatcher.kick()     # FLOW
+    ...     dispatcher.start()
+    ...     while len(a.session.written) + len(b.session.written) < 4:
+    ...         await asyncio.sleep(0.01)
+    ...     for consumer in (a, b):
+    ...         ids = [w.message.message_id.entryId for w in consumer.session.written]
+    ...         print(consumer.name, ids)
+    ...     await dispatcher.close()
+    >>> async def main() -> None:
+    ...     with tempfile.TemporaryDirectory() as tmp:
+    ...         async with InProcessBroker(Path(tmp)) as broker:
+    ...             topic = await broker.service.get_topic("persistent://public/default/t",
+    ...                                                    create=True)
+    ...             md = pb.MessageMetadata(producer_name="p", sequence_id=0, publish_time=0)
+    ...             for payload in (b"1", b"2", b"3", b"4"):
+    ...                 await topic.ledger.append(encode_entry(md, payload))
+    ...             cursor = await topic.ledger.open_cursor("billing", EARLIEST)
+    ...             await demo(Subscription(topic, "billing", SubType.Shared, cursor,
+    ...                                     clock=SystemClock()))
+    >>> asyncio.run(main())
+    a [0, 2]
+    b [1, 3]
 """
 
 from __future__ import annotations

@@ -22,9 +22,24 @@ Theory of operation (upstream ``NonPersistentTopic``, PIP-2):
   refused with :class:`~anabranch.errors.NonPersistentUnsupported`.
 
 Example:
+    >>> import tempfile
+    >>> from pathlib import Path
+    >>> from anabranch.protocol._generated import pulsar_api_pb2 as pb
+    >>> from anabranch.protocol.frames import encode_entry
+    >>> from anabranch.testing.broker import InProcessBroker
     >>> async def demo(topic: NonPersistentTopic) -> None:
+    ...     md = pb.MessageMetadata(producer_name="producer-a", sequence_id=0, publish_time=0)
+    ...     entry_bytes = encode_entry(md, b"hello")     # a SEND's message section
     ...     position = await topic.publish("producer-a", 0, None, entry_bytes, 1)
     ...     assert topic.stats()["msgInCounter"] == 1
+    ...     print(position.entry_id)                     # (incarnation, n): the first
+    >>> async def main() -> None:
+    ...     with tempfile.TemporaryDirectory() as tmp:
+    ...         async with InProcessBroker(Path(tmp)) as broker:
+    ...             name = "non-persistent://public/default/t"
+    ...             await demo(await broker.service.get_non_persistent_topic(name, create=True))
+    >>> asyncio.run(main())
+    0
 """
 
 from __future__ import annotations

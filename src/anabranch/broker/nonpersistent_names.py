@@ -6,9 +6,21 @@ ownership record names it). Topic listings (GET_TOPICS_OF_NAMESPACE in NON_PERSI
 ALL mode, the admin routes) use this.
 
 Example:
+    >>> import asyncio, tempfile
+    >>> from pathlib import Path
+    >>> from anabranch.testing.broker import InProcessBroker
     >>> async def demo(service: BrokerService) -> None:
     ...     ns = NamespaceName.parse("public/default")
     ...     assert await non_persistent_topic_names(service, ns) == []
+    ...     await service.get_non_persistent_topic("non-persistent://public/default/t",
+    ...                                            create=True)
+    ...     print(await non_persistent_topic_names(service, ns))
+    >>> async def main() -> None:
+    ...     with tempfile.TemporaryDirectory() as tmp:
+    ...         async with InProcessBroker(Path(tmp)) as broker:
+    ...             await demo(broker.service)
+    >>> asyncio.run(main())
+    ['non-persistent://public/default/t']
 """
 
 from __future__ import annotations

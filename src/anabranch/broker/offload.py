@@ -17,10 +17,24 @@ task and stays pending until it succeeds, so a failed one is retried by the swee
 status document is Pulsar's ``OffloadProcessStatus``: ``NOT_RUN``, ``RUNNING``,
 ``SUCCESS`` or ``ERROR``, ``lastError`` and ``firstUnoffloadedMessage``.
 
-Example:
-    >>> async def demo(service: BrokerService) -> None:  # doctest: +SKIP
-    ...     await service.offloader.trigger(topic, Position(9, 0))
-    ...     service.offloader.status(topic)["status"]
+Example (a broker without ``offload_driver``: the status is NOT_RUN, a trigger refused):
+    >>> import tempfile
+    >>> from pathlib import Path
+    >>> from anabranch.testing.broker import InProcessBroker
+    >>> async def demo(service: BrokerService) -> None:
+    ...     topic = await service.get_topic("persistent://public/default/t", create=True)
+    ...     print(service.offloader.status(topic)["status"])
+    ...     try:
+    ...         await service.offloader.trigger(topic, Position(9, 0))
+    ...     except OffloadNotConfigured as err:
+    ...         print(type(err).__name__)
+    >>> async def main() -> None:
+    ...     with tempfile.TemporaryDirectory() as tmp:
+    ...         async with InProcessBroker(Path(tmp)) as broker:
+    ...             await demo(broker.service)
+    >>> asyncio.run(main())
+    NOT_RUN
+    OffloadNotConfigured
 """
 
 from __future__ import annotations

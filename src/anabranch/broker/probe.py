@@ -6,8 +6,24 @@ Used by cluster lookups (is a topic's owner alive?) and by the test tools (is a 
 broker ready?).
 
 Example:
-    >>> async def demo() -> None:
-    ...     await asyncio.wait_for(handshake("127.0.0.1", 6650), 0.5)  # raises if not
+    >>> import tempfile
+    >>> from pathlib import Path
+    >>> from anabranch.testing.broker import InProcessBroker
+    >>> async def demo(port: int) -> None:
+    ...     await asyncio.wait_for(handshake("127.0.0.1", port), 0.5)  # raises if not
+    >>> async def main() -> None:
+    ...     with tempfile.TemporaryDirectory() as tmp:
+    ...         async with InProcessBroker(Path(tmp)) as broker:
+    ...             port = broker.port
+    ...             await demo(port)
+    ...             print("alive")
+    ...         try:
+    ...             await demo(port)                # stopped: the connection is refused
+    ...         except OSError:
+    ...             print("gone")
+    >>> asyncio.run(main())
+    alive
+    gone
 """
 
 from __future__ import annotations

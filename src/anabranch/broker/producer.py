@@ -7,9 +7,26 @@ done they are answered in order: SEND_RECEIPT with the stored position, or SEND_
 The socket is read ahead of the disk (pipelining), yet a producer never sees receipts out
 of order.
 
-Example:
-    >>> async def demo(producer: Producer, frame: Frame) -> None:
-    ...     producer.send(frame)       # returns at once; the receipt follows when durable
+Example (a client's SEND reaches :meth:`Producer.send`, which returns at once; the
+receipt follows when the entry is durable):
+    >>> import tempfile
+    >>> from pathlib import Path
+    >>> from anabranch.aio import Client
+    >>> from anabranch.testing.broker import InProcessBroker
+    >>> async def demo(client: Client, service: BrokerService) -> None:
+    ...     sender = await client.create_producer("persistent://public/default/t")
+    ...     print(await sender.send(b"hello"))       # the SEND_RECEIPT
+    ...     topic = await service.get_topic("persistent://public/default/t", create=False)
+    ...     [producer] = topic.producers.values()     # the broker's Producer of that client
+    ...     print(producer.stats()["msgInCounter"], producer.stats()["pendingSends"])
+    >>> async def main() -> None:
+    ...     with tempfile.TemporaryDirectory() as tmp:
+    ...         async with InProcessBroker(Path(tmp)) as broker:
+    ...             async with Client(broker.service_url) as client:
+    ...                 await demo(client, broker.service)
+    >>> asyncio.run(main())
+    MessageId(ledger_id=1, entry_id=0, batch_index=0, partition=-1, segment_id=None)
+    1 0
 """
 
 from __future__ import annotations

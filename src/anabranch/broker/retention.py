@@ -36,11 +36,26 @@ Every decision is a pure function (:mod:`anabranch.core.retention`,
 gathers the inputs and acts.
 
 Example:
-    >>> async def demo(service: BrokerService) -> None:
+    >>> import asyncio, tempfile
+    >>> from pathlib import Path
+    >>> from anabranch.testing.broker import InProcessBroker
+    >>> from anabranch.testing.clock import ManualClock
+    >>> async def demo(service: BrokerService, clock: ManualClock) -> None:
     ...     sweeps = RetentionSweeps(service)
     ...     sweeps.start()
-    ...     await sweeps.sweep_retention()      # or wait for the interval
+    ...     await sweeps.sweep_retention()      # or wait for the interval:
+    ...     await clock.settle()
+    ...     clock.advance(service.config.retention_check_interval_s)
+    ...     await clock.settle()
+    ...     print(sweeps.runs["retention"], service.counters.ledgers_trimmed)
     ...     await sweeps.close()
+    >>> async def main() -> None:
+    ...     clock = ManualClock()
+    ...     with tempfile.TemporaryDirectory() as tmp:
+    ...         async with InProcessBroker(Path(tmp), clock=clock) as broker:
+    ...             await demo(broker.service, clock)
+    >>> asyncio.run(main())
+    1 0
 """
 
 from __future__ import annotations

@@ -24,11 +24,17 @@ Paths::
         {"name", "type": int, "data": b64, "properties", "timestamp": ms, "deleted": bool}
 
 Example:
+    >>> import asyncio
+    >>> from anabranch.metadata.memory import MemoryMetadataStore
     >>> async def demo(store: MetadataStore) -> None:
     ...     registry = SchemaRegistry(store)
     ...     schema = pb.Schema(name="s", type=pb.Schema.String, schema_data=b"")
     ...     v = await registry.get_or_create("persistent://public/default/t", schema)
     ...     assert await registry.get_or_create("persistent://public/default/t", schema) == v
+    ...     print(decode_version(v))        # v is the 8-byte version of the wire
+    ...     await store.close()
+    >>> asyncio.run(demo(MemoryMetadataStore()))
+    0
 """
 
 from __future__ import annotations

@@ -15,10 +15,24 @@ so every step acts on the broker's own :class:`~anabranch.broker.topic.Persisten
 * backlog, subscriptions, removal and deletion go through the loaded topic.
 
 Example:
+    >>> import asyncio, tempfile
+    >>> from pathlib import Path
+    >>> from anabranch.core.names import HashRange, SegmentName, TopicName
+    >>> from anabranch.testing.broker import InProcessBroker
     >>> async def demo(service: BrokerService, segment: SegmentName) -> None:
     ...     ops = BrokerSegmentOps(service)
     ...     await ops.create_segment(segment, ["billing"])
     ...     marks = decode_dedup_snapshot(await ops.terminate_segment(segment))
+    ...     print(await ops.segment_subscriptions(segment), marks)  # {}: no deduplication
+    ...     print(service.loaded_topic(str(segment)).ledger.is_terminated)
+    >>> async def main() -> None:
+    ...     topic = TopicName.parse("topic://public/default/orders")
+    ...     with tempfile.TemporaryDirectory() as tmp:
+    ...         async with InProcessBroker(Path(tmp)) as broker:
+    ...             await demo(broker.service, SegmentName(topic, HashRange(0, 0xFFFF), 0))
+    >>> asyncio.run(main())
+    ['billing'] {}
+    True
 """
 
 from __future__ import annotations

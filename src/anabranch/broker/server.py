@@ -12,11 +12,23 @@ client until the buffer drains below a quarter of it. A connection over
 ERROR TooManyRequests and the connection closed (``counters.connections_refused``). One
 timer task, on the injected clock, drives every session's handshake timeout and keepalive.
 
-Example:
+Example (a second listener for a running broker's service):
+    >>> import tempfile
+    >>> from pathlib import Path
+    >>> from anabranch.broker.probe import handshake
+    >>> from anabranch.testing.broker import InProcessBroker
     >>> async def demo(service: BrokerService) -> None:
     ...     server = BrokerServer(service, "127.0.0.1", 0)
     ...     port = await server.start()
+    ...     await handshake("127.0.0.1", port)        # CONNECT answered with CONNECTED
+    ...     print(port > 0)
     ...     await server.stop()
+    >>> async def main() -> None:
+    ...     with tempfile.TemporaryDirectory() as tmp:
+    ...         async with InProcessBroker(Path(tmp)) as broker:
+    ...             await demo(broker.service)
+    >>> asyncio.run(main())
+    True
 """
 
 from __future__ import annotations

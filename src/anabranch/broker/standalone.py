@@ -8,10 +8,16 @@ watch sessions, let in-flight appends finish and their receipts go out
 the metadata store.
 
 Example:
+    >>> import asyncio, tempfile
+    >>> from pathlib import Path
     >>> async def run(cfg: BrokerConfig) -> None:
     ...     node = await Standalone.start(cfg)
     ...     print(node.describe())
     ...     await node.stop()
+    >>> with tempfile.TemporaryDirectory() as tmp:   # port 0: any free port
+    ...     asyncio.run(run(BrokerConfig(data_dir=Path(tmp), port=0, http_port=0,
+    ...                                  metadata_url=f"sqlite:///{tmp}/meta.db")))
+    broker pulsar://127.0.0.1:..., http://127.0.0.1:..., metadata sqlite:///.../meta.db, data ...
 """
 
 from __future__ import annotations

@@ -7,11 +7,34 @@ partial batch-index ack is recorded on the cursor with ``set_batch_ack_state`` a
 a full ack when the last index is acknowledged.
 
 Example:
+    >>> import asyncio, tempfile
+    >>> from pathlib import Path
+    >>> from anabranch.broker.consumer import FakeWriter
+    >>> from anabranch.clock import SystemClock
+    >>> from anabranch.protocol.frames import encode_entry
+    >>> from anabranch.testing.broker import InProcessBroker
     >>> async def demo(topic: PersistentTopic, cursor: Cursor, consumer: Consumer) -> None:
     ...     sub = Subscription(topic, "billing", pb.CommandSubscribe.Shared, cursor,
     ...                        clock=SystemClock())
     ...     await sub.add_consumer(consumer)
     ...     consumer.add_permits(100); sub.dispatcher.kick()
+    ...     while len(consumer.session.written) < 2:      # MESSAGE commands
+    ...         await asyncio.sleep(0.01)
+    ...     print([w.message.message_id.entryId for w in consumer.session.written])
+    ...     await sub.close()
+    >>> async def main() -> None:
+    ...     with tempfile.TemporaryDirectory() as tmp:
+    ...         async with InProcessBroker(Path(tmp)) as broker:
+    ...             topic = await broker.service.get_topic("persistent://public/default/t",
+    ...                                                    create=True)
+    ...             md = pb.MessageMetadata(producer_name="p", sequence_id=0, publish_time=0)
+    ...             for payload in (b"a", b"b"):
+    ...                 await topic.ledger.append(encode_entry(md, payload))
+    ...             cursor = await topic.ledger.open_cursor("billing", EARLIEST)
+    ...             consumer = Consumer(FakeWriter(), 1, "c1", pb.CommandSubscribe.Shared)
+    ...             await demo(topic, cursor, consumer)
+    >>> asyncio.run(main())
+    [0, 1]
 """
 
 from __future__ import annotations

@@ -20,9 +20,23 @@ Theory of operation
   terminated topic takes no new producer, and backlog quotas may refuse one.
 
 Example:
+    >>> import tempfile
+    >>> from pathlib import Path
+    >>> from anabranch.protocol.frames import encode_entry
+    >>> from anabranch.testing.broker import InProcessBroker
     >>> async def demo(topic: PersistentTopic) -> None:
+    ...     md = pb.MessageMetadata(producer_name="producer-a", sequence_id=0, publish_time=0)
+    ...     entry_bytes = encode_entry(md, b"hello")     # a SEND's message section
     ...     pos = await topic.publish("producer-a", 0, None, entry_bytes, 1)
     ...     assert topic.last_message_id() == pos
+    ...     print(pos)
+    >>> async def main() -> None:
+    ...     with tempfile.TemporaryDirectory() as tmp:
+    ...         async with InProcessBroker(Path(tmp)) as broker:
+    ...             name = "persistent://public/default/t"
+    ...             await demo(await broker.service.get_topic(name, create=True))
+    >>> asyncio.run(main())
+    Position(ledger_id=1, entry_id=0)
 """
 
 from __future__ import annotations

@@ -9,11 +9,16 @@ record (policies are set on the partitioned topic, as in Pulsar). Every write is
 compare-and-set, retried a bounded number of times.
 
 Example:
+    >>> import asyncio
+    >>> from anabranch.metadata.memory import MemoryMetadataStore
     >>> async def demo(store: MetadataStore) -> None:
     ...     tp = TopicPolicyStore(store)
     ...     topic = TopicName.parse("persistent://public/default/orders")
     ...     await tp.update(topic, lambda p: msgspec.structs.replace(p, message_ttl_in_seconds=60))
-    ...     assert (await tp.get(topic.with_partition(3))).message_ttl_in_seconds == 60
+    ...     print((await tp.get(topic.with_partition(3))).message_ttl_in_seconds)
+    ...     await store.close()
+    >>> asyncio.run(demo(MemoryMetadataStore()))
+    60
 """
 
 from __future__ import annotations

@@ -12,9 +12,25 @@ ADD_PARTITION_TO_TXN and ADD_SUBSCRIPTION_TO_TXN only check that the transaction
 open: participants register themselves by writing op records when the write or ack
 arrives (PIP-473), so the coordinator never has to enumerate them.
 
-Example:
-    >>> async def demo(session: Session, cmd: pb.CommandNewTxn) -> None:
-    ...     await handle_new_txn(session, cmd)       # NEW_TXN_RESPONSE on the wire
+Example (a client's NEW_TXN reaches :func:`handle_new_txn` through its session, which
+answers NEW_TXN_RESPONSE on the wire; its commit is END_TXN):
+    >>> import asyncio, tempfile
+    >>> from pathlib import Path
+    >>> from anabranch.aio import Client
+    >>> from anabranch.testing.broker import InProcessBroker
+    >>> async def demo(client: Client) -> None:
+    ...     txn = await client.new_transaction(timeout=30)
+    ...     print(txn.id, txn.state.name)
+    ...     await txn.commit()
+    ...     print(txn.id, txn.state.name)
+    >>> async def main() -> None:
+    ...     with tempfile.TemporaryDirectory() as tmp:
+    ...         async with InProcessBroker(Path(tmp)) as broker:
+    ...             async with Client(broker.service_url) as client:
+    ...                 await demo(client)
+    >>> asyncio.run(main())
+    0_0 OPEN
+    0_0 COMMITTED
 """
 
 from __future__ import annotations

@@ -26,10 +26,16 @@ class StoreSession:
     """A session handle of an embedded store (implements ``api.Session``).
 
     Example:
+        >>> import asyncio
+        >>> from anabranch.metadata.memory import MemoryMetadataStore
         >>> async def demo(store: MetadataStore) -> None:
         ...     session = await store.open_session(10.0)
         ...     await store.put("/live/me", b"", session=session)
         ...     await session.close()  # /live/me is deleted
+        ...     print(await store.get("/live/me"))
+        ...     await store.close()
+        >>> asyncio.run(demo(MemoryMetadataStore()))
+        None
     """
 
     def __init__(self, table: SessionTable, session_id: int, ttl_s: float) -> None:

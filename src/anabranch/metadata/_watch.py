@@ -30,10 +30,21 @@ class QueueWatch:
     """One watcher: replayed history first, then its bounded live queue.
 
     Example:
+        >>> import asyncio
+        >>> from anabranch.metadata.memory import MemoryMetadataStore
         >>> async def demo(store: MetadataStore) -> None:
+        ...     await store.put("/a/1", b"x")                # history, replayed
         ...     watch = store.watch("/a/", prefix=True, start_revision=1)
+        ...     await store.delete("/a/1")                   # live
         ...     async for event in watch:
-        ...         print(event.revision, event.kind, event.path)
+        ...         print(event.revision, event.kind.value, event.path)
+        ...         if event.revision == 2:
+        ...             break
+        ...     await watch.close()
+        ...     await store.close()
+        >>> asyncio.run(demo(MemoryMetadataStore()))
+        1 put /a/1
+        2 delete /a/1
     """
 
     def __init__(

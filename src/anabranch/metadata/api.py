@@ -21,12 +21,18 @@ Semantics, modelled on etcd v3:
   history is gone; the caller then re-lists and watches from the listing's revision + 1.
 
 Example:
+    >>> import asyncio
+    >>> from anabranch.metadata.memory import MemoryMetadataStore
     >>> async def demo(store: MetadataStore) -> None:
     ...     stat = await store.put("/a", b"1", expected_version=MUST_NOT_EXIST)
-    ...     await store.put("/a", b"2", expected_version=stat.version)
     ...     page = await store.list_prefix("/")
+    ...     await store.put("/a", b"2", expected_version=stat.version)
     ...     async for event in store.watch("/a", start_revision=page.revision + 1):
     ...         print(event.kind, event.value)
+    ...         break
+    ...     await store.close()
+    >>> asyncio.run(demo(MemoryMetadataStore()))
+    EventKind.PUT b'2'
 """
 
 from __future__ import annotations

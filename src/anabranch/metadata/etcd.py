@@ -26,12 +26,13 @@ watch resume (ecosystem.md §2.1), so this module talks to the raw stubs
 * Errors: gRPC failures become :class:`MetadataUnavailable` (retriable), "lease not
   found" becomes :class:`SessionExpired`, and nothing from grpc/aetcd escapes raw.
 
-Example:
-    >>> async def demo(endpoint: str) -> None:
-    ...     store = await EtcdMetadataStore.open(endpoint, namespace="/cluster-a")
-    ...     stat = await store.put("/topics/t", b"{}", expected_version=0)
-    ...     await store.put("/topics/t", b"{...}", expected_version=stat.version)
-    ...     await store.close()
+Example (against a running etcd, e.g. ``endpoint="127.0.0.1:2379"``)::
+
+    async def demo(endpoint: str) -> None:
+        store = await EtcdMetadataStore.open(endpoint, namespace="/cluster-a")
+        stat = await store.put("/topics/t", b"{}", expected_version=0)
+        await store.put("/topics/t", b"{...}", expected_version=stat.version)
+        await store.close()
 """
 
 from __future__ import annotations
@@ -110,12 +111,13 @@ _AUTH_MESSAGES = ("user name is empty", "authentication failed", "invalid auth t
 class EtcdMetadataStore:
     """:class:`~anabranch.metadata.api.MetadataStore` over a real etcd (3.4+).
 
-    Example:
-        >>> async def demo(endpoint: str) -> None:
-        ...     store = await EtcdMetadataStore.open("127.0.0.1:2379", namespace="/t1")
-        ...     session = await store.open_session(5.0)
-        ...     await store.put("/brokers/b1", b"", session=session)  # gone when it expires
-        ...     await store.close()
+    Example::
+
+        async def demo() -> None:
+            store = await EtcdMetadataStore.open("127.0.0.1:2379", namespace="/t1")
+            session = await store.open_session(5.0)
+            await store.put("/brokers/b1", b"", session=session)  # gone when it expires
+            await store.close()
     """
 
     def __init__(self, client: EtcdChannel, endpoint: str, namespace: str) -> None:
@@ -569,11 +571,12 @@ class EtcdMetadataStore:
 class EtcdSession:
     """An etcd lease with its keepalive task (implements ``api.Session``).
 
-    Example:
-        >>> async def demo(store: EtcdMetadataStore) -> None:
-        ...     session = await store.open_session(3.0)
-        ...     await store.put("/brokers/b1", b"", session=session)
-        ...     await session.wait_expired()  # returns once the lease is lost
+    Example::
+
+        async def demo(store: EtcdMetadataStore) -> None:
+            session = await store.open_session(3.0)
+            await store.put("/brokers/b1", b"", session=session)
+            await session.wait_expired()  # returns once the lease is lost
     """
 
     def __init__(
@@ -677,11 +680,12 @@ class EtcdSession:
 class EtcdWatch:
     """One gRPC watch stream that re-opens from the next revision after a disconnect.
 
-    Example:
-        >>> async def demo(store: EtcdMetadataStore) -> None:
-        ...     watch = store.watch("/topics/", prefix=True, start_revision=1)
-        ...     async for event in watch:
-        ...         print(event.kind, event.path, event.revision)
+    Example::
+
+        async def demo(store: EtcdMetadataStore) -> None:
+            watch = store.watch("/topics/", prefix=True, start_revision=1)
+            async for event in watch:
+                print(event.kind, event.path, event.revision)
     """
 
     def __init__(

@@ -6,9 +6,16 @@
   ``namespace`` when one is given.
 
 Example:
-    >>> async def demo() -> None:
-    ...     store = await open_metadata_store("sqlite:///var/lib/anabranch/meta.db")
+    >>> import asyncio, tempfile
+    >>> async def demo(url: str) -> None:
+    ...     store = await open_metadata_store(url)
+    ...     print(type(store).__name__)
     ...     await store.close()
+    >>> with tempfile.TemporaryDirectory() as tmp:  # e.g. sqlite:///var/lib/anabranch/meta.db
+    ...     asyncio.run(demo(f"sqlite:///{tmp}/meta.db"))
+    SqliteMetadataStore
+    >>> asyncio.run(demo("memory://"))
+    MemoryMetadataStore
 """
 
 from __future__ import annotations

@@ -8,11 +8,16 @@ protocol. Time comes from the injected clock: with
 at the next store call (or when the loop runs the sweeper).
 
 Example:
+    >>> import asyncio
+    >>> from anabranch.metadata.api import MUST_NOT_EXIST
     >>> async def demo() -> None:
     ...     store = MemoryMetadataStore()
     ...     stat = await store.put("/a", b"1", expected_version=MUST_NOT_EXIST)
     ...     assert (await store.get("/a")).stat == stat
+    ...     print(stat)
     ...     await store.close()
+    >>> asyncio.run(demo())
+    Stat(version=1, create_revision=1, mod_revision=1, session_id=None)
 """
 
 from __future__ import annotations

@@ -29,10 +29,18 @@ Theory of operation:
   most one TTL, like an etcd lease across a leader change.
 
 Example:
+    >>> import tempfile
+    >>> from anabranch.metadata.api import MUST_NOT_EXIST
     >>> async def demo(tmp: Path) -> None:
     ...     store = await SqliteMetadataStore.open(tmp / "meta.db")
     ...     await store.put("/a", b"1", expected_version=MUST_NOT_EXIST)
     ...     await store.close()
+    ...     store = await SqliteMetadataStore.open(tmp / "meta.db")   # it survived
+    ...     print((await store.get("/a")).value)
+    ...     await store.close()
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     asyncio.run(demo(Path(tmp)))
+    b'1'
 """
 
 from __future__ import annotations

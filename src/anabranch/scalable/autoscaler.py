@@ -26,13 +26,31 @@ A topic this broker no longer leads is dropped from the tables, so memory is bou
 the led topics times their active segments times ``max_samples``.
 
 Example:
+    >>> import asyncio
+    >>> from anabranch.clock import SystemClock
+    >>> from anabranch.metadata.memory import MemoryMetadataStore
+    >>> from anabranch.scalable.segment_ops import StorageSegmentOps
+    >>> from anabranch.storage.memory import MemoryManagedLedgerFactory
     >>> async def demo(service: ScalableTopicService) -> None:
     ...     async def policy(topic: TopicName) -> AutoscalePolicy:
     ...         return AutoscalePolicy(enabled=True)
     ...     autoscaler = Autoscaler(service, policy, interval_s=5.0)
     ...     autoscaler.start()
     ...     await autoscaler.evaluate_all()     # or wait for the interval
+    ...     print(autoscaler.counters)          # no load yet: nothing to split or merge
     ...     await autoscaler.close()
+    >>> async def main() -> None:
+    ...     store = MemoryMetadataStore()
+    ...     ops = StorageSegmentOps(MemoryManagedLedgerFactory())
+    ...     service = ScalableTopicService(store, ops, SystemClock(), "http://127.0.0.1:8080")
+    ...     await service.start()
+    ...     await service.create("topic://public/default/orders", 2)   # led here
+    ...     await demo(service)
+    ...     await service.close()
+    ...     await ops.close()
+    ...     await store.close()
+    >>> asyncio.run(main())
+    AutoscaleCounters(evaluations=1, failures=0, decisions={})
 """
 
 from __future__ import annotations

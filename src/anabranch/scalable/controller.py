@@ -40,6 +40,10 @@ persisted under ``.../subscriptions/{sub}/consumers/{name}``; a new leader resto
 all as disconnected with a fresh grace period, so consumers have time to find it.
 
 Example:
+    >>> from anabranch.clock import SystemClock
+    >>> from anabranch.metadata.memory import MemoryMetadataStore
+    >>> from anabranch.scalable.segment_ops import StorageSegmentOps
+    >>> from anabranch.storage.memory import MemoryManagedLedgerFactory
     >>> async def demo(store, ops, clock, session) -> None:
     ...     topic = TopicName.parse("topic://public/default/orders")
     ...     controller = ScalableTopicController(store, topic, ops, clock, session,
@@ -47,6 +51,17 @@ Example:
     ...     await controller.start()
     ...     await controller.create(2)
     ...     layout = await controller.split(0)     # segments 2, 3 replace 0
+    ...     active = layout.active_segments()      # in hash order
+    ...     print(layout.epoch, [(s.segment_id, s.hash_range.to_hex()) for s in active])
+    ...     await controller.close()
+    >>> async def main() -> None:
+    ...     store = MemoryMetadataStore()
+    ...     ops = StorageSegmentOps(MemoryManagedLedgerFactory())
+    ...     await demo(store, ops, SystemClock(), await store.open_session(10.0))
+    ...     await ops.close()
+    ...     await store.close()
+    >>> asyncio.run(main())
+    1 [(2, '0000-3fff'), (3, '4000-7fff'), (1, '8000-ffff')]
 """
 
 from __future__ import annotations

@@ -11,11 +11,22 @@ Any broker can serve a DAG watch (PIP-468): it reads the layout record and watch
 * the watch ends when the last listener of the topic leaves.
 
 Example:
+    >>> from anabranch.metadata.memory import MemoryMetadataStore
     >>> async def demo(store: MetadataStore, topic: TopicName) -> None:
     ...     watcher = DagWatcher(store)
-    ...     handle = await watcher.add_listener(topic, lambda layout: print(layout))
+    ...     layouts: asyncio.Queue[SegmentLayout | None] = asyncio.Queue()
+    ...     handle = await watcher.add_listener(topic, layouts.put_nowait)
+    ...     print(await layouts.get())                  # no such topic yet
+    ...     layout = SegmentLayout.initial(2, now_ms=0)
+    ...     await store.put(TopicPaths(topic).layout, layout.to_json())   # created
+    ...     print((await layouts.get()) == layout)
     ...     await handle.remove()
     ...     await watcher.close()
+    ...     await store.close()
+    >>> topic = TopicName.parse("topic://public/default/orders")
+    >>> asyncio.run(demo(MemoryMetadataStore(), topic))
+    None
+    True
 """
 
 from __future__ import annotations

@@ -15,10 +15,20 @@ What it cannot do is close producers attached to a broker's topic of the segment
 broker's own implementation, which seals through its ``PersistentTopic``, replaces it.
 
 Example:
+    >>> from anabranch.core.names import HashRange, TopicName
+    >>> from anabranch.storage.memory import MemoryManagedLedgerFactory
     >>> async def demo(ops: SegmentOps, segment: SegmentName) -> None:
     ...     await ops.create_segment(segment, ["billing"])
     ...     snapshot = await ops.terminate_segment(segment)   # JSON {"producer": last_seq}
     ...     assert await ops.segment_subscriptions(segment) == ["billing"]
+    ...     print(snapshot, await ops.segment_backlog(segment, "billing"))
+    >>> async def main() -> None:
+    ...     topic = TopicName.parse("topic://public/default/orders")
+    ...     ops = StorageSegmentOps(MemoryManagedLedgerFactory())
+    ...     await demo(ops, SegmentName(topic, HashRange(0, 0xFFFF), 0))
+    ...     await ops.close()
+    >>> asyncio.run(main())
+    b'{}' 0
 """
 
 from __future__ import annotations
@@ -182,10 +192,16 @@ class StorageSegmentOps:
     per call would fence ourselves); :meth:`close` closes them.
 
     Example:
+        >>> from anabranch.core.names import HashRange, TopicName
+        >>> from anabranch.storage.memory import MemoryManagedLedgerFactory
         >>> async def demo(factory: ManagedLedgerFactory, segment: SegmentName) -> None:
         ...     ops = StorageSegmentOps(factory)
         ...     await ops.create_segment(segment, ["s"])
+        ...     print(await ops.segment_subscriptions(segment))
         ...     await ops.close()
+        >>> segment = SegmentName(TopicName.parse("topic://t/ns/x"), HashRange(0, 0xFFFF), 0)
+        >>> asyncio.run(demo(MemoryManagedLedgerFactory(), segment))
+        ['s']
     """
 
     def __init__(self, ledgers: ManagedLedgerFactory) -> None:

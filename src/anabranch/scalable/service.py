@@ -12,13 +12,28 @@ One instance per broker, owned by the ``BrokerService``: the admin app and the b
 sessions share it, so a split seals a segment through the topic the broker has loaded.
 
 Example:
+    >>> from anabranch.clock import SystemClock
+    >>> from anabranch.metadata.memory import MemoryMetadataStore
+    >>> from anabranch.scalable.segment_ops import StorageSegmentOps
+    >>> from anabranch.storage.memory import MemoryManagedLedgerFactory
     >>> async def demo(store, ops, clock) -> None:
     ...     service = ScalableTopicService(store, ops, clock, "http://127.0.0.1:8080",
     ...                                    pulsar_url="pulsar://127.0.0.1:6650")
     ...     await service.start()
     ...     await service.create("topic://public/default/orders", 2)
     ...     layout = await service.get_metadata("topic://public/default/orders")
+    ...     print([s.hash_range.to_hex() for s in layout.active_segments()])
+    ...     print(await service.list_topics("public/default"))
     ...     await service.close()
+    >>> async def main() -> None:
+    ...     store = MemoryMetadataStore()
+    ...     ops = StorageSegmentOps(MemoryManagedLedgerFactory())
+    ...     await demo(store, ops, SystemClock())
+    ...     await ops.close()
+    ...     await store.close()
+    >>> asyncio.run(main())
+    ['0000-7fff', '8000-ffff']
+    ['topic://public/default/orders']
 """
 
 from __future__ import annotations

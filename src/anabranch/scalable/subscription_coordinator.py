@@ -19,9 +19,32 @@ Time is the injected clock's monotonic milliseconds, so a test's ``ManualClock``
 grace periods and polls. Metadata writes go through the controller's fenced ``commit``:
 a deposed leader cannot persist or delete sessions.
 
-Example:
+Example (as the controller builds one, on a memory store; the push is printed):
+    >>> from anabranch.core.assignment import ConsumerRegistered
+    >>> from anabranch.core.names import TopicName
+    >>> from anabranch.core.segment_layout import SegmentLayout
+    >>> from anabranch.metadata.memory import MemoryMetadataStore
+    >>> from anabranch.testing.clock import ManualClock
     >>> async def demo(coordinator: SubscriptionCoordinator) -> None:
     ...     await coordinator.handle(ConsumerRegistered("w1", coordinator.now_ms(), 7))
+    >>> async def backlog(segment_id: int, subscription: str) -> int:
+    ...     return 0
+    >>> async def main() -> None:
+    ...     store = MemoryMetadataStore()
+    ...     paths = TopicPaths(TopicName.parse("topic://public/default/orders"))
+    ...     layout = SegmentLayout.initial(2, now_ms=0)
+    ...     state, first = SubscriptionAssignment.create("billing", layout, grace_period_ms=30_000)
+    ...     coordinator = SubscriptionCoordinator(
+    ...         state, paths=paths, commit=store.commit, backlog=backlog, clock=ManualClock(),
+    ...         on_assignment=lambda sub, push: print(sub, push), drain_poll_interval_s=1.0)
+    ...     await coordinator.start(first)
+    ...     await demo(coordinator)
+    ...     print(await store.list_children(paths.consumers("billing")))  # its session
+    ...     await coordinator.close()
+    ...     await store.close()
+    >>> asyncio.run(main())
+    billing PushAssignment(consumer='w1', consumer_id=7, segments=(0, 1), epoch=0)
+    ['w1']
 """
 
 from __future__ import annotations

@@ -11,6 +11,8 @@ Three backends pass ``tests/contract/test_managed_ledger.py``: ``memory`` (the r
 ``jetstream_ledger`` (NATS JetStream streams, R3, atomic batches; metadata store).
 
 Example:
+    >>> import asyncio
+    >>> from anabranch.storage.memory import MemoryManagedLedgerFactory
     >>> async def demo(factory: ManagedLedgerFactory) -> None:
     ...     ml = await factory.open("public/default/persistent/orders", ManagedLedgerConfig())
     ...     pos = await ml.append(b"hello")          # returns once durable
@@ -18,7 +20,11 @@ Example:
     ...     cursor = await ml.open_cursor("billing", EARLIEST)
     ...     await cursor.acknowledge_cumulative(entry.position)
     ...     assert cursor.backlog() == 0
+    ...     print(entry)
     ...     await ml.close()
+    ...     await factory.close()
+    >>> asyncio.run(demo(MemoryManagedLedgerFactory()))
+    Entry(position=Position(ledger_id=1, entry_id=0), data=b'hello')
 """
 
 from __future__ import annotations

@@ -6,10 +6,18 @@ ledger, counts backlog with the ledger list, and persists through the owning led
 (``_persist_cursor``) at most every ``cursor_persist_interval_ms``, or now on ``flush()``.
 
 Example:
-    >>> async def demo(ml: ManagedLedger) -> None:
+    >>> import asyncio
+    >>> from anabranch.storage.memory import MemoryManagedLedgerFactory
+    >>> async def demo() -> None:
+    ...     ml = await MemoryManagedLedgerFactory().open("t")
+    ...     first, second = await ml.append(b"a"), await ml.append(b"b")
     ...     cursor = await ml.open_cursor("sub", EARLIEST)
-    ...     await cursor.acknowledge([Position(5, 1)])
+    ...     await cursor.acknowledge([second])   # individually: ``first`` is still due
     ...     await cursor.flush()     # durable now rather than within the interval
+    ...     print(cursor.backlog(), cursor.is_acknowledged(first))
+    ...     await ml.close()
+    >>> asyncio.run(demo())
+    1 False
 """
 
 from __future__ import annotations

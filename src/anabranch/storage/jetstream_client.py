@@ -17,14 +17,15 @@ Every reply comes back on one wildcard subscription of a private inbox and is ro
 its last token, so there is no subscription per request. Timeouts bound every wait; the
 caller decides what a timeout means (the ledger reads the sequence back).
 
-Example:
-    >>> async def demo(urls: list[str]) -> None:
-    ...     client = await JetStreamClient.connect(urls)
-    ...     await client.create_stream({"name": "S", "subjects": ["S.>"], "storage": "file"})
-    ...     ack = await client.publish_batch("S.e", [b"a", b"b"], expected_last_seq=0)
-    ...     assert ack.last_seq == 2
-    ...     assert [m.data for m in await client.direct_get("S", 1, 2)] == [b"a", b"b"]
-    ...     await client.close()
+Example (against NATS servers with JetStream)::
+
+    async def demo(urls: list[str]) -> None:
+        client = await JetStreamClient.connect(urls)
+        await client.create_stream({"name": "S", "subjects": ["S.>"], "storage": "file"})
+        ack = await client.publish_batch("S.e", [b"a", b"b"], expected_last_seq=0)
+        assert ack.last_seq == 2
+        assert [m.data for m in await client.direct_get("S", 1, 2)] == [b"a", b"b"]
+        await client.close()
 """
 
 from __future__ import annotations

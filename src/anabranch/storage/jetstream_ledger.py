@@ -59,13 +59,14 @@ Theory of operation.
   terminated ledger's trim only updates the record; its bytes go with ``delete``, which
   removes the record, cursors and the stream.
 
-Example:
-    >>> async def demo(store: MetadataStore) -> None:
-    ...     factory = JetStreamManagedLedgerFactory(["nats://127.0.0.1:4222"], store)
-    ...     ml = await factory.open("public/default/persistent/t")
-    ...     await ml.append(b"x")
-    ...     await ml.close()
-    ...     await factory.close()
+Example (against a NATS server with JetStream)::
+
+    async def demo(store: MetadataStore) -> None:
+        factory = JetStreamManagedLedgerFactory(["nats://127.0.0.1:4222"], store)
+        ml = await factory.open("public/default/persistent/t")
+        await ml.append(b"x")
+        await ml.close()
+        await factory.close()
 """
 
 from __future__ import annotations
@@ -1086,9 +1087,10 @@ class JetStreamManagedLedgerFactory:
         PersistenceError and retry, as with Pulsar while its bookies are down), and
         topics load as soon as JetStream answers.
 
-        Example:
-            >>> async def demo(factory: JetStreamManagedLedgerFactory) -> None:
-            ...     await factory.connect_at_start()  # NatsAuthError: wrong credentials
+        Example::
+
+            async def demo(factory: JetStreamManagedLedgerFactory) -> None:
+                await factory.connect_at_start()  # NatsAuthError: wrong credentials
         """
         try:
             self._client = await self._connect(self.start_connect_timeout_s)
@@ -1151,9 +1153,10 @@ class JetStreamManagedLedgerFactory:
         is gone (deleted behind our back: the ledger can never open again); False, and
         nothing deleted, while the stream exists.
 
-        Example:
-            >>> async def demo(factory: JetStreamManagedLedgerFactory) -> None:
-            ...     assert not await factory.delete_lost("public/default/persistent/ok")
+        Example::
+
+            async def demo(factory: JetStreamManagedLedgerFactory) -> None:
+                assert not await factory.delete_lost("public/default/persistent/ok")
         """
         client = await self.client()
         try:

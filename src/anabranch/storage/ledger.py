@@ -44,11 +44,18 @@ Theory of operation.
   then one metadata commit closes the old ledger, opens the new one and updates the list.
 
 Example:
-    >>> async def demo(store: MetadataStore) -> None:
-    ...     factory = FileManagedLedgerFactory(Path("/tmp/data"), store)
+    >>> import tempfile
+    >>> from anabranch.metadata.memory import MemoryMetadataStore
+    >>> async def demo(data_dir: Path, store: MetadataStore) -> None:
+    ...     factory = FileManagedLedgerFactory(data_dir, store)
     ...     ml = await factory.open("public/default/persistent/t")
-    ...     await ml.append(b"x")
+    ...     print(await ml.append(b"x"))
     ...     await ml.close()
+    ...     await factory.close()
+    ...     await store.close()
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     asyncio.run(demo(Path(tmp), MemoryMetadataStore()))
+    Position(ledger_id=1, entry_id=0)
 """
 
 from __future__ import annotations

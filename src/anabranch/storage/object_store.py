@@ -17,13 +17,14 @@ Messages keep obstore's reason but never the endpoint's URL or the credentials.
 obstore is the ``tiered`` extra: this module is imported only when an offload driver is
 configured.
 
-Example:
-    >>> async def demo() -> None:
-    ...     store = S3ObjectStore(S3Settings("http://127.0.0.1:8333", "b", "us-east-1",
-    ...                                      "key", "secret"))
-    ...     await store.put_new("a/1", b"hello")
-    ...     assert await store.get_range("a/1", 1, 3) == b"el"
-    ...     await store.delete("a/1")
+Example (against an S3-compatible server)::
+
+    async def demo() -> None:
+        store = S3ObjectStore(S3Settings("http://127.0.0.1:8333", "b", "us-east-1",
+                                         "key", "secret"))
+        await store.put_new("a/1", b"hello")
+        assert await store.get_range("a/1", 1, 3) == b"el"
+        await store.delete("a/1")
 """
 
 from __future__ import annotations

@@ -2,16 +2,24 @@
 :class:`BrokerProcess`, a real ``anabranch standalone`` subprocess to kill and restart.
 
 Example:
+    >>> import tempfile
     >>> async def demo(tmp_path: Path) -> None:
     ...     async with InProcessBroker(tmp_path, metadata="memory") as broker:
     ...         print(broker.service_url)      # pulsar://127.0.0.1:<port>
-    ...     proc = BrokerProcess(tmp_path / "data")
-    ...     await proc.start()
-    ...     try:
-    ...         proc.kill()                     # SIGKILL: a crash
-    ...         await proc.start()              # same ports, same data
-    ...     finally:
-    ...         await proc.stop()
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     asyncio.run(demo(Path(tmp)))
+    pulsar://127.0.0.1:...
+
+A :class:`BrokerProcess` takes about a second to start (a new interpreter), so its
+example is not run here::
+
+    proc = BrokerProcess(tmp_path / "data")
+    await proc.start()
+    try:
+        proc.kill()                     # SIGKILL: a crash
+        await proc.start()              # same ports, same data
+    finally:
+        await proc.stop()
 """
 
 from __future__ import annotations

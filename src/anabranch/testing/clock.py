@@ -8,9 +8,15 @@ Example:
     ...     clock = ManualClock()
     ...     sleeper = asyncio.ensure_future(clock.sleep(5))
     ...     await clock.settle()
-    ...     clock.advance(5)
+    ...     clock.advance(4)
     ...     await clock.settle()
-    ...     assert sleeper.done()
+    ...     print(sleeper.done())
+    ...     clock.advance(1)
+    ...     await clock.settle()
+    ...     print(sleeper.done(), clock.monotonic())
+    >>> asyncio.run(demo())
+    False
+    True 1005.0
 """
 
 from __future__ import annotations

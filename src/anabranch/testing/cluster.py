@@ -28,17 +28,19 @@ every broker's environment after the caller's ``ANABRANCH_*`` variables are stri
 :meth:`LocalCluster._etcd_endpoint_for` (a proxy per broker) and
 :meth:`LocalCluster._make_broker` (another launcher).
 
-Example:
-    >>> async def demo(tmp_path: Path) -> None:
-    ...     async with LocalCluster(tmp_path, brokers=3, session_ttl_s=3.0) as cluster:
-    ...         owner = await cluster.owner_of("persistent://public/default/t")
-    ...         owner.kill()
-    ...         await cluster.wait_registered(2)
-    >>> async def across_machines(tmp_path: Path) -> None:
-    ...     async with LocalCluster(tmp_path, storage="jetstream", nats_nodes=3) as cluster:
-    ...         leader = await cluster.stream_leader("persistent://public/default/t")
-    ...         leader.kill()                      # the stream elects another leader
-    ...         fresh = await cluster.add_broker()  # an empty data directory
+Example (subprocesses and etcd: seconds to start, so not run here)::
+
+    async def demo(tmp_path: Path) -> None:
+        async with LocalCluster(tmp_path, brokers=3, session_ttl_s=3.0) as cluster:
+            owner = await cluster.owner_of("persistent://public/default/t")
+            owner.kill()
+            await cluster.wait_registered(2)
+
+    async def across_machines(tmp_path: Path) -> None:
+        async with LocalCluster(tmp_path, storage="jetstream", nats_nodes=3) as cluster:
+            leader = await cluster.stream_leader("persistent://public/default/t")
+            leader.kill()                      # the stream elects another leader
+            fresh = await cluster.add_broker()  # an empty data directory
 """
 
 from __future__ import annotations

@@ -11,14 +11,39 @@ answered: peers only notice by their own timeouts, like a cut cable) and
 :meth:`TcpProxy.heal` ends it (the blackholed connections are dropped, since their byte
 streams have holes); ``delay_s`` holds every chunk that long.
 
-Example:
+Example (in front of an echo server):
+    >>> async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    ...     while data := await reader.read(100):
+    ...         writer.write(data)
+    ...     writer.close()
+    >>> async def ask(endpoint: str, question: bytes) -> bytes:
+    ...     host, port = endpoint.split(":")
+    ...     reader, writer = await asyncio.open_connection(host, int(port))
+    ...     try:
+    ...         writer.write(question)
+    ...         return await reader.read(100)
+    ...     except ConnectionResetError:
+    ...         return b""                            # cut by the proxy
+    ...     finally:
+    ...         writer.close()
     >>> async def demo(server_port: int) -> None:
     ...     proxy = await TcpProxy.start("127.0.0.1", server_port)
-    ...     # ... point a client at proxy.endpoint ...
+    ...     print(await ask(proxy.endpoint, b"ping"))  # a client uses proxy.endpoint
     ...     proxy.refuse()
     ...     proxy.drop()  # clients see their connection reset and cannot reconnect
+    ...     print(await ask(proxy.endpoint, b"ping"))
     ...     proxy.accept()
+    ...     print(await ask(proxy.endpoint, b"pong"))
     ...     await proxy.close()
+    >>> async def main() -> None:
+    ...     server = await asyncio.start_server(echo, "127.0.0.1", 0)
+    ...     await demo(server.sockets[0].getsockname()[1])
+    ...     server.close()
+    ...     await server.wait_closed()
+    >>> asyncio.run(main())
+    b'ping'
+    b''
+    b'pong'
 """
 
 from __future__ import annotations

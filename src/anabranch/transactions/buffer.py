@@ -6,12 +6,16 @@ The dispatcher never reads past ``max_read_position()`` and skips entries for wh
 the dispatcher does not change when the metadata-driven buffer (PIP-473) replaces it.
 
 Example:
+    >>> import asyncio
     >>> from anabranch.storage.memory import MemoryManagedLedgerFactory
     >>> async def demo() -> None:
     ...     ml = await MemoryManagedLedgerFactory().open("t")
     ...     buf = NoTransactionBuffer(ml)
     ...     pos = await buf.append(None, b"x")
     ...     assert buf.max_read_position() == pos and not buf.is_aborted(pos)
+    ...     print(pos)
+    >>> asyncio.run(demo())
+    Position(ledger_id=1, entry_id=0)
 """
 
 from __future__ import annotations

@@ -7,10 +7,19 @@ cursor directly and refuses transactional ones, so subscriptions do not change w
 metadata-driven store (PIP-473) replaces it.
 
 Example:
-    >>> async def demo(cursor: Cursor, pos: Position) -> None:
+    >>> import asyncio
+    >>> from anabranch.storage.api import EARLIEST
+    >>> from anabranch.storage.memory import MemoryManagedLedgerFactory
+    >>> async def demo() -> None:
+    ...     ml = await MemoryManagedLedgerFactory().open("t")
+    ...     pos = await ml.append(b"x")
+    ...     cursor = await ml.open_cursor("sub", EARLIEST)
     ...     store = NoPendingAckStore(cursor)
     ...     await store.acknowledge(None, [pos], cumulative=False)
     ...     assert not store.is_pending(pos)
+    ...     print(cursor.is_acknowledged(pos), cursor.backlog())
+    >>> asyncio.run(demo())
+    True 0
 """
 
 from __future__ import annotations

@@ -15,11 +15,18 @@ Shutdown hands every owned topic back (closing it, then deleting the records wit
 session) before the standalone shutdown runs, so clients move on at once instead of after
 the session TTL.
 
-Example:
+Example (a cluster of one on ``memory://``; brokers that share one use
+``metadata_url="etcd://127.0.0.1:2379"``):
+    >>> import asyncio, tempfile
+    >>> from pathlib import Path
     >>> async def run(cfg: BrokerConfig) -> None:
-    ...     node = await ClusterNode.start(cfg)    # cfg.metadata_url = "etcd://127.0.0.1:2379"
+    ...     node = await ClusterNode.start(cfg)
     ...     print(node.describe())
     ...     await node.stop()
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     asyncio.run(run(BrokerConfig(data_dir=Path(tmp), port=0, http_port=0,
+    ...                                  metadata_url="memory://")))
+    cluster standalone broker 127.0.0.1:...: broker pulsar://127.0.0.1:..., metadata memory://, ...
 """
 
 from __future__ import annotations

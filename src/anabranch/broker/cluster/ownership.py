@@ -38,13 +38,25 @@ taken over only by compare-and-set, so however lookups race, one broker wins eac
   the topic so its clients reconnect) → ``released`` with a ``target`` broker, which takes
   the topic over by CAS when its clients arrive.
 
-Example:
+Example (a cluster of one broker, on an in-process broker's service and store):
+    >>> import tempfile
+    >>> from pathlib import Path
+    >>> from anabranch.testing.broker import InProcessBroker
     >>> async def demo(store: MetadataStore, service: BrokerService) -> None:
     ...     ownership = ClusterOwnership(store, service, cluster="c1", session_ttl_s=10.0)
     ...     service.ownership = ownership
     ...     await ownership.start("pulsar://10.0.0.1:6650", "http://10.0.0.1:8080")
     ...     answer = await ownership.lookup("persistent://public/default/t")
+    ...     print(answer.pulsar_url, answer.redirect, ownership.owned_topics())
     ...     await ownership.stop()
+    ...     print(ownership.owned_topics())
+    >>> async def main() -> None:
+    ...     with tempfile.TemporaryDirectory() as tmp:
+    ...         async with InProcessBroker(Path(tmp)) as broker:
+    ...             await demo(broker.node.store, broker.service)
+    >>> asyncio.run(main())
+    pulsar://10.0.0.1:6650 False ['persistent://public/default/t']
+    []
 """
 
 from __future__ import annotations

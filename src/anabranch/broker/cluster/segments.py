@@ -10,10 +10,31 @@ the receiver claims the segment if it is still unowned and runs the operation on
 topics, so a chosen broker never forwards again). Only the owner ever opens a segment's ledger, so
 the controller never fences a broker that is serving the segment.
 
-Example:
+Example (a cluster of one broker: the segment is assigned to it and run here):
+    >>> import asyncio, tempfile
+    >>> from pathlib import Path
+    >>> from anabranch.broker.segment_ops import BrokerSegmentOps
+    >>> from anabranch.core.names import HashRange, TopicName
+    >>> from anabranch.testing.broker import InProcessBroker
     >>> async def demo(ops: ClusterSegmentOps, segment: SegmentName) -> None:
     ...     await ops.create_segment(segment, ["billing"])   # wherever its owner is
     ...     marks = await ops.terminate_segment(segment)
+    ...     print(ops.ownership.owned_topics(), marks)
+    >>> async def main() -> None:
+    ...     topic = TopicName.parse("topic://public/default/orders")
+    ...     with tempfile.TemporaryDirectory() as tmp:
+    ...         async with InProcessBroker(Path(tmp)) as broker:
+    ...             service = broker.service
+    ...             ownership = ClusterOwnership(broker.node.store, service, cluster="c1",
+    ...                                          session_ttl_s=10.0)
+    ...             service.ownership = ownership
+    ...             await ownership.start(broker.service_url, broker.http_url or "")
+    ...             ops = ClusterSegmentOps(BrokerSegmentOps(service), ownership)
+    ...             await demo(ops, SegmentName(topic, HashRange(0, 0xFFFF), 0))
+    ...             await ops.close()
+    ...             await ownership.stop()
+    >>> asyncio.run(main())
+    ['segment://public/default/orders/0000-ffff-0'] b'{}'
 """
 
 from __future__ import annotations

@@ -12,12 +12,13 @@ proxy between each broker and etcd, brokers started through the test-only
 - ``crash(i)`` is SIGKILL followed by lose-unfsynced on the files broker ``i`` wrote.
 - ``failpoints`` are passed to every broker as ``ANABRANCH_FAILPOINTS``.
 
-Example:
-    >>> async def demo(tmp_path: Path) -> None:  # doctest: +SKIP
-    ...     async with FaultCluster(tmp_path, failpoints=("ack-before-fsync",)) as cluster:
-    ...         cluster.proxies[0].partition()      # broker 0 loses etcd
-    ...         cluster.control(1, disk_errno="EIO")  # broker 1's disk fails
-    ...         await cluster.crash(2)               # broker 2 dies, loses unsynced bytes
+Example (subprocesses and etcd: seconds to start, so not run here)::
+
+    async def demo(tmp_path: Path) -> None:
+        async with FaultCluster(tmp_path, failpoints=("ack-before-fsync",)) as cluster:
+            cluster.proxies[0].partition()      # broker 0 loses etcd
+            cluster.control(1, disk_errno="EIO")  # broker 1's disk fails
+            await cluster.crash(2)               # broker 2 dies, loses unsynced bytes
 """
 
 from __future__ import annotations

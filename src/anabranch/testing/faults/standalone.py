@@ -10,14 +10,15 @@ through the test-only :mod:`.launcher`: its ledger files are
   wrote to its last fsynced length (:func:`~anabranch.testing.faults.disk.lose_unfsynced`),
   which a SIGKILL alone never does (the page cache survives the process).
 
-Example:
-    >>> async def demo(tmp_path: Path) -> None:
-    ...     broker = FaultyBrokerProcess(tmp_path / "data", fsync="always")
-    ...     await broker.start()
-    ...     await broker.set_disk_errno("ENOSPC")     # every ledger write fails
-    ...     await broker.set_disk_errno(None)
-    ...     cut = broker.crash()                 # files that lost unsynced bytes
-    ...     await broker.start()                 # recovery sees only what was fsynced
+Example (a subprocess: about a second per start, so not run here)::
+
+    async def demo(tmp_path: Path) -> None:
+        broker = FaultyBrokerProcess(tmp_path / "data", fsync="always")
+        await broker.start()
+        await broker.set_disk_errno("ENOSPC")     # every ledger write fails
+        await broker.set_disk_errno(None)
+        cut = broker.crash()                 # files that lost unsynced bytes
+        await broker.start()                 # recovery sees only what was fsynced
 """
 
 from __future__ import annotations
