@@ -119,3 +119,14 @@ async def test_resign_is_idempotent_and_leaves_a_new_leader_alone(store: Metadat
     await a_lead.resign()
     assert await a.leader() == b"b"
     await b_lead.resign()
+
+
+async def test_a_store_closed_before_the_loss_watch_starts_ends_the_term() -> None:
+    from anabranch.metadata.memory import MemoryMetadataStore
+
+    store = MemoryMetadataStore()
+    session = await store.open_session(SESSION_TTL_S)
+    leadership = await LeaderElection(store, LEADER, b"me", session).campaign()
+    await store.close()  # before the loss watch's task had its first turn
+    await asyncio.wait_for(leadership.lost(), 5)
+    assert leadership.is_lost

@@ -8,12 +8,22 @@ commit it makes. A deposed leader's commit then fails with BadVersion, because a
 re-created leader key always has a new create revision.
 
 Example:
+    >>> import asyncio
+    >>> from anabranch.metadata.api import Put
+    >>> from anabranch.metadata.memory import MemoryMetadataStore
     >>> async def demo(store: MetadataStore) -> None:
     ...     session = await store.open_session(10.0)
     ...     election = LeaderElection(store, "/topics/t/ns/orders/controller", b"broker-1", session)
     ...     leadership = await election.campaign()
     ...     await store.commit([leadership.guard(), Put("/topics/t/ns/orders", b"{...}")])
+    ...     print(await election.leader())
     ...     await leadership.resign()
+    ...     print(await election.leader())
+    ...     await session.close()
+    ...     await store.close()
+    >>> asyncio.run(demo(MemoryMetadataStore()))
+    b'broker-1'
+    None
 """
 
 from __future__ import annotations
@@ -21,7 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from anabranch.errors import BadVersion, Compacted, SessionExpired
+from anabranch.errors import BadVersion, Closed, Compacted, SessionExpired
 from anabranch.metadata.api import (
     MUST_NOT_EXIST,
     Check,
@@ -114,7 +124,23 @@ class Leadership:
     def guard(self) -> Check:
         """The Check a leader adds to its commits: fails once it is no longer leader.
 
-        >>> await store.commit([leadership.guard(), Put("/layout", data)])  # doctest: +SKIP
+        >>> import asyncio
+        >>> from anabranch.metadata.api import Put
+        >>> from anabranch.metadata.memory import MemoryMetadataStore
+        >>> async def demo(store: MetadataStore) -> None:
+        ...     session = await store.open_session(10.0)
+        ...     leadership = await LeaderElection(store, "/leader", b"me", session).campaign()
+        ...     await store.commit([leadership.guard(), Put("/layout", b"v1")])
+        ...     await store.delete("/leader")        # deposed (say, its session expired)
+        ...     await leadership.lost()
+        ...     try:
+        ...         await store.commit([leadership.guard(), Put("/layout", b"v2")])
+        ...     except BadVersion:
+        ...         print((await store.get("/layout")).value)
+        ...     await session.close()
+        ...     await store.close()
+        >>> asyncio.run(demo(MemoryMetadataStore()))
+        b'v1'
         """
         return Check(self._path, expected_create_revision=self.fencing_token)
 
@@ -129,8 +155,13 @@ class Leadership:
         self._mark_lost()
 
     async def _watch_for_loss(self) -> None:
+        try:
+            watch = self._store.watch(self._path, start_revision=self.fencing_token + 1)
+        except Closed:
+            # The store closed before this task first ran: the term is over.
+            self._mark_lost()
+            return
         session_gone = asyncio.ensure_future(self._session.wait_expired())
-        watch = self._store.watch(self._path, start_revision=self.fencing_token + 1)
         next_event = asyncio.ensure_future(watch.__anext__())
         try:
             # Any change after our create is someone else's (we never rewrite the key):
