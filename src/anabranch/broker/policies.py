@@ -27,6 +27,8 @@ Names are validated with :mod:`anabranch.core.names` before anything is written;
 name raises InvalidArgument and writes nothing.
 
 Example:
+    >>> import asyncio
+    >>> from anabranch.metadata.memory import MemoryMetadataStore
     >>> async def demo(store: MetadataStore) -> None:
     ...     policies = Policies(store)
     ...     await policies.ensure_standalone_defaults()
@@ -34,6 +36,10 @@ Example:
     ...     assert await policies.get_partitions("persistent://public/default/orders") == 4
     ...     ns = await policies.namespace_policies("public/default")
     ...     assert ns.deduplication_enabled is False      # off unless the namespace enables it
+    ...     print(await policies.list_namespaces("public"))
+    ...     await store.close()
+    >>> asyncio.run(demo(MemoryMetadataStore()))
+    ['public/default']
 """
 
 from __future__ import annotations
@@ -318,12 +324,17 @@ class Policies:
     """Admin metadata over a :class:`MetadataStore`; every write is a compare-and-set.
 
     Example:
+        >>> import asyncio
+        >>> from anabranch.metadata.memory import MemoryMetadataStore
         >>> async def demo(store: MetadataStore) -> None:
         ...     p = Policies(store)
-        ...     await p.create_cluster("c1", ClusterData(serviceUrl="http://h:8080"))
-        ...     await p.create_tenant("acme", TenantInfo(allowedClusters=["c1"]))
+        ...     await p.create_cluster("c1", ClusterData(service_url="http://h:8080"))
+        ...     await p.create_tenant("acme", TenantInfo(allowed_clusters=["c1"]))
         ...     await p.create_namespace("acme/orders")
-        ...     assert await p.list_namespaces("acme") == ["acme/orders"]
+        ...     print(await p.list_namespaces("acme"))
+        ...     await store.close()
+        >>> asyncio.run(demo(MemoryMetadataStore()))
+        ['acme/orders']
     """
 
     def __init__(self, store: MetadataStore) -> None:
@@ -569,10 +580,17 @@ class Policies:
         """Apply ``change`` to the current policies and CAS the result; returns it.
 
         Example:
+            >>> import asyncio
+            >>> from anabranch.metadata.memory import MemoryMetadataStore
             >>> async def enable_dedup(p: Policies) -> None:
-            ...     await p.update_namespace_policies(
+            ...     await p.ensure_standalone_defaults()
+            ...     new = await p.update_namespace_policies(
             ...         "public/default", lambda old: msgspec.structs.replace(
             ...             old, deduplication_enabled=True))
+            ...     print(new.deduplication_enabled)
+            ...     await p.store.close()
+            >>> asyncio.run(enable_dedup(Policies(MemoryMetadataStore())))
+            True
         """
         path = namespace_path(_ns(namespace))
 
@@ -751,8 +769,17 @@ class Policies:
         """Number of partitions of ``topic``; 0 when it is not partitioned (or is a partition).
 
         Example:
+            >>> import asyncio
+            >>> from anabranch.metadata.memory import MemoryMetadataStore
             >>> async def demo(p: Policies) -> None:
-            ...     assert await p.get_partitions("persistent://public/default/plain") == 0
+            ...     await p.ensure_standalone_defaults()
+            ...     await p.create_partitioned_topic("persistent://public/default/orders", 2)
+            ...     print(await p.get_partitions("persistent://public/default/orders"))
+            ...     print(await p.get_partitions("persistent://public/default/plain"))
+            ...     await p.store.close()
+            >>> asyncio.run(demo(Policies(MemoryMetadataStore())))
+            2
+            0
         """
         name = _topic(topic)
         if name.partition is not None or name.domain not in _PARTITIONABLE:
@@ -833,9 +860,10 @@ class Policies:
 
         return await self._retry(attempt)
 
-    async def topic_exists(self, topic: str | TopicName) -> bool:
-        """Whether ``topic`` is registered."""
-        return await self._get(topic_path(_topic(topic))) is not None
+    async def topic_exists(self, topic: str | TopicName, *, fresh: bool = False) -> bool:
+        """Whether ``topic`` is registered (``fresh``: read the store, not the cache)."""
+        path = topic_path(_topic(topic))
+        return await (self.store.get(path) if fresh else self._get(path)) is not None
 
     async def unregister_topic(self, topic: str | TopicName) -> bool:
         """Forget ``topic``; False if it was not registered."""

@@ -29,9 +29,19 @@ deduplication on is seeded from its parents' seal snapshots (``.../sealed/{id}``
 retried sequence id the parent persisted stays a duplicate.
 
 Example:
+    >>> import tempfile
+    >>> from pathlib import Path
+    >>> from anabranch.testing.broker import InProcessBroker
     >>> async def demo(service: BrokerService) -> None:
     ...     topic = await service.get_topic("persistent://public/default/t", create=True)
     ...     assert topic in service.loaded_topics()
+    ...     print(topic.name)
+    >>> async def main() -> None:
+    ...     with tempfile.TemporaryDirectory() as tmp:
+    ...         async with InProcessBroker(Path(tmp)) as broker:
+    ...             await demo(broker.service)
+    >>> asyncio.run(main())
+    persistent://public/default/t
 """
 
 from __future__ import annotations
@@ -469,9 +479,12 @@ class BrokerService:
             if isinstance(name, SegmentName)
             else f"{name.tenant}/{name.namespace}"
         )
-        # Fresh: deduplication and retention are fixed for as long as the topic stays loaded.
+        # Fresh reads: deduplication and retention are fixed for as long as the topic stays
+        # loaded, and a topic deleted through another broker must be registered again.
         ns_policies = await self._namespace_policies(ns_text, key, fresh=True)
-        if not isinstance(name, SegmentName) and not await self.policies.topic_exists(key):
+        if not isinstance(name, SegmentName) and not await self.policies.topic_exists(
+            key, fresh=True
+        ):
             await self.check_exists(name, create=create)
             await self.policies.register_topic(key)
         retention = retention_of(self.config, ns_policies)
@@ -579,8 +592,22 @@ class BrokerService:
         namespace's ``scalableTopicEnabled`` policy, else the broker's setting.
 
         Example:
+            >>> import tempfile
+            >>> from pathlib import Path
+            >>> from anabranch.testing.broker import InProcessBroker
             >>> async def demo(service: BrokerService) -> None:
-            ...     await service.check_scalable_enabled(TopicName.parse("topic://t/ns/x"))
+            ...     name = TopicName.parse("topic://public/default/x")
+            ...     try:
+            ...         await service.check_scalable_enabled(name)
+            ...     except ScalableTopicsDisabled as err:
+            ...         print(type(err).__name__)
+            >>> async def main(**config: object) -> None:
+            ...     with tempfile.TemporaryDirectory() as tmp:
+            ...         async with InProcessBroker(Path(tmp), **config) as broker:
+            ...             await demo(broker.service)
+            >>> asyncio.run(main())                               # on by default: no error
+            >>> asyncio.run(main(scalable_topic_enabled=False))
+            ScalableTopicsDisabled
         """
         ns = f"{topic.tenant}/{topic.namespace}"
         policy = (await self._namespace_policies(ns, str(topic))).scalable_topic_enabled
@@ -596,9 +623,21 @@ class BrokerService:
         that does not exist writes nothing to the metadata store.
 
         Example:
+            >>> import tempfile
+            >>> from pathlib import Path
+            >>> from anabranch.testing.broker import InProcessBroker
             >>> async def demo(service: BrokerService) -> None:
             ...     name = TopicName.parse("persistent://public/default/new")
-            ...     assert await service.check_exists(name, create=True) is False
+            ...     print(await service.check_exists(name, create=True))
+            ...     await service.get_topic(str(name), create=True)
+            ...     print(await service.check_exists(name, create=True))
+            >>> async def main() -> None:
+            ...     with tempfile.TemporaryDirectory() as tmp:
+            ...         async with InProcessBroker(Path(tmp)) as broker:
+            ...             await demo(broker.service)
+            >>> asyncio.run(main())
+            False
+            True
         """
         key = str(name)
         ns_policies = await self._namespace_policies(f"{name.tenant}/{name.namespace}", key)
