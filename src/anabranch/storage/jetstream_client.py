@@ -52,8 +52,11 @@ from nats.errors import Error as NatsError
 
 from anabranch.core.log_throttle import LogThrottle
 from anabranch.errors import StorageIOError
+from anabranch.storage.nats_transport import close_replaced_writers
 
 log = logging.getLogger(__name__)
+
+close_replaced_writers()  # nats-py leaks a socket per failed reconnect handshake otherwise
 
 API_TIMEOUT_S = 5.0
 """How long one JetStream API request waits for its reply."""
