@@ -153,6 +153,39 @@ async def test_unload_through_admin_moves_the_topic(three_brokers: LocalCluster)
     ]
 
 
+async def test_policies_changed_through_one_broker_reach_the_others_caches(
+    cluster: LocalCluster,
+) -> None:
+    """Each broker reads namespace policies from a cache its etcd watch keeps fresh: a
+    broker that cached "no such namespace" serves it once another broker created it."""
+    first, second = cluster.live()[:2]
+    namespace = f"public/{fresh_name('cached')}"
+    lookup = f"/lookup/v2/topic/persistent/{namespace}/t"
+    status, body = await cluster.http("GET", lookup, via=second)
+    assert status == 404, body  # cached as absent on the second broker
+    status, body = await cluster.http("PUT", f"/admin/v2/namespaces/{namespace}", via=first)
+    assert status == 204, body
+    for _ in range(100):
+        status, body = await cluster.http("GET", lookup, via=second)
+        if status != 404:
+            break
+        await asyncio.sleep(0.05)
+    assert status in (200, 307), body
+    rate = {"publishThrottlingRateInMsg": 7, "publishThrottlingRateInByte": -1}
+    status, body = await cluster.http(
+        "POST", f"/admin/v2/namespaces/{namespace}/publishRate", json=rate, via=first
+    )
+    assert status == 204, body
+    for _ in range(100):
+        status, body = await cluster.http(
+            "GET", f"/admin/v2/namespaces/{namespace}/publishRate", via=second
+        )
+        if status == 200 and body and body.get("publishThrottlingRateInMsg") == 7:
+            break
+        await asyncio.sleep(0.05)
+    assert status == 200 and body["publishThrottlingRateInMsg"] == 7, body
+
+
 async def test_namespace_unload_moves_every_topic_from_every_owner(
     cluster: LocalCluster,
 ) -> None:
