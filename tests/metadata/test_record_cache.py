@@ -6,7 +6,7 @@ store, and the entries are bounded."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
@@ -23,41 +23,12 @@ from anabranch.metadata.api import MetadataStore, Record, WatchEvent
 from anabranch.metadata.memory import MemoryMetadataStore
 from anabranch.metadata.record_cache import RecordCache
 from anabranch.testing.broker import InProcessBroker
-from anabranch.testing.etcd import EtcdServer
+from tests.metadata_backends import etcd_server, store
+
+__all__ = ["etcd_server", "store"]  # pytest fixtures
 
 PREFIX = "/admin/"
 A, B = "/admin/a", "/admin/b"
-
-
-@pytest.fixture(scope="module")
-def etcd_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdServer]:
-    server = EtcdServer.start(tmp_path_factory.mktemp("etcd"))
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-@pytest.fixture(params=["memory", "sqlite", "etcd"])
-async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[MetadataStore]:
-    backend: MetadataStore
-    if request.param == "memory":
-        backend = MemoryMetadataStore()
-    elif request.param == "sqlite":
-        from anabranch.metadata.sqlite import SqliteMetadataStore
-
-        backend = await SqliteMetadataStore.open(tmp_path / "meta.db")
-    else:
-        from anabranch.metadata.etcd import EtcdMetadataStore
-
-        server: EtcdServer = request.getfixturevalue("etcd_server")
-        backend = await EtcdMetadataStore.open(
-            server.endpoint, namespace=f"/t{request.node.nodeid.__hash__() & 0xFFFFFFFF:x}"
-        )
-    try:
-        yield backend
-    finally:
-        await backend.close()
 
 
 class Proxy:

@@ -8,18 +8,16 @@ its own key namespace on it. A missing etcd binary is a failure, never a skip.
 from __future__ import annotations
 
 import asyncio
-import itertools
-from collections.abc import AsyncIterator, Callable, Iterator
-from pathlib import Path
+from collections.abc import AsyncIterator, Callable
 
 import pytest
 
 from anabranch.metadata.api import MetadataStore
 from anabranch.scalable.segment_ops import StorageSegmentOps
 from anabranch.storage.memory import MemoryManagedLedgerFactory
-from anabranch.testing.etcd import EtcdServer
+from tests.metadata_backends import etcd_server, store
 
-_namespaces = itertools.count()
+__all__ = ["etcd_server", "store"]  # pytest fixtures, shared with other suites
 
 EVENTUALLY_ROUNDS = 5_000
 """Polls of a condition that background tasks make true (10 ms apart on a real store)."""
@@ -33,39 +31,6 @@ async def eventually(condition: Callable[[], bool], what: str) -> None:
             return
         await asyncio.sleep(0.01)
     raise AssertionError(f"never happened: {what}")
-
-
-@pytest.fixture(scope="module")
-def etcd_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdServer]:
-    server = EtcdServer.start(tmp_path_factory.mktemp("etcd"))
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-@pytest.fixture(params=["memory", "sqlite", "etcd"])
-async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[MetadataStore]:
-    backend: MetadataStore
-    if request.param == "memory":
-        from anabranch.metadata.memory import MemoryMetadataStore
-
-        backend = MemoryMetadataStore()
-    elif request.param == "sqlite":
-        from anabranch.metadata.sqlite import SqliteMetadataStore
-
-        backend = await SqliteMetadataStore.open(tmp_path / "meta.db")
-    else:
-        from anabranch.metadata.etcd import EtcdMetadataStore
-
-        server: EtcdServer = request.getfixturevalue("etcd_server")
-        backend = await EtcdMetadataStore.open(
-            server.endpoint, namespace=f"/scalable-{next(_namespaces)}"
-        )
-    try:
-        yield backend
-    finally:
-        await backend.close()
 
 
 @pytest.fixture
