@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any, cast
 
+import msgspec
 import pytest
 
 from anabranch import failpoints, limits
@@ -27,6 +28,7 @@ from anabranch.errors import (
     TransactionTooLarge,
 )
 from anabranch.metadata.api import MUST_NOT_EXIST, Check, MetadataStore, Put, Watch
+from anabranch.metadata.ownership_fence import OwnershipFence
 from anabranch.protocol._generated import pulsar_api_pb2 as pb
 from anabranch.protocol.frames import encode_entry
 from anabranch.storage.api import EARLIEST, Cursor, ManagedLedger, Position
@@ -39,7 +41,6 @@ from anabranch.transactions.entry_stamp import entry_txn, stamp_txn
 from anabranch.transactions.ids import TxnId
 from anabranch.transactions.metadata_buffer import MetadataTransactionBuffer
 from anabranch.transactions.metadata_pending_ack import MetadataPendingAckStore
-from anabranch.transactions.op_records import OwnershipFence
 from anabranch.transactions.outcomes import TxnOutcomes
 from anabranch.transactions.records import TxnState
 
@@ -1045,3 +1046,23 @@ async def test_a_cluster_brokers_topics_join_transactions_under_its_ownership_fe
         with pytest.raises(NotOwner):
             await buffer.append(T2, entry(1))
         assert await keys(service.store, records.op_prefix(T2)) == []
+
+
+async def test_a_stale_owners_dedup_snapshot_is_not_written(tmp_path: Path) -> None:
+    """Closing a topic writes its dedup snapshot: a broker closing it after losing it
+    (its session gone) must not overwrite the new owner's."""
+    async with InProcessBroker(tmp_path) as broker:
+        service = broker.service
+        await service.policies.update_namespace_policies(
+            "public/default", lambda p: msgspec.structs.replace(p, deduplication_enabled=True)
+        )
+        service.ownership = OneRecordGate(await claim(service.store))
+        topic = await service.get_topic(TOPIC, create=True)
+        assert topic.dedup is not None and topic.ownership_fence is not None
+        snapshot = topic._snapshot_path
+        await topic.publish("p", 0, None, entry(0), 1)
+        await take_over(service.store)
+        await service.store.put(snapshot, b"the new owner's")
+        await topic.close()
+        record = await service.store.get(snapshot)
+        assert record is not None and record.value == b"the new owner's"

@@ -91,6 +91,7 @@ from anabranch.errors import (
     ScalableTopicsDisabled,
 )
 from anabranch.metadata.api import Check, MetadataStore
+from anabranch.metadata.ownership_fence import OwnershipFence
 from anabranch.metadata.record_cache import RecordCache
 from anabranch.scalable.dag_watch import DagWatcher
 from anabranch.scalable.paths import TopicPaths
@@ -104,7 +105,6 @@ from anabranch.transactions.coordinator import TransactionCoordinator
 from anabranch.transactions.keys import TransactionKeys
 from anabranch.transactions.metadata_buffer import MetadataTransactionBuffer
 from anabranch.transactions.metadata_pending_ack import MetadataPendingAckStore
-from anabranch.transactions.op_records import OwnershipFence
 from anabranch.transactions.outcomes import TxnOutcomes
 
 log = logging.getLogger(__name__)
@@ -509,6 +509,8 @@ class BrokerService:
             quota_hold_max_s=self.config.backlog_quota_hold_max_s,
         )
         try:
+            if self.ownership is not None:  # what its metadata writes carry (cluster mode)
+                topic.ownership_fence = OwnershipFence(self.ownership.fence(key), key)
             if self.txn_outcomes is not None:
                 await self._join_transactions(topic)
             await topic.load()
@@ -533,11 +535,7 @@ class BrokerService:
         recovering what the metadata store says about their open transactions."""
         outcomes = self.txn_outcomes
         assert outcomes is not None
-        fence = (
-            None
-            if self.ownership is None
-            else OwnershipFence(self.ownership.fence(topic.name), topic.name)
-        )
+        fence = topic.ownership_fence
         buffer = MetadataTransactionBuffer(
             topic.name,
             topic.ledger,

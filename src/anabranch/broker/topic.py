@@ -64,11 +64,13 @@ from anabranch.core.subscribe_rate import SubscribeLimiter
 from anabranch.errors import (
     Closed,
     InvalidArgument,
+    NotOwner,
     StorageIOError,
     TopicTerminated,
     TransactionConflict,
 )
-from anabranch.metadata.api import MetadataStore
+from anabranch.metadata.api import MetadataStore, Put
+from anabranch.metadata.ownership_fence import OwnershipFence, commit_fenced
 from anabranch.protocol._generated import pulsar_api_pb2 as pb
 from anabranch.protocol.frames import MAGIC_CHECKSUM
 from anabranch.storage.api import EARLIEST, Position
@@ -201,6 +203,9 @@ class PersistentTopic(ProducerAccess):
         self._since_snapshot = 0
         self._snapshot_task: asyncio.Task[None] | None = None
         self._closing = False
+        self.ownership_fence: OwnershipFence | None = None
+        """In a cluster, this broker's claim on the topic: the dedup snapshot carries it, so
+        a broker that lost the topic while paused cannot overwrite the new owner's."""
         # Plain counters; rates are derived in stats().
         self.msg_in_counter = 0
         self.bytes_in_counter = 0
@@ -658,7 +663,9 @@ class PersistentTopic(ProducerAccess):
 
     async def _write_snapshot(self, data: bytes) -> None:
         try:
-            await self.store.put(self._snapshot_path, data)
+            await commit_fenced(self.store, [Put(self._snapshot_path, data)], self.ownership_fence)
+        except NotOwner:
+            log.warning("%s: dedup snapshot not written: another broker owns the topic", self.name)
         except Exception:
             log.exception("%s: dedup snapshot not written (the tail replay covers it)", self.name)
 

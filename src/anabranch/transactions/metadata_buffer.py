@@ -28,7 +28,7 @@ records; ABORTED ones get their aborted record from the same scan; aborted recor
 loaded.
 
 In a cluster each of these writes carries ``fence``, this broker's claim on the topic
-(``op_records.commit_fenced``): once another broker owns it, they fail with NotOwner.
+(``metadata/ownership_fence.py``): once another broker owns it, they fail with NotOwner.
 
 Example:
     >>> import asyncio
@@ -69,16 +69,15 @@ from anabranch.clock import Clock
 from anabranch.core.txn_buffer_state import TxnBufferState
 from anabranch.errors import TransactionConflict, TransactionTooLarge
 from anabranch.metadata.api import MUST_NOT_EXIST, Delete, MetadataStore, Op, Put
+from anabranch.metadata.ownership_fence import OwnershipFence, commit_fenced
 from anabranch.storage.api import ManagedLedger, Position
 from anabranch.transactions import records
 from anabranch.transactions.entry_stamp import entry_txn_branch, stamp_txn_branch
 from anabranch.transactions.ids import TxnId
 from anabranch.transactions.op_records import (
     OutcomeWork,
-    OwnershipFence,
     check_joinable,
     check_owner,
-    commit_fenced,
     delete_ops,
     join_and_count,
     op_count,

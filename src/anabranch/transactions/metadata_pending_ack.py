@@ -60,14 +60,13 @@ from anabranch import limits
 from anabranch.clock import Clock
 from anabranch.errors import TransactionConflict, TransactionTooLarge
 from anabranch.metadata.api import Delete, MetadataStore
+from anabranch.metadata.ownership_fence import OwnershipFence, commit_fenced
 from anabranch.storage.api import Cursor, Position
 from anabranch.transactions import records
 from anabranch.transactions.ids import TxnId
 from anabranch.transactions.op_records import (
     OutcomeWork,
-    OwnershipFence,
     check_owner,
-    commit_fenced,
     delete_ops,
     join_and_count,
     write_op,

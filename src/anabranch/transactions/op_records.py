@@ -12,9 +12,9 @@ writer takes the one after the highest it listed, and a collision with another w
 (``BadVersion`` on the op path) re-lists and tries the next one.
 
 In a cluster every participant write also carries the broker's ownership fence
-(``ClusterOwnership.fence``, a ``Check`` on the topic's ownership record): a broker that
-was paused past its session and resumes cannot write anything for a topic another broker
-now owns (:func:`commit_fenced` turns that into NotOwner, which the client retries).
+(:mod:`anabranch.metadata.ownership_fence`): a broker that was paused past its session and
+resumes cannot write anything for a topic another broker now owns (NotOwner, which the
+client retries).
 
 :class:`OutcomeWork` runs the durable part of applying an outcome (delete op records,
 write an aborted record, move a cursor) in one background task per participant,
@@ -42,19 +42,18 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from typing import NamedTuple
 
 from anabranch import limits
 from anabranch.clock import Clock
 from anabranch.errors import (
     BadVersion,
     MetadataUnavailable,
-    NotOwner,
     TransactionConflict,
     TransactionNotFound,
     TransactionTooLarge,
 )
 from anabranch.metadata.api import MUST_NOT_EXIST, Check, Delete, MetadataStore, Op, Put
+from anabranch.metadata.ownership_fence import OwnershipFence, commit_fenced
 from anabranch.transactions import records
 from anabranch.transactions.ids import TxnId
 from anabranch.transactions.records import TxnState
@@ -131,30 +130,6 @@ async def op_count(store: MetadataStore, txn: TxnId) -> tuple[int, int]:
         return 0, 0
     _, last = records.parse_op_name(page.records[-1].path.rsplit("/", 1)[-1])
     return len(page.records), last + 1
-
-
-class OwnershipFence(NamedTuple):
-    """This broker's claim on ``topic`` as its participants' writes carry it: ``check``
-    holds while the claim does (``ClusterOwnership.fence``)."""
-
-    check: Check
-    topic: str
-
-
-async def commit_fenced(
-    store: MetadataStore, ops: Sequence[Op], fence: OwnershipFence | None
-) -> None:
-    """Commit ``ops`` and ``fence`` (None: no fence) atomically; NotOwner when the fence
-    no longer holds (nothing is written then)."""
-    if fence is None:
-        await store.commit(ops)
-        return
-    try:
-        await store.commit([*ops, fence.check])
-    except BadVersion as err:
-        if err.path == fence.check.path:
-            raise NotOwner(fence.topic, None) from err
-        raise
 
 
 async def write_op(
