@@ -3,58 +3,19 @@
 from __future__ import annotations
 
 import asyncio
-import importlib.util
-from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
-from typing import Any
 
 import pytest
 
 from anabranch.errors import BadVersion, SessionExpired
 from anabranch.metadata.api import MetadataStore, Put
 from anabranch.metadata.coordination import LeaderElection
+from tests.metadata_backends import etcd_server, store
 
 LEADER = "/topics/t/ns/orders/controller"
 SESSION_TTL_S = 1.0
 """Real TTL (etcd cannot take a fake clock), at etcd's 1 s minimum in the test server."""
 
-BACKENDS = ["memory", "sqlite"]
-if importlib.util.find_spec("anabranch.metadata.etcd") is not None:
-    BACKENDS.append("etcd")
-
-
-@pytest.fixture(scope="module")
-def etcd_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    from anabranch.testing.etcd import EtcdServer
-
-    server = EtcdServer.start(tmp_path_factory.mktemp("etcd"))
-    try:
-        yield server.endpoint
-    finally:
-        server.stop()
-
-
-@pytest.fixture(params=BACKENDS)
-async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[MetadataStore]:
-    backend: Any
-    if request.param == "memory":
-        from anabranch.metadata.memory import MemoryMetadataStore
-
-        backend = MemoryMetadataStore()
-    elif request.param == "sqlite":
-        from anabranch.metadata.sqlite import SqliteMetadataStore
-
-        backend = await SqliteMetadataStore.open(tmp_path / "meta.db")
-    else:
-        from anabranch.metadata.etcd import EtcdMetadataStore
-
-        endpoint: str = request.getfixturevalue("etcd_endpoint")
-        namespace = f"/c{request.node.nodeid.__hash__() & 0xFFFFFFFF:x}"
-        backend = await EtcdMetadataStore.open(endpoint, namespace=namespace)
-    try:
-        yield backend
-    finally:
-        await backend.close()
+__all__ = ["etcd_server", "store"]  # pytest fixtures
 
 
 async def contender(

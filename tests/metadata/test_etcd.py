@@ -12,7 +12,7 @@ import asyncio
 import itertools
 import os
 import shutil
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import grpc
@@ -32,20 +32,14 @@ from anabranch.metadata.api import Check, Delete, EventKind, Put, Record, WatchE
 from anabranch.metadata.etcd import EtcdMetadataStore, EtcdWatch
 from anabranch.testing.etcd import EtcdNotFound, EtcdServer
 from anabranch.testing.tcp_proxy import TcpProxy
+from tests.metadata_backends import etcd_server
+
+__all__ = ["etcd_server"]  # a pytest fixture
 
 _namespaces = itertools.count()
 
 WRITE_ATTEMPTS_MAX = 1_000
 """Retries of one test write while etcd restarts (each waits 20 ms: 20 s in all)."""
-
-
-@pytest.fixture(scope="module")
-def etcd_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdServer]:
-    server = EtcdServer.start(tmp_path_factory.mktemp("etcd"))
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture
