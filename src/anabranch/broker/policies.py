@@ -45,7 +45,7 @@ Example:
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import msgspec
@@ -61,7 +61,8 @@ from anabranch.errors import (
     NotEmpty,
     NotFound,
 )
-from anabranch.metadata.api import MUST_NOT_EXIST, Check, MetadataStore, Op, Put, Record, Stat
+from anabranch.metadata.api import MUST_NOT_EXIST, Check, MetadataStore, Put, Record
+from anabranch.metadata.cached_records import CachedRecords
 from anabranch.metadata.record_cache import RecordCache
 
 ROOT = "/admin"
@@ -339,46 +340,26 @@ class Policies:
 
     def __init__(self, store: MetadataStore) -> None:
         self.store = store
-        self.cache: RecordCache | None = None
+        self._records = CachedRecords(store)
+
+    @property
+    def cache(self) -> RecordCache | None:
         """The broker's cache of the records under ``/admin/`` (set by the broker): what
         producers, consumers and lookups read goes through it. Every write here forgets
         what it wrote, so this process reads its own writes."""
+        return self._records.cache
+
+    @cache.setter
+    def cache(self, cache: RecordCache | None) -> None:
+        self._records.cache = cache
 
     # --- helpers ------------------------------------------------------------------------------
 
-    async def _get(self, path: str) -> Record | None:
-        """A read of a hot path (producers, consumers, lookups): from the cache if any."""
-        cache = self.cache
-        return await (self.store.get(path) if cache is None else cache.get(path))
-
     async def _read_cached(self, path: str, kind: type[R]) -> R:
-        record = await self._get(path)
+        record = await self._records.get(path)
         if record is None:
             raise NotFound(path)
         return _decode(record, kind)
-
-    def _forget(self, paths: Iterable[str]) -> None:
-        if self.cache is not None:
-            for path in paths:
-                self.cache.forget(path)
-
-    async def _put(self, path: str, value: bytes, expected_version: int | None = None) -> Stat:
-        try:
-            return await self.store.put(path, value, expected_version=expected_version)
-        finally:  # even when it failed: a write that timed out may have landed
-            self._forget([path])
-
-    async def _delete(self, path: str, expected_version: int | None = None) -> bool:
-        try:
-            return await self.store.delete(path, expected_version=expected_version)
-        finally:
-            self._forget([path])
-
-    async def _commit(self, ops: Sequence[Op]) -> None:
-        try:
-            await self.store.commit(ops)
-        finally:
-            self._forget(op.path for op in ops if not isinstance(op, Check))
 
     async def _read(self, path: str, kind: type[R]) -> tuple[R, int]:
         record = await self.store.get(path)
@@ -400,7 +381,7 @@ class Policies:
                 raise BadVersion(path, expected_version, version)
             new = change(current)
             try:
-                await self._put(path, _encode(new), expected_version=version)
+                await self._records.put(path, _encode(new), expected_version=version)
             except BadVersion:
                 if expected_version is not None:
                     raise
@@ -423,7 +404,7 @@ class Policies:
         """Create a cluster; AlreadyExists if it exists."""
         path = cluster_path(name)
         try:
-            await self._put(path, _encode(data or ClusterData()), MUST_NOT_EXIST)
+            await self._records.put(path, _encode(data or ClusterData()), MUST_NOT_EXIST)
         except BadVersion:
             raise AlreadyExists(path) from None
 
@@ -454,7 +435,7 @@ class Policies:
                 continue
             if name in info.allowed_clusters:
                 raise NotEmpty(path, f"tenant {tenant} still uses cluster {name}")
-        await self._delete(path, expected_version=record.stat.version)
+        await self._records.delete(path, expected_version=record.stat.version)
 
     # --- tenants ------------------------------------------------------------------------------
 
@@ -469,7 +450,7 @@ class Policies:
         info = info or TenantInfo()
         await self._check_clusters(info)
         try:
-            await self._put(path, _encode(info), MUST_NOT_EXIST)
+            await self._records.put(path, _encode(info), MUST_NOT_EXIST)
         except BadVersion:
             raise AlreadyExists(path) from None
 
@@ -501,7 +482,7 @@ class Policies:
             if namespaces:
                 raise NotEmpty(path, f"tenant {name} still has namespaces {namespaces}")
             # A namespace created since the read bumped the tenant's version: BadVersion.
-            await self._delete(path, expected_version=record.stat.version)
+            await self._records.delete(path, expected_version=record.stat.version)
 
         await self._retry(attempt)
 
@@ -523,7 +504,7 @@ class Policies:
             if await self.store.get(path) is not None:
                 raise AlreadyExists(path)
             # Re-putting the tenant at its version fences a concurrent tenant delete.
-            await self._commit(
+            await self._records.commit(
                 [
                     Put(tpath, tenant.value, expected_version=tenant.stat.version),
                     Put(path, value, expected_version=MUST_NOT_EXIST),
@@ -618,7 +599,7 @@ class Policies:
             raise NotEmpty(path, f"namespace {ns} still has topics {(topics + partitioned)[:10]}")
         record = await self.store.get(path)
         if record is not None:
-            await self._delete(path, expected_version=record.stat.version)
+            await self._records.delete(path, expected_version=record.stat.version)
 
     async def _live_namespace_version(self, ns: NamespaceName) -> int:
         """The namespace record's version; NotFound if absent or being deleted."""
@@ -746,7 +727,7 @@ class Policies:
             if await self.store.get(topic_path(name)) is not None:
                 raise AlreadyExists(topic_path(name))
             try:
-                await self._commit(
+                await self._records.commit(
                     [
                         Check(namespace_path(name.namespace_name), expected_version=version),
                         Check(topic_path(name), expected_version=MUST_NOT_EXIST),
@@ -784,7 +765,7 @@ class Policies:
         name = _topic(topic)
         if name.partition is not None or name.domain not in _PARTITIONABLE:
             return 0
-        record = await self._get(partitioned_topic_path(name))
+        record = await self._records.get(partitioned_topic_path(name))
         if record is None:
             return 0
         return _decode(record, PartitionedTopicMetadata).partitions
@@ -818,7 +799,7 @@ class Policies:
         record = await self.store.get(path)
         if record is None:
             raise NotFound(path)
-        await self._delete(path, expected_version=record.stat.version)
+        await self._records.delete(path, expected_version=record.stat.version)
         return _decode(record, PartitionedTopicMetadata).partitions
 
     async def list_partitioned_topics(
@@ -855,7 +836,7 @@ class Policies:
                     raise AlreadyExists(ppath)
                 ops.append(Check(ppath, expected_version=MUST_NOT_EXIST))
             ops.append(Put(path, value, expected_version=MUST_NOT_EXIST))
-            await self._commit(ops)
+            await self._records.commit(ops)
             return True
 
         return await self._retry(attempt)
@@ -863,11 +844,11 @@ class Policies:
     async def topic_exists(self, topic: str | TopicName, *, fresh: bool = False) -> bool:
         """Whether ``topic`` is registered (``fresh``: read the store, not the cache)."""
         path = topic_path(_topic(topic))
-        return await (self.store.get(path) if fresh else self._get(path)) is not None
+        return await (self.store.get(path) if fresh else self._records.get(path)) is not None
 
     async def unregister_topic(self, topic: str | TopicName) -> bool:
         """Forget ``topic``; False if it was not registered."""
-        return await self._delete(topic_path(_topic(topic)))
+        return await self._records.delete(topic_path(_topic(topic)))
 
     async def list_topics(
         self,

@@ -41,6 +41,7 @@ from anabranch.broker.policies import (
 from anabranch.core.names import TopicName
 from anabranch.errors import BadVersion, InvalidArgument
 from anabranch.metadata.api import MUST_NOT_EXIST, MetadataStore
+from anabranch.metadata.cached_records import CachedRecords
 from anabranch.metadata.record_cache import RecordCache
 
 TOPIC_POLICIES = "/admin/topic-policies"
@@ -174,14 +175,12 @@ class TopicPolicyStore:
 
     def __init__(self, store: MetadataStore, cache: RecordCache | None = None) -> None:
         self.store = store
-        self._cache = cache
-        """The broker's policy cache: reads go through it, writes forget what they wrote."""
+        self._records = CachedRecords(store, cache)
+        """Reads through the broker's policy cache; writes forget what they wrote."""
 
     async def get(self, topic: TopicName) -> TopicPolicies:
         """The topic's overrides (empty when none were set)."""
-        path = topic_policies_path(topic)
-        cache = self._cache
-        record = await (self.store.get(path) if cache is None else cache.get(path))
+        record = await self._records.get(topic_policies_path(topic))
         if record is None:
             return TopicPolicies()
         try:
@@ -204,11 +203,9 @@ class TopicPolicyStore:
             version = MUST_NOT_EXIST if record is None else record.stat.version
             new = change(current)
             try:
-                await self.store.put(path, msgspec.json.encode(new), expected_version=version)
+                await self._records.put(path, msgspec.json.encode(new), expected_version=version)
             except BadVersion:
                 continue
-            finally:
-                self._forget(path)
             return new
         raise BadVersion(path, None, -1)
 
@@ -220,12 +217,4 @@ class TopicPolicyStore:
 
     async def delete(self, topic: TopicName) -> None:
         """Forget the topic's overrides (the topic was deleted)."""
-        path = topic_policies_path(topic)
-        try:
-            await self.store.delete(path)
-        finally:
-            self._forget(path)
-
-    def _forget(self, path: str) -> None:
-        if self._cache is not None:
-            self._cache.forget(path)
+        await self._records.delete(topic_policies_path(topic))
