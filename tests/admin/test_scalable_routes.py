@@ -18,6 +18,8 @@ from anabranch.admin.http import ADMIN_KEY, build_app
 from anabranch.admin.service import AdminService
 from anabranch.core.hash_range import HASH_MAX
 from anabranch.core.names import SegmentName
+from anabranch.errors import NotFound
+from anabranch.metadata.api import Check
 from anabranch.scalable.segment_ops import StorageSegmentOps
 from anabranch.scalable.service import ScalableTopicService
 from anabranch.testing.broker import InProcessBroker
@@ -167,6 +169,47 @@ async def test_delete(admin: AdminClient) -> None:
     await admin.delete_scalable_topic(TOPIC)
     assert await admin.list_scalable_topics("public/default") == []
     assert (await failure(admin.get_scalable_topic(TOPIC))).status == 404
+
+
+async def test_namespace_topic_listings_leave_segments_out(
+    broker: InProcessBroker, admin: AdminClient
+) -> None:
+    plain = "persistent://public/default/plain"
+    await admin.create_topic(plain)
+    await admin.create_scalable_topic(TOPIC, 2)
+    loaded = [t.name for t in broker.service.loaded_topics()]
+    assert any(name.startswith("segment://public/default/orders/") for name in loaded)
+    assert await admin.list_topics("public/default") == [plain]
+    assert await admin.namespace_topics("public/default") == [plain]
+    assert await admin.list_scalable_topics("public/default") == [TOPIC]
+
+
+async def test_a_namespace_with_a_scalable_topic_is_not_deleted(admin: AdminClient) -> None:
+    await admin.create_namespace("public/sc")
+    await admin.create_scalable_topic("topic://public/sc/orders", 1)
+    err = await failure(admin.delete_namespace("public/sc"))
+    assert err.status == 409 and "topic://public/sc/orders" in err.reason
+    assert await admin.list_scalable_topics("public/sc") == ["topic://public/sc/orders"]
+    await admin.create_scalable_topic("topic://public/sc/more", 1)  # the namespace is live
+    for name in ("orders", "more"):
+        await admin.delete_scalable_topic(f"topic://public/sc/{name}")
+    await admin.delete_namespace("public/sc")
+    assert "public/sc" not in await admin.list_namespaces("public")
+
+
+async def test_create_with_a_failed_guard_creates_nothing(broker: InProcessBroker) -> None:
+    scalable = await admin_service(broker).scalable()
+    policies = broker.service.policies
+    guard = await policies.namespace_guard("public/default")
+    stale = Check(guard.path, expected_version=(guard.expected_version or 0) + 1)
+    with pytest.raises(NotFound, match="being deleted"):
+        await scalable.create(TOPIC, 1, guard=[stale])
+    with pytest.raises(NotFound):
+        await scalable.get_metadata(TOPIC)
+    await scalable.create(TOPIC, 1, guard=[guard])
+    assert (await scalable.get_metadata(TOPIC)).epoch == 0
+    with pytest.raises(NotFound):
+        await policies.namespace_guard("public/absent")
 
 
 async def test_segment_routes(broker: InProcessBroker, admin: AdminClient) -> None:

@@ -101,8 +101,10 @@ async def list_scalable_topics(admin: AdminService, request: web.Request) -> obj
 async def create_scalable_topic(admin: AdminService, request: web.Request) -> object:
     count = num_initial_segments(request)
     name = scalable_topic(request)
-    await admin.broker.check_scalable_enabled(TopicName.parse(name))
-    await (await admin.scalable()).create(name, count)
+    topic = TopicName.parse(name)
+    await admin.broker.check_scalable_enabled(topic)
+    guard = await admin.policies.namespace_guard(topic.namespace_name)
+    await (await admin.scalable()).create(name, count, guard=[guard])
     return None
 
 

@@ -143,8 +143,14 @@ class AdminService:
         ns = NamespaceName.parse(namespace)
         names = set(await self.policies.list_topics(ns))
         for topic in self.broker.loaded_topics():
-            parsed = TopicName.parse(topic.name)
-            if parsed.namespace_name == ns and parsed.domain is TopicDomain.PERSISTENT:
+            # Segments of scalable topics load as topics too; they are listed with their
+            # scalable topic, not here.
+            parsed = parse_name(topic.name)
+            if (
+                isinstance(parsed, TopicName)
+                and parsed.namespace_name == ns
+                and parsed.domain is TopicDomain.PERSISTENT
+            ):
                 names.add(topic.name)
         return sorted(names)
 

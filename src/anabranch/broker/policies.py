@@ -64,6 +64,7 @@ from anabranch.errors import (
 from anabranch.metadata.api import MUST_NOT_EXIST, Check, MetadataStore, Put, Record
 from anabranch.metadata.cached_records import CachedRecords
 from anabranch.metadata.record_cache import RecordCache
+from anabranch.scalable.paths import namespace_path as scalable_namespace_path
 
 ROOT = "/admin"
 CLUSTERS = f"{ROOT}/clusters"
@@ -592,6 +593,8 @@ class Policies:
         )
         topics = await self.list_topics(ns, include_deleting=True)
         partitioned = await self.list_partitioned_topics(ns)
+        scalable = await self.store.list_children(scalable_namespace_path(ns))
+        topics += [f"topic://{ns}/{name}" for name in scalable]
         if topics or partitioned:
             await self._update(
                 path, NamespacePolicies, lambda p: msgspec.structs.replace(p, deleted=False), None
@@ -600,6 +603,15 @@ class Policies:
         record = await self.store.get(path)
         if record is not None:
             await self._records.delete(path, expected_version=record.stat.version)
+
+    async def namespace_guard(self, namespace: str | NamespaceName) -> Check:
+        """A check that the namespace exists and is not being deleted, for a commit that
+        creates something in it (NotFound now if it is absent or being deleted). Deleting
+        a namespace marks it first, so a commit carrying this check made before the mark
+        is in the listing that decides whether the namespace is empty, and one made after
+        it fails."""
+        ns = _ns(namespace)
+        return Check(namespace_path(ns), expected_version=await self._live_namespace_version(ns))
 
     async def _live_namespace_version(self, ns: NamespaceName) -> int:
         """The namespace record's version; NotFound if absent or being deleted."""

@@ -425,8 +425,9 @@ class ScalableEndpoint:
         auto = self.service.config.allow_auto_topic_creation and ns.allow_auto_topic_creation
         if not (create_if_missing and auto):
             raise NotFound(f"scalable topic {topic}")
+        guard = await self.service.policies.namespace_guard(topic.namespace_name)
         try:
-            await scalable.create(topic, 1)
+            await scalable.create(topic, 1, guard=[guard])
         except AlreadyExists:
             pass  # another lookup created it meanwhile
         log.info("auto-created scalable topic %s with 1 segment", topic)

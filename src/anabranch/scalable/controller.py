@@ -440,9 +440,16 @@ class ScalableTopicController:
         return segment_name(self.topic, layout.segment(segment_id))
 
     async def create(
-        self, num_initial_segments: int, properties: dict[str, str] | None = None
+        self,
+        num_initial_segments: int,
+        properties: dict[str, str] | None = None,
+        *,
+        guard: Sequence[Check] = (),
     ) -> SegmentLayout:
         """Create the topic: its segment topics, then its layout (AlreadyExists if present).
+
+        ``guard`` goes into the layout's commit (the namespace exists and is not being
+        deleted); when one of its checks fails, nothing is created: NotFound.
 
         Example:
             >>> # layout = await controller.create(4)  -> segments 0..3, epoch 0
@@ -456,8 +463,10 @@ class ScalableTopicController:
                 await self.ops.create_segment(segment_name(self.topic, segment), [])
             put = Put(self.paths.layout, layout.to_json(), MUST_NOT_EXIST)
             try:
-                result = await self._commit([put])
-            except BadVersion:
+                result = await self._commit([put, *guard])
+            except BadVersion as err:
+                if err.path != self.paths.layout:
+                    raise NotFound(f"namespace of {self.topic} (absent or being deleted)") from None
                 raise AlreadyExists(str(self.topic)) from None
             stat = result.results[1]
             assert stat is not None and not isinstance(stat, bool)

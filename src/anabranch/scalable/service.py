@@ -41,7 +41,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from anabranch import failpoints, limits
@@ -51,7 +51,7 @@ from anabranch.core.assignment_stats import assignment_stats
 from anabranch.core.names import NamespaceName, SegmentName, TopicDomain, TopicName
 from anabranch.core.segment_layout import SegmentLayout, segment_name
 from anabranch.errors import Closed, InvalidArgument, MetadataError, NotFound, NotLeader
-from anabranch.metadata.api import MetadataStore, Session
+from anabranch.metadata.api import Check, MetadataStore, Session
 from anabranch.scalable.controller import ScalableCounters, ScalableTopicController
 from anabranch.scalable.paths import LeaderAddress, TopicPaths, namespace_path
 from anabranch.scalable.segment_ops import SegmentOps
@@ -300,9 +300,12 @@ class ScalableTopicService:
 
     # --- mutations (the leader only) --------------------------------------------------------
 
-    async def create(self, topic: str | TopicName, num_initial_segments: int) -> SegmentLayout:
-        """Create a scalable topic with ``num_initial_segments`` segments."""
-        return await (await self._leader(topic)).create(num_initial_segments)
+    async def create(
+        self, topic: str | TopicName, num_initial_segments: int, *, guard: Sequence[Check] = ()
+    ) -> SegmentLayout:
+        """Create a scalable topic with ``num_initial_segments`` segments (``guard``: see
+        :meth:`ScalableTopicController.create`)."""
+        return await (await self._leader(topic)).create(num_initial_segments, guard=guard)
 
     async def delete(self, topic: str | TopicName) -> None:
         """Delete a scalable topic, its segments and metadata."""
