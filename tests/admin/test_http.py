@@ -252,6 +252,23 @@ async def test_oversized_body_is_413(admin: AdminClient, broker: InProcessBroker
     assert "big" not in await admin.list_tenants()
 
 
+async def test_deeply_nested_json_is_400(admin: AdminClient, broker: InProcessBroker) -> None:
+    deep = b'{"x":' * 3000 + b"1" + b"}" * 3000
+    await admin.create_topic(TOPIC)
+    requests = [
+        ("PUT", "/admin/v2/tenants/deep"),
+        ("POST", "/admin/v2/namespaces/public/default/retention"),
+        ("PUT", "/admin/v2/persistent/public/default/orders/subscription/s"),
+    ]
+    async with aiohttp.ClientSession() as session:
+        for method, path in requests:
+            async with session.request(method, f"{broker.http_url}{path}", data=deep) as response:
+                assert response.status == 400, path
+                assert "nested too deeply" in (await response.json())["reason"]
+    assert "deep" not in await admin.list_tenants()
+    assert await admin.subscriptions(TOPIC) == []
+
+
 # --- metrics and OpenAPI ---------------------------------------------------------------------
 
 

@@ -60,10 +60,7 @@ class MessageIdBody(msgspec.Struct, rename="camel", kw_only=True):
 
 def decode_message_id(body: bytes) -> MessageIdBody:
     """Parse a message id body; InvalidArgument (400) when it is not one."""
-    try:
-        return msgspec.json.decode(body, type=MessageIdBody)
-    except msgspec.DecodeError as err:
-        raise InvalidArgument(f"not a message id: {err}") from err
+    return decode_json(body, MessageIdBody, "message id")
 
 
 class LookupData(msgspec.Struct, rename="camel", kw_only=True):
@@ -83,3 +80,6 @@ def decode_json(body: bytes, kind: type[Any], what: str) -> Any:
     except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError) as err:
         # (msgspec raises UnicodeDecodeError for invalid UTF-8 inside a JSON string)
         raise InvalidArgument(f"bad {what} body: {err}") from err
+    except RecursionError:
+        # msgspec recurses per nesting level, even through values it skips
+        raise InvalidArgument(f"bad {what} body: JSON nested too deeply") from None
