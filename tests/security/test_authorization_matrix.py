@@ -13,6 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from anabranch.admin.access import ROUTE_ACCESS
 from anabranch.broker.command_table import TABLE
 from anabranch.core.authz import Need
@@ -23,6 +25,8 @@ from tests.broker.test_core_protocol import RawClient
 from tests.security.authz_world import (
     ALLOWED,
     ANONYMOUS,
+    CONSUMER,
+    PRODUCER,
     ROLES,
     SCALABLE,
     SUPERUSER,
@@ -372,6 +376,26 @@ async def test_authorization_off_checks_only_cluster_calls(tmp_path: Path) -> No
         finally:
             await client.close()
         assert Need.CLUSTER in ALLOWED
+
+
+async def test_a_sink_batch_is_its_owners(tmp_path: Path) -> None:
+    """The batch routes need only authentication; the batch itself answers 404 to any
+    role but the one that began it and superusers."""
+    batch = "/admin/v2/transactions/batches/etl-sink/7"
+    async with world(tmp_path) as w:
+        status, text = await w.http(PRODUCER, "PUT", f"{batch}?queryId=q")
+        assert status == 200, text
+        begun = msgspec.json.decode(text)
+        commit = {"queryId": "q", "epoch": begun["epoch"], "winners": ["0-x"]}
+        for role in (WRONG, CONSUMER):
+            assert (await w.http(role, "GET", batch))[0] == 404
+            assert (await w.http(role, "PUT", f"{batch}?queryId=other"))[0] == 404
+            assert (await w.http(role, "POST", f"{batch}/commit", commit))[0] == 404
+            assert (await w.http(role, "POST", f"{batch}/abort", {"epoch": 0}))[0] == 404
+        status, text = await w.http(SUPERUSER, "GET", batch)
+        assert status == 200 and msgspec.json.decode(text)["state"] == "OPEN"
+        status, text = await w.http(PRODUCER, "POST", f"{batch}/commit", commit)
+        assert status == 200 and msgspec.json.decode(text)["winners"] == ["0-x"]
 
 
 def test_the_route_table_pins_what_matters() -> None:

@@ -9,7 +9,7 @@ an in-process broker with our client (two attempts of one partition: speculation
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -318,6 +318,35 @@ async def test_batches_another_query_takes_over_an_open_batch_and_begins_race(
     assert old is not None and old.state is ABORTED
     with pytest.raises(TransactionConflict):
         await batches.commit("s", 0, "q1", 0, [])
+
+
+async def test_a_batch_belongs_to_the_role_that_began_it(
+    tc: tuple[TransactionCoordinator, ManualClock, list[Any]],
+) -> None:
+    """As the wire's transaction commands: another role (not a superuser, ``role`` None)
+    gets TransactionNotFound for the batch, for new batches of its sink, and for its
+    transaction, which the owner's role owns."""
+    coordinator, clock, _ = tc
+    batches = TxnBatches(coordinator._store, coordinator, clock)
+    batch = await batches.begin("s", 0, "q1", owner="alice", role="alice")
+    header = await coordinator.get(batch.txn)
+    assert header is not None and header.owner == "alice" and batch.record.owner == "alice"
+    calls: list[Callable[[], Awaitable[object]]] = [
+        lambda: batches.get("s", 0, role="bob"),
+        lambda: batches.begin("s", 0, "q1", owner="bob", role="bob"),
+        lambda: batches.begin("s", 1, "q1", owner="bob", role="bob"),  # alice's sink
+        lambda: batches.commit("s", 0, "q1", 0, ["0-b"], role="bob"),
+        lambda: batches.abort("s", 0, 0, role="bob"),
+    ]
+    for call in calls:
+        with pytest.raises(TransactionNotFound):
+            await call()
+    assert (await batches.get("s", 0, role="alice")).state is OPEN  # nothing changed
+    assert (await batches.begin("s", 0, "q1", owner="alice", role="alice")).txn == batch.txn
+    assert (await batches.get("s", 0)).state is OPEN  # a superuser sees it
+    done = await batches.commit("s", 0, "q1", 0, ["0-a"], role="alice")
+    assert done.state is COMMITTED and done.record.owner == "alice"
+    assert (await batches.begin("other", 0, "q1", owner="bob", role="bob")).state is OPEN
 
 
 async def test_a_sink_keeps_only_its_last_batches(

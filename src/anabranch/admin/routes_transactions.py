@@ -67,6 +67,7 @@ from typing import TYPE_CHECKING
 import msgspec
 from aiohttp import web
 
+from anabranch.admin.access import ROLE_KEY
 from anabranch.admin.routes import Handler, Route, int_param, json_body, param, topic_param
 from anabranch.admin.routes_scalable import segment_param
 from anabranch.errors import InvalidArgument
@@ -268,6 +269,12 @@ def _batch(request: web.Request) -> tuple[str, int]:
     return param(request, "sinkKey"), int_param(request, "batchId")
 
 
+def _roles(admin: AdminService, request: web.Request) -> tuple[str | None, str | None]:
+    """(the caller's role, the batch owner it may act for: None for any)."""
+    role: str | None = request.get(ROLE_KEY)
+    return role, admin.broker.authorizer.txn_role(role)
+
+
 async def begin_batch(admin: AdminService, request: web.Request) -> object:
     """Get-or-create the batch's transaction (``?queryId=Q&timeoutMs=T``)."""
     sink_key, batch_id = _batch(request)
@@ -277,7 +284,10 @@ async def begin_batch(admin: AdminService, request: web.Request) -> object:
         timeout_ms = None if not text else int(text)
     except ValueError:
         raise InvalidArgument(f"timeoutMs {text!r} is not an integer") from None
-    batch = await admin.txn_batches().begin(sink_key, batch_id, query_id, timeout_ms)
+    owner, role = _roles(admin, request)
+    batch = await admin.txn_batches().begin(
+        sink_key, batch_id, query_id, timeout_ms, owner=owner, role=role
+    )
     return batch.to_json()
 
 
@@ -287,7 +297,7 @@ async def commit_batch(admin: AdminService, request: web.Request) -> object:
     if body is None:
         raise InvalidArgument("a batch commit needs a body {queryId, epoch, winners}")
     batch = await admin.txn_batches().commit(
-        sink_key, batch_id, body.query_id, body.epoch, body.winners
+        sink_key, batch_id, body.query_id, body.epoch, body.winners, role=_roles(admin, request)[1]
     )
     return batch.to_json()
 
@@ -297,12 +307,14 @@ async def abort_batch(admin: AdminService, request: web.Request) -> object:
     body = await json_body(request, BatchAbortBody, "batch abort", None)
     if body is None:
         raise InvalidArgument("a batch abort needs a body {epoch}")
-    return (await admin.txn_batches().abort(sink_key, batch_id, body.epoch)).to_json()
+    role = _roles(admin, request)[1]
+    return (await admin.txn_batches().abort(sink_key, batch_id, body.epoch, role=role)).to_json()
 
 
 async def get_batch(admin: AdminService, request: web.Request) -> object:
     sink_key, batch_id = _batch(request)
-    return (await admin.txn_batches().get(sink_key, batch_id)).to_json()
+    role = _roles(admin, request)[1]
+    return (await admin.txn_batches().get(sink_key, batch_id, role=role)).to_json()
 
 
 def _batch_routes(base: str) -> list[Route]:

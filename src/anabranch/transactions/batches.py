@@ -26,6 +26,10 @@ A commit whose epoch or queryId is not the record's is 409 (TransactionConflict)
 Concurrent ``begin`` calls create one transaction: the record is written with a CAS, the
 losers abort their own transaction and return the winner's.
 
+With authentication on, a batch belongs to the role that began it (``owner``, also the
+owner of its transactions): another role that is not a superuser gets TransactionNotFound
+for it, and for new batches of its sink, as the wire's transaction commands answer.
+
 Example:
     >>> import asyncio
     >>> from anabranch.clock import SystemClock
@@ -129,6 +133,13 @@ def check_batch(sink_key: str, batch_id: int) -> None:
         raise InvalidArgument(f"batchId {batch_id} is not in [0, 2^64)")
 
 
+def _check_owner(sink_key: str, batch_id: int, record: BatchRecord, role: str | None) -> None:
+    """The transactions' ownership rule (``op_records.check_owner``) for a batch: unknown
+    to a role that neither began it nor is a superuser (``role`` None)."""
+    if role is not None and record.owner is not None and record.owner != role:
+        raise TransactionNotFound(f"batch {batch_id} of sink {sink_key!r} not found")
+
+
 def check_winners(winners: Iterable[str]) -> frozenset[str]:
     """The winners as a set; InvalidArgument past the named limits.
 
@@ -156,20 +167,31 @@ class TxnBatches:
         self._coordinator = coordinator
         self._clock = clock
 
-    async def get(self, sink_key: str, batch_id: int) -> Batch:
-        """The batch; TransactionNotFound when it was never begun."""
+    async def get(self, sink_key: str, batch_id: int, *, role: str | None = None) -> Batch:
+        """The batch; TransactionNotFound when it was never begun (or ``role``, None for
+        any batch, does not own it)."""
         check_batch(sink_key, batch_id)
         got = await self._store.get(records.batch_path(sink_key, batch_id))
         if got is None:
             raise TransactionNotFound(f"batch {batch_id} of sink {sink_key!r} not found")
         record = records.decode_batch(got.value)
+        _check_owner(sink_key, batch_id, record, role)
         state, _ = await self._state(record)
         return Batch(sink_key, batch_id, record, state)
 
     async def begin(
-        self, sink_key: str, batch_id: int, query_id: str, timeout_ms: int | None = None
+        self,
+        sink_key: str,
+        batch_id: int,
+        query_id: str,
+        timeout_ms: int | None = None,
+        *,
+        owner: str | None = None,
+        role: str | None = None,
     ) -> Batch:
-        """Get-or-create the batch's transaction (see the module's table)."""
+        """Get-or-create the batch's transaction (see the module's table). ``owner``: the
+        caller's role, recorded as the owner of what this creates; ``role``: the owner
+        the caller may act for (None: any, as a superuser or without authentication)."""
         check_batch(sink_key, batch_id)
         if not query_id:
             raise InvalidArgument("queryId is required")
@@ -178,12 +200,13 @@ class TxnBatches:
         for _ in range(ATTEMPTS_MAX):
             got = await self._store.get(path)
             if got is None:
-                await self._check_sink_owner(sink_key, query_id)
-                created = await self._install(path, None, 0, query_id, timeout)
+                await self._check_sink_owner(sink_key, query_id, role)
+                created = await self._install(path, None, 0, query_id, timeout, owner=owner)
                 if created is not None:
                     return Batch(sink_key, batch_id, created, TxnState.OPEN)
                 continue  # a concurrent begin created it: take theirs
             record = records.decode_batch(got.value)
+            _check_owner(sink_key, batch_id, record, role)
             state, header = await self._state(record)
             if state is TxnState.COMMITTED:
                 if record.query_id != query_id:
@@ -206,17 +229,25 @@ class TxnBatches:
                 except TransactionNotFound:
                     pass
             replaced = await self._install(
-                path, got.stat.version, record.epoch + 1, query_id, timeout
+                path, got.stat.version, record.epoch + 1, query_id, timeout, owner=owner
             )
             if replaced is not None:
                 return Batch(sink_key, batch_id, replaced, TxnState.OPEN)
         raise BadVersion(path, None, -1)
 
     async def commit(
-        self, sink_key: str, batch_id: int, query_id: str, epoch: int, winners: Iterable[str]
+        self,
+        sink_key: str,
+        batch_id: int,
+        query_id: str,
+        epoch: int,
+        winners: Iterable[str],
+        *,
+        role: str | None = None,
     ) -> Batch:
         """Commit the batch's epoch ``epoch`` keeping only the entries of ``winners``: one
-        header CAS, which also marks the record. Idempotent for the same winners."""
+        header CAS, which also marks the record. Idempotent for the same winners. ``role``
+        as for :meth:`begin`."""
         check_batch(sink_key, batch_id)
         chosen = check_winners(winners)
         path = records.batch_path(sink_key, batch_id)
@@ -225,6 +256,7 @@ class TxnBatches:
             if got is None:
                 raise TransactionNotFound(f"batch {batch_id} of sink {sink_key!r} not found")
             record = records.decode_batch(got.value)
+            _check_owner(sink_key, batch_id, record, role)
             if record.query_id != query_id:
                 raise TransactionConflict(
                     f"batch {batch_id} of sink {sink_key!r} belongs to query "
@@ -260,14 +292,17 @@ class TxnBatches:
             return Batch(sink_key, batch_id, marked, TxnState.COMMITTED)
         raise BadVersion(path, None, -1)
 
-    async def _check_sink_owner(self, sink_key: str, query_id: str) -> None:
+    async def _check_sink_owner(self, sink_key: str, query_id: str, role: str | None) -> None:
         """TransactionConflict when the sink's oldest kept record was committed by another
         query: a sink reused with a new checkpoint location fails loudly even once the
-        batch ids it starts at again were pruned."""
+        batch ids it starts at again were pruned. TransactionNotFound when another role
+        owns that record: a sink is its first owner's."""
         page = await self._store.list_prefix(records.batch_prefix(sink_key), limit=1)
         if not page.records:
             return
         record = records.decode_batch(page.records[0].value)
+        if role is not None and record.owner is not None and record.owner != role:
+            raise TransactionNotFound(f"sink {sink_key!r} belongs to another role")
         if record.committed and record.query_id != query_id:
             raise TransactionConflict(
                 f"sink {sink_key!r} was committed by query {record.query_id!r}, not "
@@ -292,10 +327,13 @@ class TxnBatches:
         except Exception:
             log.warning("pruning old batch records of sink %r failed", sink_key, exc_info=True)
 
-    async def abort(self, sink_key: str, batch_id: int, epoch: int) -> Batch:
+    async def abort(
+        self, sink_key: str, batch_id: int, epoch: int, *, role: str | None = None
+    ) -> Batch:
         """Abort the batch's epoch ``epoch`` unless it is committed (a committed batch is
-        never undone) or the batch has moved on to another epoch. Idempotent."""
-        batch = await self.get(sink_key, batch_id)
+        never undone) or the batch has moved on to another epoch. Idempotent. ``role`` as
+        for :meth:`begin`."""
+        batch = await self.get(sink_key, batch_id, role=role)
         if batch.record.epoch != epoch or batch.state is not TxnState.OPEN:
             return batch
         try:
@@ -318,12 +356,19 @@ class TxnBatches:
         return header.state, header
 
     async def _install(
-        self, path: str, version: int | None, epoch: int, query_id: str, timeout_ms: int
+        self,
+        path: str,
+        version: int | None,
+        epoch: int,
+        query_id: str,
+        timeout_ms: int,
+        *,
+        owner: str | None,
     ) -> BatchRecord | None:
         """A new transaction for the batch, its record CAS'd in (``version`` None: create);
         None when another caller changed the record first (our transaction is aborted)."""
-        txn = await self._coordinator.new_txn(timeout_ms)
-        record = BatchRecord(txn, epoch, query_id, self._clock.wall_ms())
+        txn = await self._coordinator.new_txn(timeout_ms, owner=owner)
+        record = BatchRecord(txn, epoch, query_id, self._clock.wall_ms(), owner=owner)
         expected = MUST_NOT_EXIST if version is None else version
         try:
             await self._store.put(path, records.encode_batch(record), expected)

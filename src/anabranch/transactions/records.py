@@ -343,9 +343,10 @@ class BatchRecord:
     >>> rec = BatchRecord(TxnId(1, 2), epoch=0, query_id="q", created_at=5)
     >>> decode_batch(encode_batch(rec)) == rec
     True
-    >>> done = BatchRecord(TxnId(1, 2), 0, "q", 5, winners=frozenset({"0-a"}))
-    >>> decode_batch(encode_batch(done)).committed
-    True
+    >>> done = BatchRecord(TxnId(1, 2), 0, "q", 5, winners=frozenset({"0-a"}), owner="etl")
+    >>> again = decode_batch(encode_batch(done))
+    >>> again.committed, again.owner
+    (True, 'etl')
     """
 
     txn: TxnId
@@ -353,6 +354,8 @@ class BatchRecord:
     query_id: str
     created_at: int
     winners: frozenset[str] | None = None
+    owner: str | None = None
+    """The role that began the batch (None: authentication was off)."""
 
     @property
     def committed(self) -> bool:
@@ -369,6 +372,8 @@ def encode_batch(record: BatchRecord) -> bytes:
     }
     if record.winners is not None:
         data["winners"] = sorted(record.winners)
+    if record.owner is not None:
+        data["owner"] = record.owner
     return json.dumps(data, separators=(",", ":")).encode()
 
 
@@ -380,6 +385,7 @@ def decode_batch(value: bytes) -> BatchRecord:
         query_id=str(data["queryId"]),
         created_at=int(data["createdAt"]),
         winners=None if data.get("winners") is None else frozenset(data["winners"]),
+        owner=None if data.get("owner") is None else str(data["owner"]),
     )
 
 
