@@ -333,6 +333,19 @@ ADMIN_REQUEST_BODY_BYTES_MAX = 1024 * 1024
 """Largest admin HTTP request body; aiohttp answers 413 past it. Policies and tenant
 records are a few hundred bytes; this matches METADATA_VALUE_BYTES_MAX."""
 
+ADMIN_HTTP_CONNECTIONS_MAX = 1024
+"""Admin HTTP connections open at once; one past it is closed on arrival. With
+BROKER_CONNECTIONS_MAX it keeps the sockets a client can hold under the process's file
+limit (admin tools open a few connections each)."""
+
+ADMIN_HTTP_IDLE_TIMEOUT_S = 15.0
+"""An admin HTTP connection that has not sent a complete request head this long after it
+opened, or after its last answer, is closed (a slow or silent client cannot hold it)."""
+
+ADMIN_REQUEST_BODY_TIMEOUT_S = 30.0
+"""Time an admin request's body has to arrive in full (at most
+ADMIN_REQUEST_BODY_BYTES_MAX); past it the request gets 400."""
+
 # --- scalable topics (controller) ---------------------------------------------------------
 
 SCALABLE_CONSUMER_GRACE_PERIOD_MS = 60_000

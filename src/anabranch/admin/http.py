@@ -69,6 +69,7 @@ from anabranch.admin import (
 )
 from anabranch.admin.access import authorization_middleware
 from anabranch.admin.authentication import authentication_middleware
+from anabranch.admin.http_guard import guarded_runner
 from anabranch.admin.models import ErrorBody
 from anabranch.admin.openapi import openapi_document
 from anabranch.admin.routes import BODY_LIMIT, Route
@@ -212,7 +213,7 @@ async def start_http(
     """
     admin = AdminService(service)
     app = build_app(admin)
-    runner = web.AppRunner(app, handle_signals=False, access_log=None)
+    runner = guarded_runner(app, access_log=None)
     await runner.setup()
     if plaintext:
         await web.TCPSite(runner, host, port, reuse_address=True).start()

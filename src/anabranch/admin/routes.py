@@ -13,6 +13,7 @@ Example:
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -91,8 +92,16 @@ def int_param(request: web.Request, name: str) -> int:
 
 async def body_bytes(request: web.Request) -> bytes:
     """The raw body, bounded by ``limits.ADMIN_REQUEST_BODY_BYTES_MAX`` (aiohttp's
-    ``client_max_size`` enforces the bound before the body is buffered)."""
-    return await request.read()
+    ``client_max_size`` enforces the bound before the body is buffered) and in time by
+    ``limits.ADMIN_REQUEST_BODY_TIMEOUT_S`` (InvalidArgument: a client trickling a body
+    would hold its connection and the handler forever)."""
+    try:
+        async with asyncio.timeout(limits.ADMIN_REQUEST_BODY_TIMEOUT_S):
+            return await request.read()
+    except TimeoutError:
+        raise InvalidArgument(
+            f"the request body did not arrive within {limits.ADMIN_REQUEST_BODY_TIMEOUT_S:g} s"
+        ) from None
 
 
 async def json_body(request: web.Request, kind: type[Any], what: str, default: Any) -> Any:
