@@ -180,6 +180,20 @@ class Consumer:
     def has_permits(self) -> bool:
         return self.permits > 0 and not self.closed
 
+    @property
+    def ready(self) -> bool:
+        """Whether a dispatcher may send to it now: permits left, open, and its connection
+        not backed up (a ``Session``'s ``write_paused``; a plain writer never is). A client
+        that sends FLOW and never reads would otherwise have the whole backlog queued in
+        the broker's memory, once per subscription."""
+        return self.has_permits and not getattr(self.session, "write_paused", False)
+
+    def writable_again(self) -> None:
+        """Its connection drained below the low-water mark: dispatch to it again."""
+        dispatcher = getattr(self.subscription, "dispatcher", None)
+        if dispatcher is not None:
+            dispatcher.kick()
+
     # --- sending ------------------------------------------------------------------------
 
     @property

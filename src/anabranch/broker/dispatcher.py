@@ -644,7 +644,7 @@ class SingleActiveDispatcher(Dispatcher):
 
     def _read_budget(self) -> int:
         active = self.active
-        return active.permits if active is not None and active.has_permits else 0
+        return active.permits if active is not None and active.ready else 0
 
     def _dispatch_new(self, entries: Sequence[Entry]) -> None:
         active = self.active
@@ -702,7 +702,7 @@ class SharedDispatcher(Dispatcher):
         self.kick()
 
     def available(self, consumer: Consumer) -> bool:
-        return consumer.has_permits and not consumer.unacked_gate.closed(consumer.unacked_messages)
+        return consumer.ready and not consumer.unacked_gate.closed(consumer.unacked_messages)
 
     def set_unacked_caps(self, caps: TopicLimits) -> None:
         """Put the unacknowledged-message caps in force on the subscription (the

@@ -61,7 +61,7 @@ SubType = pb.CommandSubscribe
 def can_take(consumer: Consumer) -> bool:
     """Whether ``consumer`` takes a message now: permits left, open, and its connection
     not backed up (a ``Session``'s ``write_paused``; a plain writer never is)."""
-    return consumer.has_permits and not getattr(consumer.session, "write_paused", False)
+    return consumer.ready
 
 
 class NonPersistentSubscription:

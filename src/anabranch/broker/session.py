@@ -146,6 +146,8 @@ class Session:
         self._closing: set[asyncio.Future[Any]] = set()
         self._loop = asyncio.get_running_loop()
         self._out: list[bytes] = []
+        self._out_bytes = 0
+        """Bytes in ``_out``: queued this loop iteration, not yet in the transport."""
         peer = transport.get_extra_info("peername")
         self._remote = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
         self._worker = asyncio.ensure_future(self._run())
@@ -237,6 +239,7 @@ class Session:
         if not out:
             self._loop.call_soon(self.flush)
         out.append(data)
+        self._out_bytes += len(data)
 
     def write_parts(self, head: bytes, body: bytes) -> None:
         """Queue one frame given as two parts (``write_bytes`` of ``head + body``, without
@@ -247,17 +250,24 @@ class Session:
         if not out:
             self._loop.call_soon(self.flush)
         out += (head, body)
+        self._out_bytes += len(head) + len(body)
 
     def flush(self) -> None:
         """Hand what ``write_bytes`` queued to the transport now (a vectored write: the
         parts are not joined into one copy first)."""
         out = self._out
         if out:
+            over = self._out_bytes > limits.SESSION_OUTPUT_BYTES_MAX
             self._out = []
+            self._out_bytes = 0
             if len(out) == 1:
                 self.transport.write(out[0])
             else:
                 self.transport.writelines(out)
+            if over and not self._write_paused:
+                # Dispatchers stopped on the queued bytes (``write_paused``) and the
+                # socket took them all: nothing else would wake them.
+                self._wake_consumers()
 
     def reply_error(self, request_id: int, code: int, message: str) -> None:
         """ERROR for a request; ``code`` is a ``pb.ServerError`` value."""
@@ -385,9 +395,19 @@ class Session:
     # --- flow control ---------------------------------------------------------------------
 
     def set_write_paused(self, paused: bool) -> None:
-        """The transport's output buffer crossed a water mark."""
+        """The transport's output buffer crossed a water mark. Dispatchers skip this
+        connection's consumers while it is over (``Consumer.ready``); below again, they
+        are woken."""
         self._write_paused = paused
         self.update_reading()
+        if not paused:
+            self._wake_consumers()
+
+    def _wake_consumers(self) -> None:
+        for consumer in list(self.consumers.values()):
+            writable_again = getattr(consumer, "writable_again", None)
+            if writable_again is not None:
+                writable_again()
 
     def throttle(self, delay_s: float) -> None:
         """Stop reading this connection for ``delay_s`` seconds (or longer, if a pause
@@ -436,9 +456,10 @@ class Session:
 
     @property
     def write_paused(self) -> bool:
-        """Whether the socket's output buffer is over its high-water mark: the peer reads
-        slower than we write (non-persistent dispatch drops rather than queue more)."""
-        return self._write_paused
+        """Whether the socket's output buffer, or what this loop iteration queued for it,
+        is over its high-water mark: the peer reads slower than we write. Dispatchers
+        send nothing more meanwhile (non-persistent ones drop)."""
+        return self._write_paused or self._out_bytes > limits.SESSION_OUTPUT_BYTES_MAX
 
     # --- timers and closing ---------------------------------------------------------------
 
