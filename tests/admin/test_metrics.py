@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
+import aiohttp
+import prometheus_client
 import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
+from anabranch.broker import metrics
 from anabranch.broker.metrics import BrokerCollector, BrokerCounters, render
 from anabranch.client.client import Client
 from anabranch.testing.broker import InProcessBroker
@@ -62,3 +67,29 @@ async def test_unloaded_topics_disappear_from_the_exposition(broker: InProcessBr
     families = list(text_string_to_metric_families(render(registry).decode()))
     assert not any(s.labels.get("topic") == TOPIC for f in families for s in f.samples)
     assert any(f.name == "anabranch_topics_count" for f in families)
+
+
+async def test_a_scrape_is_formatted_off_the_event_loop(
+    broker: InProcessBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The collectors run on the loop (the broker's state is not thread-safe); formatting,
+    most of a scrape's cost, runs in a worker thread."""
+    await produce(broker, 3)
+    threads: list[str] = []
+    real = prometheus_client.generate_latest
+
+    def recording(registry: Any) -> bytes:
+        threads.append(threading.current_thread().name)
+        return real(registry)
+
+    monkeypatch.setattr(metrics, "generate_latest", recording)
+    assert broker.http_url is not None
+    async with (
+        aiohttp.ClientSession() as http,
+        http.get(f"{broker.http_url}/metrics") as answer,
+    ):
+        text = await answer.text()
+    assert threads and threading.main_thread().name not in threads
+    families = text_string_to_metric_families(text)
+    [family] = [f for f in families if f.name == "anabranch_in_messages"]
+    assert any(s.labels.get("topic") == TOPIC and s.value == 3 for s in family.samples)

@@ -41,6 +41,7 @@ Example (a second admin listener for a running broker's service):
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import ssl
 from collections.abc import Awaitable, Callable
@@ -75,7 +76,7 @@ from anabranch.admin.openapi import openapi_document
 from anabranch.admin.routes import BODY_LIMIT, Route
 from anabranch.admin.service import AdminService
 from anabranch.broker.error_codes import client_message
-from anabranch.broker.metrics import CONTENT_TYPE, broker_registry, render
+from anabranch.broker.metrics import CONTENT_TYPE, broker_registry, render_off_loop
 from anabranch.errors import HTTP_STATUS, AnabranchError, NotLeader
 
 if TYPE_CHECKING:
@@ -85,10 +86,12 @@ log = logging.getLogger(__name__)
 
 ADMIN_KEY = web.AppKey("admin", AdminService)
 REGISTRY_KEY = web.AppKey("metrics_registry", CollectorRegistry)
+SCRAPE_LOCK_KEY = web.AppKey("metrics_scrape_lock", asyncio.Lock)
+"""One /metrics scrape formats at a time: a client looping on it queues behind itself."""
 
 
 async def metrics(admin: AdminService, request: web.Request) -> object:
-    body = render(request.app[REGISTRY_KEY])
+    body = await render_off_loop(request.app[REGISTRY_KEY], request.app[SCRAPE_LOCK_KEY])
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
 
 
@@ -186,6 +189,7 @@ def build_app(admin: AdminService, registry: CollectorRegistry | None = None) ->
     )
     app[ADMIN_KEY] = admin
     app[REGISTRY_KEY] = registry if registry is not None else broker_registry(admin.broker)
+    app[SCRAPE_LOCK_KEY] = asyncio.Lock()
     for route in all_routes():
         app.router.add_route(route.method, route.path, _bind(route))
 

@@ -27,6 +27,7 @@ Example:
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -444,3 +445,34 @@ def broker_registry(service: BrokerService) -> CollectorRegistry:
 def render(registry: CollectorRegistry) -> bytes:
     """The Prometheus text exposition of ``registry``."""
     return bytes(generate_latest(registry))
+
+
+class _Collected:
+    """Metric families already collected, as ``generate_latest`` takes a registry."""
+
+    def __init__(self, families: list[Metric]) -> None:
+        self._families = families
+
+    def collect(self) -> Iterator[Metric]:
+        return iter(self._families)
+
+
+async def render_off_loop(registry: CollectorRegistry, lock: asyncio.Lock) -> bytes:
+    """:func:`render` for the event loop: the collectors read the broker's state on the
+    loop (it is not thread-safe), the text is formatted in a worker thread, one scrape at
+    a time per ``lock``. Formatting is most of the cost (about 6 us a sample: a second for
+    a few thousand topics), and on the loop it stalled every client meanwhile.
+
+    Example:
+        >>> from prometheus_client import Counter
+        >>> registry = CollectorRegistry()
+        >>> Counter("demo_total", "A demo.", registry=registry).inc()
+        >>> async def scrape() -> bytes:
+        ...     return await render_off_loop(registry, asyncio.Lock())
+        >>> b"demo_total 1.0" in asyncio.run(scrape())
+        True
+    """
+    async with lock:
+        families = list(registry.collect())
+        text = await asyncio.to_thread(generate_latest, _Collected(families))
+        return bytes(text)
