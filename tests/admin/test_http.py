@@ -269,6 +269,33 @@ async def test_deeply_nested_json_is_400(admin: AdminClient, broker: InProcessBr
     assert await admin.subscriptions(TOPIC) == []
 
 
+async def test_numbers_beyond_java_ints_and_longs_are_400(
+    admin: AdminClient, broker: InProcessBroker
+) -> None:
+    await admin.create_topic(TOPIC)
+    huge, over_int = 10**23, 2**31
+    ns = "/admin/v2/namespaces/public/default"
+    requests: list[tuple[str, str, object]] = [
+        ("POST", f"{ns}/messageTTL", huge),
+        ("POST", f"{ns}/messageTTL", over_int),
+        ("POST", f"{ns}/retention", {"retentionTimeInMinutes": 1, "retentionSizeInMB": huge}),
+        ("POST", f"{ns}/retention", {"retentionTimeInMinutes": over_int, "retentionSizeInMB": 1}),
+        ("POST", f"{ns}/backlogQuota", {"limitSize": huge, "limitTime": -1,
+                                        "policy": "producer_request_hold"}),
+        ("POST", f"{ns}/backlogQuota", {"limitSize": -1, "limitTime": over_int,
+                                        "policy": "producer_request_hold"}),
+        ("PUT", f"{ns}/offloadThreshold", huge),
+        ("POST", f"{ns}/compactionThreshold", -huge),
+        ("POST", "/admin/v2/persistent/public/default/orders/messageTTL", over_int),
+    ]  # fmt: skip
+    before = await broker.service.policies.namespace_policies("public/default")
+    async with aiohttp.ClientSession() as session:
+        for method, path, body in requests:
+            async with session.request(method, f"{broker.http_url}{path}", json=body) as answer:
+                assert answer.status == 400, (path, body, answer.status)
+    assert await broker.service.policies.namespace_policies("public/default") == before
+
+
 # --- metrics and OpenAPI ---------------------------------------------------------------------
 
 

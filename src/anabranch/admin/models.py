@@ -60,7 +60,8 @@ class MessageIdBody(msgspec.Struct, rename="camel", kw_only=True):
 
 def decode_message_id(body: bytes) -> MessageIdBody:
     """Parse a message id body; InvalidArgument (400) when it is not one."""
-    return decode_json(body, MessageIdBody, "message id")
+    message_id: MessageIdBody = decode_json(body, MessageIdBody, "message id")
+    return message_id
 
 
 class LookupData(msgspec.Struct, rename="camel", kw_only=True):
@@ -73,13 +74,45 @@ class LookupData(msgspec.Struct, rename="camel", kw_only=True):
     http_url_tls: str = ""
 
 
+JAVA_LONG_MIN, JAVA_LONG_MAX = -(2**63), 2**63 - 1
+"""Every number of Pulsar's admin API is at most a Java ``long``."""
+
+
 def decode_json(body: bytes, kind: type[Any], what: str) -> Any:
-    """Parse a request body into ``kind``; InvalidArgument (400) when it does not fit."""
+    """Parse a request body into ``kind``; InvalidArgument (400) when it does not fit,
+    including an integer no Java ``long`` holds (msgspec decodes any size).
+
+    >>> decode_json(b'{"ledgerId": 1, "entryId": 100000000000000000000}', MessageIdBody, "id")
+    Traceback (most recent call last):
+    ...
+    anabranch.errors.InvalidArgument: bad id body: 100000000000000000000 is out of range (a 64-bit integer)
+    """  # noqa: E501 (a doctest's output is one line)
     try:
-        return msgspec.json.decode(body, type=kind)
+        value = msgspec.json.decode(body, type=kind)
     except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError) as err:
         # (msgspec raises UnicodeDecodeError for invalid UTF-8 inside a JSON string)
         raise InvalidArgument(f"bad {what} body: {err}") from err
     except RecursionError:
         # msgspec recurses per nesting level, even through values it skips
         raise InvalidArgument(f"bad {what} body: JSON nested too deeply") from None
+    out_of_range = _long_out_of_range(msgspec.to_builtins(value))
+    if out_of_range is not None:
+        raise InvalidArgument(f"bad {what} body: {out_of_range} is out of range (a 64-bit integer)")
+    return value
+
+
+def _long_out_of_range(value: Any) -> int | None:
+    """The first integer in ``value`` (decoded JSON) outside a Java ``long``, if any."""
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, bool):
+            continue
+        if isinstance(item, int):
+            if not JAVA_LONG_MIN <= item <= JAVA_LONG_MAX:
+                return item
+        elif isinstance(item, dict):
+            pending += item.values()
+        elif isinstance(item, list):
+            pending += item
+    return None

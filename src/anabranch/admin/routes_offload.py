@@ -80,9 +80,10 @@ async def get_value(admin: AdminService, request: web.Request) -> object:
 
 async def set_value(admin: AdminService, request: web.Request) -> object:
     field = _field(request)
-    value = await json_body(request, int, field, None)
+    name = request.path.rstrip("/").rsplit("/", 1)[1]
+    value = await json_body(request, int, name, None)
     if value is None or value < -1:
-        raise InvalidArgument(f"the body must be an integer >= -1 ({field})")
+        raise InvalidArgument(f"the body must be an integer >= -1 ({name})")
     await admin.policies.update_namespace_policies(
         namespace_param(request),
         lambda p: msgspec.structs.replace(p, **{field: value}),

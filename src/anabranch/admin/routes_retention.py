@@ -33,6 +33,7 @@ import msgspec
 from aiohttp import web
 
 from anabranch.admin.routes import (
+    INT32_MAX,
     Route,
     applied_policies,
     flag,
@@ -83,6 +84,8 @@ def check_retention(value: RetentionPolicies) -> RetentionPolicies:
     """
     if value.retention_time_in_minutes < -1 or value.retention_size_in_mb < -1:
         raise InvalidArgument("retention time and size must be -1 (unbounded) or >= 0")
+    if value.retention_time_in_minutes > INT32_MAX:  # a Java int upstream
+        raise InvalidArgument(f"retentionTimeInMinutes must be at most {INT32_MAX}")
     return value
 
 
@@ -92,6 +95,8 @@ def check_quota(value: BacklogQuotaRecord) -> BacklogQuotaRecord:
         raise InvalidArgument(f"unknown backlog quota policy {value.policy!r}")
     if value.limit_size < -1 or value.limit_time < -1:
         raise InvalidArgument("backlog quota limits must be -1 (unlimited) or >= 0")
+    if value.limit_time > INT32_MAX:  # a Java int upstream
+        raise InvalidArgument(f"limitTime must be at most {INT32_MAX} seconds")
     return value
 
 
@@ -162,8 +167,8 @@ async def get_message_ttl(admin: AdminService, request: web.Request) -> object:
 
 async def set_message_ttl(admin: AdminService, request: web.Request) -> object:
     ttl = await json_body(request, int, "messageTTL", None)
-    if ttl is None or ttl < 0:
-        raise InvalidArgument("the body must be a TTL in seconds, >= 0")
+    if ttl is None or not 0 <= ttl <= INT32_MAX:
+        raise InvalidArgument(f"the body must be a TTL in seconds, 0 to {INT32_MAX}")
     await admin.policies.update_namespace_policies(
         namespace_param(request),
         lambda p: msgspec.structs.replace(p, message_ttl_in_seconds=ttl),
@@ -266,8 +271,10 @@ async def set_topic_message_ttl(admin: AdminService, request: web.Request) -> ob
         ttl = int(text) if text is not None else await json_body(request, int, "messageTTL", None)
     except ValueError:
         raise InvalidArgument(f"messageTTL {text!r} is not an integer") from None
-    if ttl is None or ttl < 0:
-        raise InvalidArgument("the TTL must be seconds >= 0 (?messageTTL=N or the body)")
+    if ttl is None or not 0 <= ttl <= INT32_MAX:
+        raise InvalidArgument(
+            f"the TTL must be seconds, 0 to {INT32_MAX} (?messageTTL=N or the body)"
+        )
     await _update_topic(
         admin, request, lambda p: msgspec.structs.replace(p, message_ttl_in_seconds=ttl)
     )
