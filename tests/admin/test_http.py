@@ -296,6 +296,19 @@ async def test_numbers_beyond_java_ints_and_longs_are_400(
     assert await broker.service.policies.namespace_policies("public/default") == before
 
 
+async def test_errors_name_resources_not_metadata_paths(admin: AdminClient) -> None:
+    await admin.create_topic(TOPIC)
+    with pytest.raises(AdminHttpError) as taken:
+        await admin.create_partitioned_topic(TOPIC, 2)
+    assert taken.value.status == 409
+    assert taken.value.reason == f"topic {TOPIC} already exists"
+    with pytest.raises(AdminHttpError) as busy:
+        await admin.delete_namespace("public/default")
+    assert busy.value.status == 409
+    assert busy.value.reason.startswith("namespace public/default is not empty")
+    assert "/admin/" not in taken.value.reason + busy.value.reason
+
+
 # --- metrics and OpenAPI ---------------------------------------------------------------------
 
 

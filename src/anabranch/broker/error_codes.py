@@ -26,6 +26,8 @@ from __future__ import annotations
 
 from typing import Final
 
+from anabranch.broker.policies import ROOT as ADMIN_ROOT
+from anabranch.broker.policies import describe_path
 from anabranch.errors import WIRE_CODES, AnabranchError
 from anabranch.protocol._generated import pulsar_api_pb2 as pb
 
@@ -72,5 +74,10 @@ def client_message(exc: BaseException) -> str:
         'message is 9 bytes, over the limit of 1'
     """
     if isinstance(exc, AnabranchError):
-        return str(exc)
+        text = str(exc)
+        path = getattr(exc, "path", None)
+        if isinstance(path, str) and path.startswith(ADMIN_ROOT + "/"):
+            # A policies record's path is where the broker keeps it: name the resource.
+            text = text.replace(path, describe_path(path))
+        return text
     return INTERNAL_ERROR_MESSAGE

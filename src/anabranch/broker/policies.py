@@ -302,6 +302,35 @@ def topic_path(topic: TopicName) -> str:
     return f"{TOPICS}/{ns}/{topic.domain.value}/{topic.full_local_name}"
 
 
+def describe_path(path: str) -> str:
+    """What the record at ``path`` stands for, in the admin API's own words: an error
+    names the resource, not where the broker keeps it (anything else is returned as is).
+
+    Example:
+        >>> describe_path("/admin/topics/public/default/persistent/orders")
+        'topic persistent://public/default/orders'
+        >>> describe_path("/admin/namespaces/public/default")
+        'namespace public/default'
+    """
+    for root, kind in (
+        (CLUSTERS, "cluster"),
+        (TENANTS, "tenant"),
+        (NAMESPACES, "namespace"),
+        (PARTITIONED_TOPICS, "partitioned topic"),
+        (TOPICS, "topic"),
+    ):
+        if not path.startswith(root + "/"):
+            continue
+        rest = path[len(root) + 1 :]
+        if root in (PARTITIONED_TOPICS, TOPICS):
+            parts = rest.split("/", 3)
+            if len(parts) == 4:
+                tenant, namespace, domain, local = parts
+                return f"{kind} {domain}://{tenant}/{namespace}/{local}"
+        return f"{kind} {rest}"
+    return path
+
+
 def _ns(namespace: str | NamespaceName) -> NamespaceName:
     return namespace if isinstance(namespace, NamespaceName) else NamespaceName.parse(namespace)
 
