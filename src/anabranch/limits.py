@@ -357,6 +357,11 @@ SCALABLE_DRAIN_POLL_INTERVAL_S = 1.0
 """How often the controller re-reads the backlog of sealed, undrained segments; children of
 a split wait for it, so a drained parent hands over within about this long."""
 
+SCALABLE_INITIAL_SEGMENTS_MAX = 1024
+"""Segments a scalable topic may be created with (each is a topic with its own ledger;
+splits can add more later). The hash space would allow 65536, taking minutes and
+gigabytes to create."""
+
 SCALABLE_AUTOSCALE_SAMPLES_MAX = 256
 """Rate samples the autoscaler keeps per active segment: at the default 5 s interval,
 about 21 minutes, more than the default merge window; bounds its memory per topic."""
@@ -685,3 +690,22 @@ loop iteration (before they are flushed to the sockets): a pipelined burst fanne
 many consumers is bounded by it. A send past it is dropped, counted on its publisher,
 and answered with the (-1, -1) receipt, as upstream answers a send over
 maxConcurrentNonPersistentMessagePerConnection."""
+
+# --- schema registry -----------------------------------------------------------------------
+
+SCHEMA_HISTORY_PAGE_RECORDS = 16
+"""Schema version records read per store call when a request walks a topic's history (a
+transitive strategy's check of a new schema, the admin's all-versions listing, indexing a
+history written without an index): at most 16 MiB of values at once, each being at most
+METADATA_VALUE_BYTES_MAX. Every other schema request reads a few records, whatever the
+history's length (``broker/schema.py``)."""
+
+SCHEMA_HISTORY_WALKS_MAX = 2
+"""Such walks running at once per broker; the next waits for one to end. With the page
+bound, walks hold at most about 2 x 16 MiB of records and their decoded schemas, however
+many clients ask (a topic holds up to 1000 versions of up to 1 MiB)."""
+
+SCHEMA_DECODE_INLINE_BYTES_MAX = 64 * 1024
+"""Stored schema bytes decoded (JSON, base64, Avro checks) on the event loop; a larger
+record or page is decoded on a worker thread so that other connections are not held up
+for the milliseconds a megabyte takes. Schemas are usually a few KiB."""

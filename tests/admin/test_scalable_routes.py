@@ -13,6 +13,7 @@ import pytest
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
+from anabranch import limits
 from anabranch.admin.client import AdminClient, AdminHttpError
 from anabranch.admin.http import ADMIN_KEY, build_app
 from anabranch.admin.service import AdminService
@@ -78,7 +79,7 @@ async def test_create_tiles_the_keyspace(admin: AdminClient, count: int) -> None
 
 
 async def test_create_rejects_bad_segment_counts(admin: AdminClient) -> None:
-    for query in ("0", "-1", "x"):
+    for query in ("0", "-1", "x", str(limits.SCALABLE_INITIAL_SEGMENTS_MAX + 1)):
         err = await failure(admin.request("PUT", f"{PATH}?numInitialSegments={query}"))
         assert err.status == 400 and "numInitialSegments" in err.reason
     assert await admin.list_scalable_topics("public/default") == []

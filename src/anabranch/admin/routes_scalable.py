@@ -80,14 +80,16 @@ def segment_param(request: web.Request) -> SegmentName:
 
 
 def num_initial_segments(request: web.Request) -> int:
-    """``?numInitialSegments=N`` (default 1), within [1, SCALABLE_MAX_INITIAL_SEGMENTS]."""
+    """``?numInitialSegments=N`` (default 1), within [1, SCALABLE_INITIAL_SEGMENTS_MAX]."""
     text = request.query.get("numInitialSegments", "1")
     try:
         count = int(text)
     except ValueError:
         raise InvalidArgument(f"numInitialSegments {text!r} is not an integer") from None
-    if count < 1:
-        raise InvalidArgument(f"numInitialSegments must be at least 1, not {count}")
+    if not 1 <= count <= limits.SCALABLE_INITIAL_SEGMENTS_MAX:
+        raise InvalidArgument(
+            f"numInitialSegments must be 1 to {limits.SCALABLE_INITIAL_SEGMENTS_MAX}, not {count}"
+        )
     return count
 
 
