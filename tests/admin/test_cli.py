@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
+from anabranch.cli.admin import Output, _print
 from anabranch.cli.main import app
 from anabranch.testing.broker import InProcessBroker
 from anabranch.testing.ports import free_port
@@ -114,3 +115,90 @@ def test_errors_name_the_reason_and_unreachable_is_exit_2(admin_url: str) -> Non
     result = runner.invoke(app, ["admin", "--admin-url", dead, "tenants", "list"])
     assert result.exit_code == 2
     assert "cannot reach" in result.stderr
+
+
+def _fails_cleanly(result: Any, code: int, *expected: str) -> None:
+    """An ``error: ...`` line and the exit status, not a traceback."""
+    assert isinstance(result.exception, SystemExit), result.exception
+    assert result.exit_code == code, (result.stdout, result.stderr)
+    assert result.stderr.startswith("error: "), result.stderr
+    said = " ".join(result.stderr.split())  # rich wraps long lines at the terminal width
+    for text in expected:
+        assert text in said, result.stderr
+
+
+@pytest.mark.parametrize(
+    ("content", "reason"),
+    [
+        (None, "cannot read schema file"),  # no such file
+        ("", "cannot read schema file"),  # a directory
+        ("{not json", "cannot read schema file"),
+        ("[1]", "expected an object with a string 'type'"),
+        ('{"type": "STRING", "properties": [1, 2]}', "'properties' must map names to strings"),
+        ('{"type": "STRING", "properties": {"n": 1}}', "'properties' must map names to strings"),
+    ],
+)
+def test_a_bad_schema_file_is_an_error_line(
+    admin_url: str, tmp_path: Path, content: str | None, reason: str
+) -> None:
+    payload = tmp_path / "schema.json"
+    if content == "":
+        payload.mkdir()
+    elif content is not None:
+        payload.write_text(content)
+    topic = "persistent://public/default/typed"
+    for command in ("upload", "compatibility"):
+        args = ["admin", "--admin-url", admin_url, "schemas", command, topic, "-f", str(payload)]
+        _fails_cleanly(runner.invoke(app, args), 1, reason)
+
+
+def test_a_schema_file_with_null_properties_is_uploaded(admin_url: str, tmp_path: Path) -> None:
+    payload = tmp_path / "schema.json"
+    payload.write_text('{"type": "STRING", "schema": "", "properties": null}')
+    topic = "persistent://public/default/typed"
+    assert cli_json(admin_url, "schemas", "upload", topic, "-f", str(payload)) == 0
+
+
+def test_an_unusable_token_is_an_error_line(tmp_path: Path) -> None:
+    # Refused before any request: no broker needed, and none is reported unreachable.
+    dead = f"http://127.0.0.1:{free_port()}"
+    crlf = tmp_path / "crlf.jwt"
+    crlf.write_text("abc\r\ndef\n")
+    cases = [
+        (["--auth-token", "a\nb"], "--auth-token contains a control character"),
+        (["--auth-token-file", str(crlf)], f"token file {crlf} contains a control character"),
+        (["--auth-token-file", str(tmp_path / "none.jwt")], "cannot read token file"),
+        (["--auth-token-file", str(tmp_path)], "cannot read token file"),
+    ]
+    for options, reason in cases:
+        result = runner.invoke(app, ["admin", "--admin-url", dead, *options, "tenants", "list"])
+        _fails_cleanly(result, 1, reason)
+    empty = tmp_path / "empty.jwt"
+    empty.write_text("\n")
+    result = runner.invoke(app, ["admin", "--admin-url", dead, "--auth-token-file", str(empty),
+                                 "tenants", "list"])  # fmt: skip
+    _fails_cleanly(result, 1, "is empty")
+
+
+def test_a_scalable_name_on_a_topics_command_points_to_scalable(admin_url: str) -> None:
+    args = ["admin", "--admin-url", admin_url, "topics", "stats", "topic://public/default/s"]
+    _fails_cleanly(runner.invoke(app, args), 1, "HTTP 404", "anabranch admin scalable")
+    # Any other 404 is reported as it was.
+    result = runner.invoke(app, ["admin", "--admin-url", admin_url, "tenants", "get", "nobody"])
+    _fails_cleanly(result, 1, "HTTP 404")
+    assert "scalable" not in result.stderr
+
+
+def test_text_that_looks_like_markup_is_printed_as_given(
+    admin_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # rich reads "[/x]" as a closing tag: unescaped, it was a MarkupError traceback.
+    result = runner.invoke(app, ["admin", "--admin-url", admin_url, "tenants", "get", "a[/x]"])
+    _fails_cleanly(result, 1, "a[/x]")
+    # Answers quote message payloads (peek-messages) and names: tables print them verbatim.
+    _print([{"payload": "[/x] [bold]b[/bold]"}], Output.table, "backlog of [/t]")
+    _print({"payload": "[/x]"}, Output.table, "message")
+    _print(None, Output.table, "ok [/y]")
+    printed = capsys.readouterr().out
+    for text in ("[/x] [bold]b[/bold]", "backlog of [/t]", "ok [/y]"):
+        assert text in printed, printed

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import struct
 
 import pytest
@@ -207,6 +208,28 @@ def test_truncated_protobuf() -> None:
     cmd = commands.connect("client", 21).SerializeToString()
     with pytest.raises(MalformedFrame):
         FrameDecoder().feed(_raw(cmd[:-3]))
+
+
+@pytest.mark.parametrize(
+    ("what", "frame"),
+    [
+        ("BaseCommand", _raw(b"\xff" * 8)),
+        (
+            "MessageMetadata",
+            encode_entry_frame(commands.send(1, 1), struct.pack(">i", 8) + b"\xff" * 8 + b"x"),
+        ),
+    ],
+)
+def test_unparsable_protobuf_is_a_fixed_reason(
+    what: str, frame: bytes, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The reason reaches the peer in an ERROR command: the protobuf runtime's own text
+    # (internal package name, parser state) must not; the broker's debug log keeps it.
+    caplog.set_level(logging.DEBUG, logger="anabranch.protocol.frames")
+    with pytest.raises(MalformedFrame) as raised:
+        FrameDecoder().feed(frame)
+    assert str(raised.value) == f"malformed frame: unparsable {what}"
+    assert f"unparsable {what}: " in caplog.text
 
 
 def test_missing_required_fields() -> None:

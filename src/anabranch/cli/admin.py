@@ -19,14 +19,17 @@ Example:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from enum import StrEnum
+from pathlib import Path
 from typing import Annotated, Any
 
 import aiohttp
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 from rich.tree import Tree
 
@@ -139,14 +142,15 @@ def _admin(
     _settings.output = output
     _settings.tls_trust_certs = tls_trust_certs
     _settings.tls_allow_insecure = tls_allow_insecure
-    _settings.auth = cli_authentication(
-        token=auth_token,
-        token_file=auth_token_file,
-        user=auth_user,
-        password=auth_password,
-        cert_file=tls_cert_file,
-        key_file=tls_key_file,
-    )
+    with _reported():  # an unusable token is the same one-line error as a refused call
+        _settings.auth = cli_authentication(
+            token=auth_token,
+            token_file=auth_token_file,
+            user=auth_user,
+            password=auth_password,
+            cert_file=tls_cert_file,
+            key_file=tls_key_file,
+        )
 
 
 def cli_authentication(
@@ -160,6 +164,9 @@ def cli_authentication(
 ) -> Authentication | None:
     """The one authentication the options name (token, token file, basic or TLS).
 
+    A token (given, or read from its file) is checked here: InvalidArgument when the file
+    cannot be read or the token holds a control character.
+
     Example:
         >>> none = dict(token=None, token_file=None, user=None, password=None,
         ...             cert_file=None, key_file=None)
@@ -167,12 +174,15 @@ def cli_authentication(
         'token'
         >>> cli_authentication(**none) is None
         True
+        >>> cli_authentication(**{**none, "token": "a\\nb"})
+        Traceback (most recent call last):
+        anabranch.errors.InvalidArgument: --auth-token contains a control character
     """
     given: list[Authentication] = []
     if token:
-        given.append(AuthenticationToken(token))
+        given.append(AuthenticationToken(checked_token(token, "--auth-token")))
     if token_file:
-        given.append(AuthenticationToken.from_file(token_file.removeprefix("file://")))
+        given.append(AuthenticationToken(read_token_file(token_file)))
     if user is not None or password is not None:
         given.append(AuthenticationBasic(user or "", password or ""))
     if cert_file or key_file:
@@ -184,6 +194,51 @@ def cli_authentication(
     return given[0] if given else None
 
 
+def checked_token(token: str, source: str) -> str:
+    """``token``, unless it holds a control character: InvalidArgument naming ``source``.
+
+    It travels in an HTTP header, where a CR/LF would split the request (aiohttp refuses to
+    send one: a traceback, not a reason) and no other control character belongs in a JWT.
+
+    Example:
+        >>> checked_token("eyJ0.e30.sig", "--auth-token")
+        'eyJ0.e30.sig'
+        >>> checked_token("eyJ0\\r\\n.e30", "token file t.jwt")
+        Traceback (most recent call last):
+        anabranch.errors.InvalidArgument: token file t.jwt contains a control character
+    """
+    if any(ch < " " or ch == "\x7f" for ch in token):
+        raise InvalidArgument(f"{source} contains a control character")
+    return token
+
+
+def read_token_file(spec: str) -> str:
+    """The token in the file ``spec`` names (a path or ``file://`` URL), surrounding white
+    space stripped; InvalidArgument when it cannot be read, is empty or holds a control
+    character (a CR/LF inside the token).
+
+    Read once, up front: a CLI command is one short session, and an unreadable file is
+    then reported as such rather than as an unreachable broker.
+
+    Example:
+        >>> import tempfile
+        >>> f = Path(tempfile.mkdtemp()) / "admin.jwt"
+        >>> _ = f.write_text("eyJ0.e30.sig\\n")
+        >>> read_token_file(f"file://{f}")
+        'eyJ0.e30.sig'
+    """
+    path = Path(spec.removeprefix("file://"))
+    try:
+        token = path.read_text(encoding="utf-8").strip()
+    except OSError as err:
+        raise InvalidArgument(f"cannot read token file {path}: {err.strerror}") from None
+    except UnicodeDecodeError:
+        raise InvalidArgument(f"cannot read token file {path}: not UTF-8 text") from None
+    if not token:
+        raise InvalidArgument(f"token file {path} is empty")
+    return checked_token(token, f"token file {path}")
+
+
 # --- running and printing ---------------------------------------------------------------------
 
 
@@ -193,49 +248,83 @@ def _run(call: Callable[[AdminClient], Awaitable[Any]], output: Output | None, t
 
 
 def _call(call: Callable[[AdminClient], Awaitable[Any]]) -> Any:
-    """Run one admin call and answer its result; failures print and exit (1, or 2 when the
-    broker is unreachable)."""
+    """Run one admin call and answer its result; failures print and exit (see
+    :func:`_reported`)."""
 
     async def go() -> Any:
         async with _settings.client() as client:
             return await call(client)
 
+    with _reported():
+        return asyncio.run(go())
+
+
+@contextlib.contextmanager
+def _reported() -> Iterator[None]:
+    """The admin commands' one error path: a refused call, a bad argument or file, or an
+    unreachable broker prints ``error: <reason>`` on stderr and exits 1 (2: unreachable).
+
+    Reasons are escaped: they quote names and server text, where a ``[/x]`` would be read
+    as rich markup (a MarkupError traceback instead of the reason)."""
     try:
-        result = asyncio.run(go())
+        yield
     except AdminHttpError as err:
-        stderr.print(f"[red]error[/]: HTTP {err.status}: {err.reason}")
+        stderr.print(f"[red]error[/]: {escape(_http_reason(err))}")
         raise typer.Exit(1) from None
     except InvalidArgument as err:
-        stderr.print(f"[red]error[/]: {err}")
+        stderr.print(f"[red]error[/]: {escape(str(err))}")
         raise typer.Exit(1) from None
     except (aiohttp.ClientError, OSError) as err:
-        stderr.print(f"[red]error[/]: cannot reach {_settings.url}: {err}")
+        stderr.print(f"[red]error[/]: cannot reach {escape(_settings.url)}: {escape(str(err))}")
         raise typer.Exit(2) from None
-    return result
+
+
+_SCALABLE_AS_PERSISTENT = "/admin/v2/topic/"
+"""Where the client sends a persistent-topic call given a scalable ``topic://`` name: the
+broker has no such routes (scalable topics live under ``/admin/v2/scalable/``), so its
+answer is a bare 404."""
+
+
+def _http_reason(err: AdminHttpError) -> str:
+    """``HTTP <status>: <reason>``; for a ``topics`` command given a scalable ``topic://``
+    name, also which commands serve those.
+
+    Example:
+        >>> _http_reason(AdminHttpError("GET", "/admin/v2/tenants/x", 404, "Tenant not found"))
+        'HTTP 404: Tenant not found'
+    """
+    text = f"HTTP {err.status}: {err.reason}"
+    if err.status == 404 and err.path.startswith(_SCALABLE_AS_PERSISTENT):
+        text += (
+            " (a topic:// name is a scalable topic, which `anabranch admin topics` does not"
+            " serve: see `anabranch admin scalable --help`, e.g. `scalable stats`)"
+        )
+    return text
 
 
 def _print(result: Any, output: Output, title: str) -> None:
     if output is Output.json:
         typer.echo(json.dumps(result, indent=2, sort_keys=True))
         return
+    # Titles and values quote names and message payloads: escaped, not read as markup.
     if result is None:
-        stdout.print(f"[green]ok[/] {title}")
+        stdout.print(f"[green]ok[/] {escape(title)}")
     elif isinstance(result, list):
-        table = Table(title=title)
+        table = Table(title=escape(title))
         table.add_column("name")
         for item in result:
-            table.add_row(str(item))
+            table.add_row(escape(str(item)))
         stdout.print(table)
     elif isinstance(result, dict):
-        table = Table(title=title)
+        table = Table(title=escape(title))
         table.add_column("field")
         table.add_column("value")
         for key, value in result.items():
             text = json.dumps(value) if isinstance(value, dict | list) else str(value)
-            table.add_row(str(key), text)
+            table.add_row(escape(str(key)), escape(text))
         stdout.print(table)
     else:
-        stdout.print(result)
+        stdout.print(escape(str(result)))
 
 
 def _message_id(text: str) -> tuple[int, int]:
@@ -964,7 +1053,7 @@ def _segment_label(segment: Segment) -> str:
 def dag_tree(topic: str, layout: SegmentLayout) -> Tree:
     """The DAG as a rich tree: roots, then each segment's children under it. A merged child
     sits under each of its parents; its subtree is drawn once (later: "see above")."""
-    tree = Tree(f"[bold]{topic}[/] epoch {layout.epoch}")
+    tree = Tree(f"[bold]{escape(topic)}[/] epoch {layout.epoch}")
     drawn: set[int] = set()
 
     def add(parent: Tree, segment: Segment) -> None:
@@ -1001,7 +1090,7 @@ def dag_dot(topic: str, layout: SegmentLayout) -> str:
 
 
 def _layout_table(topic: str, layout: SegmentLayout) -> Table:
-    table = Table(title=f"{topic} epoch {layout.epoch}")
+    table = Table(title=f"{escape(topic)} epoch {layout.epoch}")
     for column in ("id", "range", "state", "created", "sealed", "parents", "children"):
         table.add_column(column)
     for s in sorted(layout, key=lambda s: s.segment_id):
@@ -1075,7 +1164,7 @@ def scalable_stats(topic: str, output: OutputOpt = None) -> None:
     if (output or _settings.output) is Output.json:
         typer.echo(json.dumps(data, indent=2, sort_keys=True))
         return
-    table = Table(title=f"{topic} epoch {data.get('epoch')}")
+    table = Table(title=f"{escape(topic)} epoch {data.get('epoch')}")
     for column in ("id", "range", "state", "backlog", "msgIn", "msgOut", "rates", "intent"):
         table.add_column(column)
     for entry in data.get("segments", {}).values():
@@ -1085,7 +1174,7 @@ def scalable_stats(topic: str, output: OutputOpt = None) -> None:
             str(entry.get("segmentId")),
             str(entry.get("hashRange")),
             str(entry.get("state")),
-            ", ".join(f"{sub}={n}" for sub, n in backlog.items()),
+            escape(", ".join(f"{sub}={n}" for sub, n in backlog.items())),
             str(entry.get("msgInCounter", "")),
             str(entry.get("msgOutCounter", "")),
             ", ".join(f"{k}={v:.0f}" for k, v in rates.items() if v),
@@ -1098,28 +1187,28 @@ def scalable_stats(topic: str, output: OutputOpt = None) -> None:
 def _print_subscription_states(topic: str, states: dict[str, Any]) -> None:
     """One row per consumer of each subscription: its segments, whether it shares them
     (Key_Shared dispatch mode), and the grace time left of a disconnected one."""
-    table = Table(title=f"{topic} assignments")
+    table = Table(title=f"{escape(topic)} assignments")
     for column in ("subscription", "type", "consumer", "state", "segments", "shared", "grace"):
         table.add_column(column)
     for sub, state in sorted(states.items()):
         if not state.get("leader"):
-            table.add_row(sub, "", "", "(state is on the controller leader)", "", "", "")
+            table.add_row(escape(sub), "", "", "(state is on the controller leader)", "", "", "")
             continue
         shared = state.get("sharedSegments", {})
         for name, consumer in state.get("consumers", {}).items():
             segments = consumer.get("segments", [])
             grace = consumer.get("graceRemainingMs")
             table.add_row(
-                sub,
+                escape(sub),
                 str(state.get("type")),
-                name,
+                escape(name),
                 "connected" if consumer.get("connected") else "disconnected",
                 ", ".join(str(s) for s in segments),
                 "yes" if any(str(s) in shared for s in segments) else "",
                 "" if grace is None else f"{grace / 1000:.1f}s",
             )
         if not state.get("consumers"):
-            table.add_row(sub, str(state.get("type")), "", "no consumers", "", "", "")
+            table.add_row(escape(sub), str(state.get("type")), "", "no consumers", "", "", "")
     stdout.print(table)
 
 
@@ -1285,7 +1374,7 @@ def transactions_slow(
             str(entry.get("status", "")),
             str(entry.get("openTimestamp", "")),
             str(entry.get("timeoutAt", "")),
-            str(entry.get("owner") or ""),
+            escape(str(entry.get("owner") or "")),
         )
     stdout.print(table)
 
@@ -1321,7 +1410,7 @@ def transaction_keys_table(keys: list[dict[str, Any]]) -> Table:
     for column in columns:
         table.add_column(column)
     for entry in keys:
-        table.add_row(*("-" if entry.get(c) is None else str(entry[c]) for c in columns))
+        table.add_row(*("-" if entry.get(c) is None else escape(str(entry[c])) for c in columns))
     return table
 
 

@@ -13,11 +13,13 @@ Example:
 from __future__ import annotations
 
 import json
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
+from anabranch.admin.client import AdminClient
 from anabranch.cli.admin import OutputOpt, Target, _run, admin_app, namespaces_app, topics_app
 from anabranch.errors import InvalidArgument
 
@@ -39,23 +41,49 @@ StrategyOpt = Annotated[
 def read_payload(path: Path) -> dict[str, Any]:
     """The schema payload file as a dict; InvalidArgument when it is not one.
 
+    Called inside the admin call (see :func:`_payload_call`), so that InvalidArgument
+    takes the commands' error path: ``error: <reason>``, exit 1.
+
     Example:
         >>> import tempfile
         >>> f = Path(tempfile.mkdtemp()) / "s.json"
-        >>> _ = f.write_text('{"type": "STRING"}')
+        >>> _ = f.write_text('{"type": "STRING", "properties": {"owner": "billing"}}')
         >>> read_payload(f)
-        {'type': 'STRING', 'schema': '', 'properties': {}}
+        {'type': 'STRING', 'schema': '', 'properties': {'owner': 'billing'}}
+        >>> _ = f.write_text('{"type": "STRING", "properties": [1, 2]}')
+        >>> read_payload(f)
+        Traceback (most recent call last):
+        anabranch.errors.InvalidArgument: s.json: 'properties' must map names to strings
     """
     try:
-        doc = json.loads(path.read_text())
-    except (OSError, ValueError) as err:
-        raise InvalidArgument(f"cannot read schema file {path.name}: {err}") from None
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as err:  # missing, a directory, unreadable: the reason, not the errno dump
+        raise InvalidArgument(f"cannot read schema file {path}: {err.strerror}") from None
+    except ValueError as err:  # not UTF-8, not JSON
+        raise InvalidArgument(f"cannot read schema file {path}: {err}") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("type"), str):
         raise InvalidArgument(f"{path.name}: expected an object with a string 'type'")
     schema = doc.get("schema", "")
     if not isinstance(schema, str):  # pulsar-admin files may hold the definition as JSON
         schema = json.dumps(schema)
-    return {"type": doc["type"], "schema": schema, "properties": dict(doc.get("properties", {}))}
+    properties = doc.get("properties") or {}  # null: none, as pulsar-admin writes it
+    if not isinstance(properties, dict) or not all(
+        isinstance(value, str) for value in properties.values()
+    ):  # the broker keeps Map<String, String>, as Pulsar does
+        raise InvalidArgument(f"{path.name}: 'properties' must map names to strings")
+    return {"type": doc["type"], "schema": schema, "properties": properties}
+
+
+def _payload_call(
+    path: Path, send: Callable[[AdminClient, dict[str, Any]], Awaitable[Any]]
+) -> Callable[[AdminClient], Awaitable[Any]]:
+    """An admin call that reads the payload file first: a bad file fails on the same error
+    path as a refused call (read before the call, it ended in a traceback)."""
+
+    async def call(client: AdminClient) -> Any:
+        return await send(client, read_payload(path))
+
+    return call
 
 
 @schemas_app.command("get")
@@ -75,9 +103,10 @@ def get_schema(
 @schemas_app.command("upload")
 def upload_schema(topic: str, filename: FileOpt, output: OutputOpt = None) -> None:
     """Register a schema (checked against the topic's compatibility strategy)."""
-    p = read_payload(filename)
-    _run(lambda c: c.upload_schema(topic, p["type"], p["schema"], p["properties"]), output,
-         f"schema version of {topic}")  # fmt: skip
+    send = _payload_call(
+        filename, lambda c, p: c.upload_schema(topic, p["type"], p["schema"], p["properties"])
+    )
+    _run(send, output, f"schema version of {topic}")
 
 
 @schemas_app.command("delete")
@@ -93,9 +122,11 @@ def delete_schema(
 @schemas_app.command("compatibility")
 def test_compatibility(topic: str, filename: FileOpt, output: OutputOpt = None) -> None:
     """Whether a schema could be registered on a topic."""
-    p = read_payload(filename)
-    _run(lambda c: c.test_schema_compatibility(topic, p["type"], p["schema"], p["properties"]),
-         output, f"compatibility with {topic}")  # fmt: skip
+    send = _payload_call(
+        filename,
+        lambda c, p: c.test_schema_compatibility(topic, p["type"], p["schema"], p["properties"]),
+    )
+    _run(send, output, f"compatibility with {topic}")
 
 
 def _strategy_commands(app: typer.Typer, what: str) -> None:

@@ -13,10 +13,12 @@ import logging
 import signal
 from collections.abc import Awaitable
 from pathlib import Path
-from typing import Annotated, Protocol
+from typing import Annotated, Any, NoReturn, Protocol
 
 import typer
+from pydantic import ValidationError
 from rich.console import Console
+from rich.markup import escape
 
 from anabranch.broker.config import BrokerConfig
 from anabranch.cli import (
@@ -50,7 +52,7 @@ def standalone(
     config: Annotated[Path | None, typer.Option(help="TOML config file.")] = None,
 ) -> None:
     """Run one broker with embedded SQLite metadata and local-disk storage."""
-    cfg = BrokerConfig.load(config, data_dir=data_dir, port=port, http_port=http_port)
+    cfg = _load_config("standalone", config, data_dir=data_dir, port=port, http_port=http_port)
     from anabranch.broker.server import event_loop_factory
 
     with asyncio.Runner(loop_factory=event_loop_factory(cfg.use_uvloop)) as runner:
@@ -61,6 +63,26 @@ async def _run_standalone(cfg: BrokerConfig) -> None:
     from anabranch.broker.standalone import Standalone
 
     await _serve("standalone", Standalone.start(cfg))
+
+
+def _load_config(label: str, path: Path | None, **overrides: Any) -> BrokerConfig:
+    """The node's settings; an unreadable config file or a bad setting (file, env var or
+    flag) is a start-up failure: one line and exit status 1, as in :func:`_serve`."""
+    try:
+        return BrokerConfig.load(path, **overrides)
+    except ValidationError as err:  # pydantic's report spans lines and links its docs
+        reasons = "; ".join(
+            f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in err.errors(include_url=False)
+        )
+        _cannot_start(label, reasons)
+    except (AnabranchError, ValueError) as err:  # ValueError: a config file not UTF-8
+        _cannot_start(label, str(err))
+
+
+def _cannot_start(label: str, reason: str) -> NoReturn:
+    # Escaped: reasons quote paths and values, which rich would read as markup.
+    console.print(f"[red]anabranch {label} cannot start: {escape(reason)}[/]")
+    raise SystemExit(1)
 
 
 class _Node(Protocol):
@@ -82,12 +104,11 @@ async def _serve(label: str, starting: Awaitable[_Node]) -> None:
         # A typed start-up failure (wrong storage credentials, a bad setting) or an OS one
         # (a port in use, a data directory that cannot be written): the operator's to fix,
         # said in one line (the node's partial start-up dies with the process).
-        console.print(f"[red]anabranch {label} cannot start: {err}[/]")
-        raise SystemExit(1) from None
+        _cannot_start(label, str(err))
     # What start-up created lives as long as the process: out of the collector's way, so a
     # full collection (a pause every client sees as latency) scans only the working set.
     gc.freeze()
-    console.print(f"[green]anabranch {label}[/] ready: {node.describe()}")
+    console.print(f"[green]anabranch {label}[/] ready: {escape(node.describe())}")
     signalled = asyncio.ensure_future(stop.wait())
     failed = asyncio.ensure_future(node.failed())
     reason: str | None = None
@@ -101,7 +122,7 @@ async def _serve(label: str, starting: Awaitable[_Node]) -> None:
         console.print("shutting down ...")
         await node.stop()
     if reason is not None:
-        console.print(f"[red]anabranch {label} stopped: {reason}[/]")
+        console.print(f"[red]anabranch {label} stopped: {escape(reason)}[/]")
         raise SystemExit(70)
 
 
@@ -124,7 +145,8 @@ def broker(
     Settings come from the config file, then ``ANABRANCH_*`` env vars, then these flags
     (e.g. ``ANABRANCH_METADATA_URL=etcd://10.0.0.5:2379``).
     """
-    cfg = BrokerConfig.load(
+    cfg = _load_config(
+        "broker",
         config,
         metadata_url=metadata_url,
         data_dir=data_dir,
@@ -137,7 +159,7 @@ def broker(
     )
     if not cfg.metadata_url.startswith("etcd://"):
         console.print(
-            f"[red]a cluster broker needs an etcd:// metadata URL, not {cfg.metadata_url}"
+            f"[red]a cluster broker needs an etcd:// metadata URL, not {escape(cfg.metadata_url)}"
         )
         raise typer.Exit(2)
     from anabranch.broker.server import event_loop_factory

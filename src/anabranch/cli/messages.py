@@ -15,6 +15,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from anabranch.client.message import Message
 from anabranch.client.sync import Client, Consumer, QueueConsumer, StreamConsumer
@@ -22,6 +23,8 @@ from anabranch.errors import AnabranchError, InvalidArgument
 
 SERVICE_URL = "pulsar://127.0.0.1:6650"
 console = Console(stderr=True)
+"""Where the commands report; names and reasons go through ``escape`` (a ``[/x]`` in them
+would be read as rich markup: a MarkupError traceback)."""
 
 
 def produce(
@@ -55,9 +58,9 @@ def produce(
                     producer.send(body.encode("utf-8"), key=key)
             producer.flush()
     except AnabranchError as err:
-        console.print(f"[red]error:[/] {err}")
+        console.print(f"[red]error:[/] {escape(str(err))}")
         raise typer.Exit(1) from err
-    console.print(f"sent {len(bodies) * repeat} message(s) to {topic}")
+    console.print(f"sent {len(bodies) * repeat} message(s) to {escape(topic)}")
 
 
 def consume(  # noqa: PLR0917 (typer passes options by keyword)
@@ -102,7 +105,7 @@ def consume(  # noqa: PLR0917 (typer passes options by keyword)
                     consumer.acknowledge(msg)
                 received += 1
     except AnabranchError as err:
-        console.print(f"[red]error:[/] {err}")
+        console.print(f"[red]error:[/] {escape(str(err))}")
         raise typer.Exit(1) from err
     if count and received < count:
         console.print(f"timed out after {received} message(s)")

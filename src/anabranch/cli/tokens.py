@@ -26,9 +26,25 @@ from anabranch.security.key_specs import read_key_spec
 tokens_app = typer.Typer(no_args_is_help=True, help="Keys and tokens for token authentication.")
 
 
-def _write_secret(path: Path, data: bytes) -> None:
-    path.write_bytes(data)
-    path.chmod(0o600)
+def _write(path: Path, data: bytes, *, secret: bool = False) -> None:
+    """Write a key file (``secret``: readable by its owner only); BadParameter, like the
+    other bad arguments here, when it cannot be written (no such directory, a directory).
+
+    Example:
+        >>> import tempfile
+        >>> d = Path(tempfile.mkdtemp())
+        >>> try:
+        ...     _write(d / "missing" / "k.key", b"k")
+        ... except typer.BadParameter as err:
+        ...     print(err.message.replace(str(d), "<dir>"))
+        cannot write <dir>/missing/k.key: No such file or directory
+    """
+    try:
+        path.write_bytes(data)
+        if secret:
+            path.chmod(0o600)
+    except OSError as err:
+        raise typer.BadParameter(f"cannot write {path}: {err.strerror}") from None
 
 
 @tokens_app.command("create-secret-key")
@@ -43,7 +59,7 @@ def create_secret_key_command(
 
     key = create_secret_key()
     if output is not None:
-        _write_secret(output, key)
+        _write(output, key, secret=True)
         typer.echo(
             f'wrote {output}; broker setting: token_secret_key = "file://{output.resolve()}"'
         )
@@ -66,8 +82,8 @@ def create_key_pair_command(
         raise typer.BadParameter("--algorithm is RS256 or ES256")
     alg: Literal["RS256", "ES256"] = "RS256" if algorithm == "RS256" else "ES256"
     private, public = create_key_pair(alg)
-    _write_secret(output_private_key, private)
-    output_public_key.write_bytes(public)
+    _write(output_private_key, private, secret=True)
+    _write(output_public_key, public)
     typer.echo(f"wrote {output_private_key} and {output_public_key}")
 
 

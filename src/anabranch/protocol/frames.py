@@ -24,6 +24,7 @@ Example:
 
 from __future__ import annotations
 
+import logging
 import struct
 from dataclasses import dataclass
 from typing import Any, Final
@@ -35,6 +36,8 @@ from anabranch.errors import BadFrameLength, FrameTooLarge, MalformedFrame
 from anabranch.limits import FRAME_SIZE_MAX_BYTES
 from anabranch.protocol._generated import pulsar_api_pb2 as pb
 from anabranch.protocol.checksum import crc32c
+
+log = logging.getLogger(__name__)
 
 MAGIC_CHECKSUM: Final = 0x0E01
 MAGIC_BROKER_ENTRY_METADATA: Final = 0x0E02
@@ -203,7 +206,10 @@ def _parse(message: Message, data: bytes, what: str) -> list[Any] | None:
     try:
         message.ParseFromString(data)
     except (DecodeError, RuntimeError, ValueError) as err:
-        raise MalformedFrame(f"unparsable {what}: {err}") from err
+        # The runtime's text names the broker's internal proto package and parser state:
+        # the peer gets a fixed reason, the detail stays in the broker's debug log.
+        log.debug("unparsable %s: %s", what, err)
+        raise MalformedFrame(f"unparsable {what}") from err
     if not message.IsInitialized():
         missing = ", ".join(message.FindInitializationErrors())
         raise MalformedFrame(f"{what} lacks required fields: {missing}")
