@@ -180,7 +180,7 @@ def _parsed_payload_size(raw: bytes, index: int) -> int:
     try:
         single.ParseFromString(raw)
     except DecodeError as err:
-        raise InvalidMessage(f"message {index}: unparsable metadata: {err}") from err
+        raise InvalidMessage(f"message {index}: unparsable metadata") from err
     if not single.IsInitialized():
         raise InvalidMessage(f"message {index}: metadata lacks payload_size")
     size = int(single.payload_size)
@@ -221,7 +221,7 @@ def decode_batch(
         try:
             single.ParseFromString(data[offset : offset + meta_size])
         except DecodeError as err:
-            raise InvalidMessage(f"message {index}: unparsable metadata: {err}") from err
+            raise InvalidMessage(f"message {index}: unparsable metadata") from err
         if not single.IsInitialized():
             raise InvalidMessage(f"message {index}: metadata lacks payload_size")
         offset += meta_size
