@@ -474,6 +474,11 @@ and a client may ask for an hour's timeout)."""
 TXN_OPEN_PER_CONNECTION_MAX = 1_000
 """OPEN transactions one connection created; one more NEW_TXN gets TooManyRequests."""
 
+TXN_OPEN_PER_ROLE_MAX = 10_000
+"""OPEN transactions one authenticated role has on one broker (over all its connections
+and the sink batch API); one more gets TooManyRequests, so that one role cannot take the
+whole TXN_OPEN_PER_BROKER_MAX from the others."""
+
 TXN_OP_RECORDS_MAX = 1_000
 """Op records (participant registrations plus ack records) one transaction may write;
 past it the write or ack fails with TransactionTooLarge."""

@@ -12,7 +12,12 @@ from anabranch import limits
 from anabranch.aio import Client
 from anabranch.client.errors import TooManyRequests
 from anabranch.client.txn_spares import SPARES_MAX
+from anabranch.errors import ResourceLimitReached
+from anabranch.metadata.memory import MemoryMetadataStore
 from anabranch.testing.broker import InProcessBroker
+from anabranch.testing.clock import ManualClock
+from anabranch.transactions.coordinator import TransactionCoordinator
+from anabranch.transactions.records import TxnState
 
 
 async def test_a_connection_holds_at_most_its_cap_of_open_transactions(
@@ -72,3 +77,33 @@ async def test_the_broker_holds_at_most_its_cap_of_open_transactions(tmp_path: P
                 await one.new_transaction(timeout=60)
             await first.abort()
             await two.new_transaction(timeout=60)
+
+
+async def test_a_role_holds_at_most_its_cap_of_open_transactions() -> None:
+    """Per owner, over every connection and the batch API: one role cannot take the
+    broker's whole cap; ending or expiring one makes room; no owner (authentication
+    off) is bounded by the broker's cap only."""
+    clock = ManualClock()
+    store = MemoryMetadataStore()
+    coordinator = TransactionCoordinator(
+        store, clock, partitions=1, sweep_interval_s=0, max_open_per_owner=2
+    )
+    await coordinator.start()
+    try:
+        first = await coordinator.new_txn(1_000, owner="etl")
+        await coordinator.new_txn(60_000, owner="etl")
+        with pytest.raises(ResourceLimitReached, match="role etl"):
+            await coordinator.new_txn(60_000, owner="etl")
+        await coordinator.new_txn(60_000, owner="other")
+        for _ in range(3):
+            await coordinator.new_txn(60_000)
+        await coordinator.end_txn(first, TxnState.ABORTED)
+        third = await coordinator.new_txn(1_000, owner="etl")
+        with pytest.raises(ResourceLimitReached):
+            await coordinator.new_txn(60_000, owner="etl")
+        clock.advance(2.0)  # ``third`` is past its deadline: no longer counted
+        await coordinator.new_txn(60_000, owner="etl")
+        assert third is not None
+    finally:
+        await coordinator.close()
+        await store.close()

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import collections
 import dataclasses
 import heapq
 import json
@@ -192,9 +193,11 @@ class TransactionCoordinator:
         on_final: FinalCallback | None = None,
         on_give_up: GiveUp | None = None,
         max_open: int = limits.TXN_OPEN_PER_BROKER_MAX,
+        max_open_per_owner: int = limits.TXN_OPEN_PER_ROLE_MAX,
         commit_cleanup: CommitCleanup | None = None,
     ) -> None:
         self._max_open = max_open
+        self._max_open_per_owner = max_open_per_owner
         self._commit_cleanup = commit_cleanup
         if partitions < 1:
             raise InvalidArgument(f"transaction coordinator partitions must be >= 1: {partitions}")
@@ -216,6 +219,7 @@ class TransactionCoordinator:
         # The header as written (version 1) lets END_TXN try its CAS without reading it
         # first; a header changed meanwhile fails that CAS, which then reads and judges.
         self._open: dict[TxnId, TxnHeader] = {}
+        self._open_by_owner: collections.Counter[str] = collections.Counter()
         self._open_deadlines: list[tuple[int, TxnId]] = []
         self._gc_cursor: dict[TxnState, str | None] = {}
         self._loop: Supervised | None = None
@@ -280,6 +284,10 @@ class TransactionCoordinator:
         self._prune_open(now)
         if len(self._open) >= self._max_open:
             raise ResourceLimitReached("open transactions on this broker", self._max_open)
+        if owner is not None and self._open_by_owner[owner] >= self._max_open_per_owner:
+            raise ResourceLimitReached(
+                f"open transactions of role {owner} on this broker", self._max_open_per_owner
+            )
         partition = self._pick_partition(tc_id)
         least = await self._next_least_bits(partition)
         txn = TxnId(partition, least)
@@ -787,20 +795,32 @@ class TransactionCoordinator:
 
     def _note_open(self, txn: TxnId, header: TxnHeader, now: int) -> None:
         self._prune_open(now)
+        self._drop_open(txn)
         self._open[txn] = header
+        if header.owner is not None:
+            self._open_by_owner[header.owner] += 1
         heapq.heappush(self._open_deadlines, (header.deadline, txn))
         self.metrics.open = len(self._open)
 
     def _forget_open(self, txn: TxnId) -> None:
         # The heap entry stays until its deadline passes; _prune_open skips it then.
-        self._open.pop(txn, None)
+        self._drop_open(txn)
         self.metrics.open = len(self._open)
 
     def _prune_open(self, now: int) -> None:
         while self._open_deadlines and self._open_deadlines[0][0] < now:
             _, txn = heapq.heappop(self._open_deadlines)
-            self._open.pop(txn, None)
+            self._drop_open(txn)
         self.metrics.open = len(self._open)
+
+    def _drop_open(self, txn: TxnId) -> None:
+        header = self._open.pop(txn, None)
+        if header is not None and header.owner is not None:
+            left = self._open_by_owner[header.owner] - 1
+            if left > 0:
+                self._open_by_owner[header.owner] = left
+            else:
+                del self._open_by_owner[header.owner]
 
 
 def _header_fields(txn: TxnId, header: TxnHeader) -> dict[str, Any]:
