@@ -650,6 +650,14 @@ TOPICS_PATTERN_UNBOUNDED_QUANTIFIERS_MAX = 2
 """Unbounded quantifiers (``*``, ``+``, ``{n,}``) a pattern the broker evaluates may hold:
 a failing match of ``k`` of them tries about ``len(name) ** k`` splits (ReDoS)."""
 
+TOPICS_PATTERN_MATCH_STEPS_MAX = 2_000_000
+"""Largest ``topic_patterns.match_cost`` (a bound on the backtracking steps of one match
+against the longest topic name) of a pattern the broker evaluates, bounded repeats
+counted as much as unbounded ones (``.{0,300}`` six times, 49 characters, is about
+``len(name) ** 6``: seconds to hours of the event loop). Two unbounded quantifiers
+(``.*-(eu|us)-.*``), allowed above, cost about 1.2 million on a 767-character name, a few
+milliseconds of matching; ``.{0,100}`` three times (2.1 million) is over."""
+
 TOPIC_LIST_WATCHERS_PER_CONNECTION_MAX = 1_000
 """Topic-list watchers (WATCH_TOPIC_LIST, PIP-145) one connection may hold; each costs a
 metadata watch and a task (NotAllowedError past it)."""

@@ -24,6 +24,7 @@ T = pb.BaseCommand
 NS = "public/default"
 P = "persistent://public/default"
 REDOS = "public/default/(a+)+$"
+BOUNDED_REDOS = ".{0,300}" * 6 + "b"  # 49 characters: ~len(name) ** 6 on a failing match
 
 
 # --- the pure rules ----------------------------------------------------------------------------
@@ -61,6 +62,102 @@ def test_matching_ignores_the_domain_and_the_partition_suffix() -> None:
 )
 def test_hostile_patterns_are_not_evaluated(hostile: str) -> None:
     assert topic_patterns.compile_safely(hostile) is None
+
+
+@pytest.mark.parametrize(
+    "hostile",
+    [
+        BOUNDED_REDOS,  # the probe: bounded repeats, so no unbounded quantifier to count
+        f"persistent://{BOUNDED_REDOS[:40]}b",
+        "(.{0,300}){6}",
+        ".{0,100}.{0,100}.{0,100}b",
+        "[a-z]{0,255}[a-z]{0,255}[a-z]{0,255}x",
+        "(?i)[a-z]{0,255}[A-Z]{0,255}[a-z]{0,255}",  # case-folded classes overlap
+        "\\w{0,200}[0-9]{0,200}\\d{0,200}-",
+        ".*.{0,300}.{0,300}b",
+        "(a|aa){0,50}b",
+        "(?:){100000000}",  # a zero-width repeat: its count is the cost
+        "(?:(?=a)){1000000}b",
+        "(a)\\1",  # backreferences are not bounded
+    ],
+)
+def test_patterns_costly_to_match_are_not_evaluated(hostile: str) -> None:
+    assert topic_patterns.match_cost(topic_patterns._strip_domain(hostile)) > (
+        limits.TOPICS_PATTERN_MATCH_STEPS_MAX
+    )
+    assert topic_patterns.compile_safely(hostile) is None
+
+
+@pytest.mark.parametrize(
+    ("pattern", "matching", "other"),
+    [
+        ("public/default/.*", "public/default/anything", "public/other/x"),
+        ("persistent://public/default/orders-.*", "public/default/orders-1", "public/x/orders-1"),
+        (".*foo.*", "public/default/a-foo-b", "public/default/fo"),
+        (".*-(eu|us)-.*", "public/default/orders-eu-1", "public/default/orders-ap-1"),
+        ("persistent://public/default/t[0-9]+", "public/default/t42", "public/default/t4x"),
+        ("public/default/topic-\\d{1,3}", "public/default/topic-123", "public/default/topic-1234"),
+        ("topic-\\d{1,3}", "topic-7", "public/default/topic-7"),
+        ("public/default/[a-z]+-[0-9]+", "public/default/orders-12", "public/default/orders-"),
+        (".*-(eu|us)-.*-[ab]", "public/default/x-eu-y-a", "public/default/x-eu-y-c"),
+        ("(?i)public/default/ORDERS-.*", "public/default/orders-1", "public/default/order"),
+        (".{0,50}.{0,50}.{0,50}b", "public/default/b", "public/default/a"),
+    ],
+)
+def test_ordinary_patterns_are_evaluated_as_before(pattern: str, matching: str, other: str) -> None:
+    compiled = topic_patterns.compile_safely(pattern)
+    assert compiled is not None
+    assert topic_patterns.match_cost(compiled.pattern) <= limits.TOPICS_PATTERN_MATCH_STEPS_MAX
+    expected = re.compile(topic_patterns._strip_domain(pattern))
+    for name in (matching, other, matching + "-partition-3"):
+        assert topic_patterns.matches(f"persistent://{name}", compiled) == (
+            expected.fullmatch(name.removesuffix("-partition-3")) is not None
+        )
+    assert topic_patterns.matches(f"persistent://{matching}", compiled)
+    assert not topic_patterns.matches(f"persistent://{other}", compiled)
+
+
+def test_match_anything_is_evaluated() -> None:
+    anything = topic_patterns.compile_safely(".*")
+    assert anything is not None and topic_patterns.matches(f"{P}/x-partition-1", anything)
+
+
+LINEAR = 8 * (topic_patterns.NAME_CHARS_MAX + 1)
+QUADRATIC = topic_patterns.NAME_CHARS_MAX**2
+
+
+@pytest.mark.parametrize(
+    ("pattern", "bound"),
+    [
+        # Only the run's end can go on when what follows cannot be one of its characters.
+        ("[0-9]+-.*", LINEAR),
+        ("[0-9]{0,300}-[0-9]{0,300}-[0-9]{0,300}", LINEAR),
+        (".*$", LINEAR),
+        ("x.*+.*+", LINEAR),  # possessive: never backtracked into
+        ("(eu|us)-.*", LINEAR),  # branches start with different characters
+        ("\\N{KELVIN SIGN}+k", LINEAR),  # case-sensitive: not a 'k'
+    ],
+)
+def test_a_repeat_only_its_end_can_leave_is_linear(pattern: str, bound: int) -> None:
+    assert topic_patterns.match_cost(pattern) <= bound
+
+
+@pytest.mark.parametrize(
+    "pattern",
+    [
+        "[0-9]+[0-9-].*",
+        "\\d+\\w.*",
+        "[^-]+[a-z].*",
+        "(?i:[a-z])+K.*",
+        "(?i)\\N{KELVIN SIGN}+k.*",  # case-folded: the Kelvin sign matches 'k'
+        "(a|ab)+.*",
+        ".*(a|ab).*",
+        "(?:ab){0,400}.*",
+    ],
+)
+def test_overlapping_neighbours_multiply(pattern: str) -> None:
+    # What backtracking can split two ways is counted both ways (the rule is sound).
+    assert topic_patterns.match_cost(pattern) >= QUADRATIC // 4
 
 
 @given(st.text(alphabet="ab()|*+?{},[]\\.x^$:", max_size=30))
@@ -160,6 +257,22 @@ async def test_a_redos_pattern_is_answered_unfiltered_at_once(
         await broker.service.policies.unregister_topic(evil_name)
 
 
+async def test_a_bounded_repeats_redos_is_answered_unfiltered_at_once(
+    broker: InProcessBroker, client: RawClient
+) -> None:
+    # The probe's topic was 110 characters long; 40 keep this test quick without the fix
+    # (C(46, 6) splits), where the pattern was evaluated (filtered=true).
+    evil_name = f"{P}/" + "a" * 40
+    await broker.service.policies.register_topic(evil_name)
+    try:
+        answer = await get_topics(client, 1, topics_pattern=BOUNDED_REDOS)
+        assert not answer.filtered and evil_name in answer.topics
+        await client.send(commands.ping())
+        await client.expect(T.PONG)
+    finally:
+        await broker.service.policies.unregister_topic(evil_name)
+
+
 async def watch(
     client: RawClient, watcher_id: int, pattern: str
 ) -> pb.CommandWatchTopicListSuccess:
@@ -211,6 +324,7 @@ async def test_watcher_refusals(broker: InProcessBroker, client: RawClient) -> N
         return error
 
     assert (await refused(1, REDOS)).error == pb.NotAllowedError
+    assert (await refused(5, BOUNDED_REDOS)).error == pb.NotAllowedError
     assert (await refused(2, "public/default/" + "x" * 60)).error == pb.NotAllowedError
     assert (await refused(3, "nope/ns/.*", "nope/ns")).error == pb.TopicNotFound
     await watch(client, 4, "public/default/x.*")

@@ -12,8 +12,10 @@ topics_hash?}`` and gets:
   the whole matching list after the change. Updates follow the topic registry in the
   metadata store, so a topic created through another broker of the cluster is seen too.
 * ERROR(request_id): NotAllowedError for a pattern the broker will not evaluate (over
-  ``limits.TOPICS_PATTERN_LENGTH_MAX``, nested quantifiers; upstream refuses over-long
-  ones so too), over ``limits.TOPIC_LIST_WATCHERS_PER_CONNECTION_MAX`` watchers, or a
+  ``limits.TOPICS_PATTERN_LENGTH_MAX``, nested quantifiers, a match that may backtrack
+  past ``limits.TOPICS_PATTERN_MATCH_STEPS_MAX``: see
+  :func:`~anabranch.core.topic_patterns.compile_safely`; upstream refuses over-long ones
+  so too), over ``limits.TOPIC_LIST_WATCHERS_PER_CONNECTION_MAX`` watchers, or a
   ``watcher_id`` already open on the connection; TopicNotFound for a missing namespace.
 
 ``WATCH_TOPIC_LIST_CLOSE{request_id, watcher_id}`` ends a watcher and is answered with
@@ -136,6 +138,8 @@ async def _follow(session: Session, watcher: TopicListWatcher, revision: int) ->
                     if not local or "/" in local:
                         continue
                     topic = scheme + local
+                    # On the event loop, for every new topic: compile_safely admitted only
+                    # patterns whose match_cost bounds this to a few milliseconds.
                     if not topic_patterns.matches(topic, watcher.pattern):
                         continue
                     if event.kind is EventKind.PUT and topic not in watcher.topics:
