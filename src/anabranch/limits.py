@@ -338,9 +338,11 @@ ADMIN_HTTP_CONNECTIONS_MAX = 1024
 BROKER_CONNECTIONS_MAX it keeps the sockets a client can hold under the process's file
 limit (admin tools open a few connections each)."""
 
-ADMIN_HTTP_IDLE_TIMEOUT_S = 15.0
+ADMIN_HTTP_IDLE_TIMEOUT_S = 30.0
 """An admin HTTP connection that has not sent a complete request head this long after it
-opened, or after its last answer, is closed (a slow or silent client cannot hold it)."""
+opened, or after its last answer, is closed (a slow or silent client cannot hold it).
+Longer than aiohttp clients keep an idle connection (15 s), so ours never reuse one the
+server is closing; Jetty's default idle timeout is also 30 s."""
 
 ADMIN_REQUEST_BODY_TIMEOUT_S = 30.0
 """Time an admin request's body has to arrive in full (at most
