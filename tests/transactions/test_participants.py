@@ -245,6 +245,23 @@ async def test_unknown_txn_is_not_found_and_an_expired_one_a_conflict(env: Env) 
     assert not buf.is_aborted(Position(1, 0))  # unknown reads as committed
 
 
+async def test_another_role_adds_nothing_to_a_transaction(env: Env) -> None:
+    """Its refused join writes no op record (it could fill the owner's transaction with
+    its topics); the owner's own join, even a concurrent one, goes through."""
+    header = records.TxnHeader(OPEN, created_at=env.clock.wall_ms(), timeout_ms=60_000, owner="bob")
+    await env.store.put(records.header_path(T1), records.encode_header(header), MUST_NOT_EXIST)
+    buf = await env.buffer()
+    with pytest.raises(TransactionNotFound, match="alice"):
+        await buf.prepare(T1, "alice")
+    assert await keys(env.store, records.op_prefix(T1)) == []
+    refused, joined = await asyncio.gather(
+        buf.prepare(T1, "alice"), buf.prepare(T1, "bob"), return_exceptions=True
+    )
+    assert isinstance(refused, TransactionNotFound) and joined is None
+    assert len(await keys(env.store, records.op_prefix(T1))) == 1
+    await buf.prepare(T1, None)  # a superuser
+
+
 async def test_header_finalized_between_read_and_write_is_a_conflict(env: Env) -> None:
     await open_txn(env.store, env.clock, T1)
     buf = await env.buffer()

@@ -198,8 +198,24 @@ class MetadataTransactionBuffer:
         ADD_PARTITION_TO_TXN); raises as that append would (not found, conflict, too
         large), and TransactionNotFound when ``role`` may not write in it (``check_owner``;
         None: no check)."""
+        if role is not None and txn_id not in self._participants:
+            await self._check_owner_first(txn_id, role)
         participant = await self._participant(txn_id)
         check_owner(txn_id, participant.owner, role)
+
+    async def _check_owner_first(self, txn: TxnId, role: str) -> None:
+        """Ownership judged before this topic's op record is written: a role that may not
+        write in ``txn`` must not add its topics to it (it could fill another role's
+        transaction up to TXN_OP_RECORDS_MAX, or name its topics there). Checked here,
+        not in the join that concurrent first appends share, so that a refused role
+        cannot fail the owner's join."""
+        header = self._outcomes.local_header(txn)
+        if header is None:
+            record = await self._store.get(records.header_path(txn))
+            if record is None:
+                return  # the join answers TransactionNotFound
+            header = records.decode_header(record.value)
+        check_owner(txn, header.owner, role)
 
     def _refuse_if_finished(self, txn: TxnId) -> None:
         state = self._finished.get(txn)
