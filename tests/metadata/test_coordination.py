@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 
 import pytest
 
@@ -91,3 +92,32 @@ async def test_a_store_closed_before_the_loss_watch_starts_ends_the_term() -> No
     await store.close()  # before the loss watch's task had its first turn
     await asyncio.wait_for(leadership.lost(), 5)
     assert leadership.is_lost
+
+
+async def test_a_campaign_cancelled_while_it_waits_leaves_no_task_behind(
+    store: MetadataStore,
+) -> None:
+    """A broker stopping while it waits for another leader's key to go: nothing is left
+    to end with an exception nobody retrieves (logged at shutdown)."""
+    unretrieved: list[dict[str, object]] = []
+    loop = asyncio.get_running_loop()
+    loop.set_exception_handler(lambda _, context: unretrieved.append(context))
+    try:
+        a, b = await contender(store, b"a"), await contender(store, b"b")
+        a_lead = await a.campaign()
+        b_campaign = asyncio.ensure_future(b.campaign())
+        await store.put("/unrelated", b"")  # a round trip for b to reach its watch
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert not b_campaign.done()
+        b_campaign.cancel()
+        await asyncio.gather(b_campaign, return_exceptions=True)
+        assert b_campaign.cancelled()
+        del b_campaign  # its CancelledError's traceback holds the frames and their tasks
+        for _ in range(5):
+            await asyncio.sleep(0)
+        gc.collect()  # an unretrieved exception is reported when its task is collected
+        await a_lead.resign()
+        assert unretrieved == []
+    finally:
+        loop.set_exception_handler(None)

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from typing import Any
 
 from anabranch.errors import BadVersion, Closed, Compacted, SessionExpired
 from anabranch.metadata.api import (
@@ -85,6 +86,7 @@ class LeaderElection:
         """Return once the leader key we saw is gone (or our session is)."""
         watch = self._store.watch(self._path, start_revision=record.stat.mod_revision + 1)
         session_gone = asyncio.ensure_future(self._session.wait_expired())
+        next_event: asyncio.Future[Any] | None = None
         try:
             while True:
                 next_event = asyncio.ensure_future(watch.__anext__())
@@ -102,7 +104,14 @@ class LeaderElection:
                     return
         finally:
             session_gone.cancel()
+            # Cancelled while waiting (the broker stopping), the pending read would end
+            # with the watch's close below and its StopAsyncIteration be logged as never
+            # retrieved.
+            if next_event is not None:
+                next_event.cancel()
             await watch.close()
+            if next_event is not None:
+                await asyncio.gather(next_event, return_exceptions=True)
 
 
 class Leadership:
