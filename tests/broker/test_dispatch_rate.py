@@ -140,22 +140,22 @@ async def test_the_brokers_default_rate_applies_without_a_policy(tmp_path: Path)
 
 
 @pytest.mark.parametrize(
-    ("field", "value"),
+    ("field", "value", "status"),
     [
-        ("dispatchThrottlingRateInMsg", -2),
-        ("dispatchThrottlingRateInMsg", 2**31),
-        ("dispatchThrottlingRateInByte", 2**63),
-        ("ratePeriodInSecond", 0),
-        ("relativeToPublishRate", True),
+        ("dispatchThrottlingRateInMsg", -2, 412),
+        ("dispatchThrottlingRateInMsg", 2**31, 412),
+        ("dispatchThrottlingRateInByte", 2**63, 400),  # no Java long: unreadable, as Jackson
+        ("ratePeriodInSecond", 0, 412),
+        ("relativeToPublishRate", True, 412),
     ],
 )
 async def test_a_rate_out_of_range_is_refused_and_changes_nothing(
-    world: World, field: str, value: object
+    world: World, field: str, value: object, status: int
 ) -> None:
     await world.admin.set_dispatch_rate(NS, messages=7)
     body = {"dispatchThrottlingRateInMsg": 5, field: value}
     with pytest.raises(AdminHttpError) as refused:
         await world.admin.request("POST", f"/admin/v2/namespaces/{NS}/dispatchRate", body)
-    assert refused.value.status == 412
+    assert refused.value.status == status
     got = await world.admin.get_dispatch_rate(NS)
     assert got is not None and got["dispatchThrottlingRateInMsg"] == 7

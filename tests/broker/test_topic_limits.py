@@ -171,7 +171,10 @@ async def test_a_cap_that_is_not_a_count_is_refused_and_changes_nothing(
     await world.admin.set_cap(NS, "maxConsumersPerTopic", 4)
     with pytest.raises(AdminHttpError) as refused:
         await world.admin.request("POST", f"/admin/v2/namespaces/{NS}/maxConsumersPerTopic", body)
-    assert refused.value.status == (412 if isinstance(body, int) else 400)
+    # A number no Java long holds is unreadable (400), as Jackson answers; an int past
+    # the field's range is an invalid value (412).
+    readable = isinstance(body, int) and -(2**63) <= body < 2**63
+    assert refused.value.status == (412 if readable else 400)
     assert await world.admin.get_cap(NS, "maxConsumersPerTopic") == 4
 
 
