@@ -240,21 +240,28 @@ async def test_get_topics_filters_and_hashes_as_upstream(client: RawClient) -> N
     assert set(both.topics) == set(everything.topics)
 
 
+async def answered_unfiltered_at_once(
+    broker: InProcessBroker, client: RawClient, evil_name: str, pattern: str
+) -> None:
+    """A topic whose name makes ``pattern`` backtrack: GET_TOPICS answers it unfiltered
+    (the client filters), and the connection (and the broker) still answer at once."""
+    await broker.service.policies.register_topic(evil_name)
+    try:
+        answer = await get_topics(client, 1, topics_pattern=pattern)
+        assert not answer.filtered and evil_name in answer.topics
+        await client.send(commands.ping())
+        await client.expect(T.PONG)
+    finally:
+        await broker.service.policies.unregister_topic(evil_name)
+
+
 async def test_a_redos_pattern_is_answered_unfiltered_at_once(
     broker: InProcessBroker, client: RawClient
 ) -> None:
-    evil_name = f"{P}/" + "a" * 40 + "-b"  # 2**40 backtracking steps for REDOS
-    await broker.service.policies.register_topic(evil_name)
-    try:
-        answer = await get_topics(client, 1, topics_pattern=REDOS)
-        assert not answer.filtered and evil_name in answer.topics
-        # The connection (and the broker) still answer at once.
-        await client.send(commands.ping())
-        await client.expect(T.PONG)
-        long_one = await get_topics(client, 2, topics_pattern="public/default/" + "o" * 60)
-        assert not long_one.filtered
-    finally:
-        await broker.service.policies.unregister_topic(evil_name)
+    # 2**40 backtracking steps for REDOS
+    await answered_unfiltered_at_once(broker, client, f"{P}/" + "a" * 40 + "-b", REDOS)
+    long_one = await get_topics(client, 2, topics_pattern="public/default/" + "o" * 60)
+    assert not long_one.filtered
 
 
 async def test_a_bounded_repeats_redos_is_answered_unfiltered_at_once(
@@ -262,15 +269,7 @@ async def test_a_bounded_repeats_redos_is_answered_unfiltered_at_once(
 ) -> None:
     # The probe's topic was 110 characters long; 40 keep this test quick without the fix
     # (C(46, 6) splits), where the pattern was evaluated (filtered=true).
-    evil_name = f"{P}/" + "a" * 40
-    await broker.service.policies.register_topic(evil_name)
-    try:
-        answer = await get_topics(client, 1, topics_pattern=BOUNDED_REDOS)
-        assert not answer.filtered and evil_name in answer.topics
-        await client.send(commands.ping())
-        await client.expect(T.PONG)
-    finally:
-        await broker.service.policies.unregister_topic(evil_name)
+    await answered_unfiltered_at_once(broker, client, f"{P}/" + "a" * 40, BOUNDED_REDOS)
 
 
 async def watch(

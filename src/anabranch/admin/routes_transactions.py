@@ -269,10 +269,15 @@ def _batch(request: web.Request) -> tuple[str, int]:
     return param(request, "sinkKey"), int_param(request, "batchId")
 
 
-def _roles(admin: AdminService, request: web.Request) -> tuple[str | None, str | None]:
-    """(the caller's role, the batch owner it may act for: None for any)."""
+def _caller(request: web.Request) -> str | None:
+    """The caller's role (None: authentication is off)."""
     role: str | None = request.get(ROLE_KEY)
-    return role, admin.broker.authorizer.txn_role(role)
+    return role
+
+
+def _acting_for(admin: AdminService, request: web.Request) -> str | None:
+    """The batch owner the caller may act for (None: any, a superuser or no auth)."""
+    return admin.broker.authorizer.txn_role(_caller(request))
 
 
 async def begin_batch(admin: AdminService, request: web.Request) -> object:
@@ -284,9 +289,13 @@ async def begin_batch(admin: AdminService, request: web.Request) -> object:
         timeout_ms = None if not text else int(text)
     except ValueError:
         raise InvalidArgument(f"timeoutMs {text!r} is not an integer") from None
-    owner, role = _roles(admin, request)
     batch = await admin.txn_batches().begin(
-        sink_key, batch_id, query_id, timeout_ms, owner=owner, role=role
+        sink_key,
+        batch_id,
+        query_id,
+        timeout_ms,
+        owner=_caller(request),
+        role=_acting_for(admin, request),
     )
     return batch.to_json()
 
@@ -296,8 +305,9 @@ async def commit_batch(admin: AdminService, request: web.Request) -> object:
     body = await json_body(request, BatchCommitBody, "batch commit", None)
     if body is None:
         raise InvalidArgument("a batch commit needs a body {queryId, epoch, winners}")
+    role = _acting_for(admin, request)
     batch = await admin.txn_batches().commit(
-        sink_key, batch_id, body.query_id, body.epoch, body.winners, role=_roles(admin, request)[1]
+        sink_key, batch_id, body.query_id, body.epoch, body.winners, role=role
     )
     return batch.to_json()
 
@@ -307,13 +317,13 @@ async def abort_batch(admin: AdminService, request: web.Request) -> object:
     body = await json_body(request, BatchAbortBody, "batch abort", None)
     if body is None:
         raise InvalidArgument("a batch abort needs a body {epoch}")
-    role = _roles(admin, request)[1]
+    role = _acting_for(admin, request)
     return (await admin.txn_batches().abort(sink_key, batch_id, body.epoch, role=role)).to_json()
 
 
 async def get_batch(admin: AdminService, request: web.Request) -> object:
     sink_key, batch_id = _batch(request)
-    role = _roles(admin, request)[1]
+    role = _acting_for(admin, request)
     return (await admin.txn_batches().get(sink_key, batch_id, role=role)).to_json()
 
 

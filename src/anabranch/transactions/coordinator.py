@@ -816,11 +816,9 @@ class TransactionCoordinator:
     def _drop_open(self, txn: TxnId) -> None:
         header = self._open.pop(txn, None)
         if header is not None and header.owner is not None:
-            left = self._open_by_owner[header.owner] - 1
-            if left > 0:
-                self._open_by_owner[header.owner] = left
-            else:
-                del self._open_by_owner[header.owner]
+            self._open_by_owner[header.owner] -= 1
+            if not self._open_by_owner[header.owner]:
+                del self._open_by_owner[header.owner]  # roles come and go: keep no zeros
 
 
 def _header_fields(txn: TxnId, header: TxnHeader) -> dict[str, Any]:
