@@ -677,9 +677,12 @@ class SchemaRegistry:
         except (AlreadyExists, BadVersion):
             pass  # written meanwhile: the caller reads that one
 
-    async def _remove_index(self, base: str, expected: int) -> None:
+    async def _delete_hashes(self, base: str) -> None:
         for digest in await self.store.list_children(f"{base}/{_HASHES}"):
             await self.store.delete(f"{base}/{_HASHES}/{digest}")
+
+    async def _remove_index(self, base: str, expected: int) -> None:
+        await self._delete_hashes(base)
         try:
             await self.store.delete(f"{base}/{_HEAD}", expected_version=expected)
         except BadVersion:
@@ -696,8 +699,7 @@ class SchemaRegistry:
                 await self.store.delete(_version_path(base, number))
             if numbers:  # sorted: the names are zero-padded
                 last = numbers[-1] if last is None else max(last, numbers[-1])
-            for digest in await self.store.list_children(f"{base}/{_HASHES}"):
-                await self.store.delete(f"{base}/{_HASHES}/{digest}")
+            await self._delete_hashes(base)
             try:
                 # Absent (0) when there was none: a first registration meanwhile is caught.
                 await self.store.delete(
