@@ -340,7 +340,11 @@ class Producer(ReconnectingHandler):
         message joins the transaction (which raises at once, sending nothing, when it is
         no longer open); its commit waits for this send.
         """
-        due = deliver_time_ms(deliver_at, deliver_after)
+        due = (
+            None
+            if deliver_at is None and deliver_after is None
+            else deliver_time_ms(deliver_at, deliver_after)
+        )
         if txn is None:
             return await self._send_async(
                 value, key, properties, event_time, sequence_id, None, deliver_at=due
@@ -561,7 +565,11 @@ class Producer(ReconnectingHandler):
         if batch and (
             self._batch_bytes + size > self._batch_bytes_max
             or batch[0].txn != item.txn
-            or (item.txn is not None and _branch(batch[0]) != _branch(item))
+            or (
+                item.txn is not None
+                and (item.properties or batch[0].properties)
+                and _branch(batch[0]) != _branch(item)
+            )
         ):
             # A batch is one entry of one transaction (or of none), and of one branch of
             # it (the broker reads the branch from the entry's own metadata): never mixed.

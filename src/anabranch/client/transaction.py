@@ -465,6 +465,8 @@ class Transaction:
         self.timeout = timeout
         self._deadline = deadline
         self._state = TransactionState.OPEN
+        # Only a keyed client's transactions can be fenced (tests pass stand-ins).
+        self._unkeyed = getattr(coordinator, "transaction_key", None) is None
         self._inflight = 0
         self._sends: list[asyncio.Future[Any]] = []
         self._compact_at = SENDS_COMPACT_MIN
@@ -504,6 +506,17 @@ class Transaction:
 
     def _check_usable(self) -> None:
         """Raise at once (nothing sent) unless sends and acks may join this transaction."""
+        # Once per message: the common case (open, in time, no key that could be fenced)
+        # answers from three plain fields.
+        if (
+            self._state is TransactionState.OPEN
+            and self._loop.time() < self._deadline
+            and self._unkeyed
+        ):
+            return
+        self._raise_if_unusable()
+
+    def _raise_if_unusable(self) -> None:
         state = self.state
         if state is TransactionState.TIMED_OUT:
             raise ExpiredTransactionError(f"transaction {self.id} timed out after {self.timeout}s")
