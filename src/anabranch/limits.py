@@ -338,6 +338,12 @@ ADMIN_HTTP_CONNECTIONS_MAX = 1024
 BROKER_CONNECTIONS_MAX it keeps the sockets a client can hold under the process's file
 limit (admin tools open a few connections each)."""
 
+ADMIN_HTTP_CONNECTIONS_PER_IP_MAX = 256
+"""Admin HTTP connections open at once from one client address; one past it is closed on
+arrival. A quarter of ADMIN_HTTP_CONNECTIONS_MAX, so one client cannot hold the whole
+admin API (the brokers of one machine share an address: each keeps a pool of at most 100
+to another)."""
+
 ADMIN_HTTP_IDLE_TIMEOUT_S = 30.0
 """An admin HTTP connection that has not sent a complete request head this long after it
 opened, or after its last answer, is closed (a slow or silent client cannot hold it).

@@ -63,13 +63,38 @@ async def test_connections_past_the_cap_are_closed_and_served_again_after(
     assert await served(port)
 
 
-async def served(port: int) -> bool:
+async def test_one_address_cannot_take_every_connection() -> None:
+    app = web.Application()
+    app.router.add_post("/echo", echo)
+    runner = guarded_runner(app, connections_max=10, per_ip_max=2, idle_timeout_s=60.0)
+    await runner.setup()
+    await web.TCPSite(runner, "0.0.0.0", 0).start()
+    port = int(runner.addresses[0][1])
+    try:
+        held = [await asyncio.open_connection("127.0.0.1", port) for _ in range(2)]
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        assert await closed_by_server(reader) == b""
+        writer.close()
+        assert runner.guard is not None and runner.guard.refused == 1
+        # Another address still gets in while the first one holds its share.
+        assert await served(port, source="127.0.0.2")
+        for _, held_writer in held:
+            held_writer.close()
+        assert await served(port)  # the first address's share came back
+    finally:
+        await runner.cleanup()
+
+
+async def served(port: int, source: str = "127.0.0.1") -> bool:
     """Whether a request is answered, trying a few times: the server may not have seen
     the freed connections go yet."""
     for _ in range(50):
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        reader, writer = await asyncio.open_connection("127.0.0.1", port, local_addr=(source, 0))
         writer.write(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nok")
-        line = await asyncio.wait_for(reader.readline(), HANG_GUARD_S)
+        try:
+            line = await asyncio.wait_for(reader.readline(), HANG_GUARD_S)
+        except ConnectionResetError:  # refused after the request was written
+            line = b""
         writer.close()
         if line.startswith(b"HTTP/1.1 200"):
             return True
