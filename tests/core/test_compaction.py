@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import tracemalloc
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -91,3 +93,20 @@ def test_out_of_order_messages_are_refused() -> None:
     with pytest.raises(ValueError):
         plan.add(Message((1, 5), -1, b"a", False))
     assert plan.keys == 1
+
+
+def test_the_plan_holds_no_key_bytes() -> None:
+    """A producer choosing 64 KiB keys: the plan's memory follows the number of keys,
+    not their size (it held every key whole: 100 such keys, 6.4 MB)."""
+    plan = CompactionPlan()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for i in range(100):
+            plan.add(Message((1, i), -1, i.to_bytes(4, "big") * (16 * 1024), False))
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert plan.keys == 100
+    assert held < 100 * 1024
+    assert plan.surviving_entries() == [(1, i) for i in range(100)]

@@ -3,10 +3,11 @@
 Upstream's two-phase compactor, as a pure fold. Phase one feeds every message up to the
 compaction horizon, in order, to :meth:`CompactionPlan.add`; the plan keeps only
 ``key -> where its latest message is`` (never payloads), so memory follows the number of
-live keys, not the topic's size. A *tombstone* (a keyed message with an empty payload or
-``null_value`` set) removes its key. Messages without a key are dropped from the compacted
-view unless ``retain_null_key`` (upstream's ``topicCompactionRetainNullKey``, default off
-since PIP-318).
+live keys, not the topic's size. Keys are held as 16-byte digests: a producer choosing
+megabyte keys cannot make a compaction hold megabytes per key. A *tombstone* (a keyed
+message with an empty payload or ``null_value`` set) removes its key. Messages without a
+key are dropped from the compacted view unless ``retain_null_key`` (upstream's
+``topicCompactionRetainNullKey``, default off since PIP-318).
 
 Phase two asks :meth:`CompactionPlan.survivors` for the indexes of each entry that stay.
 A batch keeps its position: the messages compacted away are reported so that the caller
@@ -27,6 +28,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Iterable
+from hashlib import blake2b
 from typing import NamedTuple
 
 Pos = tuple[int, int]
@@ -65,10 +67,12 @@ class CompactionPlan:
             if self.retain_null_key and not message.tombstone:
                 self._keyless.setdefault(here, set()).add(max(message.batch_index, 0))
             return
+        # 128 bits: two distinct keys of one topic never meet (2**-64 at 2**32 keys).
+        key = blake2b(message.key, digest_size=16).digest()
         if message.tombstone:
-            self._latest.pop(message.key, None)
+            self._latest.pop(key, None)
         else:
-            self._latest[message.key] = (here, max(message.batch_index, 0))
+            self._latest[key] = (here, max(message.batch_index, 0))
 
     def add_all(self, messages: Iterable[Message]) -> None:
         for message in messages:
