@@ -370,6 +370,14 @@ SCALABLE_INITIAL_SEGMENTS_MAX = 1024
 splits can add more later). The hash space would allow 65536, taking minutes and
 gigabytes to create."""
 
+SCALABLE_SEGMENTS_MAX = 2048
+"""Segments, active and sealed, one scalable topic's layout may hold; a split or merge
+that would go over is refused (ResourceLimitReached) before anything is sealed. Sealed
+segments stay until retention prunes them, so split/merge cycles alone grew the layout
+without bound, and a layout over METADATA_VALUE_BYTES_MAX (about 5,000 segments) could not
+be written at all. A segment takes about 210-260 bytes of layout JSON: this keeps the
+layout near half of that limit."""
+
 SCALABLE_AUTOSCALE_SAMPLES_MAX = 256
 """Rate samples the autoscaler keeps per active segment: at the default 5 s interval,
 about 21 minutes, more than the default merge window; bounds its memory per topic."""

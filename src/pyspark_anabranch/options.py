@@ -9,6 +9,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -103,7 +104,14 @@ def _service(options: Mapping[str, str]) -> tuple[str, str, dict[str, float]]:
             name = key[len("client.") :]
             if name not in _CLIENT_OPTIONS:
                 raise InvalidArgument(f"unknown client option {key!r} ({sorted(_CLIENT_OPTIONS)})")
-            client[name] = float(value)
+            try:
+                number = float(value)
+            except ValueError:
+                raise InvalidArgument(f"option {key}={value!r} is not a number") from None
+            # NaN or infinity would reach the client's timers, where no wait ever ends.
+            if not math.isfinite(number) or number <= 0:
+                raise InvalidArgument(f"option {key} must be a finite number > 0")
+            client[name] = number
     return service_url, admin_url, client
 
 

@@ -210,7 +210,7 @@ class Frontier:
             try:
                 segs = {int(sid): int(pos) for sid, pos in tf["segs"].items()}
                 epoch = int(tf["epoch"])
-            except (KeyError, TypeError, ValueError, AttributeError) as err:
+            except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as err:
                 raise InvalidArgument(f"offset of {topic!r} is malformed: {tf!r}") from err
             if any(pos < 0 for pos in segs.values()) or not segs:
                 raise InvalidArgument(f"offset of {topic!r} has no or negative positions")

@@ -55,6 +55,7 @@ from anabranch.client.client import Client
 from anabranch.client.consumer import Consumer
 from anabranch.client.message_id import MessageId
 from anabranch.core.segment_layout import SegmentLayout
+from anabranch.errors import InvalidArgument
 from pyspark_anabranch import _io
 from pyspark_anabranch.columns import Chunk
 from pyspark_anabranch.options import SinkOptions, SourceOptions
@@ -570,7 +571,10 @@ class AnabranchBatchReader(DataSourceReader):
                 if self.opts.ending_offsets == "latest":
                     end_tf = latest_frontier(layout, ends)
                 else:
-                    end_tf = Frontier.from_json(self.opts.ending_offsets).topics[topic]
+                    ending = Frontier.from_json(self.opts.ending_offsets).topics
+                    if topic not in ending:
+                        raise InvalidArgument(f"endingOffsets does not name topic {topic}")
+                    end_tf = ending[topic]
                 ranges = batch_ranges(topic, layout, start_tf, end_tf, ends)
                 out.extend(_partition(layout, r) for r in ranges)
             return out

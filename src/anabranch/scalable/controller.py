@@ -96,7 +96,9 @@ from anabranch.errors import (
     NotAllowed,
     NotFound,
     NotLeader,
+    ResourceLimitReached,
     SessionExpired,
+    ValueTooLarge,
 )
 from anabranch.metadata.api import (
     MUST_NOT_EXIST,
@@ -562,7 +564,21 @@ class ScalableTopicController:
         return done
 
     async def _change(self, layout: SegmentLayout, intent: PendingOp) -> SegmentLayout:
-        intent.apply(layout)  # an illegal change raises here, before anything is written
+        new_layout = intent.apply(layout)  # an illegal change raises here, before any write
+        # _execute seals the parents before it writes the layout: a layout the store would
+        # refuse must be refused here, or the topic is left with a sealed ACTIVE segment and
+        # an intent that can never finish.
+        if len(new_layout.segments) > limits.SCALABLE_SEGMENTS_MAX:
+            raise ResourceLimitReached(
+                f"segments in the layout of {self.topic} (sealed ones stay until retention "
+                "prunes them)",
+                limits.SCALABLE_SEGMENTS_MAX,
+            )
+        size = len(new_layout.to_json())
+        if size > limits.METADATA_VALUE_BYTES_MAX:
+            raise ValueTooLarge(
+                f"the new layout of {self.topic}", size, limits.METADATA_VALUE_BYTES_MAX
+            )
         try:
             await self._commit([Put(self.paths.pending_op, intent.to_json(), MUST_NOT_EXIST)])
         except BadVersion:

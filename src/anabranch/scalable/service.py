@@ -245,6 +245,27 @@ class ScalableTopicService:
             raise NotLeader(str(controller.topic), controller.leader_url)
         return controller
 
+    async def _existing_leader(self, topic: str | TopicName) -> ScalableTopicController:
+        """The leader of a topic that exists: NotFound before any controller is made.
+
+        A controller lives until its topic is deleted and holds a ``controller`` record in
+        the namespace, so one made for a name without a topic would leak memory, a
+        record and an autoscaler round per request, and list the name as a topic.
+        """
+        name = scalable_topic_name(topic)
+        if name not in self._controllers:
+            await self.get_metadata(name)
+        return await self._leader(name)
+
+    async def _forget_if_absent(self, name: TopicName) -> None:
+        """Close and drop the controller of ``name`` when it has no topic (a failed create)."""
+        async with self._lock:
+            controller = self._controllers.get(name)
+            if controller is None or await self.store.get(TopicPaths(name).layout) is not None:
+                return
+            del self._controllers[name]
+        await controller.close()
+
     # --- reads (any broker) -----------------------------------------------------------------
 
     async def get_metadata(self, topic: str | TopicName) -> SegmentLayout:
@@ -305,12 +326,17 @@ class ScalableTopicService:
     ) -> SegmentLayout:
         """Create a scalable topic with ``num_initial_segments`` segments (``guard``: see
         :meth:`ScalableTopicController.create`)."""
-        return await (await self._leader(topic)).create(num_initial_segments, guard=guard)
+        name = scalable_topic_name(topic)
+        try:
+            return await (await self._leader(name)).create(num_initial_segments, guard=guard)
+        except BaseException:
+            await asyncio.shield(self._forget_if_absent(name))
+            raise
 
     async def delete(self, topic: str | TopicName) -> None:
         """Delete a scalable topic, its segments and metadata."""
         name = scalable_topic_name(topic)
-        controller = await self._leader(name)
+        controller = await self._existing_leader(name)
         await controller.delete()
         async with self._lock:
             if self._controllers.get(name) is controller:
@@ -318,19 +344,19 @@ class ScalableTopicService:
 
     async def split(self, topic: str | TopicName, segment_id: int) -> SegmentLayout:
         """Split one active segment."""
-        return await (await self._leader(topic)).split(segment_id)
+        return await (await self._existing_leader(topic)).split(segment_id)
 
     async def merge(self, topic: str | TopicName, first_id: int, second_id: int) -> SegmentLayout:
         """Merge two adjacent active segments."""
-        return await (await self._leader(topic)).merge(first_id, second_id)
+        return await (await self._existing_leader(topic)).merge(first_id, second_id)
 
     async def create_subscription(self, topic: str | TopicName, subscription: str) -> None:
         """Create a subscription (cursors at EARLIEST on every active segment)."""
-        await (await self._leader(topic)).create_subscription(subscription)
+        await (await self._existing_leader(topic)).create_subscription(subscription)
 
     async def delete_subscription(self, topic: str | TopicName, subscription: str) -> None:
         """Delete a subscription and its cursors."""
-        await (await self._leader(topic)).delete_subscription(subscription)
+        await (await self._existing_leader(topic)).delete_subscription(subscription)
 
     async def close(self) -> None:
         """Close every controller (stepping down) and our own session. Idempotent."""
