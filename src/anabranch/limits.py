@@ -175,6 +175,22 @@ HANDSHAKE_TIMEOUT_S = 30.0
 """A connection without a completed CONNECT/CONNECTED exchange after this is closed
 (upstream closes at the first keepalive tick without a handshake)."""
 
+HANDSHAKE_FRAME_SIZE_MAX_BYTES = 64 * 1024
+"""Largest frame a broker reads before it has answered CONNECTED to an authenticated (or,
+with authentication off, any) client: a CONNECT, its credentials, AUTH_RESPONSE. Tokens
+and passwords are a few KiB; the full frame size (5 MiB) let a client that never
+authenticates hold 5 MiB of partial frame per connection (100 connections: +500 MB)."""
+
+PASSWORD_CHECK_THREADS = 2
+"""Threads hashing passwords (bcrypt, ``$apr1$``) for the basic provider; their own, so a
+flood of wrong passwords never queues in front of storage's threads (300 wrong-password
+CONNECTs delayed a producer's topic open by 13 s)."""
+
+PASSWORD_CHECKS_PENDING_MAX = 64
+"""Password checks waiting or running per broker; one more is refused with
+AuthenticationError at once rather than queued (a check costs tens of milliseconds of
+CPU: this bounds a new client's wait to a few seconds whatever the flood)."""
+
 # --- broker connections -------------------------------------------------------------------
 
 SESSION_PENDING_APPENDS_MAX = 10_000

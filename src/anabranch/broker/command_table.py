@@ -49,6 +49,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from anabranch import limits
 from anabranch.broker import (
     consumer_commands,
     lookup,
@@ -146,6 +147,9 @@ async def _handle_connect(session: Session, frame: Frame) -> None:
     version = session.protocol.negotiate_version()
     max_size = session.service.config.max_message_size
     session.write(commands.connected(SERVER_VERSION, version, max_size, flags))
+    if session.auth_failure is not None:
+        # Its first request is refused: it may not make us buffer a full-sized frame first.
+        session.protocol.frame_size_limit = limits.HANDSHAKE_FRAME_SIZE_MAX_BYTES
 
 
 _REFUSING_CLIENTS = "anabranch"

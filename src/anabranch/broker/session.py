@@ -111,6 +111,7 @@ class Session:
             now=service.clock.monotonic(),
             keepalive_interval_s=keepalive_interval_s,
             handshake_timeout_s=handshake_timeout_s,
+            handshake_frame_size=limits.HANDSHAKE_FRAME_SIZE_MAX_BYTES,
         )
         self.role: str | None = None
         """The authenticated role (set by CONNECT); None while authentication is disabled."""

@@ -81,7 +81,12 @@ class ProtocolConnection:
         now: float = 0.0,
         keepalive_interval_s: float = KEEPALIVE_INTERVAL_S,
         handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S,
+        *,
+        handshake_frame_size: int | None = None,
     ) -> None:
+        """``handshake_frame_size``: the largest frame read until this side sends
+        CONNECTED (a broker's bound on what a client not yet admitted makes it buffer);
+        None: ``max_frame_size`` throughout."""
         self.role = role
         self.state = State.AWAIT_CONNECT
         self.max_frame_size = max_frame_size
@@ -92,7 +97,7 @@ class ProtocolConnection:
         self.peer_client_version = ""
         self.keepalive_interval_s = keepalive_interval_s
         self.handshake_timeout_s = handshake_timeout_s
-        self._decoder = FrameDecoder(max_frame_size)
+        self._decoder = FrameDecoder(min(max_frame_size, handshake_frame_size or max_frame_size))
         self._opened_at = now
         self._last_received_at = now
         self._ping_sent_at: float | None = None
@@ -100,6 +105,17 @@ class ProtocolConnection:
         self._we_may_send = BROKER_COMMANDS if role is Role.BROKER else CLIENT_COMMANDS
 
     # --- receiving -------------------------------------------------------------------------
+
+    @property
+    def frame_size_limit(self) -> int:
+        """The largest frame read now: ``handshake_frame_size`` until CONNECTED is sent,
+        then ``max_frame_size``. A broker lowers it again for a client it answered
+        CONNECTED without admitting it (refused credentials, see ``command_table``)."""
+        return self._decoder.max_frame_size
+
+    @frame_size_limit.setter
+    def frame_size_limit(self, size: int) -> None:
+        self._decoder.max_frame_size = min(size, self.max_frame_size)
 
     @property
     def buffered_bytes(self) -> int:
@@ -215,6 +231,7 @@ class ProtocolConnection:
         if command.type == T.CONNECT:
             self.state = State.AWAIT_CONNECTED
         elif command.type == T.CONNECTED:
+            self._decoder.max_frame_size = self.max_frame_size
             self.protocol_version = int(command.connected.protocol_version)
             if command.connected.HasField("max_message_size"):
                 self.max_message_size = int(command.connected.max_message_size)
