@@ -401,6 +401,25 @@ async def test_a_failing_sweep_is_logged_and_the_task_keeps_running(tmp_path: Pa
         assert sweeps.runs["ttl"] >= 3
 
 
+async def test_a_topic_unloaded_while_the_sweep_runs_is_skipped_not_a_failure(
+    world: World, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A broker losing its metadata session unloads its topics while a sweep may be walking
+    # its list of them: the sweep then meets closed ledgers, which is no failure to log
+    # with a traceback (the fault driver flagged these ERROR lines).
+    topic = world.topic("unloaded-mid-sweep")
+    await world.produce(topic, 1)
+    service = world.broker.service
+    listed = service.loaded_topics()
+    assert [t.name for t in listed] == [topic]
+    assert await service.unload_topic(topic)
+    service.loaded_topics = lambda: listed  # type: ignore[method-assign]
+    with caplog.at_level("ERROR", logger="anabranch.broker.retention"):
+        await service.sweeps.sweep_retention()
+    assert service.counters.cleanup_failures == 0
+    assert not caplog.records
+
+
 # --- topic-level overrides ----------------------------------------------------------------------
 
 

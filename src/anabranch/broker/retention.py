@@ -96,7 +96,7 @@ from anabranch.core.retention import (
     ttl_cutoff_ms,
 )
 from anabranch.core.segment_layout import segment_name
-from anabranch.errors import NotFound
+from anabranch.errors import Closed, NotFound
 from anabranch.metadata.api import MetadataStore
 from anabranch.scalable.controller import CHECKPOINT, subscription_kind
 from anabranch.scalable.paths import TopicPaths
@@ -319,6 +319,10 @@ class RetentionSweeps:
                     if base.local_name in overridden[listed]:
                         own = await self._topic_policies.get(base)
                 await step(topic, policies, own)
+            except Closed:
+                # Unloaded (ownership lost, moved, deleted) after the sweep listed it: its
+                # new owner sweeps it; not a failure worth a traceback.
+                log.debug("%s: unloaded during the sweep", topic.name)
             except Exception:
                 self.counters.cleanup_failures += 1
                 log.exception("%s: a sweep step failed", topic.name)

@@ -64,6 +64,7 @@ from anabranch.errors import (
     BadVersion,
     InvalidArgument,
     InvalidTxnStatus,
+    MetadataUnavailable,
     ResourceLimitReached,
     SessionExpired,
     TransactionConflict,
@@ -693,6 +694,10 @@ class TransactionCoordinator:
                 if self._gc_interval_s > 0 and self._clock.monotonic() >= next_gc:
                     next_gc = self._clock.monotonic() + self._gc_interval_s
                     await self.sweep_gc()
+            except MetadataUnavailable as err:
+                # etcd out of reach for a moment (paused, failing over): expected, and the
+                # next tick tries again; no traceback per tick.
+                log.warning("transaction sweep deferred: %s", err)
             except Exception:
                 # Store trouble or a bad record: logged, and the next tick tries again
                 # (every step is a CAS, so a half-done pass leaves nothing to repair).

@@ -45,7 +45,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from anabranch import failpoints, limits
 from anabranch.clock import Clock
-from anabranch.errors import Closed, Compacted, InvalidArgument
+from anabranch.errors import Closed, Compacted, InvalidArgument, MetadataUnavailable
 from anabranch.metadata.api import EventKind, MetadataStore, Op
 from anabranch.supervisor import GiveUp, Supervised
 from anabranch.transactions import records
@@ -288,5 +288,8 @@ class TxnOutcomes:
                 self.reconciles += 1
             except Closed:
                 return
+            except MetadataUnavailable as err:
+                # etcd out of reach for a moment: expected, the next period re-reads.
+                log.warning("periodic re-read of transaction headers deferred: %s", err)
             except Exception:
                 log.exception("periodic re-read of transaction headers failed")

@@ -129,6 +129,13 @@ class ClusterSegmentOps:
                 return json.loads(text) if text else None
         except aiohttp.ClientError as err:
             raise MetadataUnavailable(f"segment operation at {url} failed: {err}") from err
+        except TimeoutError as err:
+            # aiohttp's timeout is no ClientError: an owner that stopped answering (paused,
+            # partitioned) must be the same retriable failure as one that refused, not a
+            # bare TimeoutError (an admin split answered 500 and logged a traceback).
+            raise MetadataUnavailable(
+                f"segment operation at {url}: no answer in {REMOTE_SEGMENT_OP_TIMEOUT_S:g}s"
+            ) from err
 
     # --- SegmentOps ---------------------------------------------------------------------------
 
