@@ -201,7 +201,7 @@ async def test_deposed_leader_cannot_write(cluster: Cluster) -> None:
     # The old leader runs no campaign loop, so it does not notice it lost the key: only
     # the fencing token stops it (a paused broker waking up after its session expired).
     old = await cluster.controller("pulsar://b1:6650", start=False)
-    await old._try_acquire()
+    await old._try_acquire(first=True)
     assert old.is_leader
     await old.create(2)
     await cluster.store.delete(PATHS.controller)
@@ -225,7 +225,7 @@ async def test_leader_deposed_mid_split_fails_its_layout_cas(
     cluster = Cluster(store, ops)
     try:
         old = await cluster.controller("pulsar://b1:6650", start=False)
-        await old._try_acquire()
+        await old._try_acquire(first=True)
         await old.create(2)
         new_holder = await store.open_session(30.0)
         cluster.sessions.append(new_holder)
@@ -346,6 +346,22 @@ async def test_subscriptions_follow_records_and_parent_cursors(cluster: Cluster)
     for segment in layout:
         names = await cluster.ops.segment_subscriptions(seg(layout, segment.segment_id))
         assert "billing" not in names
+
+
+async def test_followers_retire_when_the_leader_deletes_the_topic(cluster: Cluster) -> None:
+    """A follower racing for the key of a deleted topic would lead it, and list it again,
+    once the deleting leader stepped down."""
+    leader = await cluster.controller("pulsar://b1:6650")
+    await leader.create(2)
+    followers = [await cluster.controller(f"pulsar://b{i}:6650") for i in (2, 3)]
+    assert not any(f.is_leader for f in followers)
+    await leader.delete()
+    await eventually(lambda: all(f.retired for f in followers), "followers retire")
+    assert await cluster.store.get(PATHS.controller) is None
+    assert not any(f.is_leader for f in followers)
+    # A new create (on any broker) gets a fresh controller and works as before.
+    again = await cluster.controller("pulsar://b2:6650")
+    assert again.is_leader and len(list(await again.create(1))) == 1
 
 
 async def test_delete_topic_removes_segments_and_metadata(cluster: Cluster) -> None:

@@ -213,6 +213,7 @@ class ScalableTopicController:
         grace_period_ms: int = limits.SCALABLE_CONSUMER_GRACE_PERIOD_MS,
         on_assignment: AssignmentListener | None = None,
         drain_poll_interval_s: float = limits.SCALABLE_DRAIN_POLL_INTERVAL_S,
+        on_retired: Callable[[ScalableTopicController], None] | None = None,
     ) -> None:
         self.store = store
         self.topic = topic
@@ -238,6 +239,9 @@ class ScalableTopicController:
         self._elected = asyncio.Event()
         self._leadership_listeners: set[Callable[[TopicName], None]] = set()
         self._closed = False
+        self._on_retired = on_retired
+        self.retired = False
+        """The topic was deleted while this controller followed: it stopped campaigning."""
 
     # --- leadership -----------------------------------------------------------------------
 
@@ -265,7 +269,7 @@ class ScalableTopicController:
         """Run one election round now, then keep campaigning in the background."""
         if self._campaign is not None:
             return
-        await self._try_acquire()
+        await self._try_acquire(first=True)
         self._campaign = asyncio.create_task(self._campaign_loop())
 
     async def wait_leader(self) -> None:
@@ -295,8 +299,10 @@ class ScalableTopicController:
         self._watch_from = None
         self._campaign = asyncio.create_task(self._campaign_loop())
 
-    async def _try_acquire(self) -> None:
-        """One attempt: take the key if it is free, else learn who holds it."""
+    async def _try_acquire(self, *, first: bool = False) -> None:
+        """One attempt: take the key if it is free, else learn who holds it. Past the
+        ``first`` (a request here, maybe a create), a free key over a topic without a
+        layout means the leader deleted the topic: this controller retires instead."""
         path = self.paths.controller
         while True:
             if self.session.expired:
@@ -323,6 +329,9 @@ class ScalableTopicController:
                     continue
                 self._leader = holder
                 return
+            if not first and await self.store.get(self.paths.layout) is None:
+                self._retire()
+                return
             try:
                 stat = await self.store.put(
                     path, self.address.encode(), MUST_NOT_EXIST, session=self.session
@@ -332,6 +341,17 @@ class ScalableTopicController:
             self._watch_from = stat.mod_revision + 1
             await self._became_leader(stat.create_revision)
             return
+
+    def _retire(self) -> None:
+        """Stop following a deleted topic: campaigning on, this controller would lead it
+        (and list it again) once the deleting leader stepped down, and would stay in
+        memory, watching its key, on every broker that ever served the topic."""
+        log.info("%s: the topic is gone; its controller here retires", self.topic)
+        self.retired = True
+        self._closed = True
+        self._elected.set()
+        if self._on_retired is not None:
+            self._on_retired(self)
 
     def _is_stale_self(self, holder: LeaderAddress) -> bool:
         return bool(self.broker_url and self.pulsar_url) and holder == self.address
@@ -351,6 +371,8 @@ class ScalableTopicController:
             try:
                 if self._watch_from is None:
                     await self._try_acquire()
+                    if self._closed:
+                        return
                 watch = self.store.watch(self.paths.controller, start_revision=self._watch_from)
                 try:
                     async for event in watch:
@@ -358,6 +380,8 @@ class ScalableTopicController:
                         if event.kind is EventKind.DELETE:
                             await self._lost_leadership()
                             await self._try_acquire()
+                            if self._closed:
+                                return
                         elif self._token is None:
                             self._leader = LeaderAddress.decode(event.value)
                 finally:

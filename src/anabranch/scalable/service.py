@@ -188,10 +188,16 @@ class ScalableTopicService:
                     grace_period_ms=self.grace_period_ms,
                     on_assignment=functools.partial(self._deliver, name),
                     drain_poll_interval_s=self.drain_poll_interval_s,
+                    on_retired=self._retired,
                 )
                 await controller.start()
                 self._controllers[name] = controller
             return controller
+
+    def _retired(self, controller: ScalableTopicController) -> None:
+        """A follower saw its topic deleted: the next request makes a new controller."""
+        if self._controllers.get(controller.topic) is controller:
+            del self._controllers[controller.topic]
 
     def _deliver(self, topic: TopicName, subscription: str, push: PushAssignment) -> None:
         self.counters.assignment_changes += 1
