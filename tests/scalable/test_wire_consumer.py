@@ -160,6 +160,8 @@ async def test_refusals_are_per_request(broker: InProcessBroker, client: RawClie
     assert bad_sub.error == pb.InvalidTopicName and not bad_sub.HasField("assignment")
     bad_topic = await client.subscribe(2, "topic://public/default/a b", "s", "w1", 1)
     assert bad_topic.error == pb.InvalidTopicName
+    nameless = await client.subscribe(2, TOPIC, "s", "", 1)
+    assert (nameless.error, nameless.message) == (pb.InvalidTopicName, "consumer name is empty")
     await set_auto_creation(broker, allow=False)
     missing = await client.subscribe(3, TOPIC, "s", "w1", 1)
     assert missing.error == pb.TopicNotFound

@@ -200,7 +200,9 @@ async def test_namespace_watch_snapshot_then_diffs(
 
 async def test_namespace_watch_refusals(client: RawClient) -> None:
     assert (await watch_namespace(client, 1, "public/no such ns!")).error == pb.InvalidTopicName
-    assert (await watch_namespace(client, 1, "public/missing")).error == pb.TopicNotFound
+    missing = await watch_namespace(client, 1, "public/missing")
+    assert missing.error == pb.TopicNotFound
+    assert missing.message == "namespace public/missing not found"  # not where it is kept
     assert not (await watch_namespace(client, 1, "public/default")).HasField("error")
     assert (await watch_namespace(client, 1, "public/default")).error == pb.NotAllowedError
 

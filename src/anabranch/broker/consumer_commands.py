@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 from anabranch import limits
 from anabranch.broker.consumer import Consumer, message_id_data
 from anabranch.broker.dispatcher_entries import read_info
-from anabranch.broker.error_codes import server_error
+from anabranch.broker.error_codes import client_message, server_error
 from anabranch.broker.nonpersistent import NonPersistentTopic
 from anabranch.broker.nonpersistent_subscription import NonPersistentSubscription
 from anabranch.broker.subscription import NonDurableCursor, Subscription, position_of
@@ -234,7 +234,7 @@ async def handle_ack(session: Session, cmd: pb.CommandAck) -> None:
             log.info("ACK from consumer %d failed: %s", cmd.consumer_id, err)
             return
         response = commands.ack_response(
-            cmd.consumer_id, cmd.request_id, server_error(err), str(err)
+            cmd.consumer_id, cmd.request_id, server_error(err), client_message(err)
         )
     else:
         if not receipt:

@@ -386,7 +386,7 @@ class ScalableEndpoint:
         try:
             topic = parse_scalable_topic(cmd.topic)
         except AnabranchError as err:
-            session.write(_update_error(session_id, _code(err), str(err)))
+            session.write(_update_error(session_id, _code(err), client_message(err)))
             return
         watch = _Watch(session_id, topic)
         conn.watches[session_id] = watch  # reserved before any await: no duplicate race
@@ -536,7 +536,7 @@ class ScalableEndpoint:
             namespace = NamespaceName.parse(cmd.namespace)
             await self.service.policies.namespace_policies(namespace)
         except AnabranchError as err:
-            refuse(_code(err), str(err))
+            refuse(_code(err), client_message(err))
             return
         if session.closed:
             return
@@ -643,7 +643,7 @@ class ScalableEndpoint:
                 raise ScalableRequestError(pb.TooManyRequests, f"over {limit} scalable consumers")
             topic = parse_scalable_topic(cmd.topic)
             validate_component("subscription", cmd.subscription)
-            validate_component("consumer name", cmd.consumer_name)
+            validate_component("consumer", cmd.consumer_name)
         except Exception as err:
             session.write(
                 _subscribe_response(request_id, error=_code(err), message=client_message(err))
