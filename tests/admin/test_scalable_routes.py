@@ -170,6 +170,7 @@ async def test_delete(admin: AdminClient) -> None:
     await admin.delete_scalable_topic(TOPIC)
     assert await admin.list_scalable_topics("public/default") == []
     assert (await failure(admin.get_scalable_topic(TOPIC))).status == 404
+    assert (await failure(admin.list_scalable_topics("public/nope"))).status == 404
 
 
 async def test_namespace_topic_listings_leave_segments_out(

@@ -97,7 +97,9 @@ def num_initial_segments(request: web.Request) -> int:
 
 
 async def list_scalable_topics(admin: AdminService, request: web.Request) -> object:
-    return await (await admin.scalable()).list_topics(namespace_param(request))
+    ns = namespace_param(request)
+    await admin.policies.namespace_policies(ns)  # a namespace that does not exist: 404
+    return await (await admin.scalable()).list_topics(ns)
 
 
 async def create_scalable_topic(admin: AdminService, request: web.Request) -> object:
