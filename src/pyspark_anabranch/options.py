@@ -95,6 +95,8 @@ def _service(options: Mapping[str, str]) -> tuple[str, str, dict[str, float]]:
         raise InvalidArgument("option serviceUrl is required (e.g. pulsar://localhost:6650)")
     brokers = parse_service_urls(service_url)  # a bad URL fails here, on the driver
     admin_url = _get(options, "adminUrl")
+    if admin_url and not admin_url.startswith(("http://", "https://")):
+        raise InvalidArgument(f"option adminUrl {admin_url!r} is not an http:// or https:// URL")
     if not admin_url:
         host = brokers[0][0]
         admin_url = f"http://[{host}]:8080" if ":" in host else f"http://{host}:8080"

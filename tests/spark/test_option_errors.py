@@ -23,6 +23,12 @@ def test_bad_client_option_is_invalid_argument(value: str) -> None:
         SourceOptions.parse(options)
 
 
+def test_an_admin_url_that_is_no_http_url_is_invalid_argument() -> None:
+    options = {"serviceUrl": "pulsar://127.0.0.1:6650", "topic": "orders", "adminUrl": "not a url"}
+    with pytest.raises(InvalidArgument, match="adminUrl"):
+        SourceOptions.parse(options)
+
+
 def test_infinite_offset_position_is_invalid_argument() -> None:
     text = '{"v":1,"topics":{"public/default/s":{"epoch":0,"segs":{"0":Infinity}}}}'
     with pytest.raises(InvalidArgument, match="malformed"):

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import ssl
+from collections.abc import Iterator
 from types import TracebackType
 from typing import Any
 from urllib.parse import quote
@@ -58,6 +59,19 @@ class AdminHttpError(AnabranchError):
         self.reason = reason
         self.http_status = status
         self.retriable = status >= 500
+
+
+class AdminUnreachable(AnabranchError):
+    """No answer from the admin API: refused, unresolvable, reset or timed out
+    (retriable); ``reason`` is the transport's own words."""
+
+    retriable = True
+    http_status = 503
+
+    def __init__(self, url: str, reason: str) -> None:
+        super().__init__(f"cannot reach the admin API at {url}: {reason}")
+        self.url = url
+        self.reason = reason
 
 
 def _q(part: str) -> str:
@@ -194,6 +208,18 @@ def _coordinator_query(coordinator_id: int | None) -> str:
     return "" if coordinator_id is None else f"?coordinatorId={int(coordinator_id)}"
 
 
+@contextlib.contextmanager
+def _unreachable_as(url: str) -> Iterator[None]:
+    """Transport failures as :class:`AdminUnreachable` (callers catch one typed error,
+    not aiohttp's)."""
+    try:
+        yield
+    except aiohttp.ClientError as err:
+        raise AdminUnreachable(url, str(err) or type(err).__name__) from err
+    except TimeoutError as err:
+        raise AdminUnreachable(url, "no answer in time") from err
+
+
 class AdminClient:
     """Async client of one broker's admin API; close it (or use ``async with``)."""
 
@@ -208,6 +234,8 @@ class AdminClient:
         tls_allow_insecure_connection: bool = False,
         tls_validate_hostname: bool = False,
     ) -> None:
+        if not url.startswith(("http://", "https://")):
+            raise InvalidArgument(f"admin URL {url!r} is not http:// or https://")
         self.url = url.rstrip("/")
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._session: aiohttp.ClientSession | None = None
@@ -272,25 +300,29 @@ class AdminClient:
         if data is not None:
             headers["Content-Type"] = "application/json"
         base = self.url if base_url is None else base_url.rstrip("/")
-        async with self._open().request(
-            method, base + path, data=data, headers=headers
-        ) as response:
-            raw = await response.read()
-            self._check(method, path, response.status, raw)
-            if response.status == 204 or not raw:
-                return None
-            if response.content_type == "application/json":
-                return msgspec.json.decode(raw)
-            return raw.decode("utf-8", "replace")
+        with _unreachable_as(base):
+            async with self._open().request(
+                method, base + path, data=data, headers=headers
+            ) as response:
+                raw = await response.read()
+                status, content_type = response.status, response.content_type
+        self._check(method, path, status, raw)
+        if status == 204 or not raw:
+            return None
+        if content_type == "application/json":
+            return msgspec.json.decode(raw)
+        return raw.decode("utf-8", "replace")
 
     async def request_raw(self, method: str, path: str) -> tuple[dict[str, str], bytes]:
         """One request answered with bytes: ``(headers, body)``."""
-        async with self._open().request(
-            method, self.url + path, headers=self._headers()
-        ) as response:
-            raw = await response.read()
-            self._check(method, path, response.status, raw)
-            return dict(response.headers), raw
+        with _unreachable_as(self.url):
+            async with self._open().request(
+                method, self.url + path, headers=self._headers()
+            ) as response:
+                raw = await response.read()
+                status, headers = response.status, dict(response.headers)
+        self._check(method, path, status, raw)
+        return headers, raw
 
     # --- clusters -------------------------------------------------------------------------
 

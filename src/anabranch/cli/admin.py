@@ -33,7 +33,12 @@ from rich.markup import escape
 from rich.table import Table
 from rich.tree import Tree
 
-from anabranch.admin.client import DEFAULT_ADMIN_URL, AdminClient, AdminHttpError
+from anabranch.admin.client import (
+    DEFAULT_ADMIN_URL,
+    AdminClient,
+    AdminHttpError,
+    AdminUnreachable,
+)
 from anabranch.client.auth import (
     Authentication,
     AuthenticationBasic,
@@ -274,6 +279,9 @@ def _reported() -> Iterator[None]:
     except InvalidArgument as err:
         stderr.print(f"[red]error[/]: {escape(str(err))}")
         raise typer.Exit(1) from None
+    except AdminUnreachable as err:
+        stderr.print(f"[red]error[/]: cannot reach {escape(_settings.url)}: {escape(err.reason)}")
+        raise typer.Exit(2) from None
     except (aiohttp.ClientError, OSError) as err:
         stderr.print(f"[red]error[/]: cannot reach {escape(_settings.url)}: {escape(str(err))}")
         raise typer.Exit(2) from None
