@@ -199,6 +199,13 @@ more of that connection's commands and stops reading its socket until half of th
 complete (backpressure on a producer outrunning the disk). Upstream's
 maxPendingPublishRequestsPerConnection is 1000 messages; ours counts entries (batches)."""
 
+BROKER_PUBLISH_BUFFER_BYTES_MAX = 256 * 1024 * 1024
+"""Bytes of SENDs handled and not yet answered, over every connection of a broker
+(``max_message_publish_buffer_bytes`` may lower it; upstream's
+maxMessagePublishBufferSizeInMB): past it connections with sends in flight stop being
+read until half of it is answered (``broker/publish_buffer.py``). SESSION_PENDING_APPENDS_MAX
+bounds those sends in number only: 10,000 of 5 MiB per connection while the disk is full."""
+
 SESSION_OUTPUT_BYTES_MAX = 4 * 1024 * 1024
 """Unsent bytes queued on one connection's socket (transport high-water mark); past it the
 broker stops reading from that client until the buffer drains below a quarter of this.

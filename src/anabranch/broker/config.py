@@ -198,6 +198,11 @@ class BrokerConfig(BaseSettings):
     ``limits.BROKER_CONNECTIONS_MAX`` (as every cap below: configurable downwards only)."""
     max_connections_per_ip: int = Field(limits.BROKER_CONNECTIONS_PER_IP_MAX, gt=0)
     """Connections from one client address at once (upstream brokerMaxConnectionsPerIp)."""
+    max_message_publish_buffer_bytes: int = Field(
+        limits.BROKER_PUBLISH_BUFFER_BYTES_MAX, gt=0, le=limits.BROKER_PUBLISH_BUFFER_BYTES_MAX
+    )
+    """Bytes of unanswered SENDs held over all connections; past it publishing connections
+    pause until half is answered (Pulsar's ``maxMessagePublishBufferSizeInMB``, in bytes)."""
     max_topics_per_broker: int = Field(limits.BROKER_TOPICS_MAX, gt=0)
     """Topics loaded at once; loading one more is refused (TooManyRequests)."""
     storage_writer_threads: int = Field(

@@ -73,6 +73,8 @@ class BrokerCounters:
     """Subscriptions deleted after their expiration time without a consumer."""
     publish_throttled: int = 0
     """Sends that put a topic over its publish rate (their connection paused reading)."""
+    publish_buffer_pauses: int = 0
+    """Sends that put the broker's publish buffer over its limit (``publish_buffer.py``)."""
     subscribes_throttled: int = 0
     """Subscribes refused by a topic's subscribe rate."""
     ledgers_offloaded: int = 0
@@ -246,6 +248,9 @@ class BrokerCollector(Collector):
              c.subscriptions_expired),
             ("publish_throttled", "Sends over a topic's publish rate: their connection "
              "paused (pulsar_publish_rate_limit_times).", c.publish_throttled),
+            ("publish_buffer_pauses", "Times the broker's publish buffer went over "
+             "max_message_publish_buffer_bytes: publishing connections paused.",
+             c.publish_buffer_pauses),
             ("subscribes_throttled", "Subscribes refused by a topic's subscribe rate per "
              "consumer.", c.subscribes_throttled),
             ("ledgers_offloaded", "Sealed ledgers offloaded to the object store "

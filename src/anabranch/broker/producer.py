@@ -87,7 +87,8 @@ class Producer:
         self.topic_epoch: int | None = None
         self.requested_epoch = requested_epoch
         """The topic epoch a reconnecting exclusive producer last held."""
-        self.pending: deque[tuple[int, int | None, asyncio.Future[Position]]] = deque()
+        self.pending: deque[tuple[int, int | None, asyncio.Future[Position], int]] = deque()
+        """Unanswered sends: sequence id, highest sequence id, outcome, entry bytes."""
         self.closed = False
         self.msg_in = 0
         self.bytes_in = 0
@@ -131,8 +132,16 @@ class Producer:
                 if delay > 0:
                     self.session.service.counters.publish_throttled += 1
                     self.session.throttle(delay)
-        self.pending.append((cmd.sequence_id, highest, future))
+        size = len(frame.entry)
+        self.pending.append((cmd.sequence_id, highest, future, size))
         self.session.pending_appends += 1
+        buffer = self.session.service.publish_buffer
+        was_over = buffer.over
+        buffer.add(size)
+        if buffer.over:
+            if not was_over:
+                self.session.service.counters.publish_buffer_pauses += 1
+            self.session.update_reading()
         if future.done():
             self._answer()
         else:
@@ -148,12 +157,14 @@ class Producer:
             raise ValueTooLarge("message", len(frame.payload), max_size)
 
     def _answer(self) -> None:
+        buffer = self.session.service.publish_buffer
         while self.pending:
-            sequence_id, highest, future = self.pending[0]
+            sequence_id, highest, future, size = self.pending[0]
             if not future.done():
                 return
             self.pending.popleft()
             self.session.pending_appends -= 1
+            buffer.remove(size)
             self._reply(sequence_id, highest, future)
         self.session.update_reading()
 

@@ -65,6 +65,7 @@ from anabranch.broker.nonpersistent import NonPersistentTopic
 from anabranch.broker.offload import Offloader
 from anabranch.broker.policies import ROOT as POLICIES_ROOT
 from anabranch.broker.policies import NamespacePolicies, Policies
+from anabranch.broker.publish_buffer import PublishBuffer
 from anabranch.broker.publish_throttling import publish_rate_of, put_in_force
 from anabranch.broker.retention import RetentionSweeps, retention_of
 from anabranch.broker.scalable_commands import ScalableEndpoint
@@ -229,6 +230,8 @@ class BrokerService:
         self._background: set[asyncio.Task[bool]] = set()
         self.counters = BrokerCounters()
         """Broker-wide counters for /metrics; the server and sessions bump them."""
+        self.publish_buffer = PublishBuffer(config.max_message_publish_buffer_bytes)
+        """Bytes of unanswered SENDs over every connection (``broker/publish_buffer.py``)."""
         self.sweeps = RetentionSweeps(self)
         """Retention, message TTL, backlog quotas and segment pruning (periodic)."""
         self.compactions = Compactions(self)

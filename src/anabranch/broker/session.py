@@ -39,8 +39,9 @@ client command absent from the table gets ERROR and a close. When the connection
 Reading from the socket pauses while too many appends are pending, too many commands
 are queued, or the socket's output buffer is over its high-water mark
 (``limits.SESSION_*``), and resumes below the low marks; it also pauses for as long as a
-topic the connection just published to is over its publish rate (:meth:`Session.throttle`).
-The worker itself stops taking commands while ``SESSION_PENDING_APPENDS_MAX`` appends are
+topic the connection just published to is over its publish rate (:meth:`Session.throttle`),
+and, for a connection with sends in flight, while the broker's publish buffer is over its
+limit (``broker/publish_buffer.py``). The worker itself stops taking commands while ``SESSION_PENDING_APPENDS_MAX`` appends are
 pending, and while a publish-rate pause lasts, so those bounds hold exactly (frames
 already read wait in the queue, which the pause bounds).
 
@@ -433,12 +434,16 @@ class Session:
         pending, queued = self.pending_appends, len(self._queue)
         if queued and pending < limits.SESSION_PENDING_APPENDS_MAX and self._throttle is None:
             self._wakeup.set()  # the worker stopped at a bound; there is room again
+        # Over the broker's publish buffer, only connections with sends in flight pause.
+        buffer = self.service.publish_buffer
+        buffer_full = pending > 0 and buffer.over
         if self._reading_paused:
             if (
                 not self._write_paused
                 and self._throttle is None
                 and pending <= limits.SESSION_PENDING_APPENDS_MAX // 2
                 and queued <= limits.SESSION_COMMAND_QUEUE_MAX // 2
+                and not buffer_full
             ):
                 self._reading_paused = False
                 self.transport.resume_reading()
@@ -447,9 +452,12 @@ class Session:
             or self._throttle is not None
             or pending >= limits.SESSION_PENDING_APPENDS_MAX
             or queued > limits.SESSION_COMMAND_QUEUE_MAX
+            or buffer_full
         ):
             self._reading_paused = True
             self.transport.pause_reading()
+        if buffer_full:
+            buffer.wait(self.update_reading)
 
     @property
     def reading_paused(self) -> bool:
@@ -507,6 +515,7 @@ class Session:
             return
         self.flush()  # what was written before the close still goes out
         self.closed = True
+        self.service.publish_buffer.forget(self.update_reading)
         if self._throttle is not None:
             self._throttle.cancel()
             self._throttle = None
