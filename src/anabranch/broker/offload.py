@@ -54,7 +54,13 @@ from anabranch.core.offload import (
     first_unoffloaded,
     plan_offload,
 )
-from anabranch.errors import AnabranchError, NotFound, OffloadNotConfigured, StorageError
+from anabranch.errors import (
+    AnabranchError,
+    NotFound,
+    ObjectStoreUnavailable,
+    OffloadNotConfigured,
+    StorageError,
+)
 from anabranch.storage.api import Position
 from anabranch.supervisor import Supervised
 
@@ -284,8 +290,13 @@ class Offloader:
                     if isinstance(err, AnabranchError)
                     else f"internal error ({type(err).__name__}); see the broker log"
                 )
+                # An object store out of reach is expected (retried with backoff): one line
+                # per attempt; anything else keeps its traceback.
                 log.warning(
-                    "%s: offload failed (the ledger stays hot): %r", topic.name, err, exc_info=True
+                    "%s: offload failed (the ledger stays hot): %r",
+                    topic.name,
+                    err,
+                    exc_info=not isinstance(err, ObjectStoreUnavailable),
                 )
             # Hot copies whose lag has passed go whatever became of this round's offloads.
             for ledger_id in plan.delete_hot:

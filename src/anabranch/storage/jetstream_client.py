@@ -15,7 +15,12 @@ atomic batch publish. This module speaks the JetStream wire API directly:
 
 Every reply comes back on one wildcard subscription of a private inbox and is routed by
 its last token, so there is no subscription per request. Timeouts bound every wait; the
-caller decides what a timeout means (the ledger reads the sequence back).
+caller decides what a timeout means (the ledger reads the sequence back). A timeout also
+sends the server a PING: a server that answers no PONG within ``PROBE_TIMEOUT_S`` is taken
+for hung and the connection moves to another server of the pool at once. nats-py's own
+pings would notice only after ``PING_INTERVAL_S`` times ``MAX_OUTSTANDING_PINGS`` (15-20 s),
+and every broker connected to a hung (SIGSTOPped, blackholed) server stopped writing for
+that long while the other servers had long elected new stream leaders.
 
 Example (against NATS servers with JetStream)::
 
@@ -60,6 +65,13 @@ close_replaced_writers()  # nats-py leaks a socket per failed reconnect handshak
 
 API_TIMEOUT_S = 5.0
 """How long one JetStream API request waits for its reply."""
+
+PING_INTERVAL_S = 5
+MAX_OUTSTANDING_PINGS = 3
+"""nats-py's idle keep-alive: a connection is stale after this many unanswered PINGs."""
+PROBE_TIMEOUT_S = 1
+"""How long the PING sent after a request timed out may go unanswered before the
+connection is abandoned for another server (an int: nats-py's ``flush`` takes seconds)."""
 
 ERR_WRONG_LAST_SEQUENCE = 10071
 ERR_STREAM_NOT_FOUND = 10059
@@ -195,6 +207,9 @@ class JetStreamClient:
         self._tokens = itertools.count()
         self._acks: dict[str, asyncio.Future[Msg]] = {}
         self._reads: dict[str, _Reads] = {}
+        self._probe: asyncio.Task[None] | None = None
+        self.hung_servers_left = 0
+        """Connections abandoned because their server answered no PING (metrics, tests)."""
 
     @classmethod
     async def connect(
@@ -242,8 +257,8 @@ class JetStreamClient:
                     "max_reconnect_attempts": -1,
                     "reconnect_time_wait": 0.25,
                     "connect_timeout": 2,
-                    "ping_interval": 5,
-                    "max_outstanding_pings": 3,
+                    "ping_interval": PING_INTERVAL_S,
+                    "max_outstanding_pings": MAX_OUTSTANDING_PINGS,
                     "error_cb": on_error,
                 }
                 if user is not None:
@@ -289,6 +304,13 @@ class JetStreamClient:
             return client
 
     @property
+    def connected_url(self) -> str | None:
+        """The server this connection uses now (credentials left out); None while
+        reconnecting."""
+        url = self._nc.connected_url
+        return None if url is None else redact_url(url.geturl())
+
+    @property
     def max_payload(self) -> int:
         return int(self._nc.max_payload)
 
@@ -301,6 +323,9 @@ class JetStreamClient:
                 reads.done.set_exception(StorageIOError("NATS connection closed"))
         self._acks.clear()
         self._reads.clear()
+        if self._probe is not None:
+            self._probe.cancel()
+            await asyncio.gather(self._probe, return_exceptions=True)
         try:
             await self._nc.close()
         except NatsError:
@@ -335,6 +360,36 @@ class JetStreamClient:
     def _token(self) -> str:
         return str(next(self._tokens))
 
+    # --- liveness ------------------------------------------------------------------------------
+
+    def _timed_out(self, message: str) -> ReplyTimeout:
+        """The error of a request that got no reply; checks the server answers at all."""
+        if self._probe is None or self._probe.done():
+            self._probe = asyncio.get_running_loop().create_task(self._check_server())
+        return ReplyTimeout(message)
+
+    async def _check_server(self) -> None:
+        nc = self._nc
+        if not nc.is_connected:
+            return  # nats-py is already reconnecting
+        server = nc.connected_url
+        try:
+            await nc.flush(timeout=PROBE_TIMEOUT_S)
+        except TimeoutError:
+            # A live server whose stream has no leader yet still answers PINGs: only a
+            # hung one (or a dead link without a reset) gets here.
+            if nc.connected_url is not server:
+                return
+            self.hung_servers_left += 1
+            log.warning(
+                "NATS server %s answered no PING within %ss: switching servers",
+                redact_url(server.geturl()) if server is not None else "?",
+                PROBE_TIMEOUT_S,
+            )
+            await nc.force_reconnect()
+        except NatsError:
+            pass  # closed or reconnecting meanwhile: nothing to do
+
     # --- API requests ----------------------------------------------------------------------------
 
     async def api(
@@ -345,7 +400,7 @@ class JetStreamClient:
         try:
             reply = await self._nc.request(subject, payload, timeout=timeout_s)
         except TimeoutError as err:
-            raise ReplyTimeout(f"no reply to {subject} within {timeout_s}s") from err
+            raise self._timed_out(f"no reply to {subject} within {timeout_s}s") from err
         except NatsError as err:
             raise StorageIOError(f"{subject}: {type(err).__name__} {err}") from err
         try:
@@ -458,7 +513,7 @@ class JetStreamClient:
             try:
                 msg = await asyncio.wait_for(fut, timeout_s)
             except TimeoutError as err:
-                raise ReplyTimeout(f"no ack for batch {batch_id} within {timeout_s}s") from err
+                raise self._timed_out(f"no ack for batch {batch_id} within {timeout_s}s") from err
         except NatsError as err:
             raise StorageIOError(f"publish to {subject}: {type(err).__name__} {err}") from err
         finally:
@@ -486,7 +541,7 @@ class JetStreamClient:
         try:
             reply = await self._nc.request(subject, data, timeout=timeout_s, headers=headers)
         except TimeoutError as err:
-            raise ReplyTimeout(f"no ack for {subject} within {timeout_s}s") from err
+            raise self._timed_out(f"no ack for {subject} within {timeout_s}s") from err
         except NatsError as err:
             raise StorageIOError(f"publish to {subject}: {type(err).__name__} {err}") from err
         try:
@@ -523,7 +578,7 @@ class JetStreamClient:
             try:
                 await asyncio.wait_for(done, timeout_s)
             except TimeoutError as err:
-                raise ReplyTimeout(f"no end of batch from {stream} within {timeout_s}s") from err
+                raise self._timed_out(f"no end of batch from {stream} within {timeout_s}s") from err
         except NatsError as err:
             raise StorageIOError(f"direct get {stream}: {type(err).__name__} {err}") from err
         finally:

@@ -669,6 +669,11 @@ class TransactionCoordinator:
                 raise
             except SessionExpired:
                 continue  # a new session campaigns again
+            except MetadataUnavailable as err:
+                # etcd out of reach (paused, failing over) while opening the session,
+                # campaigning or resigning: expected, retried; one line, no traceback.
+                log.warning("transaction sweep leadership deferred: %s", err)
+                await self._clock.sleep(SWEEP_RETRY_S)
             except Exception:
                 log.exception("transaction sweep loop failed; retrying")
                 await self._clock.sleep(SWEEP_RETRY_S)

@@ -48,6 +48,7 @@ from anabranch.clock import Clock
 from anabranch.errors import (
     BadVersion,
     MetadataUnavailable,
+    NotOwner,
     TransactionConflict,
     TransactionNotFound,
     TransactionTooLarge,
@@ -271,6 +272,13 @@ class OutcomeWork:
         for txn, state in list(self._pending.items()):
             try:
                 done = await self._work(txn, state)
+            except (NotOwner, MetadataUnavailable) as err:
+                # The topic moved (its new owner's recovery finishes the work) or etcd is
+                # out of reach for a moment (retried): expected under faults, one line.
+                self.failures += 1
+                failed = True
+                log.warning("%s: outcome of %s not applied yet: %s", self._name, txn, err)
+                continue
             except Exception:
                 self.failures += 1
                 failed = True
