@@ -232,6 +232,7 @@ async def test_transactional_ack_abort_redelivers_then_commit_sticks(tmp_path: P
         await txn.abort()
         again = sorted(m.value for m in await take(consumer, 5))
         assert again == [f"{i}".encode() for i in range(5)]
+        assert await drain(consumer) == []  # once each: the broker redelivers, not also us
         txn = await client.new_transaction(timeout=30)
         for msg in msgs:
             await consumer.acknowledge(msg, txn=txn)

@@ -608,9 +608,23 @@ class Consumer(ReconnectingHandler):
 
     async def _ack_in(self, txn: Transaction, ids: list[MessageId], cumulative: bool) -> None:
         """A transactional ACK (with a request id) and its ACK_RESPONSE; an abort of the
-        transaction redelivers ``ids`` (upstream: the acks were undone)."""
-        txn._add_abort_hook(functools.partial(self._redeliver, ids))
-        await txn._run(functools.partial(self._ack_request, txn, ids, cumulative))
+        transaction redelivers ``ids`` (upstream: the acks were undone). On Shared and
+        Key_Shared the broker sends the acks it took again itself, so asking too would
+        deliver each twice: only a refused ack is asked for here. Exclusive and Failover
+        ask for everything unacked, in order."""
+        redeliver = functools.partial(self._redeliver, ids)
+        shared = self.options.subscription_type in (
+            SubscriptionType.SHARED,
+            SubscriptionType.KEY_SHARED,
+        )
+        if cumulative or not shared:
+            txn._add_abort_hook(redeliver)
+        try:
+            await txn._run(functools.partial(self._ack_request, txn, ids, cumulative))
+        except BaseException:
+            if shared and not cumulative:
+                txn._add_abort_hook(redeliver)  # the broker holds no ack of them to undo
+            raise
 
     async def _ack_request(self, txn: Transaction, ids: list[MessageId], cumulative: bool) -> None:
         if self._closing:
