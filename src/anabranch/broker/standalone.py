@@ -22,11 +22,14 @@ Example:
 
 from __future__ import annotations
 
+import fcntl
 import importlib
 import logging
+import os
 import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from anabranch import limits
@@ -36,7 +39,7 @@ from anabranch.broker.policies import Policies
 from anabranch.broker.server import BrokerServer
 from anabranch.broker.service import BrokerService
 from anabranch.clock import Clock, SystemClock
-from anabranch.errors import InvalidArgument
+from anabranch.errors import InvalidArgument, NotAllowed
 from anabranch.metadata.api import MetadataStore
 from anabranch.metadata.etcd_channel import EtcdOptions
 from anabranch.metadata.factory import open_metadata_store
@@ -72,6 +75,8 @@ class Standalone:
     http_port: int | None = None
     http_port_tls: int | None = None
     ssl_context: ssl.SSLContext | None = None
+    data_dir_lock: int = -1
+    """The descriptor holding :func:`lock_data_dir`'s lock until :meth:`stop`."""
 
     @classmethod
     async def start(
@@ -83,14 +88,22 @@ class Standalone:
         keepalive_interval_s: float = limits.KEEPALIVE_INTERVAL_S,
         handshake_timeout_s: float = limits.HANDSHAKE_TIMEOUT_S,
         prepare: Callable[[BrokerService], None] | None = None,
+        exclusive_data_dir: bool = True,
     ) -> Standalone:
         """Open storage, create the standalone cluster/tenant/namespace, start serving.
 
         ``prepare(service)`` runs before the server accepts connections (cluster mode
-        installs its ownership gate there)."""
+        installs its ownership gate there). ``exclusive_data_dir`` takes the data directory
+        (:func:`lock_data_dir`); cluster brokers, which share theirs, fence through the
+        store's ownership instead."""
         clock = clock or SystemClock()
         config.data_dir.mkdir(parents=True, exist_ok=True)
-        store = await open_store(config.metadata_url, clock, config.etcd_options())
+        lock = lock_data_dir(config.data_dir) if exclusive_data_dir else -1
+        try:
+            store = await open_store(config.metadata_url, clock, config.etcd_options())
+        except BaseException:
+            _unlock(lock)
+            raise
         ledgers: ManagedLedgerFactory | None = None
         try:
             ledgers = _ledger_factory(ledger_backend, config, store, clock)
@@ -125,9 +138,14 @@ class Standalone:
                 if ledgers is not None:
                     await ledgers.close()
             finally:
-                await store.close()
+                try:
+                    await store.close()
+                finally:
+                    _unlock(lock)
             raise
-        node = cls(config, store, ledgers, service, server, ssl_context=ssl_context)
+        node = cls(
+            config, store, ledgers, service, server, ssl_context=ssl_context, data_dir_lock=lock
+        )
         service.set_addresses(
             pulsar_url=node.service_url_tls if not config.plaintext_enabled else node.service_url,
             pulsar_url_tls=node.service_url_tls,
@@ -242,7 +260,43 @@ class Standalone:
                 await self.http_runner.cleanup()
             await self.ledgers.close()
         finally:
-            await self.store.close()
+            try:
+                await self.store.close()
+            finally:
+                lock, self.data_dir_lock = self.data_dir_lock, -1
+                _unlock(lock)
+
+
+DATA_DIR_LOCK_FILE = "broker.lock"
+
+
+def lock_data_dir(data_dir: Path) -> int:
+    """Take ``data_dir`` for this broker (an exclusive ``flock``, released when the
+    returned descriptor closes, so also when the process dies); NotAllowed if another
+    broker holds it. Two brokers on one directory would append to the same ledger files
+    and fence each other's topics back and forth."""
+    fd = os.open(data_dir / DATA_DIR_LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
+        os.close(fd)
+        by = f" (pid {holder})" if holder.isdigit() else ""
+        raise NotAllowed(f"data directory {data_dir} is in use by another broker{by}") from None
+    except BaseException:
+        os.close(fd)
+        raise
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    except OSError:
+        pass  # the pid only helps the message above (a full disk must not stop the start)
+    return fd
+
+
+def _unlock(fd: int) -> None:
+    if fd >= 0:
+        os.close(fd)
 
 
 def _tls_cluster_urls(config: BrokerConfig) -> dict[str, str]:
@@ -318,7 +372,7 @@ def _tiered_storage(config: BrokerConfig) -> TieredStorage:
 async def _connect_storage(ledgers: ManagedLedgerFactory) -> None:
     """Replicated storage connects at start (wrong credentials stop the broker here;
     unreachable servers are retried in the background: see ``JetStreamManagedLedgerFactory
-    .connect_at_start``). Local files need nothing."""
+    .connect_at_start``). Local files check the metadata store is not older than them."""
     connect = getattr(ledgers, "connect_at_start", None)
     if connect is not None:
         await connect()

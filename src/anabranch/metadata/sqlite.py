@@ -63,6 +63,7 @@ from anabranch.errors import (
     Closed,
     Compacted,
     InvalidArgument,
+    MetadataError,
     MetadataUnavailable,
     SessionExpired,
 )
@@ -137,9 +138,13 @@ _RECORD_COLUMNS = "key, value, version, create_rev, mod_rev, session"
 def _connect(path: Path, synchronous: str) -> sqlite3.Connection:
     # Autocommit mode: transactions are explicit BEGIN/COMMIT, never implicit.
     conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-    conn.execute("PRAGMA journal_mode=WAL")
-    conn.execute(f"PRAGMA synchronous={synchronous}")
-    conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+    try:
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute(f"PRAGMA synchronous={synchronous}")
+        conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+    except BaseException:
+        conn.close()  # a file that is no database: do not leak the descriptor
+        raise
     return conn
 
 
@@ -461,11 +466,20 @@ class SqliteMetadataStore:
 
         def setup() -> tuple[sqlite3.Connection, sqlite3.Connection, list[tuple[int, float]]]:
             writer = _connect(db, synchronous.upper())
-            writer.executescript(_SCHEMA)
-            found = writer.execute("SELECT id, ttl FROM sessions").fetchall()
-            return writer, _connect(db, synchronous.upper()), found
+            try:
+                writer.executescript(_SCHEMA)
+                found = writer.execute("SELECT id, ttl FROM sessions").fetchall()
+                return writer, _connect(db, synchronous.upper()), found
+            except BaseException:
+                writer.close()
+                raise
 
-        writer_conn, reader_conn, found = await asyncio.to_thread(setup)
+        try:
+            writer_conn, reader_conn, found = await asyncio.to_thread(setup)
+        except sqlite3.Error as err:
+            # A damaged, truncated or read-only file: typed, so start-up reports it in a
+            # line naming the file rather than as sqlite3's traceback.
+            raise MetadataError(f"cannot open metadata store {db}: {err}") from err
         writer = _Writer(writer_conn, asyncio.get_running_loop())
         return cls(writer, reader_conn, clock or SystemClock(), found)
 

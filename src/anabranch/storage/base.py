@@ -321,7 +321,14 @@ class ManagedLedgerBase:
                 first = 0
             count = min(info.entries - first, max_entries - len(out))
             if count > 0:
-                datas = await self._read_either(info, first, count, max_bytes - used, not out)
+                try:
+                    datas = await self._read_either(info, first, count, max_bytes - used, not out)
+                except StorageError:
+                    if not out:
+                        raise
+                    # A damaged later ledger must not hide the good entries before it: the
+                    # caller gets those, and its next read, starting here, the error.
+                    break
                 for k, data in enumerate(datas):
                     out.append(Entry(Position(info.ledger_id, first + k), data))
                     used += len(data)

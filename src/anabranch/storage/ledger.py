@@ -98,7 +98,12 @@ from anabranch.storage.base import (
     position_json,
 )
 from anabranch.storage.files import FileOpener, open_os_file
-from anabranch.storage.segment_file import FileHandles, SegmentFile, delete_ledger_files
+from anabranch.storage.segment_file import (
+    FileHandles,
+    SegmentFile,
+    delete_ledger_files,
+    ledger_file_name,
+)
 from anabranch.storage.tail_cache import TailCache
 
 if TYPE_CHECKING:
@@ -1078,6 +1083,31 @@ class FileManagedLedgerFactory:
                 except BadVersion:
                     continue  # another broker won this round
                 return current
+
+    async def connect_at_start(self) -> None:
+        """Refuse a metadata store older than the ledger files (restored from an old copy,
+        or its journal deleted): its id counter would hand out ids whose files hold other
+        entries, and the topics it lost would come back empty as if never written."""
+        newest = await _in_thread(self._newest_ledger_file, what="data directory scan")
+        if newest is None:
+            return
+        record = await self.store.get(LEDGER_ID_COUNTER)
+        next_id = int(record.value) if record else 1
+        if newest >= next_id:
+            raise StorageError(
+                f"the metadata store is older than the data directory {self.data_dir}: "
+                f"ledger {newest} has a file but the store's next ledger id is {next_id}"
+            )
+
+    def _newest_ledger_file(self) -> int | None:
+        if not self.data_dir.is_dir():
+            return None
+        ids = [
+            int(path.stem)
+            for path in self.data_dir.glob("*/*.log")
+            if path.stem.isdigit() and path.name == ledger_file_name(int(path.stem))
+        ]
+        return max(ids, default=None)
 
     async def open(self, name: str, config: ManagedLedgerConfig | None = None) -> FileManagedLedger:
         if self._closed:

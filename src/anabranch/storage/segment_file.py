@@ -38,7 +38,7 @@ from itertools import accumulate
 from pathlib import Path
 
 from anabranch import limits
-from anabranch.errors import CorruptRecord, LedgerFenced
+from anabranch.errors import CorruptRecord, LedgerFenced, StorageError
 from anabranch.storage import record_format
 from anabranch.storage.files import FileOpener, StorageFile, open_os_file, sync_dir
 
@@ -162,9 +162,26 @@ class SegmentFile:
         opener: FileOpener = open_os_file,
         handles: FileHandles | None = None,
     ) -> SegmentFile:
-        """A new, empty, durable (file and directory entry synced) ledger file."""
+        """A new, empty, durable (file and directory entry synced) ledger file.
+
+        StorageError if the ledger's file already holds data: ids are never reused, so
+        the metadata store has gone back in time (restored from an old copy, or its
+        journal lost) and that file is the only copy of some topic's entries.
+        """
         directory.mkdir(parents=True, exist_ok=True)
         file = opener(directory / ledger_file_name(ledger_id))
+        try:
+            found = file.size()
+        except BaseException:
+            file.close()
+            raise
+        if found:
+            file.close()
+            raise StorageError(
+                f"ledger {ledger_id} is new in the metadata store but its file already "
+                f"holds {found} bytes: the metadata is older than the data directory; "
+                "refusing to overwrite the file"
+            )
         file.truncate(0)
         file.sync()
         sync_dir(directory)

@@ -86,6 +86,7 @@ class ClusterNode:
             keepalive_interval_s=keepalive_interval_s,
             handshake_timeout_s=handshake_timeout_s,
             prepare=install,
+            exclusive_data_dir=False,
         )
         started.append(standalone)
         ownership = holder[0]
