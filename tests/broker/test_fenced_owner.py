@@ -24,17 +24,21 @@ TOPIC = "persistent://public/default/fenced"
 ACK_ROUNDS = 2_000
 
 
+async def take_over(tmp_path: Path, broker: InProcessBroker) -> None:
+    """A second "broker" on the same store and disk takes the topic's ledger over."""
+    node = broker.node
+    assert node is not None
+    usurper = FileManagedLedgerFactory(tmp_path / "ledgers", node.store)
+    taken = await usurper.open(managed_ledger_name(TopicName.parse(TOPIC)))
+    await taken.close()
+    await usurper.close()
+
+
 async def test_sends_after_a_fence_are_resent_and_stored_once(tmp_path: Path) -> None:
     async with InProcessBroker(tmp_path) as broker, Client(broker.service_url) as client:
         producer = await client.create_producer(TOPIC, batching=False)
         before = await producer.send(b"before")
-        node = broker.node
-        assert node is not None
-        # A second "broker" on the same store and disk takes the ledger over.
-        usurper = FileManagedLedgerFactory(tmp_path / "ledgers", node.store)
-        taken = await usurper.open(managed_ledger_name(TopicName.parse(TOPIC)))
-        await taken.close()
-        await usurper.close()
+        await take_over(tmp_path, broker)
         # The old writer is fenced: these sends are refused by the ledger, the producer is
         # closed by the broker, and the client resends them after its new lookup (here the
         # broker reloads the topic, fencing the usurper in turn).
@@ -69,12 +73,7 @@ async def test_an_unload_after_a_fence_loses_the_cursor_persist_without_an_error
                 break
             await asyncio.sleep(0.01)
         assert not topic.subscriptions["s"].cursor.backlog()
-        node = broker.node
-        assert node is not None
-        usurper = FileManagedLedgerFactory(tmp_path / "ledgers", node.store)
-        taken = await usurper.open(managed_ledger_name(TopicName.parse(TOPIC)))
-        await taken.close()
-        await usurper.close()
+        await take_over(tmp_path, broker)
         with caplog.at_level("WARNING", logger="anabranch.broker.subscription"):
             assert await broker.service.unload_topic(TOPIC)
     errors = [r for r in caplog.records if r.levelno >= logging.ERROR]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import errno
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -16,13 +15,6 @@ from anabranch.storage.record_format import encode
 from anabranch.testing.faulty_file import FaultPlan, FaultyOpener
 
 CONFIG = ManagedLedgerConfig(ledger_entries_max=1000)
-
-
-@pytest.fixture
-async def store() -> AsyncIterator[MemoryMetadataStore]:
-    s = MemoryMetadataStore()
-    yield s
-    await s.close()
 
 
 def ledger_files(data: Path) -> list[Path]:

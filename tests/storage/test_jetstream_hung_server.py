@@ -6,10 +6,7 @@ every append of the broker waited, although the two other servers served)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from pathlib import Path
-
-import pytest
 
 from anabranch.metadata.memory import MemoryMetadataStore
 from anabranch.storage.api import EARLIEST, ManagedLedgerConfig
@@ -17,15 +14,6 @@ from anabranch.storage.jetstream_ledger import JetStreamManagedLedgerFactory
 from anabranch.testing.nats import NatsCluster
 
 BIG = ManagedLedgerConfig(ledger_entries_max=100_000)
-
-
-@pytest.fixture
-async def store() -> AsyncIterator[MemoryMetadataStore]:
-    made = MemoryMetadataStore()
-    try:
-        yield made
-    finally:
-        await made.close()
 
 
 async def test_an_append_leaves_a_hung_server_before_the_keepalive_would(

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -36,15 +36,6 @@ def shared_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsClu
         yield cluster
     finally:
         cluster.stop()
-
-
-@pytest.fixture
-async def store() -> AsyncIterator[MemoryMetadataStore]:
-    made = MemoryMetadataStore()
-    try:
-        yield made
-    finally:
-        await made.close()
 
 
 def _factory(

@@ -6,7 +6,6 @@ reopen, then cleared by ``delete_lost``). Real single-node NATS servers, one per
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -21,15 +20,6 @@ from anabranch.testing.nats import NatsCluster, NatsNode, find_nats_binary
 BIG = ManagedLedgerConfig(ledger_entries_max=100_000)
 OPEN_GUARD_S = 60.0
 """Hang guard on an open that waits for NATS to come up."""
-
-
-@pytest.fixture
-async def store() -> AsyncIterator[MemoryMetadataStore]:
-    made = MemoryMetadataStore()
-    try:
-        yield made
-    finally:
-        await made.close()
 
 
 async def test_nats_down_at_start_then_up(tmp_path: Path, store: MemoryMetadataStore) -> None:
