@@ -217,7 +217,7 @@ async def _handle_close_producer(session: Session, frame: Frame) -> None:
     if producer is not None:
         producer.close()
         # Receipts of sends still being written go out before the SUCCESS.
-        pending = [f for _, _, f in producer.pending if not f.done()]
+        pending = [f for _, _, f, _ in producer.pending if not f.done()]
         if pending:
             await asyncio.wait(pending)
     session.reply_success(cmd.request_id)
