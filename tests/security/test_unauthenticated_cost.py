@@ -29,8 +29,6 @@ from anabranch.security.providers_basic import BasicProvider
 from anabranch.testing.broker import InProcessBroker
 from tests.broker.test_core_protocol import RawClient
 
-pytestmark = pytest.mark.timeout(120)
-
 T = pb.BaseCommand
 TOPIC = "persistent://public/default/unauthenticated-cost"
 OVER_HANDSHAKE = limits.HANDSHAKE_FRAME_SIZE_MAX_BYTES + 1024
