@@ -41,9 +41,10 @@ are queued, or the socket's output buffer is over its high-water mark
 (``limits.SESSION_*``), and resumes below the low marks; it also pauses for as long as a
 topic the connection just published to is over its publish rate (:meth:`Session.throttle`),
 and, for a connection with sends in flight, while the broker's publish buffer is over its
-limit (``broker/publish_buffer.py``). The worker itself stops taking commands while ``SESSION_PENDING_APPENDS_MAX`` appends are
-pending, and while a publish-rate pause lasts, so those bounds hold exactly (frames
-already read wait in the queue, which the pause bounds).
+limit (``broker/publish_buffer.py``). The worker itself stops taking commands while
+``SESSION_PENDING_APPENDS_MAX`` appends are pending, and while a publish-rate pause lasts,
+so those bounds hold exactly (frames already read wait in the queue, which the pause
+bounds).
 
 Example:
     >>> # server.py: session = Session(service, transport); session.data_received(data)
