@@ -6,6 +6,7 @@ Each test drives a real broker over loopback HTTP and would fail without its fix
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -105,3 +106,29 @@ async def test_split_whose_layout_is_too_large_leaves_the_topic_usable(
             assert status == 413
             await assert_still_usable(broker, http, base, refused, 413)
             assert "layout of topic://public/default/big" in reason
+
+
+async def test_a_failed_create_tolerates_a_controller_that_retired_meanwhile(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A create that fails drops the controller it made; the controller may retire itself
+    (its follower saw no topic) while that cleanup reads the layout. The cleanup raised
+    KeyError then and the lookup logged a traceback (seen under the fuzzer)."""
+    async with InProcessBroker(tmp_path, metadata="memory") as broker:
+        scalable = broker.service.scalable
+        controller = await scalable.controller(f"topic://{NS}/racy")
+        store = broker.service.store
+        real_get = store.get
+
+        async def get_and_retire(path: str) -> Any:
+            controller._retire()  # what a follower's watch does on a deleted topic
+            return await real_get(path)
+
+        async def failing_create(*args: Any, **kwargs: Any) -> Any:
+            raise RuntimeError("boom")
+
+        monkeypatch.setattr(store, "get", get_and_retire)
+        monkeypatch.setattr(controller, "create", failing_create)
+        with pytest.raises(RuntimeError, match="boom"):
+            await scalable.create(f"topic://{NS}/racy", 1)
+        assert scalable.local_controllers() == []

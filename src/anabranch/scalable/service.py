@@ -269,7 +269,9 @@ class ScalableTopicService:
             controller = self._controllers.get(name)
             if controller is None or await self.store.get(TopicPaths(name).layout) is not None:
                 return
-            del self._controllers[name]
+            # A follower that saw no topic may have retired itself during the read.
+            if self._controllers.get(name) is controller:
+                del self._controllers[name]
         await controller.close()
 
     # --- reads (any broker) -----------------------------------------------------------------
