@@ -20,6 +20,8 @@ from anabranch.aio import Client
 from anabranch.clock import SystemClock
 from anabranch.errors import NotAllowed
 from anabranch.testing.broker import InProcessBroker
+from anabranch.transactions import records
+from anabranch.transactions.metadata_buffer import MetadataTransactionBuffer
 
 NS = "public/default"
 PAYLOAD = b"x" * 1000
@@ -273,6 +275,38 @@ async def test_ttl_never_expires_an_open_transactions_messages(world: World) -> 
         if m
     ]
     assert got == [b"in-txn", b"after"]
+
+
+async def test_aborted_records_go_with_the_ledgers_retention_deletes(world: World) -> None:
+    """An aborted transaction's record (the positions readers skip) outlived the ledger
+    holding its entries: retention deleted the entries and the record stayed in the
+    metadata store, and in the buffer's memory, for good."""
+    topic = world.topic("aborted-trim")
+    await world.cursor(topic, "s")
+    producer = await world.client.create_producer(topic, batching=False)
+    txn = await world.client.new_transaction(timeout=3600)
+    for _ in range(3):
+        await producer.send(b"aborted", txn=txn)
+    await txn.abort()
+    await producer.close()
+    await world.produce(topic, 30)  # rolls the aborted entries' ledger over
+    await world.consume_all(topic, "s", 30)
+    loaded = await world.broker.service.get_topic(topic, create=False)
+    assert loaded is not None
+    buffer = loaded.transaction_buffer
+    assert isinstance(buffer, MetadataTransactionBuffer)
+    await buffer.wait_persisted()
+    store = world.broker.service.store
+    prefix = records.aborted_prefix(loaded.name)
+    assert len((await store.list_prefix(prefix)).records) == 1
+    assert buffer.stats()["abortedTxnCount"] == 1
+    await world.admin.set_retention(NS, 0, 0)
+
+    await world.broker.service.sweeps.sweep_retention()
+
+    assert world.broker.service.counters.ledgers_trimmed >= 3
+    assert (await store.list_prefix(prefix)).records == []
+    assert buffer.stats()["abortedTxnCount"] == 0
 
 
 # --- backlog quotas ----------------------------------------------------------------------------

@@ -172,3 +172,16 @@ def test_state_matches_the_model(ops: list[tuple[str, int]]) -> None:
             owner is not None and m.status[owner] == "open" for _, owner in m.entries
         ):
             assert max_read == m.lac  # committed and plain entries all readable
+
+
+def test_a_commit_whose_winners_wrote_everything_leaves_no_aborted_transaction() -> None:
+    """A winners commit with no losers, and an abort with no entry here, used to be kept
+    (and counted) as aborted transactions with no positions."""
+    s = TxnBufferState()
+    s.end_append(s.begin_append((0, 1), (1, 0), "0-a"), (1, 1))
+    s.apply_outcome((0, 1), committed=True, winners=frozenset({"0-a"}))
+    s.open_txn((0, 2))
+    s.apply_outcome((0, 2), committed=False)
+    s.load_aborted((0, 3), [])
+    assert s.aborted_txn_count == 0 and not s.is_aborted((1, 1))
+    s.validate()

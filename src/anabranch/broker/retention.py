@@ -426,6 +426,9 @@ class RetentionSweeps:
             self.counters.ledgers_trimmed += deleted
             if deleted:
                 log.info("%s: deleted %d consumed ledgers", topic.name, deleted)
+                # Aborted records of entries that are gone would stay in the metadata
+                # store (and in the buffer's memory) for good.
+                await topic.transaction_buffer.prune_trimmed(topic.ledger.first_stored)
 
         await self._each_topic(trim)
         for controller in self.service.scalable.local_controllers():

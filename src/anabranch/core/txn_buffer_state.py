@@ -215,6 +215,11 @@ class TxnBufferState:
         return gone
 
     def _add_aborted(self, txn: Txn, positions: Iterable[Pos]) -> None:
+        positions = list(positions)
+        if not positions:
+            # Nothing to skip: a commit whose winners wrote everything, or a transaction
+            # with no entry here, must not count (or be kept) as an aborted one.
+            return
         known = self._aborted_by_txn.setdefault(txn, [])
         for position in positions:
             if position not in self._aborted:

@@ -170,6 +170,12 @@ class ManagedLedger(Protocol):
         ...
 
     @property
+    def first_stored(self) -> Position:
+        """Where the oldest retained entry lies: retention deleted every entry before it
+        (``EARLIEST`` when nothing is known to be gone)."""
+        ...
+
+    @property
     def is_terminated(self) -> bool: ...
 
     @property

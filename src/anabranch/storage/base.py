@@ -225,6 +225,12 @@ class ManagedLedgerBase:
         return self._name
 
     @property
+    def first_stored(self) -> Position:
+        if self._trimmed_to is None or not self._ledgers:
+            return EARLIEST
+        return Position(self._ledgers[0].ledger_id, 0)
+
+    @property
     def ledgers(self) -> list[LedgerInfo]:
         """A copy of the ledger list (for stats and tests)."""
         return [

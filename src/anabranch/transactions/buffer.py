@@ -59,6 +59,11 @@ class TransactionBuffer(Protocol):
         (``op_records.check_owner``; None: no check)."""
         ...
 
+    async def prune_trimmed(self, first_valid: Position) -> int:
+        """Forget the aborted transactions whose entries all lie before ``first_valid``
+        (retention deleted their ledgers) and their durable records; returns how many."""
+        ...
+
     async def close(self) -> None: ...
 
 
@@ -87,6 +92,9 @@ class NoTransactionBuffer:
 
     async def prepare(self, txn_id: TxnId, role: str | None = None) -> None:
         raise TransactionCoordinatorNotFound("transactions are not enabled on this broker")
+
+    async def prune_trimmed(self, first_valid: Position) -> int:
+        return 0
 
     async def close(self) -> None:
         return None
