@@ -64,6 +64,7 @@ from anabranch.core.subscribe_rate import SubscribeLimiter
 from anabranch.errors import (
     Closed,
     InvalidArgument,
+    MetadataUnavailable,
     NotOwner,
     StorageIOError,
     TopicTerminated,
@@ -666,6 +667,9 @@ class PersistentTopic(ProducerAccess):
             await commit_fenced(self.store, [Put(self._snapshot_path, data)], self.ownership_fence)
         except NotOwner:
             log.warning("%s: dedup snapshot not written: another broker owns the topic", self.name)
+        except MetadataUnavailable as err:
+            # The store out of reach for a moment: expected under faults, no traceback.
+            log.warning("%s: dedup snapshot deferred (tail replay covers it): %s", self.name, err)
         except Exception:
             log.exception("%s: dedup snapshot not written (the tail replay covers it)", self.name)
 

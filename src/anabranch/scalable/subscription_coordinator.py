@@ -69,6 +69,7 @@ from anabranch.core.assignment import (
     SubscriptionAssignment,
     Tick,
 )
+from anabranch.errors import MetadataUnavailable
 from anabranch.metadata.api import CommitResult, Delete, Op, Put
 from anabranch.scalable.paths import TopicPaths
 
@@ -203,6 +204,10 @@ class SubscriptionCoordinator:
                     backlog = await self._backlog(segment_id, self.subscription)
                     if backlog == 0:
                         await self.handle(SegmentDrained(segment_id))
+                except MetadataUnavailable as err:
+                    # The store or the segment's owner out of reach for a moment: the
+                    # next poll asks again; no traceback per poll.
+                    log.warning("drain poll of segment %d deferred: %s", segment_id, err)
                 except Exception:
                     log.exception("drain poll of segment %d failed", segment_id)
             if self._pending_drains and self._pending_drains == polled:
