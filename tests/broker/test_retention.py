@@ -9,6 +9,7 @@ broker's clock is the system clock with a wall-time offset the test moves forwar
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +19,7 @@ import pytest
 from anabranch.admin.client import AdminClient
 from anabranch.aio import Client
 from anabranch.clock import SystemClock
-from anabranch.errors import NotAllowed
+from anabranch.errors import MetadataUnavailable, NotAllowed
 from anabranch.testing.broker import InProcessBroker
 from anabranch.transactions import records
 from anabranch.transactions.metadata_buffer import MetadataTransactionBuffer
@@ -452,6 +453,32 @@ async def test_a_topic_unloaded_while_the_sweep_runs_is_skipped_not_a_failure(
         await service.sweeps.sweep_retention()
     assert service.counters.cleanup_failures == 0
     assert not caplog.records
+
+
+async def test_an_unreachable_store_ends_the_sweep_pass_with_one_line(
+    world: World, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With etcd out of reach, every topic's step failed with an ERROR traceback, once per
+    topic per sweep (soak logs): the pass now ends at the first, with one WARNING."""
+    for name in ("outage-a", "outage-b", "outage-c"):
+        await world.produce(world.topic(name), 1)
+    service = world.broker.service
+    failures = service.counters.cleanup_failures
+    reads = 0
+
+    async def unreachable(namespace: str) -> None:
+        nonlocal reads
+        reads += 1
+        raise MetadataUnavailable("etcd at 127.0.0.1:1: Socket closed")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(service.policies, "namespace_policies", unreachable)
+        with caplog.at_level(logging.WARNING, logger="anabranch.broker.retention"):
+            await service.sweeps.sweep_retention()
+    assert reads == 1
+    assert service.counters.cleanup_failures == failures + 1
+    assert [(r.levelno, bool(r.exc_info)) for r in caplog.records] == [(logging.WARNING, False)]
+    assert "Socket closed" in caplog.records[0].getMessage()
 
 
 # --- topic-level overrides ----------------------------------------------------------------------

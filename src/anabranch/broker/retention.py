@@ -96,7 +96,7 @@ from anabranch.core.retention import (
     ttl_cutoff_ms,
 )
 from anabranch.core.segment_layout import segment_name
-from anabranch.errors import Closed, NotFound
+from anabranch.errors import Closed, MetadataUnavailable, NotFound
 from anabranch.metadata.api import MetadataStore
 from anabranch.scalable.controller import CHECKPOINT, subscription_kind
 from anabranch.scalable.paths import TopicPaths
@@ -295,7 +295,7 @@ class RetentionSweeps:
         ``topics`` whose namespace exists (a segment's own are its scalable topic's, if
         ``segments_own``): one read per namespace, one listing per namespace and domain,
         one read per topic with policies of its own. A step that raises is counted and
-        logged; the others still run."""
+        logged; the others still run, unless the store is unreachable (the pass ends)."""
         namespaces: dict[str, NamespacePolicies | None] = {}
         overridden: dict[tuple[str, str], frozenset[str]] = {}
         for topic in topics:
@@ -323,6 +323,12 @@ class RetentionSweeps:
                 # Unloaded (ownership lost, moved, deleted) after the sweep listed it: its
                 # new owner sweeps it; not a failure worth a traceback.
                 log.debug("%s: unloaded during the sweep", topic.name)
+            except MetadataUnavailable as err:
+                # The store is out of reach for a moment: every other topic would fail the
+                # same way, so the pass ends here (one line, no traceback); the next does it.
+                self.counters.cleanup_failures += 1
+                log.warning("%s: sweep deferred: %s", topic.name, err)
+                return
             except Exception:
                 self.counters.cleanup_failures += 1
                 log.exception("%s: a sweep step failed", topic.name)
