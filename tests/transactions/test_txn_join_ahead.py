@@ -73,3 +73,25 @@ async def test_an_announcement_without_a_producer_on_the_topic_joins_nothing(
         assert topic is not None and topic.transaction_buffer.max_read_position() is not None
         buffer = topic.transaction_buffer
         assert isinstance(buffer, MetadataTransactionBuffer) and buffer.op_writes == 0
+
+
+async def test_an_announcement_by_a_short_name_joins_the_produced_topic(tmp_path: Path) -> None:
+    """Clients name topics in full, which the broker matches without parsing; a short
+    form ("ahead", "public/default/ahead") still finds the producer's topic."""
+    async with (
+        InProcessBroker(tmp_path, metadata="sqlite") as broker,
+        Client(broker.service_url) as client,
+    ):
+        await client.create_producer(TOPIC)
+        topic = broker.service.loaded_topic(TOPIC)
+        assert topic is not None
+        buffer = topic.transaction_buffer
+        assert isinstance(buffer, MetadataTransactionBuffer)
+        conn = await client._pool.get()
+        for joined, name in enumerate(("ahead", "public/default/ahead"), start=1):
+            txn = await client.new_transaction(timeout=30)
+            ahead = JoinAhead()
+            ahead.announce(conn, name, txn.id)
+            await asyncio.gather(*ahead._tasks)
+            assert buffer.op_writes == joined
+            await txn.abort()

@@ -265,10 +265,13 @@ def _produced_buffers(session: Session, topics: Iterable[str]) -> list[Any] | No
     producing = {p.topic.name: p.topic for p in session.producers.values()}
     found = {}
     for name in topics:
-        try:
-            topic = producing.get(str(parse_name(name)))
-        except AnabranchError:
-            return None  # a bad name: the open check answers
+        # Clients name a topic as the broker does: parsing (for short forms) only if not.
+        topic = producing.get(name)
+        if topic is None:
+            try:
+                topic = producing.get(str(parse_name(name)))
+            except AnabranchError:
+                return None  # a bad name: the open check answers
         buffer = None if topic is None else topic.transaction_buffer
         if buffer is None or not hasattr(buffer, "prepare"):
             return None
