@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -110,14 +110,19 @@ class Sink:
         self.committed += [row for rows in work for row in rows]
 
 
+async def drain(receive: Callable[..., Awaitable[Any]]) -> list[str]:
+    """Every value ``receive`` hands out until it has been quiet for ``QUIET_S``."""
+    out: list[str] = []
+    while (msg := await receive(timeout=QUIET_S)) is not None:
+        out.append(msg.value.decode())
+    return out
+
+
 async def drain_scalable(client: Client) -> list[str]:
     reader = await client.create_checkpoint_consumer(f"topic://{SCALABLE}")
     assert isinstance(reader, CheckpointConsumer)
     try:
-        out: list[str] = []
-        while (msg := await reader.receive(timeout=QUIET_S)) is not None:
-            out.append(msg.value.decode())
-        return out
+        return await drain(reader.receive)
     finally:
         await reader.close()
 
@@ -125,10 +130,7 @@ async def drain_scalable(client: Client) -> list[str]:
 async def drain_plain(client: Client, topic: str) -> list[str]:
     reader = await client.create_reader(topic, "earliest")
     try:
-        out: list[str] = []
-        while (msg := await reader.read_next(timeout=QUIET_S)) is not None:
-            out.append(msg.value.decode())
-        return out
+        return await drain(reader.read_next)
     finally:
         await reader.close()
 
