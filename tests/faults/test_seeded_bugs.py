@@ -32,7 +32,7 @@ killed broker held unsynced acknowledged data at that moment.
 - ``txn-hold-outcomes``: participants never apply a transaction's outcome, so what the
   transaction workers committed never shows on their topics: ``committed-lost`` (the
   transactions it leaves open also hold back every later send: ``lost``). The final
-  reads end after 15 s: waiting longer cannot show what is held.
+  reads end after 5 s: waiting longer cannot show what is held.
 
 Each scenario runs only as long as its bug needs: its fault window, then 3 s of sends
 after the heal. Where a scenario sets 5 s liveness or availability bounds, that is
@@ -180,7 +180,7 @@ def test_txn_hold_outcomes_loses_committed_transactions(tmp_path: Path) -> None:
         transactions=2,
         liveness_bound_s=5.0,
         availability_bound_s=10.0,
-        final_read_s=15.0,
+        final_read_s=5.0,
     )
     counts = flagged(tmp_path, config, {"committed-lost"}, seeds=1)
     assert counts.get("committed-lost", 0) > 0, counts

@@ -26,7 +26,8 @@ async def test_a_connection_holds_at_most_its_cap_of_open_transactions(
     monkeypatch.setattr(limits, "TXN_OPEN_PER_CONNECTION_MAX", 3)
     async with (
         InProcessBroker(tmp_path, metadata="memory") as broker,
-        Client(broker.service_url, transaction_spares=0) as client,
+        # A refused NEW_TXN is retried until the operation timeout: 2 s, not 30.
+        Client(broker.service_url, transaction_spares=0, operation_timeout_s=2) as client,
     ):
         txns = [await client.new_transaction(timeout=60) for _ in range(3)]
         revision = await broker.service.store.current_revision()
@@ -68,8 +69,8 @@ async def test_the_broker_holds_at_most_its_cap_of_open_transactions(tmp_path: P
         assert coordinator is not None
         coordinator._max_open = 2
         async with (
-            Client(broker.service_url, transaction_spares=0) as one,
-            Client(broker.service_url, transaction_spares=0) as two,
+            Client(broker.service_url, transaction_spares=0, operation_timeout_s=2) as one,
+            Client(broker.service_url, transaction_spares=0, operation_timeout_s=2) as two,
         ):
             first = await one.new_transaction(timeout=60)
             await two.new_transaction(timeout=60)
