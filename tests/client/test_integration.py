@@ -64,6 +64,22 @@ async def test_produce_consume_each_codec(client: Client, compression: str, batc
     assert await consumer.receive(timeout=0.2) is None
 
 
+async def test_an_awaited_send_does_not_wait_for_the_batch_delay(client: Client) -> None:
+    """As upstream's synchronous send: the caller waits, so the open batch goes out at the
+    end of this loop turn. Awaited sends from tasks in the same turn still share a batch."""
+    producer = await client.create_producer(TOPIC, batch_delay_s=3600)  # never, in a test
+    lone = await producer.send(b"lone")
+    together = await asyncio.gather(*(producer.send(b"t%d" % i) for i in range(10)))
+    assert lone.batch_index == 0 and lone < together[0]
+    assert [m.batch_index for m in together] == list(range(10))
+    assert len({(m.ledger_id, m.entry_id) for m in together}) == 1
+    queued = await producer.send_async(b"queued")  # nobody waits: the delay holds it
+    await asyncio.sleep(0.2)
+    assert not queued.done()
+    await producer.flush()
+    assert (await queued).entry_id == together[0].entry_id + 1
+
+
 async def test_message_too_big_fails_only_that_send(client: Client) -> None:
     producer = await client.create_producer(TOPIC, batching=False)
     with pytest.raises(MessageTooBig):

@@ -253,6 +253,22 @@ async def test_a_full_bound_sends_the_open_batches_instead_of_waiting_out_their_
     await plain.close()
 
 
+async def test_an_awaited_send_does_not_wait_for_its_segment_s_batch_delay(
+    world: World,
+) -> None:
+    topic = "topic://public/default/awaited"
+    await world.admin.create_scalable_topic(topic, 2)
+    producer = await _producer(world, topic, batch_delay_s=3600.0)  # never, in a test
+    layout = await world.layout(topic)
+    for key in KEYS[:4]:  # one at a time, to whichever segment holds the key
+        mid = await producer.send(f"{key}:0".encode(), key=key)
+        assert mid.segment_id == layout.find_active(segment_hash(key)).segment_id
+    sent = await asyncio.gather(*(producer.send(f"{k}:1".encode(), key=k) for k in KEYS))
+    # Sent in one loop turn: one batch per segment.
+    assert len({(m.segment_id, m.ledger_id, m.entry_id) for m in sent}) == 2
+    await producer.close()
+
+
 async def test_keyless_messages_spread_over_the_active_segments(world: World) -> None:
     topic = "topic://public/default/keyless"
     await world.admin.create_scalable_topic(topic, 3)

@@ -235,7 +235,9 @@ class Producer(ReconnectingHandler):
         self._batch_bytes_max = options.batch_bytes_max
         self._size_limit = MESSAGE_SIZE_MAX_BYTES
         """The connected broker's max message size (the last one known while disconnected)."""
-        self._batch_timer: asyncio.TimerHandle | None = None
+        self._batch_timer: asyncio.Handle | None = None
+        """Sends the open batch: after the batch delay, or at the end of this loop turn once
+        a caller waits on one of its messages (``_flush_soon``)."""
         self._closed_error: AnabranchError | None = None
         self._stuck_timer: asyncio.TimerHandle | None = None
         """Runs while ops are pending (started by ``_enqueue``, see ``_check_stuck``)."""
@@ -319,6 +321,8 @@ class Producer(ReconnectingHandler):
             deliver_at=deliver_at,
             deliver_after=deliver_after,
         )
+        if not fut.done():
+            self._flush_soon()
         return await fut
 
     async def send_async(
@@ -589,6 +593,17 @@ class Producer(ReconnectingHandler):
             loop = asyncio.get_running_loop()
             self._batch_timer = loop.call_later(self.options.batch_delay_s, self._flush_batch)
 
+    def _flush_soon(self) -> None:
+        """Send the open batch at the end of this loop turn, not after the batch delay: a
+        caller waits on a message in it (upstream's synchronous send triggers a flush the
+        same way). Sends other tasks make in this turn still join the batch, so concurrent
+        awaited sends are still batched while a lone one gains no delay."""
+        timer = self._batch_timer
+        if self._batch and (timer is None or isinstance(timer, asyncio.TimerHandle)):
+            if timer is not None:
+                timer.cancel()
+            self._batch_timer = asyncio.get_running_loop().call_soon(self._flush_batch)
+
     def _flush_batch(self) -> None:
         if self._batch_timer is not None:
             self._batch_timer.cancel()
@@ -848,7 +863,8 @@ class PartitionedProducer:
         deliver_after: float | None = None,
     ) -> MessageId:
         """Send to the partition the router picks; returns the stored message's id."""
-        fut = await self.send_async(
+        producer = self.producers[self._router.partition(key)]
+        return await producer.send(
             value,
             key=key,
             properties=properties,
@@ -858,7 +874,6 @@ class PartitionedProducer:
             deliver_at=deliver_at,
             deliver_after=deliver_after,
         )
-        return await fut
 
     async def send_async(
         self,

@@ -298,6 +298,9 @@ class ScalableProducer:
         self._serials = itertools.count()
         self._loop = asyncio.get_running_loop()
         self._dispatching = False
+        self._awaited = 0
+        """Callers of ``send`` waiting on an answer: while any do, what is handed to the
+        segments goes out at the end of the loop turn, not after the batch delay."""
         self._recovery: asyncio.Task[None] | None = None
         self._settled = asyncio.Event()
         self._closing = False
@@ -359,7 +362,16 @@ class ScalableProducer:
             deliver_at=deliver_at,
             deliver_after=deliver_after,
         )
-        return await fut
+        if fut.done():
+            return fut.result()
+        # The caller waits: no batch delay (see ``Producer._flush_soon``), also for a
+        # message still queued here (the segment's producer being made, or a re-route).
+        self._awaited += 1
+        try:
+            self._flush_soon()
+            return await fut
+        finally:
+            self._awaited -= 1
 
     async def send_async(
         self,
@@ -444,6 +456,10 @@ class ScalableProducer:
             for producer in self._producers.values():
                 if producer._batch:
                     producer._flush_batch()
+
+    def _flush_soon(self) -> None:
+        for producer in self._producers.values():
+            producer._flush_soon()
 
     async def send_many(
         self,
@@ -560,6 +576,8 @@ class ScalableProducer:
                 blocked = self._pump()
                 if blocked is None:
                     self._flush_if_full()
+                    if self._awaited:
+                        self._flush_soon()
                     return
                 await self._send_waiting(*blocked)  # the segment's queue is full: wait there
         finally:
