@@ -114,6 +114,13 @@ def run_query(
     return proc.returncode
 
 
+def restart(spark: Any, broker: Broker, source: str, sink: str, cp: Path, *, sink_id: str) -> None:
+    """The crashed query again, on its checkpoint, in this process's session (the driver
+    that was killed ran in its own process; a fresh one would only add a JVM start)."""
+    writer = stream(spark, broker, source, sink, cp, sinkId=sink_id)
+    writer.trigger(availableNow=True).start().awaitTermination()
+
+
 def stream(spark: Any, broker: Broker, source: str, sink: str, cp: Path, **extra: str) -> Any:
     df = (
         spark.readStream.format("anabranch")
@@ -130,7 +137,7 @@ def stream(spark: Any, broker: Broker, source: str, sink: str, cp: Path, **extra
 
 
 def test_driver_killed_between_broker_commit_and_spark_commit_log(
-    broker: Broker, tmp_path: Path
+    spark: Any, broker: Broker, tmp_path: Path
 ) -> None:
     source, sink = "topic://public/default/eo-kill-in", "topic://public/default/eo-kill-out"
     broker.create(source, 2)
@@ -145,12 +152,12 @@ def test_driver_killed_between_broker_commit_and_spark_commit_log(
     state = _io.run(_io.get_batch(_io.admin_for(broker.admin_url), "eo-kill", 1))
     assert state is not None and state.state == "COMMITTED"  # the broker commit happened
     # the restart replays batch 1: its tasks see it COMMITTED and skip
-    assert run_query(broker, source, sink, cp, sink_id="eo-kill", env={}) == 0
+    restart(spark, broker, source, sink, cp, sink_id="eo-kill")
     assert (cp / "commits" / "1").exists()
     check_exactly_once(broker, sink, rows)
 
 
-def test_restart_with_an_uncommitted_batch(broker: Broker, tmp_path: Path) -> None:
+def test_restart_with_an_uncommitted_batch(spark: Any, broker: Broker, tmp_path: Path) -> None:
     source, sink = "topic://public/default/eo-open-in", "topic://public/default/eo-open-out"
     broker.create(source, 2)
     broker.create(sink, 2)
@@ -162,7 +169,7 @@ def test_restart_with_an_uncommitted_batch(broker: Broker, tmp_path: Path) -> No
     assert (cp / "offsets" / "1").exists() and not (cp / "commits" / "1").exists()
     state = _io.run(_io.get_batch(_io.admin_for(broker.admin_url), "eo-open", 1))
     assert state is not None and state.state == "OPEN"  # its branches are written, invisible
-    assert run_query(broker, source, sink, cp, sink_id="eo-open", env={}) == 0
+    restart(spark, broker, source, sink, cp, sink_id="eo-open")
     check_exactly_once(broker, sink, rows)
 
 
