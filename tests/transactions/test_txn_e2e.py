@@ -77,6 +77,34 @@ async def test_nothing_visible_before_commit_everything_after(tmp_path: Path) ->
         assert str(txn.state).endswith("COMMITTED")
 
 
+async def test_an_ending_transaction_sends_its_open_batches_at_once(tmp_path: Path) -> None:
+    """Sends queued without waiting (``send_async``) sit in their producer's open batch;
+    the commit or abort waits for them, so it sends those batches at once instead of
+    after the batch delay (an hour here: waiting it out would hang the test)."""
+    async with running(tmp_path) as (broker, client):
+        assert broker.http_url is not None
+        async with AdminClient(broker.http_url) as admin:
+            await admin.create_scalable_topic("topic://public/default/open-batch", 2)
+        for name in (topic("open-batch"), "topic://public/default/open-batch"):
+            producer = await client.create_producer(name, batch_delay_s=3600)
+            if name.startswith("topic://"):
+                reader: Any = await client.create_checkpoint_consumer(name)
+            else:
+                reader = await client.subscribe(name, "s", initial_position="earliest")
+            for outcome in ("abort", "commit"):
+                txn = await client.new_transaction(timeout=30)
+                futures = [
+                    await producer.send_async(f"{outcome}-{i}".encode(), key=f"k{i}", txn=txn)
+                    for i in range(10)
+                ]
+                assert not any(f.done() for f in futures)  # held by the batch delay
+                await (txn.commit() if outcome == "commit" else txn.abort())
+                assert all(f.done() and f.exception() is None for f in futures)
+            got = sorted(m.value for m in await take(reader, 10))
+            assert got == sorted(f"commit-{i}".encode() for i in range(10)), name
+            assert await drain(reader) == []
+
+
 async def test_aborted_messages_are_never_delivered(tmp_path: Path) -> None:
     async with running(tmp_path) as (_, client):
         producer = await client.create_producer(topic("abort"))

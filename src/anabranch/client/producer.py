@@ -357,6 +357,7 @@ class Producer(ReconnectingHandler):
         # send needs no in-flight count (nor a coroutine): that bookkeeping per message was
         # most of what a transactional send cost more than a plain one.
         txn._check_usable()
+        txn._senders.add(self)
         fut = self._try_send(value, key, properties, event_time, sequence_id, txn.id, due)
         if fut is not None:
             txn._add_send(fut)

@@ -301,6 +301,9 @@ class ScalableProducer:
         self._awaited = 0
         """Callers of ``send`` waiting on an answer: while any do, what is handed to the
         segments goes out at the end of the loop turn, not after the batch delay."""
+        self._flush_queued = False
+        """What is queued here when ``_flush_soon`` was called goes out as soon as it is
+        handed to its segment (an ending transaction waits for it)."""
         self._recovery: asyncio.Task[None] | None = None
         self._settled = asyncio.Event()
         self._closing = False
@@ -458,8 +461,12 @@ class ScalableProducer:
                     producer._flush_batch()
 
     def _flush_soon(self) -> None:
+        """Send the segments' open batches at the end of this loop turn, and what is still
+        queued here once it is handed over: someone waits for it (an awaited send, an
+        ending transaction)."""
         for producer in self._producers.values():
             producer._flush_soon()
+        self._flush_queued = bool(self._queue)
 
     async def send_many(
         self,
@@ -483,6 +490,7 @@ class ScalableProducer:
         if txn is None:
             return await self._send_many(items, None, _deliver_at)
         txn._check_usable()  # nothing queued for a transaction that cannot take it
+        txn._senders.add(self)
         for _ in items:
             txn._begin_op()
         try:
@@ -576,7 +584,7 @@ class ScalableProducer:
                 blocked = self._pump()
                 if blocked is None:
                     self._flush_if_full()
-                    if self._awaited:
+                    if self._awaited or self._flush_queued:
                         self._flush_soon()
                     return
                 await self._send_waiting(*blocked)  # the segment's queue is full: wait there

@@ -52,7 +52,7 @@ import itertools
 import logging
 from collections.abc import Awaitable, Callable, Coroutine
 from types import TracebackType
-from typing import Any, Final, TypeVar
+from typing import Any, Final, Protocol, TypeVar
 
 from anabranch.client.backoff import Backoff
 from anabranch.client.connection import ClientConnection, ConnectionPool
@@ -443,6 +443,12 @@ def _end_txn(request_id: int, txn_id: TxnId, action: int) -> pb.BaseCommand:
     return pb.BaseCommand(type=T.END_TXN, endTxn=body)
 
 
+class _Sender(Protocol):
+    """A producer holding sends of a transaction in its open batches."""
+
+    def _flush_soon(self) -> None: ...
+
+
 class Transaction:
     """An async transaction (see the module docstring); made by ``Client.new_transaction``.
 
@@ -469,6 +475,9 @@ class Transaction:
         self._unkeyed = getattr(coordinator, "transaction_key", None) is None
         self._inflight = 0
         self._sends: list[asyncio.Future[Any]] = []
+        self._senders: set[_Sender] = set()
+        """Producers that took sends of this transaction: an ending one sends their open
+        batches at once instead of waiting out the batch delay."""
         self._compact_at = SENDS_COMPACT_MIN
         self._idle = asyncio.Event()
         self._idle.set()
@@ -634,7 +643,12 @@ class Transaction:
         self._ending = _ending_task(self._commit())
         await asyncio.shield(self._ending)
 
+    def _flush_senders(self) -> None:
+        for sender in self._senders:
+            sender._flush_soon()
+
     async def _commit(self) -> None:
+        self._flush_senders()
         if not await self._settle_ops():
             self._state = TransactionState.TIMED_OUT
             await self._abort_expired()
@@ -678,6 +692,7 @@ class Transaction:
         await asyncio.shield(self._ending)
 
     async def _abort(self) -> None:
+        self._flush_senders()
         until = self._loop.time() + self._coordinator._pool.operation_timeout_s
         if not self._idle.is_set():
             with contextlib.suppress(TimeoutError):
