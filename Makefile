@@ -39,8 +39,13 @@ typecheck: setup
 proto: setup
 	$(BIN)/python -m anabranch.protocol.generate --check
 
+# Two workers: the suite mostly waits (broker, etcd, Spark and JVM processes, fsyncs), so
+# two halve its wall time on a 2-core machine; a test module stays on one worker, so its
+# module-scoped fixtures (a Spark session, a cluster) still start once.
+PYTEST_WORKERS ?= 2
+
 unit: setup system-deps
-	$(BIN)/python -m pytest -q -p no:cacheprovider
+	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(PYTEST_WORKERS) --dist loadfile
 
 test: setup system-deps lint typecheck proto unit
 
