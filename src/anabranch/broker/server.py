@@ -112,6 +112,10 @@ def _peer_ip(transport: asyncio.BaseTransport) -> str:
     return str(peer[0]) if isinstance(peer, tuple) and peer else str(peer)
 
 
+LISTEN_BACKLOG = 100
+"""Connections the kernel queues before the broker accepts them (asyncio's default)."""
+
+
 class BrokerServer:
     """Listens on ``host:port`` and runs a Session per connection."""
 
@@ -147,7 +151,8 @@ class BrokerServer:
     async def start(self, *, serving: bool = True) -> int:
         """Bind (and with ``serving``, start accepting); returns the bound port (useful
         with port 0). A broker binds first to learn its address, then :meth:`serve` once
-        everything behind the port is up, so a client never meets a half-started broker."""
+        everything behind the port is up, so a client never meets a half-started broker:
+        the port listens from the start, and a connection made meanwhile waits."""
         loop = asyncio.get_running_loop()
         if self.plaintext:
             self._server = await loop.create_server(
@@ -155,9 +160,11 @@ class BrokerServer:
                 self.host,
                 self.port,
                 reuse_address=True,
+                backlog=LISTEN_BACKLOG,
                 start_serving=serving,
             )
             self.port = int(self._server.sockets[0].getsockname()[1])
+            _listen_now(self._server)
         if self.ssl_context is not None and self.tls_port is not None:
             self._tls_server = await loop.create_server(
                 lambda: _Connection(self),
@@ -166,9 +173,11 @@ class BrokerServer:
                 ssl=self.ssl_context,
                 ssl_handshake_timeout=self.handshake_timeout_s,
                 reuse_address=True,
+                backlog=LISTEN_BACKLOG,
                 start_serving=serving,
             )
             self.tls_port = int(self._tls_server.sockets[0].getsockname()[1])
+            _listen_now(self._tls_server)
         self._timer = Supervised(
             "connection-timer", self._run_timer, on_give_up=self.service.fatal.fail
         ).start()
@@ -278,3 +287,21 @@ class BrokerServer:
         for server in (self._server, self._tls_server):
             if server is not None:
                 await server.wait_closed()
+
+
+def _listen_now(server: asyncio.Server) -> None:
+    """Put ``server``'s sockets in the listening state before it serves.
+
+    Why: a socket bound with SO_REUSEADDR but not yet listening does not own its port
+    against connect(): the kernel may give the same (ephemeral) port to another socket's
+    outgoing connection during a broker's start, and the later listen() then fails with
+    EADDRINUSE. A listening socket keeps the port; connections that arrive before
+    :meth:`BrokerServer.serve` wait in its backlog and are served once everything behind
+    the port is up.
+    """
+    for transport_socket in server.sockets:
+        # A dup shares the socket: listen() on it is listen() on the server's.
+        with socket.fromfd(
+            transport_socket.fileno(), transport_socket.family, transport_socket.type
+        ) as sock:
+            sock.listen(LISTEN_BACKLOG)

@@ -155,7 +155,7 @@ class Standalone:
             if node.http_url is not None:
                 service.set_addresses(http_url=node.http_url, http_url_tls=node.https_url)
             await service.scalable.start()
-            await server.serve()  # ready: clients connect only now
+            await server.serve()  # ready: connections (queued meanwhile) are served only now
         except BaseException:
             await node.stop()
             raise

@@ -521,7 +521,12 @@ class Workload:
         """A queue consumer, acknowledging each message."""
 
         async def open_queue(client: Client) -> Any:
-            return await client.subscribe_queue(self.topic, QUEUE_SUBSCRIPTION)
+            # Earliest: the producers start with this consumer, and the checker wants
+            # every acknowledged send on the subscription, also one acknowledged before
+            # the subscription existed on its segment (a queue's default is latest).
+            return await client.subscribe_queue(
+                self.topic, QUEUE_SUBSCRIPTION, initial_position="earliest"
+            )
 
         self.seen.setdefault("queue", set())
         await self._consume(name, "queue", QUEUE_SUBSCRIPTION, open_queue, "individual")
