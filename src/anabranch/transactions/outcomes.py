@@ -42,6 +42,7 @@ import asyncio
 import functools
 import logging
 from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
 from typing import Any, Protocol, cast, runtime_checkable
 
 from anabranch import failpoints, limits
@@ -104,6 +105,15 @@ def _no_header(txn: TxnId) -> TxnHeader | None:
     return None
 
 
+@dataclass(slots=True)
+class _Told:
+    """Who took a transaction's outcome already (by watch or wake)."""
+
+    state: TxnState
+    winners: frozenset[str] | None
+    listeners: list[OutcomeListener]
+
+
 class TxnOutcomes:
     """Delivers final transaction states to the participants registered for them."""
 
@@ -134,6 +144,7 @@ class TxnOutcomes:
         """The header of an OPEN transaction this broker's coordinator created (the
         broker sets it): a participant joins such a one without reading its header."""
         self._seq_hints: dict[TxnId, int] = {}
+        self._told: dict[TxnId, _Told] = {}
 
     async def start(self) -> None:
         """Watch headers from the current revision, and start the periodic re-read."""
@@ -169,6 +180,7 @@ class TxnOutcomes:
             if not listeners:
                 del self._listeners[txn]
                 self._seq_hints.pop(txn, None)
+                self._told.pop(txn, None)
 
     def seq_hint(self, txn: TxnId) -> int:
         """A guess at ``txn``'s next free op record sequence number, for a registered
@@ -219,13 +231,33 @@ class TxnOutcomes:
         await asyncio.gather(*(loop.stop() for loop in loops))
         self._listeners.clear()
         self._seq_hints.clear()
+        self._told.clear()
 
     # --- delivery -------------------------------------------------------------------------
 
-    def _deliver(self, txn: TxnId, state: TxnState, winners: frozenset[str] | None) -> None:
+    def _deliver(
+        self,
+        txn: TxnId,
+        state: TxnState,
+        winners: frozenset[str] | None,
+        *,
+        again: bool = False,
+    ) -> None:
+        """Hand the outcome to ``txn``'s listeners. On this broker a commit reaches them
+        twice at once, by its watch event and by the coordinator's wake: the second
+        skips the listeners that took the same outcome already (each delivery costs a
+        dispatcher wake-up and a work item). ``again`` (a re-list) delivers to all."""
         if failpoints.enabled(failpoints.TXN_HOLD_OUTCOMES):
             return  # the crash tests' window between a commit's CAS and its apply
-        for listener in list(self._listeners.get(txn, ())):
+        listeners = self._listeners.get(txn)
+        if not listeners:
+            return
+        told = self._told.get(txn)
+        if told is None or again or told.state is not state or told.winners != winners:
+            told = self._told[txn] = _Told(state, winners, [])
+        for listener in list(listeners):
+            if listener in told.listeners:
+                continue
             self.deliveries += 1
             try:
                 if winners is None:
@@ -234,6 +266,8 @@ class TxnOutcomes:
                     listener.on_outcome(txn, state, winners=winners)
             except Exception:
                 log.exception("transaction %s: a participant failed to take its outcome", txn)
+            else:
+                told.listeners.append(listener)
 
     async def _watch_loop(self, start: int) -> None:
         while not self._closed:
@@ -268,8 +302,12 @@ class TxnOutcomes:
             txn = records.parse_txn_key(path[len(records.HEADERS) :])
         except InvalidArgument:
             return  # not a header key
-        if txn not in self._listeners:
+        listeners = self._listeners.get(txn)
+        if not listeners:
             return
+        told = self._told.get(txn)
+        if told is not None and all(listener in told.listeners for listener in listeners):
+            return  # a final header never changes: they took this outcome already
         header = records.decode_header(value)
         if header.state.final:
             self.watch_events += 1
@@ -287,7 +325,7 @@ class TxnOutcomes:
                 if record is not None:
                     header = records.decode_header(record.value)
                     if header.state.final:
-                        self._deliver(txn, header.state, header.winners)
+                        self._deliver(txn, header.state, header.winners, again=True)
         return revision
 
     async def _reconcile_loop(self) -> None:
