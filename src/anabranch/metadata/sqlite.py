@@ -19,8 +19,9 @@ Theory of operation:
   rows in one read transaction, so ``Page.revision`` matches the records.
 * **Revisions and watches.** ``meta.rev`` is the store revision; every changed key
   of a revision is a ``changelog(rev, idx)`` row. After a COMMIT the writer hands the
-  events to the loop, which publishes them to watchers and only then resolves the
-  callers. A watch from a past revision replays the changelog. The changelog keeps
+  batch to the loop, which resolves the callers and publishes the events to watchers
+  in the same callback (so no one runs before both are done). A watch from a past
+  revision replays the changelog. The changelog keeps
   ``limits.METADATA_CHANGELOG_REVISIONS_MAX`` revisions; older ones are compacted.
 * **Sessions** are rows ``(id, ttl)``; deadlines live in this process. On restart,
   sessions left by the previous process get a fresh deadline of one TTL and expire
@@ -698,18 +699,25 @@ class SqliteMetadataStore:
         return outcome
 
     def _on_committed(self, batch: list[_Request]) -> None:
-        """On the loop, after a COMMIT: publish events, then resolve the callers."""
+        """On the loop, after a COMMIT: resolve the callers, then publish the events.
+
+        Both only schedule callbacks, so whoever runs next finds the events queued at
+        every watch either way; resolving first lets a waiting caller (a transaction's
+        END_TXN answer) go out before the watchers' work instead of after it.
+        """
         for request in batch:
             self._room.release()
             if request.events:
                 self._revision = request.events[-1].revision
-                self._hub.publish(request.events)
             if request.future.done():
                 continue
             if request.error is not None:
                 request.future.set_exception(request.error)
             else:
                 request.future.set_result(request.outcome)
+        for request in batch:
+            if request.events:
+                self._hub.publish(request.events)
 
     async def _expire_sessions(self, ids: list[int]) -> None:
         await self._write(
