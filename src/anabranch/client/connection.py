@@ -500,13 +500,20 @@ class ClientConnection:
     async def request(self, command: pb.BaseCommand, request_id: int) -> Frame:
         """Send ``command`` (whose body carries ``request_id``) and await its response.
 
-        An ERROR response (or a failed lookup) raises the mapped typed exception.
+        The command goes out with everything else written in this loop turn (one system
+        call: a transaction's END_TXN and the NEW_TXN of its replacement spare share
+        one). An ERROR response (or a failed lookup) raises the mapped typed exception.
         """
-        return await self.request_now(command, request_id)
+        return await self._response(self._send_request(command, request_id), request_id)
 
     def request_now(self, command: pb.BaseCommand, request_id: int) -> Awaitable[Frame]:
         """:meth:`request` with ``command`` on the wire before this returns (a caller
         that does not yield to the loop soon still gets it sent now)."""
+        fut = self._send_request(command, request_id)
+        self.flush()
+        return self._response(fut, request_id)
+
+    def _send_request(self, command: pb.BaseCommand, request_id: int) -> asyncio.Future[Frame]:
         fut: asyncio.Future[Frame] = asyncio.get_running_loop().create_future()
         self._pending[request_id] = fut
         try:
@@ -514,8 +521,7 @@ class ClientConnection:
         except BaseException:
             self._pending.pop(request_id, None)
             raise
-        self.flush()
-        return self._response(fut, request_id)
+        return fut
 
     async def _response(self, fut: asyncio.Future[Frame], request_id: int) -> Frame:
         try:

@@ -273,9 +273,12 @@ def validate_path(path: str) -> str:
     '/topics/public/default/orders'
     """
     # A UTF-8 character is at most 4 bytes: a short well-formed path needs no encoding.
-    if type(path) is str and len(path) * 4 <= limits.METADATA_PATH_BYTES_MAX:
-        if _WELL_FORMED_PATH.fullmatch(path):
-            return path
+    if (
+        type(path) is str
+        and len(path) * 4 <= limits.METADATA_PATH_BYTES_MAX
+        and _WELL_FORMED_PATH.fullmatch(path)
+    ):
+        return path
     if not isinstance(path, str) or not path.startswith("/"):
         raise InvalidArgument(f"metadata path must be an absolute string path: {path!r}")
     if path != "/" and path.endswith("/"):
