@@ -74,3 +74,40 @@ async def test_acknowledged_writes_survive_sigkill(tmp_path: Path, seed: int) ->
     assert missing == []
     assert all(stored[key] == key.encode() for key in acked)
     assert len(stored) >= len(acked)
+
+
+UNCLOSED_CHILD = """
+import asyncio, sys
+from anabranch.metadata.sqlite import SqliteMetadataStore
+
+async def main():
+    store = await SqliteMetadataStore.open(sys.argv[1])
+    await store.put("/kept", b"1")
+    raise SystemExit(3)  # dies without closing the store
+
+asyncio.run(main())
+"""
+
+
+async def test_a_process_that_never_closes_the_store_still_exits(tmp_path: Path) -> None:
+    """The writer thread must not keep the interpreter alive (it waited on its queue for
+    ever); what was acknowledged is still there."""
+    script = tmp_path / "unclosed.py"
+    script.write_text(UNCLOSED_CHILD)
+    db = tmp_path / "meta.db"
+    env = {**os.environ, "PYTHONPATH": str(SRC_DIR)}
+    child = await asyncio.create_subprocess_exec(sys.executable, str(script), str(db), env=env)
+    try:
+        # A hang guard, not a performance bound: the child needs well under a second.
+        code = await asyncio.wait_for(child.wait(), 120)
+    finally:
+        if child.returncode is None:
+            child.kill()
+            await child.wait()
+    assert code == 3
+    store = await SqliteMetadataStore.open(db)
+    try:
+        record = await store.get("/kept")
+        assert record is not None and record.value == b"1"
+    finally:
+        await store.close()

@@ -207,7 +207,12 @@ class _Writer:
         self._staged_log: list[tuple[int, int, str, bytes, int, int]] = []
         self._prefetched: dict[str, tuple[int, int]] = {}  # facts as of the last flush
         self._deliver: Callable[[list[_Request]], None] = lambda batch: None
-        self._thread = threading.Thread(target=self._run, name="metadata-sqlite-writer")
+        # A daemon: a process that exits without closing the store must not hang on this
+        # thread's queue. Nothing is lost: a write is acknowledged only after its COMMIT,
+        # and an unfinished one rolls back (WAL) when the database is opened next.
+        self._thread = threading.Thread(
+            target=self._run, name="metadata-sqlite-writer", daemon=True
+        )
 
     def start(self, deliver: Callable[[list[_Request]], None]) -> None:
         self._deliver = deliver
