@@ -334,10 +334,9 @@ def validate_ops(ops: Sequence[Op]) -> list[Op]:
         expected = op.expected_version
         if expected is not None:
             validate_expected_version(expected)
-        kind = type(op)
-        if kind is Put or kind is Delete or isinstance(op, _WRITES):
-            if kind is Put or isinstance(op, Put):
-                validate_value(op.value)  # type: ignore[union-attr]
+        if isinstance(op, _WRITES):
+            if isinstance(op, Put):
+                validate_value(op.value)
             if op.path in written:
                 raise InvalidArgument(f"{op.path} written twice in one commit")
             written.add(op.path)

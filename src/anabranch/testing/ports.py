@@ -22,6 +22,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import os
 import random
 import socket
@@ -87,14 +88,20 @@ def _kernel_port(host: str) -> int:
         return int(sock.getsockname()[1])
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port on ``host`` that is free now, not handed out lately, and (where the
-    ephemeral range allows) outside what connections and other workers use."""
-    ports = worker_slice(
+@functools.cache
+def _own_slice() -> range | None:
+    """This process's slice: the kernel's range and the worker are fixed for its life."""
+    return worker_slice(
         ephemeral_low(),
         os.environ.get("PYTEST_XDIST_WORKER"),
         os.environ.get("PYTEST_XDIST_WORKER_COUNT"),
     )
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port on ``host`` that is free now, not handed out lately, and (where the
+    ephemeral range allows) outside what connections and other workers use."""
+    ports = _own_slice()
     if ports is None:
         while True:
             port = _kernel_port(host)
