@@ -93,6 +93,11 @@ STORAGE_TAIL_CACHE_BYTES_MAX = 32 * 1024 * 1024
 """Recently appended entries kept in memory per managed ledger so tailing readers never
 touch the disk; the oldest are evicted past this."""
 
+STORAGE_TAIL_CACHE_TOTAL_BYTES = 64 * 1024 * 1024
+"""What the tail caches of all of a broker's ledgers hold together, by default (the
+broker's ``storage_cache_bytes``, Pulsar's ``managedLedgerCacheSizeMB``); past it the
+batches cached longest ago leave, whichever topic holds them."""
+
 CURSOR_ACK_RANGES_PERSIST_MAX = 10_000
 """Individually-acked ranges persisted per cursor (Pulsar's
 managedLedgerMaxUnackedRangesToPersist); ranges past it are redelivered after a restart."""

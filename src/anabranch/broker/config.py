@@ -213,6 +213,12 @@ class BrokerConfig(BaseSettings):
         limits.STORAGE_OPEN_FILES_MAX, gt=0, le=limits.STORAGE_OPEN_FILES_MAX
     )
     """Ledger files held open at once; the least recently used idle one is closed past it."""
+    storage_cache_bytes: int = Field(limits.STORAGE_TAIL_CACHE_TOTAL_BYTES, ge=0)
+    """Recently written entries kept in memory for tailing readers, over all topics
+    (Pulsar's ``managedLedgerCacheSizeMB``, in bytes): past it the entries cached longest
+    ago leave, whichever topic holds them (a topic holds at most
+    ``STORAGE_TAIL_CACHE_BYTES_MAX`` itself). 0 caches nothing beyond each topic's newest
+    write."""
     # Tiered storage (storage/tiered.py, broker/offload.py): sealed ledgers to S3.
     offload_driver: Literal["", "aws-s3", "s3"] = ""
     """``""``: no offload (the offload admin calls answer 409). ``aws-s3``/``s3``: an S3

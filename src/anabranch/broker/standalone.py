@@ -340,6 +340,7 @@ def _ledger_factory(
         clock=clock,
         writer_threads=config.storage_writer_threads,
         open_files_max=config.storage_open_files_max,
+        tail_cache_bytes=config.storage_cache_bytes,
     )
     if config.offload_driver:
         factory.tiered = _tiered_storage(config)

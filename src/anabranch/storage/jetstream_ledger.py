@@ -115,7 +115,7 @@ from anabranch.storage.jetstream_client import (
     redact_url,
 )
 from anabranch.storage.ledger import LEDGER_ID_COUNTER, disk_name
-from anabranch.storage.tail_cache import TailCache
+from anabranch.storage.tail_cache import TailCache, TailCacheBudget
 
 if TYPE_CHECKING:
     from anabranch.broker.config import BrokerConfig
@@ -244,7 +244,7 @@ class JetStreamManagedLedger(ManagedLedgerBase):
         self._writer: asyncio.Task[None] | None = None
         self._terminating = False
         self._ledger_created = self.clock.monotonic()
-        self._tail = TailCache(self._factory.tail_cache_bytes)
+        self._tail = TailCache(self._factory.tail_cache_bytes, self._factory.tail_budget)
         self._payload_max = min(
             limits.STORAGE_RECORD_BYTES_MAX, client.max_payload - _HEADER_ALLOWANCE
         )
@@ -968,6 +968,10 @@ class JetStreamManagedLedger(ManagedLedgerBase):
             except StorageIOError as err:
                 await self._backoff(deadline, err)
 
+    def _mark_closed(self) -> None:
+        super()._mark_closed()
+        self._tail.clear()  # its share of the broker's cache budget goes back
+
     async def close(self) -> None:
         if self._closed:
             return
@@ -1007,6 +1011,7 @@ class JetStreamManagedLedgerFactory:
         api_timeout_s: float = 5.0,
         append_timeout_s: float = 60.0,
         tail_cache_bytes: int = limits.STORAGE_TAIL_CACHE_BYTES_MAX,
+        tail_cache_total_bytes: int = limits.STORAGE_TAIL_CACHE_TOTAL_BYTES,
         pipeline_depth: int = 2,
         readback_timeout_s: float = 1.0,
     ) -> None:
@@ -1026,6 +1031,8 @@ class JetStreamManagedLedgerFactory:
         self.api_timeout_s = api_timeout_s
         self.append_timeout_s = append_timeout_s
         self.tail_cache_bytes = tail_cache_bytes
+        self.tail_budget = TailCacheBudget(tail_cache_total_bytes)
+        """What the tail caches of all its ledgers hold together."""
         self.pipeline_depth = max(1, pipeline_depth)
         self.readback_timeout_s = min(readback_timeout_s, api_timeout_s)
         """Requests that poll for a new stream leader after an unanswered publish are
@@ -1266,4 +1273,5 @@ def jetstream_factory(
         token=None if token is None else token.get_secret_value(),
         credentials_file=None if creds is None else str(creds),
         tls=tls,
+        tail_cache_total_bytes=config.storage_cache_bytes,
     )

@@ -104,7 +104,7 @@ from anabranch.storage.segment_file import (
     delete_ledger_files,
     ledger_file_name,
 )
-from anabranch.storage.tail_cache import TailCache
+from anabranch.storage.tail_cache import TailCache, TailCacheBudget
 
 if TYPE_CHECKING:
     from anabranch.storage.tiered import TieredStorage
@@ -437,7 +437,7 @@ class FileManagedLedger(ManagedLedgerBase):
         self._seal_durable = False
         """terminate()'s record landed (before that, a terminating ledger may still fail
         to seal and go on taking appends)."""
-        self._tail = TailCache(limits.STORAGE_TAIL_CACHE_BYTES_MAX)
+        self._tail = TailCache(limits.STORAGE_TAIL_CACHE_BYTES_MAX, factory.tail_budget)
         self._rollover_task: asyncio.Task[None] | None = None
 
     # --- open / recovery ----------------------------------------------------------------------
@@ -1015,6 +1015,10 @@ class FileManagedLedger(ManagedLedgerBase):
         for segment in segments:
             await _in_thread(segment.close, what=self.name)
 
+    def _mark_closed(self) -> None:
+        super()._mark_closed()
+        self._tail.clear()  # its share of the broker's cache budget goes back
+
     async def close(self) -> None:
         if self._closed:
             return
@@ -1048,6 +1052,7 @@ class FileManagedLedgerFactory:
         opener: FileOpener = open_os_file,
         writer_threads: int = limits.STORAGE_WRITER_THREADS,
         open_files_max: int = limits.STORAGE_OPEN_FILES_MAX,
+        tail_cache_bytes: int = limits.STORAGE_TAIL_CACHE_TOTAL_BYTES,
     ) -> None:
         self.data_dir = Path(data_dir)
         self.store = store
@@ -1057,6 +1062,8 @@ class FileManagedLedgerFactory:
         """The writer threads every ledger of this factory shares."""
         self.handles = FileHandles(open_files_max)
         """Bounds the ledger files held open (least recently used ones are closed)."""
+        self.tail_budget = TailCacheBudget(tail_cache_bytes)
+        """What the tail caches of all its ledgers hold together."""
         self.tiered: TieredStorage | None = None
         """Where offloaded ledgers live (set when an offload driver is configured)."""
         self._open: list[FileManagedLedger] = []

@@ -6,6 +6,11 @@ batch over the limit is still served once). A read finds the batch holding its f
 entry by bisection — a tailing reader reads the end — and returns the run of consecutive
 entries it has, or None when the cache does not hold the first one.
 
+Every ledger of a broker draws on one :class:`TailCacheBudget` too (Pulsar's
+``managedLedgerCacheSizeMB``): a per-ledger limit alone lets a broker with many topics
+hold that limit once per topic. Past the budget the batches added longest ago leave,
+whichever ledger holds them, so idle topics give their memory to busy ones.
+
 Example:
     >>> cache = TailCache(limit_bytes=10)
     >>> cache.add(7, 0, [b"a", b"b"], 2)
@@ -23,24 +28,116 @@ import operator
 from collections import deque
 
 _KEY = operator.itemgetter(0, 1)
+_SERIAL = operator.itemgetter(4)
+
+_Batch = tuple[int, int, list[bytes], int, int]
+"""(ledger id, first entry, payloads, size, serial in the budget's order)."""
+
+
+class TailCacheBudget:
+    """The bytes every :class:`TailCache` sharing it may hold together.
+
+    It remembers the order batches came in, across caches; past ``limit_bytes`` it
+    evicts the oldest batch anywhere. A batch a cache dropped itself (its own limit, or
+    its ledger closed) leaves a stale mark here, skipped when reached and swept out
+    when stale marks outnumber live ones, so the order stays as long as what is cached.
+
+    Example:
+        >>> budget = TailCacheBudget(limit_bytes=4)
+        >>> idle, busy = TailCache(10, budget), TailCache(10, budget)
+        >>> idle.add(1, 0, [b"aa"], 2)
+        >>> busy.add(2, 0, [b"bb", b"cc"], 4)
+        >>> idle.get(1, 0, 1) is None, busy.get(2, 0, 2), budget.held
+        (True, [b'bb', b'cc'], 4)
+    """
+
+    def __init__(self, limit_bytes: int) -> None:
+        self.limit = limit_bytes
+        self.held = 0
+        self._order: deque[tuple[TailCache, int]] = deque()
+        self._serial = 0
+        self._live = 0
+        self._stale = 0
+
+    def _admit(self, cache: TailCache, size: int) -> int:
+        self._serial += 1
+        self._order.append((cache, self._serial))
+        self.held += size
+        self._live += 1
+        order = self._order
+        while self.held > self.limit and len(order) > 1:
+            victim, serial = order.popleft()
+            size_freed = victim._drop_oldest(serial)
+            if size_freed is None:
+                self._stale -= 1
+            else:
+                self.held -= size_freed
+                self._live -= 1
+        return self._serial
+
+    def _released(self, size: int, count: int) -> None:
+        """``count`` batches of ``size`` bytes in all left a cache by its own doing."""
+        self.held -= size
+        self._live -= count
+        self._stale += count
+        if self._stale > self._live + 1024:
+            self._order = deque(mark for mark in self._order if mark[0]._holds(mark[1]))
+            self._stale = 0
 
 
 class TailCache:
-    """Bounded in bytes; see the module docstring. ``limit_bytes <= 0`` caches nothing."""
+    """Bounded in bytes (its own ``limit_bytes``, and ``budget`` with other caches); see
+    the module docstring. ``limit_bytes <= 0`` caches nothing."""
 
-    def __init__(self, limit_bytes: int) -> None:
+    def __init__(self, limit_bytes: int, budget: TailCacheBudget | None = None) -> None:
         self._limit = limit_bytes
-        self._batches: deque[tuple[int, int, list[bytes], int]] = deque()
+        self._budget = budget
+        self._batches: deque[_Batch] = deque()
         self._bytes = 0
+
+    @property
+    def held(self) -> int:
+        """What the cache holds now."""
+        return self._bytes
 
     def add(self, ledger_id: int, first: int, payloads: list[bytes], size: int) -> None:
         """Keep a batch appended at ``(ledger_id, first)`` of ``size`` bytes."""
         if self._limit <= 0:
             return
-        self._batches.append((ledger_id, first, payloads, size))
+        budget = self._budget
+        serial = 0 if budget is None else budget._admit(self, size)
+        self._batches.append((ledger_id, first, payloads, size, serial))
         self._bytes += size
+        freed = count = 0
         while self._bytes > self._limit and len(self._batches) > 1:
-            self._bytes -= self._batches.popleft()[3]
+            dropped = self._batches.popleft()[3]
+            self._bytes -= dropped
+            freed += dropped
+            count += 1
+        if count and budget is not None:
+            budget._released(freed, count)
+
+    def clear(self) -> None:
+        """Forget everything (the ledger closed), giving it back to the budget."""
+        count, freed = len(self._batches), self._bytes
+        self._batches.clear()
+        self._bytes = 0
+        if count and self._budget is not None:
+            self._budget._released(freed, count)
+
+    def _drop_oldest(self, serial: int) -> int | None:
+        """The budget evicts batch ``serial``: its size, or None when already gone."""
+        batches = self._batches
+        if not batches or batches[0][4] != serial:
+            return None
+        size = batches.popleft()[3]
+        self._bytes -= size
+        return size
+
+    def _holds(self, serial: int) -> bool:
+        batches = self._batches
+        at = bisect.bisect_left(batches, serial, key=_SERIAL)
+        return at < len(batches) and batches[at][4] == serial
 
     def get(self, ledger_id: int, first: int, count: int) -> list[bytes] | None:
         """Up to ``count`` consecutive entries from ``first``; None when not cached."""
@@ -49,7 +146,7 @@ class TailCache:
         out: list[bytes] = []
         want = first
         for i in range(at, len(batches)):
-            lid, start, payloads, _ = batches[i]
+            lid, start, payloads, _, _ = batches[i]
             if lid != ledger_id or start + len(payloads) <= want:
                 if out:
                     break
