@@ -47,6 +47,7 @@ class TailCacheMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.budget = TailCacheBudget(BUDGET)
+        self.budget.stale_slack = 2  # sweep often
         self.caches = [TailCache(limit, self.budget) for limit in LIMITS]
         self.model = _Model()
         self.ledgers = 0
@@ -83,7 +84,7 @@ class TailCacheMachine(RuleBasedStateMachine):
 
     @invariant()
     def order_stays_as_long_as_the_cache(self) -> None:
-        assert len(self.budget._order) <= 2 * len(self.model.live) + 1025
+        assert len(self.budget._order) <= 2 * len(self.model.live) + 3
 
 
 TestTailCacheMachine = TailCacheMachine.TestCase

@@ -28,7 +28,6 @@ import operator
 from collections import deque
 
 _KEY = operator.itemgetter(0, 1)
-_SERIAL = operator.itemgetter(4)
 
 _Batch = tuple[int, int, list[bytes], int, int]
 """(ledger id, first entry, payloads, size, serial in the budget's order)."""
@@ -50,6 +49,9 @@ class TailCacheBudget:
         >>> idle.get(1, 0, 1) is None, busy.get(2, 0, 2), budget.held
         (True, [b'bb', b'cc'], 4)
     """
+
+    stale_slack = 1024
+    """Stale marks allowed beyond the live ones before they are swept out."""
 
     def __init__(self, limit_bytes: int) -> None:
         self.limit = limit_bytes
@@ -80,8 +82,11 @@ class TailCacheBudget:
         self.held -= size
         self._live -= count
         self._stale += count
-        if self._stale > self._live + 1024:
-            self._order = deque(mark for mark in self._order if mark[0]._holds(mark[1]))
+        if self._stale > self._live + self.stale_slack:
+            # Linear in what is held: one pass over the caches named, one over the marks.
+            caches = {id(cache): cache for cache, _ in self._order}
+            held = {batch[4] for cache in caches.values() for batch in cache._batches}
+            self._order = deque(mark for mark in self._order if mark[1] in held)
             self._stale = 0
 
 
@@ -133,11 +138,6 @@ class TailCache:
         size = batches.popleft()[3]
         self._bytes -= size
         return size
-
-    def _holds(self, serial: int) -> bool:
-        batches = self._batches
-        at = bisect.bisect_left(batches, serial, key=_SERIAL)
-        return at < len(batches) and batches[at][4] == serial
 
     def get(self, ledger_id: int, first: int, count: int) -> list[bytes] | None:
         """Up to ``count`` consecutive entries from ``first``; None when not cached."""
