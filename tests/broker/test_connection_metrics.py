@@ -117,3 +117,27 @@ async def test_the_policy_cache_reports_its_hits(broker: InProcessBroker) -> Non
     hits = after["anabranch_policy_cache_hits_total"] - before["anabranch_policy_cache_hits_total"]
     assert hits >= 6
     assert after["anabranch_policy_cache_entries"] >= 3
+
+
+async def test_the_tail_caches_stay_within_storage_cache_bytes(tmp_path: Path) -> None:
+    """Topics written one after another hold the broker's cache budget in all: the gauge
+    never passes it, the older topics' entries were evicted, and they still read back."""
+    async with InProcessBroker(tmp_path, metadata="memory", storage_cache_bytes=8192) as b:
+        topics = [f"persistent://public/default/cached-{i}" for i in range(4)]
+        async with Client(b.service_url) as client:
+            for topic in topics:
+                producer = await client.create_producer(topic)
+                for n in range(20):
+                    await producer.send(f"{topic}:{n}".encode() + b"." * 300)
+                await producer.close()
+                held = (await scrape(b))["anabranch_storage_cache_bytes"]
+                assert 0 < held <= 8192
+            metrics = await scrape(b)
+            assert metrics["anabranch_storage_cache_limit_bytes"] == 8192
+            assert metrics["anabranch_storage_cache_evicted_bytes_total"] > 4 * 20 * 300 - 8192
+            consumer = await client.subscribe(topics[0], "s", initial_position="earliest")
+            for n in range(20):
+                msg = await consumer.receive(timeout=10)
+                assert msg is not None
+                assert msg.value.startswith(f"{topics[0]}:{n}.".encode())
+            await consumer.close()

@@ -24,6 +24,8 @@ class _Model:
     """Live batches in the order they came: (cache index, ledger id, size)."""
 
     live: list[tuple[int, int, int]] = field(default_factory=list)
+    evicted: int = 0
+    """Bytes the budget (not a cache itself) evicted."""
 
     def add(self, cache: int, ledger: int, size: int) -> None:
         if LIMITS[cache] <= 0:
@@ -31,7 +33,7 @@ class _Model:
         self.live.append((cache, ledger, size))
         # The budget first: the oldest anywhere, never the batch just added.
         while sum(s for _, _, s in self.live) > BUDGET and len(self.live) > 1:
-            del self.live[0]
+            self.evicted += self.live.pop(0)[2]
         # Then the cache's own limit: its oldest, never its newest.
         while True:
             own = [b for b in self.live if b[0] == cache]
@@ -79,6 +81,7 @@ class TailCacheMachine(RuleBasedStateMachine):
         for i, cache in enumerate(self.caches):
             assert cache.held == sum(s for c, _, s in self.model.live if c == i)
         assert self.budget.held == sum(cache.held for cache in self.caches)
+        assert self.budget.evicted_bytes == self.model.evicted
         live = len(self.model.live)
         assert self.budget.held <= BUDGET or live == 1
 

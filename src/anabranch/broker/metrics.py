@@ -39,6 +39,7 @@ from prometheus_client.registry import Collector
 
 from anabranch.broker.txn_metrics import TxnCollector
 from anabranch.metadata.record_cache import RecordCache
+from anabranch.storage.tail_cache import TailCacheBudget
 
 if TYPE_CHECKING:
     from anabranch.broker.service import BrokerService
@@ -403,6 +404,44 @@ class ScalableCollector(Collector):
             yield counter
 
 
+class TailCacheCollector(Collector):
+    """The broker-wide budget of the ledgers' tail caches (Pulsar's ``pulsar_ml_cache_*``).
+
+    Example:
+        >>> registry = CollectorRegistry(auto_describe=False)
+        >>> registry.register(TailCacheCollector(TailCacheBudget(limit_bytes=100), "c"))
+        >>> text = render(registry).decode()
+        >>> 'anabranch_storage_cache_limit_bytes{cluster="c"} 100.0' in text
+        True
+    """
+
+    def __init__(self, budget: TailCacheBudget, cluster: str) -> None:
+        self.budget = budget
+        self.cluster = cluster
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        b = self.budget
+        for name, text, value in (
+            ("storage_cache_bytes", "Entries held in memory for tailing readers, over all "
+             "topics (pulsar_ml_cache_used_size).", b.held),
+            ("storage_cache_limit_bytes", "The broker's storage_cache_bytes.", b.limit),
+        ):  # fmt: skip
+            gauge = GaugeMetricFamily(f"anabranch_{name}", text, labels=["cluster"])
+            gauge.add_metric([self.cluster], value)
+            yield gauge
+        counter = CounterMetricFamily(
+            "anabranch_storage_cache_evicted_bytes",
+            "Bytes evicted to keep the caches within storage_cache_bytes "
+            "(pulsar_ml_cache_evictions, in bytes).",
+            labels=["cluster"],
+        )
+        counter.add_metric([self.cluster], b.evicted_bytes)
+        yield counter
+
+
 def broker_registry(service: BrokerService) -> CollectorRegistry:
     """A registry (not the global one: several brokers may share a process in tests) with
     this broker's collector.
@@ -434,6 +473,9 @@ def broker_registry(service: BrokerService) -> CollectorRegistry:
         )
     if getattr(service, "txn_coordinator", None) is not None:
         registry.register(TxnCollector(service))  # the anabranch_txn_* families
+    budget = getattr(service.ledgers, "tail_budget", None)
+    if isinstance(budget, TailCacheBudget):
+        registry.register(TailCacheCollector(budget, service.config.cluster_name))
     cache = getattr(service, "policy_cache", None)
     if isinstance(cache, RecordCache):
         registry.register(PolicyCacheCollector(cache, service.config.cluster_name))

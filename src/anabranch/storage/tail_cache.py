@@ -60,6 +60,8 @@ class TailCacheBudget:
         self._serial = 0
         self._live = 0
         self._stale = 0
+        self.evicted_bytes = 0
+        """Bytes the budget took from caches (metrics): what idle topics gave up."""
 
     def _admit(self, cache: TailCache, size: int) -> int:
         self._serial += 1
@@ -74,6 +76,7 @@ class TailCacheBudget:
                 self._stale -= 1
             else:
                 self.held -= size_freed
+                self.evicted_bytes += size_freed
                 self._live -= 1
         return self._serial
 
