@@ -3,8 +3,10 @@
 Each of ``c`` workers owns one key and loops ``put(key, value, expected_version=v)``
 with the version its previous put returned, for ``--seconds`` per case. Backends:
 memory, sqlite (``synchronous=FULL``, group commit) and etcd (a real server from
-``anabranch.testing.etcd`` when that module and the binary are present). The last
-printed line is one JSON object with every figure.
+``anabranch.testing.etcd`` when that module and the binary are present), twice: ``etcd``
+as the broker runs it (concurrent commits share Txns, ``metadata/etcd_coalesce.py``) and
+``etcd_single``, its baseline in the same run (a Txn per commit, each on a fresh server).
+The last printed line is one JSON object with every figure (and the etcd ratios).
 
 Usage: ``python benchmarks/metadata_cas.py [--seconds 3] [--backends memory,sqlite,etcd]``
 """
@@ -79,7 +81,8 @@ async def open_backend(name: str, workdir: Path) -> AsyncIterator[MetadataStore]
         from anabranch.testing.etcd import EtcdServer
 
         server = await asyncio.to_thread(EtcdServer.start, workdir / "etcd")
-        store = await EtcdMetadataStore.open(server.endpoint)
+        # etcd_single: every commit in a Txn of its own (the baseline of coalescing).
+        store = await EtcdMetadataStore.open(server.endpoint, coalesce=name == "etcd")
     try:
         yield store
     finally:
@@ -93,7 +96,7 @@ def available_backends() -> list[str]:
     if importlib.util.find_spec("anabranch.metadata.etcd") and importlib.util.find_spec(
         "anabranch.testing.etcd"
     ):
-        backends.append("etcd")
+        backends += ["etcd_single", "etcd"]
     return backends
 
 
@@ -115,7 +118,16 @@ async def main() -> None:
                         f"  p50 {figures['p50_ms']:.3f} ms  p99 {figures['p99_ms']:.3f} ms",
                         flush=True,
                     )
-    print(json.dumps({"benchmark": "metadata_cas", "seconds": args.seconds, "results": results}))
+    out: dict[str, object] = {"benchmark": "metadata_cas", "seconds": args.seconds}
+    out["results"] = results
+    if "etcd" in results and "etcd_single" in results:
+        out["etcd_coalesced_vs_single"] = {
+            case: round(
+                results["etcd"][case]["ops_per_s"] / results["etcd_single"][case]["ops_per_s"], 3
+            )
+            for case in results["etcd"]
+        }
+    print(json.dumps(out))
 
 
 if __name__ == "__main__":

@@ -29,7 +29,8 @@ METADATA_WATCH_QUEUE_EVENTS_MAX = 10_000
 so the watcher re-lists instead of the store growing without bound."""
 
 METADATA_WRITE_QUEUE_MAX = 10_000
-"""Writes queued for the SQLite writer thread; callers wait for room (backpressure)."""
+"""Writes queued for the SQLite writer thread, or for an etcd Txn; callers wait for room
+(backpressure)."""
 
 METADATA_GROUP_COMMIT_OPS_MAX = 512
 """Writes applied per SQLite transaction; bounds commit latency under load."""
@@ -136,6 +137,10 @@ etcd's --max-request-bytes default (1.5 MiB); the server would reject it anyway.
 ETCD_RESPONSE_BYTES_MAX = 256 * 1024 * 1024
 """Largest gRPC message the client accepts (a listing page of big values); gRPC's 4 MiB
 default would fail a page of a few 1 MiB values. Pages are bounded by METADATA_LIST_LIMIT_MAX."""
+
+ETCD_COMMITS_IN_FLIGHT_MAX = 2
+"""etcd Txns of commits one store has outstanding; commits arriving meanwhile wait and
+leave together in the next one (``metadata/etcd_coalesce.py``): fewer, fuller gRPC calls."""
 
 ETCD_RECONNECT_WINDOW_S = 30.0
 """How long a watch keeps re-opening its stream after the connection drops before raising

@@ -7,7 +7,8 @@ revisions. aetcd's high-level API lacks range limits, header revisions, lease ke
 watch resume (ecosystem.md §2.1), so this module talks to the raw stubs
 (``kvstub.Range/Txn/Compact``, ``leasestub``, ``WatchStub``) and aetcd only owns the channel.
 
-* Writes: ``put``, ``delete`` and ``commit`` are one etcd ``Txn`` each. Conditions become
+* Writes: ``put``, ``delete`` and ``commit`` are one etcd ``Txn`` each, or share one with
+  other callers' concurrent commits on other keys (``etcd_coalesce.py``). Conditions become
   compares (``version == n``; ``version == 0`` for must-not-exist; ``create_revision == r``
   for a fencing Check). The failure branch reads every compared key in the same Txn, so a
   failed condition is reported as ``BadVersion(path, expected, actual)`` with the actual
@@ -84,6 +85,7 @@ from anabranch.metadata.api import (
     validate_value,
 )
 from anabranch.metadata.etcd_channel import EtcdChannel, EtcdOptions
+from anabranch.metadata.etcd_coalesce import PendingCommit, holds, take_batch
 from anabranch.supervisor import report_death
 
 _SEQUENCE_MARK = b"\x00seq"
@@ -120,8 +122,19 @@ class EtcdMetadataStore:
             await store.close()
     """
 
-    def __init__(self, client: EtcdChannel, endpoint: str, namespace: str) -> None:
+    def __init__(
+        self, client: EtcdChannel, endpoint: str, namespace: str, *, coalesce: bool = True
+    ) -> None:
         self._client = client
+        self._coalesce = coalesce
+        self._queue: collections.deque[PendingCommit] = collections.deque()
+        self._in_flight = 0
+        self._room = asyncio.Semaphore(limits.METADATA_WRITE_QUEUE_MAX)
+        self._senders: set[asyncio.Task[None]] = set()
+        self.commits_sent = 0
+        """Commits sent to etcd (metrics; with ``txns_sent``: how much coalescing saves)."""
+        self.txns_sent = 0
+        """Txn requests those commits took."""
         self._endpoint = endpoint
         self._ns = namespace.encode("utf-8")
         self._watch_stub = client.watchstub
@@ -133,13 +146,19 @@ class EtcdMetadataStore:
 
     @classmethod
     async def open(
-        cls, endpoints: str, *, namespace: str = "", options: EtcdOptions | None = None
+        cls,
+        endpoints: str,
+        *,
+        namespace: str = "",
+        options: EtcdOptions | None = None,
+        coalesce: bool = True,
     ) -> EtcdMetadataStore:
         """Connect to comma-separated ``host:port`` endpoints (``http://`` prefixes are
         accepted) and check that etcd answers; MetadataUnavailable when it does not.
 
         ``options`` add TLS and user/password (:class:`EtcdOptions`); with several
-        endpoints a call fails over to the next member when one goes away.
+        endpoints a call fails over to the next member when one goes away. ``coalesce``
+        off sends every commit in a Txn of its own (the benchmark's baseline).
         """
         if namespace:
             validate_path(namespace)
@@ -150,7 +169,7 @@ class EtcdMetadataStore:
         except _RPC_ERRORS as err:
             raise MetadataUnavailable(f"etcd at {endpoint}: {err}") from err
         try:
-            store = cls(client, endpoint, namespace)
+            store = cls(client, endpoint, namespace, coalesce=coalesce)
             await store.current_revision()
         except BaseException as err:
             await client.close()
@@ -330,11 +349,33 @@ class EtcdMetadataStore:
         """Apply every op in one etcd Txn, or none (BadVersion names the failed path)."""
         ops = validate_ops(ops)
         self._check_open()
+        pending = self._pending(ops)
+        if not self._coalesce:
+            return await self._commit_alone(pending)
+        if not self._queue and self._in_flight < limits.ETCD_COMMITS_IN_FLIGHT_MAX:
+            # Nothing waits and there is room: go now, from this task (no hand-off).
+            self._in_flight += 1
+            try:
+                return await self._commit_alone(pending)
+            finally:
+                self._in_flight -= 1
+                if not self._closed:
+                    self._pump()
+        async with self._room:  # callers past METADATA_WRITE_QUEUE_MAX wait here
+            future: asyncio.Future[CommitResult] = asyncio.get_running_loop().create_future()
+            pending.future = future
+            self._queue.append(pending)
+            self._pump()
+            return await future
+
+    def _pending(self, ops: list[Op]) -> PendingCommit:
         compare: list[Any] = []
         compared: dict[str, bytes] = {}
         success: list[Any] = []
+        keys: set[bytes] = set()
         for op in ops:
             key = self._key(op.path)
+            keys.add(key)
             compare.extend(_compares(op, key))
             if op.expected_version is not None or getattr(op, "expected_create_revision", None):
                 compared[op.path] = key
@@ -347,37 +388,125 @@ class EtcdMetadataStore:
                 f"{len(compare)} conditions in one commit, over {limits.METADATA_TXN_OPS_MAX}"
             )
         failure = [_range_op(key) for key in compared.values()]
-        response = await self._txn(compare, success, failure)
-        if not response.succeeded:
-            raise self._bad_version(ops, response)
-        return CommitResult(response.header.revision, self._results(ops, response))
+        size = rpc.TxnRequest(compare=compare, success=success, failure=failure).ByteSize()
+        if size > limits.ETCD_REQUEST_BYTES_MAX:
+            raise ValueTooLarge("etcd commit request", size, limits.ETCD_REQUEST_BYTES_MAX)
+        return PendingCommit(ops, compare, success, failure, frozenset(keys), size)
 
-    def _bad_version(self, ops: list[Op], response: Any) -> BadVersion:
-        """The first op whose condition failed, with the facts the Txn read."""
-        actual: dict[str, Any] = {}
+    async def _commit_alone(self, pending: PendingCommit) -> CommitResult:
+        self.commits_sent += 1
+        self.txns_sent += 1
+        response = await self._txn(pending.compare, pending.success, pending.failure)
+        if not response.succeeded:
+            raise self._bad_version(pending.ops, response)
+        revision = response.header.revision
+        return CommitResult(revision, self._results(pending.ops, response.responses, revision))
+
+    def _pump(self) -> None:
+        """Send what waits, as long as fewer than ETCD_COMMITS_IN_FLIGHT_MAX Txns are out."""
+        while self._in_flight < limits.ETCD_COMMITS_IN_FLIGHT_MAX and self._queue:
+            batch = take_batch(
+                self._queue,
+                ops_max=limits.METADATA_TXN_OPS_MAX,
+                bytes_max=limits.ETCD_REQUEST_BYTES_MAX,
+            )
+            if not batch:
+                return
+            self._in_flight += 1
+            task = asyncio.create_task(self._send(batch), name="etcd-commit")
+            self._senders.add(task)
+            task.add_done_callback(self._senders.discard)
+
+    async def _send(self, batch: list[PendingCommit]) -> None:
+        try:
+            await self._send_batch(batch)
+        except BaseException as err:
+            failure = err if isinstance(err, Exception) else Closed("etcd commit cancelled")
+            for pending in batch:
+                _settle(pending, error=failure)
+            if not isinstance(err, Exception):
+                raise
+        finally:
+            self._in_flight -= 1
+            if self._closed:
+                self._fail_queue()
+            else:
+                self._pump()
+
+    async def _send_batch(self, batch: list[PendingCommit]) -> None:
+        if len(batch) == 1:
+            try:
+                _settle(batch[0], result=await self._commit_alone(batch[0]))
+            except AnabranchError as err:
+                _settle(batch[0], error=err)
+            return
+        self.commits_sent += len(batch)
+        self.txns_sent += 1
+        try:
+            response = await self._txn(
+                [c for pending in batch for c in pending.compare],
+                [op for pending in batch for op in pending.success],
+                [op for pending in batch for op in pending.failure],
+            )
+        except (SessionExpired, InvalidArgument, ValueTooLarge):
+            # etcd refused the request, so nothing of it was applied; one commit is at
+            # fault (an expired session's lease, say): each goes alone for its own answer.
+            await asyncio.gather(*(self._send_batch([pending]) for pending in batch))
+            return
+        except AnabranchError as err:
+            for pending in batch:
+                _settle(pending, error=err)
+            return
+        revision = response.header.revision
+        if response.succeeded:
+            replies = list(response.responses)
+            at = 0
+            for pending in batch:
+                mine = replies[at : at + len(pending.success)]
+                at += len(pending.success)
+                results = self._results(pending.ops, mine, revision)
+                _settle(pending, result=CommitResult(revision, results))
+            return
+        # Nothing applied. Judge each commit on the facts the failure branch read; those
+        # whose conditions hold go again, first in line.
+        facts = self._facts(response)
+        again: list[PendingCommit] = []
+        for pending in batch:
+            broken = holds(pending.ops, facts)
+            if broken is None:
+                again.append(pending)
+            else:
+                _settle(pending, error=BadVersion(*broken))
+        self._queue.extendleft(reversed(again))
+
+    def _fail_queue(self) -> None:
+        while self._queue:
+            _settle(self._queue.popleft(), error=Closed("etcd metadata store is closed"))
+
+    def _facts(self, response: Any) -> dict[str, tuple[int, int]]:
+        """(version, create revision) of every key a failed Txn's failure branch read."""
+        facts: dict[str, tuple[int, int]] = {}
         for reply in response.responses:
             for kv in reply.response_range.kvs:
-                actual[self._path(kv.key)] = kv
-        for op in ops:
-            kv = actual.get(op.path)
-            version = kv.version if kv is not None else 0
-            if op.expected_version is not None and op.expected_version != version:
-                return BadVersion(op.path, op.expected_version, version)
-            wanted = op.expected_create_revision if isinstance(op, Check) else None
-            if wanted is not None:
-                create_revision = kv.create_revision if kv is not None else 0
-                if wanted != create_revision:
-                    return BadVersion(op.path, wanted, create_revision)
-        # Unreachable: the failure branch read every compared key in the same revision.
-        raise MetadataError(f"etcd Txn failed but every condition holds: {ops!r}")
+                facts[self._path(kv.key)] = (kv.version, kv.create_revision)
+        return facts
 
-    def _results(self, ops: list[Op], response: Any) -> list[Stat | bool | None]:
-        replies = iter(response.responses)
-        revision = response.header.revision
+    def _bad_version(self, ops: Sequence[Op], response: Any) -> BadVersion:
+        """The first op whose condition failed, with the facts the Txn read."""
+        broken = holds(ops, self._facts(response))
+        if broken is None:
+            # Unreachable: the failure branch read every compared key in the same revision.
+            raise MetadataError(f"etcd Txn failed but every condition holds: {ops!r}")
+        return BadVersion(*broken)
+
+    def _results(
+        self, ops: Sequence[Op], replies: Sequence[Any], revision: int
+    ) -> list[Stat | bool | None]:
+        answers = iter(replies)
         results: list[Stat | bool | None] = []
         for op in ops:
             if isinstance(op, Put):
-                prev = next(replies).response_put.prev_kv
+                prev = next(answers).response_put.prev_kv
                 existed = bool(prev.key)
                 results.append(
                     Stat(
@@ -388,7 +517,7 @@ class EtcdMetadataStore:
                     )
                 )
             elif isinstance(op, Delete):
-                results.append(next(replies).response_delete_range.deleted > 0)
+                results.append(next(answers).response_delete_range.deleted > 0)
             else:
                 results.append(None)
         return results
@@ -563,9 +692,11 @@ class EtcdMetadataStore:
             return_exceptions=True,
         )
         self._closed = True
+        self._fail_queue()
         for watch in list(self._watches):
             await watch._shutdown(Closed("etcd metadata store is closed"))
         await self._client.close()
+        await asyncio.gather(*self._senders, return_exceptions=True)
 
 
 class EtcdSession:
@@ -819,6 +950,22 @@ class EtcdWatch:
         self.reconnects += 1
         await asyncio.sleep(self._backoff_s)
         self._backoff_s = min(self._backoff_s * 2, limits.ETCD_RECONNECT_BACKOFF_MAX_S)
+
+
+def _settle(
+    pending: PendingCommit,
+    *,
+    result: CommitResult | None = None,
+    error: BaseException | None = None,
+) -> None:
+    """Answer a queued commit's caller (unless it gave up)."""
+    future = pending.future
+    if future is None or future.done():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
 
 
 # --- request builders ------------------------------------------------------------------------
