@@ -451,7 +451,7 @@ class EtcdMetadataStore:
         except (SessionExpired, InvalidArgument, ValueTooLarge):
             # etcd refused the request, so nothing of it was applied; one commit is at
             # fault (an expired session's lease, say): each goes alone for its own answer.
-            await asyncio.gather(*(self._send_batch([pending]) for pending in batch))
+            await asyncio.gather(*(self._send_batch([p]) for p in batch if p.waiting))
             return
         except AnabranchError as err:
             for pending in batch:
