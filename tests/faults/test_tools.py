@@ -155,3 +155,26 @@ async def test_a_start_cancelled_during_the_launch_leaves_no_process_running(
         await start
     assert broker.process is not None  # the launched process is owned...
     assert broker.process.poll() is not None  # ...and was killed and reaped
+
+
+class _CountedSpawn(_SlowSpawn):
+    """Counts its launches (slow ones, so two starts overlap in the launch)."""
+
+    launches = 0
+
+    def _spawn(self, args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+        self.launches += 1
+        return super()._spawn(args, env)
+
+
+async def test_two_starts_at_once_launch_one_broker(tmp_path: Path) -> None:
+    """A fault's restart and the heal's may start a broker at the same moment: one process
+    is launched, and it is the one remembered (so it is the one stopped)."""
+    broker = _CountedSpawn(tmp_path / "b")
+    try:
+        await asyncio.gather(broker.start(), broker.start())
+        assert broker.launches == 1
+        assert broker.running
+    finally:
+        await broker.stop()
+    assert broker.process is not None and broker.process.poll() is not None

@@ -163,6 +163,7 @@ class BrokerSubprocess:
         self.process: subprocess.Popen[bytes] | None = None
         self.probe_auth: tuple[str | None, bytes | None] = (None, None)
         """CONNECT credentials of the readiness probe (a broker with authentication on)."""
+        self._starting = asyncio.Lock()
 
     @property
     def service_url(self) -> str:
@@ -181,7 +182,16 @@ class BrokerSubprocess:
         raise NotImplementedError
 
     async def start(self) -> None:
-        """Start the process (if not running) and wait until it serves."""
+        """Start the process (if not running) and wait until it serves.
+
+        Starts take turns: two at once (a fault's own restart and the heal's) would both
+        see no process and launch two; the one refused the data directory's lock would
+        then be the one remembered, leaving the serving one unknown and never stopped.
+        """
+        async with self._starting:
+            await self._start()
+
+    async def _start(self) -> None:
         if self.running:
             return
         args, env = self._command()
