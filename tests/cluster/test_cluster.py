@@ -76,6 +76,28 @@ async def test_official_client_at_any_broker_reaches_the_owner(cluster: LocalClu
     assert await cluster.owner_of(topic) is owner
 
 
+async def test_metrics_count_etcd_commits_and_the_txns_they_took(cluster: LocalCluster) -> None:
+    """A broker on etcd reports its metadata commits and Txns; concurrent commits share
+    Txns, so there are never more Txns than commits."""
+    topic, owner, _ = await owned_topic(cluster, "metered")
+    async with Client(owner.service_url) as client:
+        # 20 subscriptions created at once: their cursors are concurrent commits.
+        consumers = await asyncio.gather(
+            *(client.subscribe(topic, f"s{i}", initial_position="earliest") for i in range(20))
+        )
+        await asyncio.gather(*(c.close() for c in consumers))
+    status, text = await cluster.http("GET", "/metrics", via=owner)
+    assert status == 200
+    samples = {
+        line.split("{")[0]: float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("anabranch_metadata_")
+    }
+    commits = samples["anabranch_metadata_commits_total"]
+    txns = samples["anabranch_metadata_txns_total"]
+    assert commits >= 20 and 0 < txns <= commits
+
+
 async def test_our_client_at_a_non_owner_reaches_the_owner(cluster: LocalCluster) -> None:
     topic, owner, (bootstrap, _) = await owned_topic(cluster, "ours")
     async with Client(bootstrap.service_url) as client:

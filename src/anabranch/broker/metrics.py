@@ -442,6 +442,27 @@ class TailCacheCollector(Collector):
         yield counter
 
 
+class EtcdCommitCollector(Collector):
+    """How many metadata commits an etcd-backed broker sent, in how many Txns (concurrent
+    commits share them: ``metadata/etcd_coalesce.py``)."""
+
+    def __init__(self, store: Any, cluster: str) -> None:
+        self.store = store
+        self.cluster = cluster
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        for name, text, value in (
+            ("metadata_commits", "Metadata commits sent to etcd.", self.store.commits_sent),
+            ("metadata_txns", "etcd Txn requests those commits took.", self.store.txns_sent),
+        ):
+            counter = CounterMetricFamily(f"anabranch_{name}", text, labels=["cluster"])
+            counter.add_metric([self.cluster], value)
+            yield counter
+
+
 def broker_registry(service: BrokerService) -> CollectorRegistry:
     """A registry (not the global one: several brokers may share a process in tests) with
     this broker's collector.
@@ -473,6 +494,9 @@ def broker_registry(service: BrokerService) -> CollectorRegistry:
         )
     if getattr(service, "txn_coordinator", None) is not None:
         registry.register(TxnCollector(service))  # the anabranch_txn_* families
+    store = getattr(service, "store", None)
+    if store is not None and hasattr(store, "txns_sent"):
+        registry.register(EtcdCommitCollector(store, service.config.cluster_name))
     budget = getattr(service.ledgers, "tail_budget", None)
     if isinstance(budget, TailCacheBudget):
         registry.register(TailCacheCollector(budget, service.config.cluster_name))
