@@ -2,8 +2,8 @@
 
 Why: a gRPC call costs the broker ~0.1 ms of CPU, and concurrent commits each paid one
 (9 000 CAS/s at concurrency 64, against 50 000 on SQLite, which group-commits). Commits
-queue while ``in_flight_max`` Txns are outstanding; the next Txn takes every waiting
-commit it can hold. What the Txn applies is what applying them one after another would:
+queue while ``ETCD_COMMITS_IN_FLIGHT_MAX`` Txns are outstanding; the next Txn takes every
+waiting commit it can hold. What it applies is what applying them one after another would:
 
 * **disjoint keys**: a commit joins a Txn only if no key it reads or writes is read or
   written by another commit in it, so every compare of the Txn sees what it would see
