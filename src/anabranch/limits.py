@@ -142,6 +142,11 @@ ETCD_COMMITS_IN_FLIGHT_MAX = 2
 """etcd Txns of commits one store has outstanding; commits arriving meanwhile wait and
 leave together in the next one (``metadata/etcd_coalesce.py``): fewer, fuller gRPC calls."""
 
+ETCD_COMMIT_SLOW_S = 0.05
+"""A Txn out longer than this stops counting towards ETCD_COMMITS_IN_FLIGHT_MAX (a healthy
+one takes a few ms even at concurrency 64), so commits never queue for long behind Txns
+stuck on a cut connection."""
+
 ETCD_RECONNECT_WINDOW_S = 30.0
 """How long a watch keeps re-opening its stream after the connection drops before raising
 MetadataUnavailable (retriable; iterating again retries). Covers an etcd restart."""

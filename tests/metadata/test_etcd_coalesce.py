@@ -7,6 +7,7 @@ import asyncio
 import itertools
 from collections import deque
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -185,3 +186,31 @@ async def test_an_expired_session_fails_only_its_commit(store: EtcdMetadataStore
     for n in range(10):
         assert await store.get(f"/s/{n}") is not None
     assert await store.get("/s/eph") is None
+
+
+async def test_commits_do_not_queue_behind_stuck_txns(
+    store: EtcdMetadataStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two Txns stuck (a cut link answers only at the deadline) fill the in-flight limit;
+    a later commit still goes once they have been out for ETCD_COMMIT_SLOW_S, and lands
+    while they are stuck."""
+    release = asyncio.Event()
+    real_txn = store._txn
+    calls = 0
+
+    async def txn(*args: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        if calls <= 2:
+            await release.wait()
+        return await real_txn(*args)
+
+    monkeypatch.setattr(store, "_txn", txn)
+    stuck = [asyncio.create_task(store.put(f"/stuck/{i}", b"")) for i in range(2)]
+    await asyncio.sleep(0)  # both are out
+    assert calls == 2
+    stat = await store.put("/after", b"v")  # would wait for `release` if it queued
+    assert stat.version == 1
+    assert not any(task.done() for task in stuck)
+    release.set()
+    await asyncio.gather(*stuck)

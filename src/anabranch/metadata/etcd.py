@@ -128,7 +128,10 @@ class EtcdMetadataStore:
         self._client = client
         self._coalesce = coalesce
         self._queue: collections.deque[PendingCommit] = collections.deque()
-        self._in_flight = 0
+        self._out: dict[int, float] = {}
+        """Txns outstanding: serial -> loop time sent."""
+        self._out_serial = 0
+        self._wake: asyncio.TimerHandle | None = None
         self._room = asyncio.Semaphore(limits.METADATA_WRITE_QUEUE_MAX)
         self._senders: set[asyncio.Task[None]] = set()
         self.commits_sent = 0
@@ -352,13 +355,13 @@ class EtcdMetadataStore:
         pending = self._pending(ops)
         if not self._coalesce:
             return await self._commit_alone(pending)
-        if not self._queue and self._in_flight < limits.ETCD_COMMITS_IN_FLIGHT_MAX:
+        if not self._queue and self._may_send():
             # Nothing waits and there is room: go now, from this task (no hand-off).
-            self._in_flight += 1
+            serial = self._sending()
             try:
                 return await self._commit_alone(pending)
             finally:
-                self._in_flight -= 1
+                del self._out[serial]
                 if not self._closed:
                     self._pump()
         async with self._room:  # callers past METADATA_WRITE_QUEUE_MAX wait here
@@ -402,9 +405,26 @@ class EtcdMetadataStore:
         revision = response.header.revision
         return CommitResult(revision, self._results(pending.ops, response.responses, revision))
 
+    def _may_send(self) -> bool:
+        """Fewer than ETCD_COMMITS_IN_FLIGHT_MAX Txns out, not counting those out for
+        longer than ETCD_COMMIT_SLOW_S: a Txn stuck on a cut link (answered only at its
+        deadline) must not hold back commits a healed link would carry at once."""
+        if len(self._out) < limits.ETCD_COMMITS_IN_FLIGHT_MAX:
+            return True
+        young = asyncio.get_running_loop().time() - limits.ETCD_COMMIT_SLOW_S
+        return sum(sent > young for sent in self._out.values()) < (
+            limits.ETCD_COMMITS_IN_FLIGHT_MAX
+        )
+
+    def _sending(self) -> int:
+        self._out_serial += 1
+        self._out[self._out_serial] = asyncio.get_running_loop().time()
+        return self._out_serial
+
     def _pump(self) -> None:
-        """Send what waits, as long as fewer than ETCD_COMMITS_IN_FLIGHT_MAX Txns are out."""
-        while self._in_flight < limits.ETCD_COMMITS_IN_FLIGHT_MAX and self._queue:
+        """Send what waits while :meth:`_may_send`; if some still waits, look again once
+        the Txns out may have turned slow."""
+        while self._queue and self._may_send():
             batch = take_batch(
                 self._queue,
                 ops_max=limits.METADATA_TXN_OPS_MAX,
@@ -412,12 +432,20 @@ class EtcdMetadataStore:
             )
             if not batch:
                 return
-            self._in_flight += 1
-            task = asyncio.create_task(self._send(batch), name="etcd-commit")
+            task = asyncio.create_task(self._send(batch, self._sending()), name="etcd-commit")
             self._senders.add(task)
             task.add_done_callback(self._senders.discard)
+        if self._queue and self._wake is None:
+            self._wake = asyncio.get_running_loop().call_later(
+                limits.ETCD_COMMIT_SLOW_S, self._woken
+            )
 
-    async def _send(self, batch: list[PendingCommit]) -> None:
+    def _woken(self) -> None:
+        self._wake = None
+        if not self._closed:
+            self._pump()
+
+    async def _send(self, batch: list[PendingCommit], serial: int) -> None:
         try:
             await self._send_batch(batch)
         except BaseException as err:
@@ -427,7 +455,7 @@ class EtcdMetadataStore:
             if not isinstance(err, Exception):
                 raise
         finally:
-            self._in_flight -= 1
+            del self._out[serial]
             if self._closed:
                 self._fail_queue()
             else:
@@ -692,6 +720,8 @@ class EtcdMetadataStore:
             return_exceptions=True,
         )
         self._closed = True
+        if self._wake is not None:
+            self._wake.cancel()
         self._fail_queue()
         for watch in list(self._watches):
             await watch._shutdown(Closed("etcd metadata store is closed"))
