@@ -195,7 +195,7 @@ async def test_commits_do_not_queue_behind_stuck_txns(
     a later commit still goes once they have been out for ETCD_COMMIT_SLOW_S, and lands
     while they are stuck."""
     release = asyncio.Event()
-    real_txn = store._txn
+    real_txn = store._send_txn
     calls = 0
 
     async def txn(*args: Any) -> Any:
@@ -205,7 +205,7 @@ async def test_commits_do_not_queue_behind_stuck_txns(
             await release.wait()
         return await real_txn(*args)
 
-    monkeypatch.setattr(store, "_txn", txn)
+    monkeypatch.setattr(store, "_send_txn", txn)
     stuck = [asyncio.create_task(store.put(f"/stuck/{i}", b"")) for i in range(2)]
     await asyncio.sleep(0)  # both are out
     assert calls == 2

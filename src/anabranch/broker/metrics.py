@@ -135,6 +135,19 @@ def _storage_size(topic: PersistentTopic) -> int:
     return sum(int(getattr(info, "size", 0)) for info in getattr(topic.ledger, "ledgers", []))
 
 
+def _per_cluster(
+    family: type[CounterMetricFamily] | type[GaugeMetricFamily],
+    rows: Iterable[tuple[str, str, float]],
+    cluster: str,
+    prefix: str = "anabranch",
+) -> Iterator[Metric]:
+    """One metric family per (name, help, value) row, its one sample labelled ``cluster``."""
+    for name, text, value in rows:
+        metric = family(f"{prefix}_{name}", text, labels=["cluster"])
+        metric.add_metric([cluster], value)
+        yield metric
+
+
 class BrokerCollector(Collector):
     """Turns the broker's plain counters into metric families at scrape time."""
 
@@ -219,16 +232,13 @@ class BrokerCollector(Collector):
 
     def _broker_families(self, prefix: str, topic_count: int) -> Iterator[Metric]:
         c = self.counters
-        labels = ["cluster"]
-        for name, text, value in (
+        gauges = (
             ("topics_count", "Topics loaded on this broker (pulsar_topics_count).", topic_count),
             ("active_connections", "Open client connections (pulsar_active_connections).",
              c.active_connections),
-        ):  # fmt: skip
-            family = GaugeMetricFamily(f"{prefix}_{name}", text, labels=labels)
-            family.add_metric([self.cluster], value)
-            yield family
-        for name, text, value in (
+        )  # fmt: skip
+        yield from _per_cluster(GaugeMetricFamily, gauges, self.cluster, prefix)
+        counters = (
             ("connections_opened", "Client connections accepted "
              "(pulsar_connection_created_total_count).", c.connections_opened),
             ("connections_closed", "Client connections closed "
@@ -270,10 +280,8 @@ class BrokerCollector(Collector):
              c.authentication_failures),
             ("authentication_refreshes", "Expired credentials refreshed after a challenge.",
              c.authentication_refreshes),
-        ):  # fmt: skip
-            counter = CounterMetricFamily(f"{prefix}_{name}", text, labels=labels)
-            counter.add_metric([self.cluster], value)
-            yield counter
+        )  # fmt: skip
+        yield from _per_cluster(CounterMetricFamily, counters, self.cluster, prefix)
 
 
 def _namespace_of(topic: str) -> str:
@@ -295,21 +303,17 @@ class PolicyCacheCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         c = self._cache
-        for name, text, value in (
+        counters = (
             ("policy_cache_hits", "Policy reads answered from memory.", c.hits),
             ("policy_cache_misses", "Policy reads that went to the metadata store.", c.misses),
             ("policy_cache_drops", "Cached policy records dropped by a change.", c.dropped),
-        ):  # fmt: skip
-            counter = CounterMetricFamily(f"anabranch_{name}", text, labels=["cluster"])
-            counter.add_metric([self._cluster], value)
-            yield counter
-        for name, text, value in (
+        )  # fmt: skip
+        yield from _per_cluster(CounterMetricFamily, counters, self._cluster)
+        gauges = (
             ("policy_cache_entries", "Policy records held in memory.", c.size),
             ("policy_cache_live", "1 while the policy cache's watch is live.", int(c.live)),
-        ):  # fmt: skip
-            gauge = GaugeMetricFamily(f"anabranch_{name}", text, labels=["cluster"])
-            gauge.add_metric([self._cluster], value)
-            yield gauge
+        )  # fmt: skip
+        yield from _per_cluster(GaugeMetricFamily, gauges, self._cluster)
 
 
 class ScalableCollector(Collector):
@@ -354,7 +358,7 @@ class ScalableCollector(Collector):
         yield segments
         yield epochs
         c = scalable.counters
-        for name, text, value in (
+        counters = (
             ("splits", "Segment splits completed by this broker's controllers.", c.splits),
             ("merges", "Segment merges completed by this broker's controllers.", c.merges),
             ("prunes", "Drained sealed segments pruned from the DAG.", c.prunes),
@@ -364,20 +368,16 @@ class ScalableCollector(Collector):
              c.assignment_changes),
             ("controller_sessions_renewed", "Metadata sessions of this broker's controllers "
              "that expired (pause, partition) and were replaced.", c.sessions_renewed),
-        ):  # fmt: skip
-            counter = CounterMetricFamily(f"{prefix}_{name}", text, labels=["cluster"])
-            counter.add_metric([cluster], value)
-            yield counter
+        )  # fmt: skip
+        yield from _per_cluster(CounterMetricFamily, counters, cluster, prefix)
         yield from self._autoscale(prefix, cluster)
         endpoint = self.service.scalable_endpoint
-        for name, text, value in (
+        gauges = (
             ("watch_sessions", "Open DAG-watch sessions.", endpoint.watch_count()),
             ("namespace_watches", "Open namespace watches.", endpoint.namespace_watch_count()),
             ("consumers", "Connected stream/checkpoint consumers.", endpoint.consumer_count()),
-        ):
-            gauge = GaugeMetricFamily(f"{prefix}_{name}", text, labels=["cluster"])
-            gauge.add_metric([cluster], value)
-            yield gauge
+        )
+        yield from _per_cluster(GaugeMetricFamily, gauges, cluster, prefix)
 
     def _autoscale(self, prefix: str, cluster: str) -> Iterator[Metric]:
         autoscaler = getattr(self.service, "autoscaler", None)
@@ -393,15 +393,13 @@ class ScalableCollector(Collector):
         for (action, reason), value in sorted(c.decisions.items()):
             decisions.add_metric([cluster, action, reason], value)
         yield decisions
-        for name, text, value in (
+        counters = (
             ("autoscale_evaluations", "Policy evaluations of led scalable topics.",
              c.evaluations),
             ("autoscale_failures", "Autoscale evaluations or actions that failed (retried).",
              c.failures),
-        ):  # fmt: skip
-            counter = CounterMetricFamily(f"{prefix}_{name}", text, labels=["cluster"])
-            counter.add_metric([cluster], value)
-            yield counter
+        )  # fmt: skip
+        yield from _per_cluster(CounterMetricFamily, counters, cluster, prefix)
 
 
 class TailCacheCollector(Collector):
@@ -424,22 +422,18 @@ class TailCacheCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         b = self.budget
-        for name, text, value in (
+        gauges = (
             ("storage_cache_bytes", "Entries held in memory for tailing readers, over all "
              "topics (pulsar_ml_cache_used_size).", b.held),
             ("storage_cache_limit_bytes", "The broker's storage_cache_bytes.", b.limit),
-        ):  # fmt: skip
-            gauge = GaugeMetricFamily(f"anabranch_{name}", text, labels=["cluster"])
-            gauge.add_metric([self.cluster], value)
-            yield gauge
-        counter = CounterMetricFamily(
-            "anabranch_storage_cache_evicted_bytes",
+        )  # fmt: skip
+        yield from _per_cluster(GaugeMetricFamily, gauges, self.cluster)
+        evicted = (
             "Bytes evicted to keep the caches within storage_cache_bytes "
-            "(pulsar_ml_cache_evictions, in bytes).",
-            labels=["cluster"],
+            "(pulsar_ml_cache_evictions, in bytes)."
         )
-        counter.add_metric([self.cluster], b.evicted_bytes)
-        yield counter
+        counters = (("storage_cache_evicted_bytes", evicted, b.evicted_bytes),)
+        yield from _per_cluster(CounterMetricFamily, counters, self.cluster)
 
 
 class EtcdCommitCollector(Collector):
@@ -454,13 +448,11 @@ class EtcdCommitCollector(Collector):
         return []
 
     def collect(self) -> Iterator[Metric]:
-        for name, text, value in (
+        counters = (
             ("metadata_commits", "Metadata commits sent to etcd.", self.store.commits_sent),
             ("metadata_txns", "etcd Txn requests those commits took.", self.store.txns_sent),
-        ):
-            counter = CounterMetricFamily(f"anabranch_{name}", text, labels=["cluster"])
-            counter.add_metric([self.cluster], value)
-            yield counter
+        )
+        yield from _per_cluster(CounterMetricFamily, counters, self.cluster)
 
 
 def broker_registry(service: BrokerService) -> CollectorRegistry:

@@ -250,10 +250,10 @@ class EtcdMetadataStore:
         return await self._rpc("kvstub", "Range", request)
 
     async def _txn(self, compare: list[Any], success: list[Any], failure: list[Any]) -> Any:
-        request = rpc.TxnRequest(compare=compare, success=success, failure=failure)
-        size = request.ByteSize()
-        if size > limits.ETCD_REQUEST_BYTES_MAX:
-            raise ValueTooLarge("etcd commit request", size, limits.ETCD_REQUEST_BYTES_MAX)
+        request, _ = _txn_request(compare, success, failure)
+        return await self._send_txn(request, success)
+
+    async def _send_txn(self, request: Any, success: list[Any]) -> Any:
         lease_ids = [op.request_put.lease for op in success if op.request_put.lease]
         return await self._rpc("kvstub", "Txn", request, lease_ids)
 
@@ -391,15 +391,13 @@ class EtcdMetadataStore:
                 f"{len(compare)} conditions in one commit, over {limits.METADATA_TXN_OPS_MAX}"
             )
         failure = [_range_op(key) for key in compared.values()]
-        size = rpc.TxnRequest(compare=compare, success=success, failure=failure).ByteSize()
-        if size > limits.ETCD_REQUEST_BYTES_MAX:
-            raise ValueTooLarge("etcd commit request", size, limits.ETCD_REQUEST_BYTES_MAX)
-        return PendingCommit(ops, compare, success, failure, frozenset(keys), size)
+        request, size = _txn_request(compare, success, failure)
+        return PendingCommit(ops, compare, success, failure, frozenset(keys), size, request)
 
     async def _commit_alone(self, pending: PendingCommit) -> CommitResult:
         self.commits_sent += 1
         self.txns_sent += 1
-        response = await self._txn(pending.compare, pending.success, pending.failure)
+        response = await self._send_txn(pending.request, pending.success)
         if not response.succeeded:
             raise self._bad_version(pending.ops, response)
         revision = response.header.revision
@@ -999,6 +997,15 @@ def _settle(
 
 
 # --- request builders ------------------------------------------------------------------------
+
+
+def _txn_request(compare: list[Any], success: list[Any], failure: list[Any]) -> tuple[Any, int]:
+    """A Txn request and its bytes; ValueTooLarge past what etcd takes."""
+    request = rpc.TxnRequest(compare=compare, success=success, failure=failure)
+    size = request.ByteSize()
+    if size > limits.ETCD_REQUEST_BYTES_MAX:
+        raise ValueTooLarge("etcd commit request", size, limits.ETCD_REQUEST_BYTES_MAX)
+    return request, size
 
 
 def _stat(kv: Any) -> Stat:

@@ -44,7 +44,7 @@ from anabranch.metadata.api import Check, Op
 class PendingCommit:
     """One caller's commit, built and waiting for a Txn: its ops, the etcd request ops
     (compare, success, failure reads), every key it reads or writes, and its request's
-    bytes when sent alone."""
+    bytes when sent alone (``request``, built once: sent as is when it goes alone)."""
 
     ops: Sequence[Op]
     compare: list[Any]
@@ -52,6 +52,7 @@ class PendingCommit:
     failure: list[Any]
     keys: frozenset[bytes]
     size: int
+    request: Any = None
     future: asyncio.Future[Any] | None = field(default=None)
 
     @property
