@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -10,7 +11,7 @@ import pytest
 from anabranch import limits
 from anabranch.errors import Compacted, SessionExpired
 from anabranch.metadata import memory, sqlite
-from anabranch.metadata.api import EventKind, MetadataStore
+from anabranch.metadata.api import Delete, EventKind, MetadataStore, Put
 from anabranch.metadata.memory import MemoryMetadataStore
 from anabranch.metadata.sqlite import SqliteMetadataStore
 from anabranch.testing.clock import ManualClock
@@ -132,6 +133,58 @@ async def test_sqlite_survives_restart_and_replays_history(tmp_path: Path) -> No
         2,
         third.mod_revision,
     )
+
+
+async def test_sqlite_batches_larger_than_one_statement_survive_restart(tmp_path: Path) -> None:
+    # The writer stores a batch with multi-row statements of at most
+    # _ROWS_PER_STATEMENT rows: concurrent commits (one group-commit batch when they
+    # meet in the queue) of several chunks and a remainder must land whole, deletes
+    # included, and replay from the changelog.
+    size, per_commit = 2 * sqlite._ROWS_PER_STATEMENT + 7, limits.METADATA_TXN_OPS_MAX
+    names = [f"/big/{n:04}" for n in range(size)]
+    slices = [range(start, min(start + per_commit, size)) for start in range(0, size, per_commit)]
+    store = await SqliteMetadataStore.open(tmp_path / "meta.db")
+    try:
+        await asyncio.gather(
+            *(store.commit([Put(names[n], bytes([n % 256])) for n in part]) for part in slices)
+        )
+        middle = await store.current_revision()
+        await asyncio.gather(
+            *(
+                store.commit(
+                    [Delete(names[n]) if n % 2 == 0 else Put(names[n], b"again") for n in part]
+                )
+                for part in slices
+            )
+        )
+    finally:
+        await store.close()
+    again = await SqliteMetadataStore.open(tmp_path / "meta.db")
+    try:
+        page = await again.list_prefix("/big/")
+        # A sentinel ends the replay, so a lost changelog row fails instead of hanging.
+        await again.put("/big/~end", b"")
+        watch = again.watch("/big/", prefix=True, start_revision=1)
+        replayed = []
+        while (event := await watch.__anext__()).path != "/big/~end":
+            replayed.append(event)
+        await watch.close()
+    finally:
+        await again.close()
+    odd = names[1::2]
+    assert [(r.path, r.value, r.stat.version) for r in page.records] == [
+        (path, b"again", 2) for path in odd
+    ]
+    assert len(replayed) == 2 * size
+    created, changed = replayed[:size], replayed[size:]
+    assert sorted((e.kind, e.path, e.version) for e in created) == [
+        (EventKind.PUT, path, 1) for path in names
+    ]
+    assert all(e.revision <= middle for e in created)
+    assert sorted((e.kind.name, e.path) for e in changed) == sorted(
+        [("DELETE", path) for path in names[::2]] + [("PUT", path) for path in odd]
+    )
+    assert all(e.revision > middle for e in changed)
 
 
 async def test_sqlite_sessions_of_a_dead_process_expire_one_ttl_after_restart(

@@ -10,8 +10,9 @@ Theory of operation:
   the batch only once it succeeded; the other writes (sessions, compaction) each run in
   their own SAVEPOINT. Each caller's future resolves only after the COMMIT (with
   ``synchronous=FULL``, after the fsync), so an acknowledged write survives a crash.
-  Writes are staged and written with one ``executemany`` per batch: each statement is a
-  GIL hand-off between the writer and the loop, the real cost in CPython (research
+  Writes are staged and written with a few multi-row statements per batch: each
+  statement step is a GIL hand-off between the writer and the loop (``executemany``
+  steps once per row), the real cost in CPython (research
   measured 46k-61k CAS/s with group commit versus ~2k one at a time,
   ``research/ecosystem.md`` §2.3; ``benchmarks/metadata_cas.py`` measures ours).
 * **Reads on a reader thread** with their own connection: WAL readers never block
@@ -48,6 +49,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import queue
 import secrets
 import sqlite3
@@ -131,6 +133,13 @@ CREATE TABLE IF NOT EXISTS sessions(id INTEGER PRIMARY KEY, ttl REAL NOT NULL);
 _PREFETCH_KEYS_MAX = 500
 """Keys per prefetch statement (well under SQLite's bound on parameters)."""
 
+_ROWS_PER_STATEMENT = 100
+"""Rows per multi-row INSERT (600 parameters) or DELETE: under SQLite's historical bound
+of 999 parameters, so any build takes them."""
+
+_ROW_MARKS = "(?, ?, ?, ?, ?, ?)"
+"""One row of ``kv`` or ``changelog`` (both have six columns)."""
+
 _KIND_CODES = {EventKind.PUT: 0, EventKind.DELETE: 1}
 _CODE_KINDS = {code: kind for kind, code in _KIND_CODES.items()}
 _RECORD_COLUMNS = "key, value, version, create_rev, mod_rev, session"
@@ -138,7 +147,11 @@ _RECORD_COLUMNS = "key, value, version, create_rev, mod_rev, session"
 
 def _connect(path: Path, synchronous: str) -> sqlite3.Connection:
     # Autocommit mode: transactions are explicit BEGIN/COMMIT, never implicit.
-    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    # A multi-row statement's text depends on its row count: room for every count of
+    # both tables and the deletes, so the writer never prepares one twice.
+    conn = sqlite3.connect(
+        path, isolation_level=None, check_same_thread=False, cached_statements=512
+    )
     try:
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute(f"PRAGMA synchronous={synchronous}")
@@ -190,7 +203,7 @@ class _Writer:
     """The writer thread: drains the queue, one transaction per batch.
 
     Writes of a batch are staged in memory (``_staged_rows``/``_staged_log``) and written
-    with one ``executemany`` each just before COMMIT: every statement is a GIL round trip
+    with one multi-row statement each just before COMMIT: every statement step is a GIL round trip
     between this thread and the event loop, so fewer statements is what makes group
     commit fast in CPython. Reads consult the staging first, so later requests of a batch
     see the writes of earlier ones.
@@ -292,20 +305,26 @@ class _Writer:
             request.error = err
 
     def _flush(self) -> None:
-        deleted = [(key,) for key, row in self._staged_rows.items() if row is None]
+        deleted = [key for key, row in self._staged_rows.items() if row is None]
         written = [row for row in self._staged_rows.values() if row is not None]
-        if deleted:
-            self._conn.executemany("DELETE FROM kv WHERE key = ?", deleted)
-        if written:
-            self._conn.executemany("INSERT OR REPLACE INTO kv VALUES (?, ?, ?, ?, ?, ?)", written)
-        if self._staged_log:
-            self._conn.executemany(
-                "INSERT INTO changelog VALUES (?, ?, ?, ?, ?, ?)", self._staged_log
-            )
+        for start in range(0, len(deleted), _ROWS_PER_STATEMENT):
+            chunk = deleted[start : start + _ROWS_PER_STATEMENT]
+            self._conn.execute(f"DELETE FROM kv WHERE key IN ({','.join('?' * len(chunk))})", chunk)
+        self._insert("INSERT OR REPLACE INTO kv", written)
+        self._insert("INSERT INTO changelog", self._staged_log)
         self._staged_rows.clear()
         self._staged_log.clear()
         # What was prefetched is stale once staged rows reach the table.
         self._prefetched.clear()
+
+    def _insert(self, head: str, rows: Sequence[tuple[object, ...]]) -> None:
+        """``rows`` (six columns each) with one multi-row statement per chunk, not one
+        ``executemany`` step per row: each step releases and retakes the GIL, and under
+        load every retake waits for the event loop's next pause."""
+        for start in range(0, len(rows), _ROWS_PER_STATEMENT):
+            chunk = rows[start : start + _ROWS_PER_STATEMENT]
+            marks = ",".join([_ROW_MARKS] * len(chunk))
+            self._conn.execute(f"{head} VALUES {marks}", [v for row in chunk for v in row])
 
     def _prefetch(self, batch: list[_Request]) -> None:
         """The facts of every key the batch's commits name, in a few statements instead
@@ -317,9 +336,13 @@ class _Writer:
             for path in chunk:
                 found[path] = (0, 0)
             marks = ",".join("?" * len(chunk))
-            for key, version, create_revision in self._conn.execute(
-                f"SELECT key, version, create_rev FROM kv WHERE key IN ({marks})", chunk
-            ):
+            # One row (one step, one GIL retake) however many keys are found.
+            (rows,) = self._conn.execute(
+                "SELECT json_group_array(json_array(key, version, create_rev)) FROM kv"
+                f" WHERE key IN ({marks})",
+                chunk,
+            ).fetchone()
+            for key, version, create_revision in json.loads(rows):
                 found[key] = (version, create_revision)
 
     def _auto_compact(self) -> None:
