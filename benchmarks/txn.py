@@ -12,7 +12,11 @@ Per repetition, a fresh broker process (``fsync=always``) on each metadata backe
    transactions back to back vs the same loops sending the same rounds of 100 messages
    without a transaction (same producer settings; a flush ends each round): msgs/s and
    the ratio; and one loop with no flush (the round waits out the default batch delay,
-   as an application that just awaits its sends does). The client keeps ``--spares``
+   as an application that just awaits its sends does). And **pipelined**, as
+   ``pulsar-perf produce --txn-enable -nmt 100`` measures it: each loop sends without
+   pause and every 100 messages starts the transaction's commit without awaiting it (at
+   most ``--commits-in-flight`` per loop) and takes the next transaction; the plain
+   baseline sends the same messages without pause. The client keeps ``--spares``
    pre-opened transactions (``Client(transaction_spares=...)``, opt-in; 0 measures the
    default), so ``new_transaction`` mostly hands out a spare, and a producer announces
    its topic at its first send in a transaction;
@@ -147,6 +151,47 @@ async def throughput(
     return workers * txns * 100 / (clock() - start), workers * txns
 
 
+async def throughput_pipelined(
+    client: Client, run: str, txns: int, *, transactional: bool, workers: int, in_flight: int
+) -> tuple[float, float]:
+    """Messages/s of ``workers`` loops, each on its own topic, sending ``txns`` x 100
+    messages without pause (receipts awaited 1000 behind); transactional: every 100
+    messages the transaction's commit starts, unawaited (at most ``in_flight`` per loop
+    at once), and the next 100 go in a new transaction, as ``pulsar-perf`` does."""
+    kind = "txn" if transactional else "plain"
+
+    async def worker(n: int) -> None:
+        topic = f"persistent://public/default/{run}-pp-{kind}-{n}"
+        producer = await client.create_producer(topic)
+        room = asyncio.Semaphore(in_flight)
+        commits: set[asyncio.Task[None]] = set()
+        receipts: list[asyncio.Future[Any]] = []
+
+        def committed(task: asyncio.Task[None]) -> None:
+            commits.discard(task)
+            room.release()
+
+        for _ in range(txns):
+            txn = await client.new_transaction(timeout=60) if transactional else None
+            for _ in range(100):
+                receipts.append(await producer.send_async(b"t" * 100, txn=txn))
+            if txn is not None:
+                await room.acquire()
+                task = asyncio.ensure_future(txn.commit())
+                commits.add(task)
+                task.add_done_callback(committed)
+            if len(receipts) >= 2000:
+                await asyncio.gather(*receipts[:1000])
+                del receipts[:1000]
+        await producer.flush()
+        await asyncio.gather(*receipts, *commits)
+        await producer.close()
+
+    start = clock()
+    await asyncio.gather(*(worker(n) for n in range(workers)))
+    return workers * txns * 100 / (clock() - start), workers * txns
+
+
 async def one_backend(tmp: Path, metadata_url: str, args: argparse.Namespace) -> dict[str, Any]:
     broker = Broker(tmp / "data")
     broker.metadata_url = metadata_url
@@ -162,8 +207,9 @@ async def one_backend(tmp: Path, metadata_url: str, args: argparse.Namespace) ->
             tp: dict[str, dict[str, Any]] = {}
             pid = broker.pid
             assert pid is not None
-            runs = [(w, True) for w in args.workers] + [(1, False)]
-            for workers, flush in runs:
+            runs = [(w, "flush") for w in args.workers] + [(1, "batch_timer")]
+            runs += [(w, "pipelined") for w in args.pipelined_workers]
+            for workers, mode in runs:
                 ratios: list[float] = []
                 plain_rates: list[float] = []
                 txn_rates: list[float] = []
@@ -171,19 +217,35 @@ async def one_backend(tmp: Path, metadata_url: str, args: argparse.Namespace) ->
                 cpu.update(client_plain=[], client_txn=[])
                 for i in range(3):
                     name = f"{run}w{workers}i{i}"
-                    kw = {"workers": workers, "flush": flush}
                     for transactional, kind in ((False, "plain"), (True, "txn")):
                         before = cpu_seconds(pid), time.process_time()
-                        rate, rounds = await throughput(
-                            client, name, args.tp_txns, transactional=transactional, **kw
-                        )
+                        if mode == "pipelined":
+                            rate, rounds = await throughput_pipelined(
+                                client,
+                                name,
+                                # As many messages per run as 8 loops of --tp-txns: a
+                                # pipelined loop is fast and short runs are all noise.
+                                max(1, 8 * args.tp_txns // workers),
+                                transactional=transactional,
+                                workers=workers,
+                                in_flight=args.commits_in_flight,
+                            )
+                        else:
+                            rate, rounds = await throughput(
+                                client,
+                                name,
+                                args.tp_txns,
+                                transactional=transactional,
+                                workers=workers,
+                                flush=mode == "flush",
+                            )
                         broker_s = (cpu_seconds(pid) or 0.0) - (before[0] or 0.0)
                         cpu[f"broker_{kind}"].append(1000 * broker_s / rounds)
                         client_s = time.process_time() - before[1]
                         cpu[f"client_{kind}"].append(1000 * client_s / rounds)
                         (txn_rates if transactional else plain_rates).append(rate)
                     ratios.append(txn_rates[-1] / plain_rates[-1])
-                tp[f"workers_{workers}" + ("" if flush else "_batch_timer")] = {
+                tp[f"workers_{workers}" + ("" if mode == "flush" else f"_{mode}")] = {
                     "plain": statistics.median(plain_rates),
                     "txn100": statistics.median(txn_rates),
                     "ratio": statistics.median(ratios),
@@ -264,6 +326,15 @@ async def main() -> None:
         type=lambda text: [int(n) for n in text.split(",")],
         default=[1, 8, 32],
         help="concurrent producer loops, comma-separated (each count is measured)",
+    )
+    parser.add_argument(
+        "--pipelined-workers",
+        type=lambda text: [int(n) for n in text.split(",") if n],
+        default=[1, 8],
+        help="concurrent loops of the pipelined (pulsar-perf) run, comma-separated",
+    )
+    parser.add_argument(
+        "--commits-in-flight", type=int, default=16, help="unawaited commits per pipelined loop"
     )
     parser.add_argument(
         "--spares", type=int, default=SPARES_MAX, help="the client's transaction_spares"

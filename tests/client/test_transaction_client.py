@@ -261,6 +261,46 @@ async def test_commit_waits_for_the_pending_sends(tc: TxnFakeBroker) -> None:
     assert tc.frames.index(tc.of_type(T.END_TXN)[0]) > tc.frames.index(send)
 
 
+async def test_commit_waits_for_every_producer_whichever_answers_first(
+    tc: TxnFakeBroker,
+) -> None:
+    # The commit waits for the newest unanswered send and then looks again: sends of two
+    # producers answered newest first must still all be waited for, and an older send's
+    # failure, answered last, must still abort the transaction.
+    tc.answer_sends = False
+    async with Client(tc.url, **NO_SPARES) as client:
+        first = await _producer(client, batching=False)
+        second = await client.create_producer(TOPIC + "-2", batching=False)
+        txn = await client.new_transaction(timeout=30)
+        older = [await first.send_async(b"a%d" % n, txn=txn) for n in range(3)]
+        newest = await second.send_async(b"b", txn=txn)
+        sends = await tc.wait_for(T.SEND, 4)
+        commit = asyncio.create_task(txn.commit())
+        s = tc.sessions[-1]
+        by_producer: dict[int, list[pb.CommandSend]] = {}
+        for frame in sends:
+            by_producer.setdefault(frame.command.send.producer_id, []).append(frame.command.send)
+        a_sends, (b_send,) = sorted(by_producer.values(), key=len, reverse=True)
+        s.write(s.conn.send(commands.send_receipt(b_send.producer_id, b_send.sequence_id, 1, 0)))
+        await newest
+        for send in a_sends[:2]:
+            s.write(s.conn.send(commands.send_receipt(send.producer_id, send.sequence_id, 2, 0)))
+        await asyncio.gather(*older[:2])
+        await asyncio.sleep(0.05)
+        assert not commit.done() and not tc.of_type(T.END_TXN)
+        last = a_sends[2]
+        s.write(
+            s.conn.send(
+                commands.send_error(last.producer_id, last.sequence_id, pb.TransactionConflict, "x")
+            )
+        )
+        with pytest.raises(TransactionOperationFailed, match="TransactionConflict"):
+            await commit
+        assert isinstance(older[2].exception(), TransactionConflict)
+    (end,) = tc.of_type(T.END_TXN)
+    assert end.command.endTxn.txn_action == pb.ABORT
+
+
 async def test_a_failed_send_makes_commit_abort_and_raise(tc: TxnFakeBroker) -> None:
     tc.send_error = pb.TransactionConflict
     async with Client(tc.url, **NO_SPARES) as client:

@@ -594,15 +594,24 @@ class Transaction:
         return self._inflight + sum(1 for fut in self._sends if not fut.done())
 
     async def _wait_sends(self, timeout: float) -> bool:  # noqa: ASYNC109 (a deadline's rest)
-        """Wait for the tracked sends (at most ``timeout`` s); False if some are left."""
+        """Wait for the tracked sends (at most ``timeout`` s); False if some are left.
+
+        Waits for the newest unanswered send, then looks again: a producer answers its
+        sends in order, so that answer usually finds the others answered too - one
+        wake-up per commit instead of a done callback on every send (``asyncio.wait``
+        over all of them cost more than the commit's round trip when a commit starts
+        with its sends still in flight, as a pipelining producer's does).
+        """
+        until = self._loop.time() + timeout
         pending = self._compact_sends()
-        if pending:
-            if timeout <= 0:
+        while pending:
+            rest = until - self._loop.time()
+            if rest <= 0:
                 return False
-            _, left = await asyncio.wait(pending, timeout=timeout)
+            _, left = await asyncio.wait((pending[-1],), timeout=rest)
             if left:
                 return False
-            self._compact_sends()
+            pending = self._compact_sends()
         return True
 
     async def _run(self, op: Callable[[], Awaitable[R]]) -> R:
