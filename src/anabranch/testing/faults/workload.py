@@ -66,6 +66,9 @@ RESTART_PAUSE_S = 0.5
 """Between a failed client session and the next one."""
 SEGMENTS_MAX = 6
 """The storm merges instead of splitting once this many segments are active."""
+PROBE_INTERVAL_S = 0.2
+"""Between the probe's attempts: short, since heal -> split is a figure and an attempt
+refused for naming a segment that was sealed meanwhile says nothing of availability."""
 TXN_TIMEOUT_S = 10.0
 """A transaction's TTL: short, so that one a fault left open (a client cut, a commit
 unanswered) is aborted by the broker's sweep soon; an open transaction holds back every
@@ -720,9 +723,11 @@ class Workload:
         self.history.record(process, "fail", f, error)
         return None
 
-    async def probe(self, deadline_s: float, interval_s: float = 1.0) -> bool:
+    async def probe(self, deadline_s: float, interval_s: float = PROBE_INTERVAL_S) -> bool:
         """After the heal: request splits (or merges) until one succeeds or
-        ``deadline_s`` passes."""
+        ``deadline_s`` passes, reading the layout again before each attempt (a change
+        still finishing at the heal seals what the first attempt named: a refusal the
+        controller is right to give, not a sign it is unavailable)."""
         loop = asyncio.get_running_loop()
         end = loop.time() + deadline_s
         rng = random.Random(self.rng.random())
