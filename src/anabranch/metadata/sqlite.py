@@ -203,10 +203,10 @@ class _Writer:
     """The writer thread: drains the queue, one transaction per batch.
 
     Writes of a batch are staged in memory (``_staged_rows``/``_staged_log``) and written
-    with one multi-row statement each just before COMMIT: every statement step is a GIL round trip
-    between this thread and the event loop, so fewer statements is what makes group
-    commit fast in CPython. Reads consult the staging first, so later requests of a batch
-    see the writes of earlier ones.
+    with a multi-row statement per table (and 100 rows) just before COMMIT: every
+    statement step is a GIL round trip between this thread and the event loop, so fewer
+    steps is what makes group commit fast in CPython. Reads consult the staging first, so
+    later requests of a batch see the writes of earlier ones.
     """
 
     def __init__(self, conn: sqlite3.Connection, loop: asyncio.AbstractEventLoop) -> None:
