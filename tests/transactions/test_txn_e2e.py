@@ -19,6 +19,7 @@ import pytest
 import anabranch
 from anabranch.admin.client import AdminClient
 from anabranch.aio import Client
+from anabranch.errors import InvalidTxnStatus
 from anabranch.testing.broker import BrokerProcess, InProcessBroker
 
 QUIET_S = 0.5
@@ -352,6 +353,48 @@ def test_the_sync_client_commits_on_exit_and_aborts_on_an_exception(tmp_path: Pa
                 got.append(msg.value)
             assert got == [b"kept", b"sentinel"]
             assert str(txn.state).endswith("COMMITTED") and str(txn2.state).endswith("ABORTED")
+        finally:
+            client.close()
+    finally:
+        asyncio.run(broker.stop())
+
+
+def test_the_sync_client_pipelines_commits(tmp_path: Path) -> None:
+    # commit_async returns at once with the transaction already COMMITTING, so a loop
+    # takes its next transaction while the last commits; every future ends as commit()
+    # would, and what abort_async ended is never delivered.
+    broker = BrokerProcess(tmp_path / "data")
+    asyncio.run(broker.start())
+    try:
+        client = anabranch.Client(broker.service_url)
+        try:
+            producer = client.create_producer(topic("sync-pipelined"))
+            consumer = client.subscribe(topic("sync-pipelined"), "s", initial_position="earliest")
+            pending, kept = [], []
+            for round_ in range(6):
+                txn = client.new_transaction(timeout=30)
+                values = [f"r{round_}-{i}".encode() for i in range(10)]
+                for value in values:
+                    producer.send_async(value, txn=txn)
+                if round_ == 3:
+                    pending.append(txn.abort_async())
+                    continue
+                pending.append(txn.commit_async())
+                assert str(txn.state).endswith(("COMMITTING", "COMMITTED"))
+                with pytest.raises(InvalidTxnStatus):
+                    producer.send_async(b"late", txn=txn)
+                kept += values
+            assert [done.result(timeout=30) for done in pending] == [None] * 6
+            assert txn.commit_async().result(timeout=30) is None  # committed: a no-op
+            aborted = client.new_transaction(timeout=30)
+            aborted.abort()
+            with pytest.raises(InvalidTxnStatus):
+                aborted.commit_async().result(timeout=30)
+            producer.send(b"sentinel")
+            got = []
+            while (msg := consumer.receive(timeout=QUIET_S)) is not None:
+                got.append(msg.value)
+            assert got == [*kept, b"sentinel"]
         finally:
             client.close()
     finally:

@@ -172,6 +172,27 @@ class Transaction(_Facade[AsyncTransaction]):
         """Abort the transaction."""
         self._portal.call(self.inner.abort)
 
+    def commit_async(self) -> concurrent.futures.Future[None]:
+        """Start the commit and return at once (Pulsar's ``commit()`` is asynchronous too):
+        a future that holds what :meth:`commit` would return or raise. The transaction is
+        COMMITTING from this call on (later sends in it are refused), so a loop can take
+        its next transaction while this one commits::
+
+            pending = []
+            for batch in batches:
+                txn = client.new_transaction(timeout=30)
+                for value in batch:
+                    producer.send_async(value, txn=txn)
+                pending.append(txn.commit_async())
+            for done in pending:
+                done.result()   # raises what that commit raised
+        """
+        return self._portal.call(_started, self.inner.commit)
+
+    def abort_async(self) -> concurrent.futures.Future[None]:
+        """Start the abort and return at once; a future of its outcome."""
+        return self._portal.call(_started, self.inner.abort)
+
     def __repr__(self) -> str:
         return f"Transaction({self.id}, {self.state.name})"
 
@@ -185,6 +206,18 @@ class Transaction(_Facade[AsyncTransaction]):
         tb: TracebackType | None,
     ) -> None:
         self._portal.call(finish, self.inner, exc)
+
+
+async def _started(
+    operation: Callable[[], Coroutine[Any, Any, None]],
+) -> concurrent.futures.Future[None]:
+    """Run ``operation`` as a task on the loop, returned once it has taken its first step
+    (a commit or abort moves the state before its first wait), with a future of its end."""
+    result: concurrent.futures.Future[None] = concurrent.futures.Future()
+    task = asyncio.ensure_future(operation())
+    _chain(task, result)
+    await asyncio.sleep(0)  # the task's first step runs before this caller returns
+    return result
 
 
 def _txn(txn: Transaction | AsyncTransaction | None) -> AsyncTransaction | None:
