@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import statistics
@@ -210,6 +211,18 @@ async def one_backend(tmp: Path, metadata_url: str, args: argparse.Namespace) ->
             runs = [(w, "flush") for w in args.workers] + [(1, "batch_timer")]
             runs += [(w, "pipelined") for w in args.pipelined_workers]
             for workers, mode in runs:
+                if mode == "pipelined":
+                    # As many messages per run as 8 loops of --tp-txns: a pipelined loop
+                    # is fast and short runs are all noise.
+                    measure = functools.partial(
+                        throughput_pipelined,
+                        txns=max(1, 8 * args.tp_txns // workers),
+                        in_flight=args.commits_in_flight,
+                    )
+                else:
+                    measure = functools.partial(
+                        throughput, txns=args.tp_txns, flush=mode == "flush"
+                    )
                 ratios: list[float] = []
                 plain_rates: list[float] = []
                 txn_rates: list[float] = []
@@ -219,26 +232,9 @@ async def one_backend(tmp: Path, metadata_url: str, args: argparse.Namespace) ->
                     name = f"{run}w{workers}i{i}"
                     for transactional, kind in ((False, "plain"), (True, "txn")):
                         before = cpu_seconds(pid), time.process_time()
-                        if mode == "pipelined":
-                            rate, rounds = await throughput_pipelined(
-                                client,
-                                name,
-                                # As many messages per run as 8 loops of --tp-txns: a
-                                # pipelined loop is fast and short runs are all noise.
-                                max(1, 8 * args.tp_txns // workers),
-                                transactional=transactional,
-                                workers=workers,
-                                in_flight=args.commits_in_flight,
-                            )
-                        else:
-                            rate, rounds = await throughput(
-                                client,
-                                name,
-                                args.tp_txns,
-                                transactional=transactional,
-                                workers=workers,
-                                flush=mode == "flush",
-                            )
+                        rate, rounds = await measure(
+                            client, name, transactional=transactional, workers=workers
+                        )
                         broker_s = (cpu_seconds(pid) or 0.0) - (before[0] or 0.0)
                         cpu[f"broker_{kind}"].append(1000 * broker_s / rounds)
                         client_s = time.process_time() - before[1]

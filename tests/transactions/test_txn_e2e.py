@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -334,68 +334,69 @@ async def test_a_transaction_spanning_a_split_and_a_merge(tmp_path: Path, outcom
             await admin.close()
 
 
-def test_the_sync_client_commits_on_exit_and_aborts_on_an_exception(tmp_path: Path) -> None:
+@contextlib.contextmanager
+def sync_client(tmp_path: Path) -> Iterator[anabranch.Client]:
+    """The blocking client on a broker process of its own."""
     broker = BrokerProcess(tmp_path / "data")
     asyncio.run(broker.start())
     try:
         client = anabranch.Client(broker.service_url)
         try:
-            producer = client.create_producer(topic("sync"))
-            consumer = client.subscribe(topic("sync"), "s", initial_position="earliest")
-            with client.transaction(timeout=30) as txn:
-                producer.send(b"kept", txn=txn)
-            with pytest.raises(RuntimeError), client.transaction(timeout=30) as txn2:
-                producer.send(b"dropped", txn=txn2)
-                raise RuntimeError("the application failed")
-            producer.send(b"sentinel")
-            got = []
-            while (msg := consumer.receive(timeout=QUIET_S)) is not None:
-                got.append(msg.value)
-            assert got == [b"kept", b"sentinel"]
-            assert str(txn.state).endswith("COMMITTED") and str(txn2.state).endswith("ABORTED")
+            yield client
         finally:
             client.close()
     finally:
         asyncio.run(broker.stop())
+
+
+def received(consumer: anabranch.Consumer) -> list[bytes]:
+    """What the blocking ``consumer`` gets until it is quiet for QUIET_S."""
+    got = []
+    while (msg := consumer.receive(timeout=QUIET_S)) is not None:
+        got.append(msg.value)
+    return got
+
+
+def test_the_sync_client_commits_on_exit_and_aborts_on_an_exception(tmp_path: Path) -> None:
+    with sync_client(tmp_path) as client:
+        producer = client.create_producer(topic("sync"))
+        consumer = client.subscribe(topic("sync"), "s", initial_position="earliest")
+        with client.transaction(timeout=30) as txn:
+            producer.send(b"kept", txn=txn)
+        with pytest.raises(RuntimeError), client.transaction(timeout=30) as txn2:
+            producer.send(b"dropped", txn=txn2)
+            raise RuntimeError("the application failed")
+        producer.send(b"sentinel")
+        assert received(consumer) == [b"kept", b"sentinel"]
+        assert str(txn.state).endswith("COMMITTED") and str(txn2.state).endswith("ABORTED")
 
 
 def test_the_sync_client_pipelines_commits(tmp_path: Path) -> None:
     # commit_async returns at once with the transaction already COMMITTING, so a loop
     # takes its next transaction while the last commits; every future ends as commit()
     # would, and what abort_async ended is never delivered.
-    broker = BrokerProcess(tmp_path / "data")
-    asyncio.run(broker.start())
-    try:
-        client = anabranch.Client(broker.service_url)
-        try:
-            producer = client.create_producer(topic("sync-pipelined"))
-            consumer = client.subscribe(topic("sync-pipelined"), "s", initial_position="earliest")
-            pending, kept = [], []
-            for round_ in range(6):
-                txn = client.new_transaction(timeout=30)
-                values = [f"r{round_}-{i}".encode() for i in range(10)]
-                for value in values:
-                    producer.send_async(value, txn=txn)
-                if round_ == 3:
-                    pending.append(txn.abort_async())
-                    continue
-                pending.append(txn.commit_async())
-                assert str(txn.state).endswith(("COMMITTING", "COMMITTED"))
-                with pytest.raises(InvalidTxnStatus):
-                    producer.send_async(b"late", txn=txn)
-                kept += values
-            assert [done.result(timeout=30) for done in pending] == [None] * 6
-            assert txn.commit_async().result(timeout=30) is None  # committed: a no-op
-            aborted = client.new_transaction(timeout=30)
-            aborted.abort()
+    with sync_client(tmp_path) as client:
+        producer = client.create_producer(topic("sync-pipelined"))
+        consumer = client.subscribe(topic("sync-pipelined"), "s", initial_position="earliest")
+        pending, kept = [], []
+        for round_ in range(6):
+            txn = client.new_transaction(timeout=30)
+            values = [f"r{round_}-{i}".encode() for i in range(10)]
+            for value in values:
+                producer.send_async(value, txn=txn)
+            if round_ == 3:
+                pending.append(txn.abort_async())
+                continue
+            pending.append(txn.commit_async())
+            assert str(txn.state).endswith(("COMMITTING", "COMMITTED"))
             with pytest.raises(InvalidTxnStatus):
-                aborted.commit_async().result(timeout=30)
-            producer.send(b"sentinel")
-            got = []
-            while (msg := consumer.receive(timeout=QUIET_S)) is not None:
-                got.append(msg.value)
-            assert got == [*kept, b"sentinel"]
-        finally:
-            client.close()
-    finally:
-        asyncio.run(broker.stop())
+                producer.send_async(b"late", txn=txn)
+            kept += values
+        assert [done.result(timeout=30) for done in pending] == [None] * 6
+        assert txn.commit_async().result(timeout=30) is None  # committed: a no-op
+        aborted = client.new_transaction(timeout=30)
+        aborted.abort()
+        with pytest.raises(InvalidTxnStatus):
+            aborted.commit_async().result(timeout=30)
+        producer.send(b"sentinel")
+        assert received(consumer) == [*kept, b"sentinel"]

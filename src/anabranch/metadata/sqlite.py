@@ -54,7 +54,7 @@ import queue
 import secrets
 import sqlite3
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -143,6 +143,12 @@ _ROW_MARKS = "(?, ?, ?, ?, ?, ?)"
 _KIND_CODES = {EventKind.PUT: 0, EventKind.DELETE: 1}
 _CODE_KINDS = {code: kind for kind, code in _KIND_CODES.items()}
 _RECORD_COLUMNS = "key, value, version, create_rev, mod_rev, session"
+
+
+def _chunks(rows: Sequence[T]) -> Iterator[Sequence[T]]:
+    """``rows`` in slices of at most ``_ROWS_PER_STATEMENT``."""
+    for start in range(0, len(rows), _ROWS_PER_STATEMENT):
+        yield rows[start : start + _ROWS_PER_STATEMENT]
 
 
 def _connect(path: Path, synchronous: str) -> sqlite3.Connection:
@@ -307,8 +313,7 @@ class _Writer:
     def _flush(self) -> None:
         deleted = [key for key, row in self._staged_rows.items() if row is None]
         written = [row for row in self._staged_rows.values() if row is not None]
-        for start in range(0, len(deleted), _ROWS_PER_STATEMENT):
-            chunk = deleted[start : start + _ROWS_PER_STATEMENT]
+        for chunk in _chunks(deleted):
             self._conn.execute(f"DELETE FROM kv WHERE key IN ({','.join('?' * len(chunk))})", chunk)
         self._insert("INSERT OR REPLACE INTO kv", written)
         self._insert("INSERT INTO changelog", self._staged_log)
@@ -321,8 +326,7 @@ class _Writer:
         """``rows`` (six columns each) with one multi-row statement per chunk, not one
         ``executemany`` step per row: each step releases and retakes the GIL, and under
         load every retake waits for the event loop's next pause."""
-        for start in range(0, len(rows), _ROWS_PER_STATEMENT):
-            chunk = rows[start : start + _ROWS_PER_STATEMENT]
+        for chunk in _chunks(rows):
             marks = ",".join([_ROW_MARKS] * len(chunk))
             self._conn.execute(f"{head} VALUES {marks}", [v for row in chunk for v in row])
 
